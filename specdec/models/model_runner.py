@@ -1,0 +1,121 @@
+"""ModelRunner: the engine-facing API over a serving model and its slot KV cache.
+
+Sequences are identified by cache slots. ``forward`` appends tokens to several slots in
+one batched call (ragged lengths are right-padded internally) and returns logits;
+``truncate`` rolls a slot back in O(1) after draft tokens are rejected.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.models.kv_cache import KVCache
+from specdec.models.llama import LlamaForServing
+from specdec.models.loader import load_model
+
+
+class ModelRunner:
+    """Owns a model and a KVCache sized from it (local K/V heads, so TP-sharded models work too)."""
+
+    def __init__(self, model: LlamaForServing, num_slots: int, max_seq_len: int) -> None:
+        self.model = model
+        self.max_position_embeddings = model.config.max_position_embeddings
+        if not 1 <= max_seq_len <= self.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len={max_seq_len} must be in [1, max_position_embeddings="
+                f"{self.max_position_embeddings}]"
+            )
+        self.max_seq_len = max_seq_len
+        self.vocab_size = model.vocab_size
+        self.cache = KVCache(
+            num_layers=model.config.num_hidden_layers,
+            num_slots=num_slots,
+            max_seq_len=max_seq_len,
+            num_kv_heads=model.num_local_kv_heads,
+            head_dim=model.config.head_dim,
+            dtype=model.dtype,
+            device=model.device,
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        num_slots: int = 8,
+        max_seq_len: int = 1024,
+        dtype: str | torch.dtype = "float32",
+        device: torch.device | str = "cpu",
+    ) -> ModelRunner:
+        """Load a HF-format checkpoint (local directory or hub id) and wrap it."""
+        return cls(load_model(name_or_path, dtype=dtype, device=device), num_slots, max_seq_len)
+
+    @property
+    def num_free_slots(self) -> int:
+        """Slots that can still be allocated."""
+        return self.cache.num_free
+
+    def allocate_slot(self) -> int:
+        """Reserve an empty slot (raises CacheFullError when none is free)."""
+        return self.cache.allocate()
+
+    def free_slot(self, slot: int) -> None:
+        """Release ``slot`` (raises InvalidSlotError if it is not allocated)."""
+        self.cache.free(slot)
+
+    def slot_length(self, slot: int) -> int:
+        """Number of tokens cached in ``slot``."""
+        return self.cache.length(slot)
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Roll ``slot`` back to its first ``length`` tokens (O(1))."""
+        self.cache.truncate(slot, length)
+
+    @torch.inference_mode()
+    def forward(self, slot_ids: list[int], token_ids: list[list[int]], last_only: bool = False) -> torch.Tensor:
+        """Append ``token_ids[b]`` (lengths may differ, each >= 1) to slot ``slot_ids[b]``; return float32 logits.
+
+        Returns [B, T, V] with T = max row length (entries past a row's length are undefined) or,
+        with ``last_only``, [B, V] at each row's last token (lm_head runs only there). Each slot's
+        length grows by exactly ``len(token_ids[b])``.
+        """
+        lengths = self._validate(slot_ids, token_ids)
+        counts = [len(row) for row in token_ids]
+        width = max(counts)
+        device = self.model.device
+        padded = [row + [0] * (width - len(row)) for row in token_ids]
+        input_ids = torch.tensor(padded, dtype=torch.long, device=device)  # [B, T]
+        starts = torch.tensor(lengths, dtype=torch.long, device=device)  # [B]
+        positions = starts[:, None] + torch.arange(width, device=device)  # [B, T]
+        slots = torch.tensor(slot_ids, dtype=torch.long, device=device)  # [B]
+        num_tokens = torch.tensor(counts, dtype=torch.long, device=device) if min(counts) < width else None
+        kv_len = max(start + n for start, n in zip(lengths, counts))
+        hidden = self.model.forward_hidden(input_ids, positions, self.cache, slots, num_tokens, kv_len)
+        if last_only:
+            last = torch.tensor(counts, dtype=torch.long, device=device) - 1  # [B]
+            hidden = hidden[torch.arange(len(counts), device=device), last]  # [B, hidden]
+        logits = self.model.compute_logits(hidden).float()
+        for slot, n in zip(slot_ids, counts):
+            self.cache.advance(slot, n)
+        return logits
+
+    def _validate(self, slot_ids: list[int], token_ids: list[list[int]]) -> list[int]:
+        """Check the request and return each slot's current length."""
+        if len(slot_ids) != len(token_ids) or not slot_ids:
+            raise ValueError(
+                f"slot_ids ({len(slot_ids)}) and token_ids ({len(token_ids)}) must be non-empty and equal in length"
+            )
+        if len(set(slot_ids)) != len(slot_ids):
+            raise ValueError(f"duplicated slot ids in one forward: slot_ids={slot_ids}")
+        lengths = []
+        for slot, row in zip(slot_ids, token_ids):
+            length = self.cache.length(slot)  # raises InvalidSlotError for unallocated slots
+            if not row:
+                raise ValueError(f"token_ids for slot {slot} is empty; each row needs >= 1 token")
+            if min(row) < 0 or max(row) >= self.vocab_size:
+                raise ValueError(f"token_ids for slot {slot} has ids outside [0, vocab_size={self.vocab_size})")
+            if length + len(row) > self.max_seq_len:
+                raise ValueError(
+                    f"slot {slot}: length {length} + {len(row)} new tokens exceeds max_seq_len={self.max_seq_len}"
+                )
+            lengths.append(length)
+        return lengths
