@@ -212,6 +212,14 @@ def uniform(
     return out
 
 
+def normalize_probs(weights: Tensor) -> Tensor:
+    """[..., V] non-negative weights -> probabilities summing to 1 on the last axis.
+
+    The draft samples from normalize_probs(w) and the verifier tests with normalize_probs(w)
+    of the very same w (e.g. after a float16 wire round trip), so both use the same q."""
+    return weights.float() / weights.float().sum(dim=-1, keepdim=True)
+
+
 def inverse_cdf_sample(probs: Tensor, u: Tensor) -> Tensor:
     """Draw one token per row from (possibly unnormalised) probs, given uniforms u.
 

@@ -1,0 +1,81 @@
+"""`specdec` command line. `specdec generate` runs the in-process engine (no Ray)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from specdec.config import SpecdecConfig, load_config
+from specdec.request import GenerationRequest
+from specdec.sampling_params import SamplingParams
+
+
+def add_generate_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("generate", help="generate text in-process (no Ray) with speculative decoding")
+    p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="generated-token budget (default: config)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the request's random generator")
+    p.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None, help="override the config's")
+    p.add_argument("--gamma", type=int, default=None, help="γ, tokens proposed per round (override)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--config", action="append", default=[], help="YAML override file(s), applied in order")
+    p.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
+    p.set_defaults(func=run_generate)
+
+
+def _config_from_args(args: argparse.Namespace) -> SpecdecConfig:
+    overrides: dict[str, Any] = {"speculation": {}}
+    if args.proposer is not None:
+        overrides["speculation"]["proposer"] = args.proposer
+    if args.gamma is not None:
+        overrides["speculation"]["gamma"] = args.gamma
+    return load_config(*args.config, overrides=overrides)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from specdec.engine_builder import build_engine  # heavy imports only when needed
+
+    config = _config_from_args(args)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else config.generation.max_new_tokens
+    built = build_engine(config)
+    request = GenerationRequest(built.encode(args.prompt), max_new, sampling, stop=tuple(args.stop))
+    start = time.perf_counter()
+    [result] = built.engine.generate([request])
+    elapsed = time.perf_counter() - start
+    if args.json:
+        stats = result.stats.to_dict()
+        stats["tokens_per_s"] = round(len(result.token_ids) / elapsed, 2)
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids,
+                          "finish_reason": result.finish_reason, "stats": stats}))
+    else:
+        print(args.prompt + result.text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_generate_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, ValidationError, FileNotFoundError) as exc:
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

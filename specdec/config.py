@@ -1,0 +1,114 @@
+"""Typed, strict configuration.
+
+`configs/default.yaml` documents every key; these pydantic models are the schema (each
+field carries a description, unknown keys are errors) and a test keeps the YAML and the
+defaults here identical. Each component receives only its own section.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class StrictModel(BaseModel):
+    """Base: unknown keys are errors, values are immutable once validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelsConfig(StrictModel):
+    target: str = Field("bundled:target", description="Target model: a local HF directory, a hub id, or 'bundled:target'.")
+    draft: str = Field("bundled:draft", description="Draft model for the 'draft' proposer: local dir, hub id or 'bundled:draft'.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="Compute dtype of both models; float32 on CPU (half precision is slow there)."
+    )
+    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0'.")
+
+
+class CacheConfig(StrictModel):
+    num_slots: int = Field(16, ge=1, le=4096, description="KV-cache slots = most sequences decoded at once.")
+    max_seq_len: int = Field(
+        1024, ge=2, description="Tokens per slot (prompt + generated); must not exceed the model's context."
+    )
+
+
+class NgramConfig(StrictModel):
+    n_min: int = Field(2, ge=1, description="Shortest context suffix (tokens) the n-gram proposer tries to match.")
+    n_max: int = Field(4, ge=1, description="Longest context suffix (tokens) it tries first.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "NgramConfig":
+        if self.n_min > self.n_max:
+            raise ValueError(f"n_min ({self.n_min}) must be <= n_max ({self.n_max})")
+        return self
+
+
+class SpeculationConfig(StrictModel):
+    proposer: Literal["draft", "ngram", "none"] = Field(
+        "draft", description="Who guesses tokens: a draft model, n-gram prompt lookup, or none (plain decoding)."
+    )
+    gamma: int = Field(4, ge=0, le=32, description="γ: tokens proposed per round (0 = plain decoding).")
+    ngram: NgramConfig = Field(default_factory=NgramConfig, description="Settings of the n-gram proposer.")
+
+
+class GenerationConfig(StrictModel):
+    max_new_tokens: int = Field(128, ge=1, description="Default generated-token budget of a request.")
+    max_new_tokens_limit: int = Field(
+        4096, ge=1, description="Largest max_new_tokens a request may ask for (bad-input guard)."
+    )
+
+
+class ServingConfig(StrictModel):
+    host: str = Field("0.0.0.0", description="Interface the public gRPC port (Ray Serve's gRPC proxy) binds to.")
+    port: int = Field(50051, ge=1, le=65535, description="Public gRPC port (Ray Serve's gRPC proxy).")
+    tensor_parallel_size: int = Field(1, ge=1, description="Target shard actors (ranks); heads must divide evenly.")
+    target_num_gpus: float = Field(0.0, ge=0, description="GPUs per target rank actor (1 in production, 0 on CPU).")
+    draft_num_gpus: float = Field(0.0, ge=0, description="GPUs of the draft worker actor (1 in production, 0 on CPU).")
+    target_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per target rank actor.")
+    draft_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved for the draft worker actor.")
+    distributed_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend of the target group; auto = nccl on GPU, gloo on CPU."
+    )
+    max_concurrent_requests: int = Field(
+        64, ge=1, description="Admission limit of a router replica (running + queued); beyond it: RESOURCE_EXHAUSTED."
+    )
+    worker_timeout_s: float = Field(30.0, gt=0, description="Deadline of one router -> worker gRPC call, seconds.")
+    router_replicas: int = Field(1, ge=1, description="Ray Serve replicas of the router deployment.")
+
+
+class SpecdecConfig(StrictModel):
+    models: ModelsConfig = Field(default_factory=ModelsConfig, description="Which checkpoints to load and how.")
+    cache: CacheConfig = Field(default_factory=CacheConfig, description="KV-cache sizing (target and draft).")
+    speculation: SpeculationConfig = Field(default_factory=SpeculationConfig, description="Proposer and γ.")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Request defaults and limits.")
+    serving: ServingConfig = Field(default_factory=ServingConfig, description="Distributed serving (Ray + gRPC).")
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_config(*paths: str | Path, overrides: dict[str, Any] | None = None) -> SpecdecConfig:
+    """Defaults, then each YAML file in order, then `overrides` (a nested dict) on top."""
+    data: dict[str, Any] = {}
+    for path in paths:
+        data = _deep_merge(data, read_yaml(path))
+    data = _deep_merge(data, overrides or {})
+    return SpecdecConfig.model_validate(data)

@@ -1,0 +1,83 @@
+"""Assemble an engine from config: tokenizer, target runner, proposer (with the tokenizer check)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.config import CacheConfig, ModelsConfig, SpecdecConfig, SpeculationConfig
+from specdec.engine import SpeculativeEngine
+from specdec.model_paths import resolve_model_path
+from specdec.models.model_runner import ModelRunner
+from specdec.proposers.base import Proposer
+from specdec.proposers.composite_proposer import CompositeProposer
+from specdec.proposers.draft_proposer import DraftModelProposer
+from specdec.proposers.ngram_proposer import NgramProposer
+from specdec.proposers.no_proposer import NoProposer
+from specdec.target_verifier import TargetVerifier
+from specdec.tokenizer_check import check_tokenizers_compatible
+
+
+def load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(name))
+
+
+def load_runner(name: str, models: ModelsConfig, cache: CacheConfig) -> ModelRunner:
+    return ModelRunner.from_pretrained(
+        resolve_model_path(name),
+        num_slots=cache.num_slots,
+        max_seq_len=cache.max_seq_len,
+        dtype=models.dtype,
+        device=models.device,
+    )
+
+
+def build_proposer(
+    speculation: SpeculationConfig, models: ModelsConfig, cache: CacheConfig, target: ModelRunner, tokenizer: Any
+) -> Proposer:
+    """The configured proposer. N-gram lookup is always available (requests may pick it);
+    a draft model is loaded only for the 'draft' proposer, after the tokenizer check."""
+    if speculation.proposer == "none":
+        return NoProposer()
+    proposers: dict[str, Proposer] = {"ngram": NgramProposer(speculation.ngram.n_min, speculation.ngram.n_max)}
+    if speculation.proposer == "draft":
+        proposers["draft"] = load_draft_proposer(models, cache, target.vocab_size, tokenizer)
+    return CompositeProposer(proposers, default=speculation.proposer)
+
+
+def load_draft_proposer(
+    models: ModelsConfig, cache: CacheConfig, target_vocab_size: int, target_tokenizer: Any, wire_dtype=None
+) -> DraftModelProposer:
+    """Load the draft model and check it speaks the target's vocabulary."""
+    draft_tokenizer = load_tokenizer(models.draft)
+    draft = load_runner(models.draft, models, cache)
+    check_tokenizers_compatible(target_tokenizer, draft_tokenizer, target_vocab_size, draft.vocab_size)
+    return DraftModelProposer(draft, vocab_size=target_vocab_size, wire_dtype=wire_dtype)
+
+
+@dataclass
+class BuiltEngine:
+    engine: SpeculativeEngine
+    tokenizer: Any
+    config: SpecdecConfig
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def build_engine(config: SpecdecConfig) -> BuiltEngine:
+    tokenizer = load_tokenizer(config.models.target)
+    target = load_runner(config.models.target, config.models, config.cache)
+    proposer = build_proposer(config.speculation, config.models, config.cache, target, tokenizer)
+    gamma = 0 if config.speculation.proposer == "none" else config.speculation.gamma
+    engine = SpeculativeEngine(
+        TargetVerifier(target),
+        proposer,
+        gamma=gamma,
+        eos_token_ids=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [],
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        max_new_tokens_limit=config.generation.max_new_tokens_limit,
+    )
+    return BuiltEngine(engine, tokenizer, config)

@@ -1,0 +1,74 @@
+"""The Proposer interface: who guesses the next γ tokens of each sequence."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from specdec.sampling_params import SamplingParams
+
+
+@dataclass
+class ProposalRequest:
+    """One sequence asking for drafted tokens.
+
+    token_ids: the sequence's full history (prompt + generated). The last token is the
+        *pending* token: emitted, but not yet fed to the target. Histories only grow; a
+        proposer with state rolls itself back to what the history confirms.
+    sampling: the request's sampling parameters (a seeded request gets its own draft-side
+        generator, derived from the seed).
+    """
+
+    seq_id: str
+    token_ids: list[int]
+    sampling: SamplingParams
+    proposer: str | None = None  # which proposer the request asked for (None = the server's)
+
+
+@dataclass
+class Proposal:
+    """Drafted tokens for a batch.
+
+    token_ids: [batch, gamma] int64; entries past num_drafted[b] are -1.
+    num_drafted: [batch] int64, each in [0, gamma].
+    probs: [batch, gamma, vocab] draft distribution q the tokens were sampled from, as
+        weights (specdec.sampling.normalize_probs gives q), or None for proposers without
+        probabilities (verified as a one-hot q).
+    """
+
+    token_ids: torch.Tensor
+    num_drafted: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        assert self.token_ids.dim() == 2, f"token_ids must be [batch, gamma], got {tuple(self.token_ids.shape)}"
+        assert self.num_drafted.shape == (self.token_ids.shape[0],), "num_drafted must be [batch]"
+        if self.probs is not None:
+            assert self.probs.shape[:2] == self.token_ids.shape, "probs must be [batch, gamma, vocab]"
+
+    @classmethod
+    def empty(cls, batch_size: int, gamma: int = 0) -> "Proposal":
+        return cls(
+            token_ids=torch.full((batch_size, gamma), -1, dtype=torch.long),
+            num_drafted=torch.zeros(batch_size, dtype=torch.long),
+        )
+
+    def drafted(self, row: int) -> list[int]:
+        """The drafted tokens of one row, without padding."""
+        return self.token_ids[row, : int(self.num_drafted[row])].tolist()
+
+
+class Proposer(ABC):
+    """Guesses up to γ tokens per sequence from its history."""
+
+    #: True when proposals carry draft probabilities (needed for sampled verification).
+    has_probs: bool = False
+
+    @abstractmethod
+    def propose(self, requests: list[ProposalRequest], gamma: int) -> Proposal:
+        """Draft up to `gamma` tokens for each request (one batched call per round)."""
+
+    def release(self, seq_id: str) -> None:
+        """The sequence finished (or was cancelled): free whatever is held for it."""

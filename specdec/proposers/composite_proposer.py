@@ -1,0 +1,59 @@
+"""CompositeProposer: each request drafts with the proposer it names (draft model or n-gram)."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.proposers.base import Proposal, ProposalRequest, Proposer
+
+
+class CompositeProposer(Proposer):
+    """Groups a round's requests by proposer name and makes one call per proposer.
+
+    Rows from proposers without probabilities get a one-hot q when another proposer in the
+    same round supplies probabilities (a zero q would accept anything).
+    """
+
+    def __init__(self, proposers: dict[str, Proposer], default: str) -> None:
+        if default not in proposers:
+            raise ValueError(f"default proposer {default!r} is not one of {sorted(proposers)}")
+        self.proposers = proposers
+        self.default = default
+        self.has_probs = any(p.has_probs for p in proposers.values())
+
+    def _kind(self, request: ProposalRequest) -> str:
+        kind = request.proposer or self.default
+        if kind not in self.proposers:
+            raise ValueError(f"proposer {kind!r} is not available here (have {sorted(self.proposers)})")
+        return kind
+
+    def propose(self, requests: list[ProposalRequest], gamma: int) -> Proposal:
+        groups: dict[str, list[int]] = {}
+        for i, request in enumerate(requests):
+            groups.setdefault(self._kind(request), []).append(i)
+        full = Proposal.empty(len(requests), gamma)
+        parts = {kind: self.proposers[kind].propose([requests[i] for i in rows], gamma) for kind, rows in groups.items()}
+        vocab = next((p.probs.shape[-1] for p in parts.values() if p.probs is not None), None)
+        if vocab is not None:
+            full.probs = torch.zeros(len(requests), gamma, vocab)
+        for kind, rows in groups.items():
+            part = parts[kind]
+            width = part.token_ids.shape[1]
+            full.token_ids[rows, :width] = part.token_ids
+            full.num_drafted[rows] = part.num_drafted
+            if full.probs is not None:
+                self._fill_probs(full, rows, part)
+        return full
+
+    @staticmethod
+    def _fill_probs(full: Proposal, rows: list[int], part: Proposal) -> None:
+        if part.probs is not None:
+            full.probs[rows, : part.probs.shape[1]] = part.probs
+            return
+        for j, row in enumerate(rows):  # one-hot q for proposals without probabilities
+            n = int(part.num_drafted[j])
+            full.probs[row, torch.arange(n), part.token_ids[j, :n]] = 1.0
+
+    def release(self, seq_id: str) -> None:
+        for proposer in self.proposers.values():
+            proposer.release(seq_id)

@@ -1,0 +1,47 @@
+"""The engine's per-request state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.request import GenerationRequest
+from specdec.stats import SpecStats
+from specdec.stop_conditions import StopChecker
+
+
+@dataclass
+class Sequence:
+    """A request being decoded.
+
+    token_ids is the history: prompt + generated. The last token is the *pending* token:
+    emitted, and fed to the target at the start of the next round. The caller's history is
+    the source of truth that the verifier and the proposer synchronise to.
+    """
+
+    seq_id: str
+    request: GenerationRequest
+    stop_checker: StopChecker
+    token_ids: list[int] = field(default_factory=list)
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.request.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still allowed by max_new_tokens."""
+        return self.request.max_new_tokens - len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

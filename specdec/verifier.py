@@ -1,0 +1,64 @@
+"""The Verifier interface: the target side of a round.
+
+A verifier owns the target model's per-sequence state (cache slot, random generator). Each
+round it receives every active sequence's history and drafted tokens, scores them in one
+batched target forward, runs the acceptance test and rolls its cache back to the accepted
+prefix. In-process this is `TargetVerifier`; in the distributed system it is a gRPC client
+of the tensor-parallel target group.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from specdec.sampling_params import SamplingParams
+
+
+@dataclass
+class VerifyRequest:
+    """One sequence's part of a round.
+
+    token_ids: the full history (prompt + generated); the last one is the pending token.
+    draft_token_ids: the drafted tokens to verify (may be empty: plain decoding).
+    draft_probs: [num_drafted, vocab] draft distribution q as non-negative weights (the
+        verifier normalises them, exactly as the proposer did before sampling), or None
+        (verified as a one-hot q).
+    """
+
+    seq_id: str
+    token_ids: list[int]
+    draft_token_ids: list[int]
+    sampling: SamplingParams
+    draft_probs: torch.Tensor | None = None
+
+
+@dataclass
+class VerifyResult:
+    """num_accepted drafted tokens were kept; emitted = those + one recovered-or-bonus token."""
+
+    seq_id: str
+    emitted: list[int]
+    num_accepted: int
+
+
+class Verifier(ABC):
+    """Scores drafted tokens with the target and keeps the longest acceptable prefix."""
+
+    vocab_size: int
+    max_seq_len: int
+
+    @property
+    @abstractmethod
+    def num_free_slots(self) -> int:
+        """How many more sequences can start now."""
+
+    @abstractmethod
+    def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
+        """One round for every request, batched into one target forward."""
+
+    @abstractmethod
+    def release(self, seq_id: str) -> None:
+        """Forget a finished or cancelled sequence and free its slot (unknown ids are ignored)."""

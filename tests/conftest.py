@@ -1,0 +1,65 @@
+"""Shared fixtures: the bundled tiny model pair, its tokenizer and transformers' reference outputs."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from specdec.config import load_config
+from specdec.engine_builder import BuiltEngine, build_engine
+from specdec.model_paths import bundled_prompts, resolve_model_path
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def hf_target():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(resolve_model_path("bundled:target"), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path("bundled:target"))
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(tokenizer) -> list[list[int]]:
+    """Held-out code prompts of different lengths (cut to 64, 47, 30 and 13 tokens, ...)."""
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in bundled_prompts()]
+    return [p[: 64 - 17 * (i % 4)] for i, p in enumerate(ids)]
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_target, tokenizer):
+    """Target-only greedy continuation from transformers' generate(), memoised."""
+
+    @functools.lru_cache(maxsize=None)
+    def run(prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
+        out = hf_target.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+        return out[0, len(prompt) :].tolist()
+
+    return lambda prompt, n: run(tuple(prompt), n)
+
+
+@pytest.fixture(scope="session")
+def make_engine():
+    """Build an in-process engine on the bundled pair with config overrides."""
+
+    def make(proposer: str = "draft", gamma: int = 4, num_slots: int = 8, **sections) -> BuiltEngine:
+        overrides = {"speculation": {"proposer": proposer, "gamma": gamma}, "cache": {"num_slots": num_slots}}
+        overrides.update(sections)
+        return build_engine(load_config(overrides=overrides))
+
+    return make

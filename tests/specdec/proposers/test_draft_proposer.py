@@ -1,0 +1,104 @@
+"""The draft proposer follows the history: it rolls back rejected guesses and catches up on missed tokens."""
+
+import pytest
+
+from specdec.model_paths import resolve_model_path
+from specdec.models.model_runner import ModelRunner
+from specdec.proposers.base import ProposalRequest
+from specdec.proposers.draft_proposer import DraftModelProposer, common_prefix_length
+from specdec.sampling_params import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=4, max_seq_len=512)
+
+
+def propose(proposer, history, gamma=4, seq_id="s", sampling=GREEDY):
+    return proposer.propose([ProposalRequest(seq_id, history, sampling)], gamma)
+
+
+def fresh_proposal(runner, history, gamma=4):
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    tokens = propose(proposer, history, gamma, seq_id="fresh").token_ids[0].tolist()
+    proposer.release("fresh")
+    return tokens
+
+
+def test_greedy_proposals_are_the_draft_models_own_continuation(runner, prompt_ids):
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    first = propose(proposer, prompt_ids[0]).token_ids[0].tolist()
+    # feeding its own guesses back, one at a time, reproduces them
+    history = list(prompt_ids[0])
+    for token in first:
+        assert fresh_proposal(runner, history, gamma=1) == [token]
+        history.append(token)
+    proposer.release("s")
+
+
+def test_after_a_rejection_the_cache_rolls_back_to_the_accepted_prefix(runner, prompt_ids):
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    drafted = propose(proposer, prompt_ids[0]).token_ids[0].tolist()
+    recovered = (drafted[2] + 1) % runner.vocab_size  # two accepted, the third rejected
+    history = prompt_ids[0] + drafted[:2] + [recovered]
+    assert propose(proposer, history).token_ids[0].tolist() == fresh_proposal(runner, history)
+    slot = proposer._states["s"].slot
+    assert runner.slot_length(slot) == len(history) + 3  # history + γ - 1 fed guesses
+    proposer.release("s")
+
+
+def test_after_all_accepted_the_last_guess_and_bonus_are_fed_together(runner, prompt_ids):
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    drafted = propose(proposer, prompt_ids[1]).token_ids[0].tolist()
+    history = prompt_ids[1] + drafted + [5]
+    assert propose(proposer, history).token_ids[0].tolist() == fresh_proposal(runner, history)
+    proposer.release("s")
+
+
+def test_it_catches_up_on_tokens_it_never_saw(runner, prompt_ids):
+    """Speculation switched off for a while: the history grew without the draft."""
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    propose(proposer, prompt_ids[2])
+    history = prompt_ids[2] + prompt_ids[3][:20]
+    assert propose(proposer, history).token_ids[0].tolist() == fresh_proposal(runner, history)
+    proposer.release("s")
+
+
+def test_sampled_proposals_carry_q_and_are_seeded(runner, prompt_ids):
+    sampling = SamplingParams(temperature=0.9, top_k=50, seed=11)
+    outs = []
+    for _ in range(2):
+        proposer = DraftModelProposer(runner, runner.vocab_size)
+        p = propose(proposer, prompt_ids[0], sampling=sampling)
+        assert p.probs.shape == (1, 4, runner.vocab_size)
+        assert ((p.probs > 0).sum(-1) <= 50).all()
+        picked = p.probs[0].gather(-1, p.token_ids[0][:, None])
+        assert (picked > 0).all(), "every drafted token must have been possible under q"
+        outs.append(p.token_ids.tolist())
+        proposer.release("s")
+    assert outs[0] == outs[1]
+
+
+def test_q_is_padded_to_the_target_vocabulary(runner, prompt_ids):
+    proposer = DraftModelProposer(runner, runner.vocab_size + 64)
+    p = propose(proposer, prompt_ids[0], sampling=SamplingParams(temperature=1.0, seed=1))
+    assert p.probs.shape[-1] == runner.vocab_size + 64
+    assert p.probs[..., runner.vocab_size :].sum() == 0
+    proposer.release("s")
+
+
+def test_release_frees_the_draft_slot(runner, prompt_ids):
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    free = runner.num_free_slots
+    propose(proposer, prompt_ids[0])
+    assert runner.num_free_slots == free - 1
+    proposer.release("s")
+    assert runner.num_free_slots == free
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_length([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_length([], [1]) == 0

@@ -1,0 +1,59 @@
+"""N-gram prompt lookup proposes what followed the longest earlier match of the context's suffix."""
+
+import numpy as np
+import pytest
+
+from specdec.proposers.base import ProposalRequest
+from specdec.proposers.ngram_proposer import NgramProposer, find_continuation
+from specdec.sampling_params import SamplingParams
+
+
+def cont(tokens, n_min=1, n_max=3, gamma=4):
+    return find_continuation(np.array(tokens), n_min, n_max, gamma)
+
+
+def test_proposes_the_tokens_that_followed_the_earlier_occurrence():
+    assert cont([1, 2, 3, 4, 5, 9, 1, 2, 3]) == [4, 5, 9, 1]
+
+
+def test_longest_suffix_wins_over_a_more_recent_shorter_match():
+    # suffix [7, 8, 3]: the 3-gram occurs at the start; the 1-gram "3" occurs later.
+    tokens = [7, 8, 3, 10, 11, 3, 12, 7, 8, 3]
+    assert cont(tokens, n_min=1, n_max=3) == [10, 11, 3, 12]
+
+
+def test_most_recent_occurrence_of_the_same_length_wins():
+    assert cont([5, 6, 1, 5, 6, 2, 5, 6], n_min=2, n_max=2, gamma=1) == [2]
+
+
+def test_no_match_no_proposal():
+    assert cont([1, 2, 3, 4], n_min=2, n_max=3) == []
+
+
+def test_proposal_is_cut_at_gamma_and_at_the_end_of_the_context():
+    assert cont([1, 2, 1, 2], n_min=2, n_max=2, gamma=8) == [1, 2]
+
+
+def test_repeated_token_runs_propose_more_of_the_run():
+    assert cont([4, 4, 4, 4], n_min=2, n_max=3, gamma=3) == [4]
+
+
+def test_single_token_context_proposes_nothing():
+    assert cont([4], n_min=1, n_max=3) == []
+
+
+def test_batch_proposal_pads_rows_that_found_nothing():
+    proposer = NgramProposer(n_min=2, n_max=3)
+    requests = [
+        ProposalRequest("a", [1, 2, 3, 1, 2], SamplingParams()),
+        ProposalRequest("b", [9, 8, 7], SamplingParams()),
+    ]
+    proposal = proposer.propose(requests, gamma=3)
+    assert proposal.token_ids.tolist() == [[3, 1, 2], [-1, -1, -1]]
+    assert proposal.num_drafted.tolist() == [3, 0]
+    assert proposal.probs is None
+
+
+def test_bad_ngram_sizes_are_rejected():
+    with pytest.raises(ValueError, match="n_min"):
+        NgramProposer(n_min=3, n_max=2)

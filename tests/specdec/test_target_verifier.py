@@ -1,0 +1,85 @@
+"""The in-process verifier keeps the target's cache in step with the caller's history."""
+
+import pytest
+import torch
+
+from specdec.model_paths import resolve_model_path
+from specdec.models.model_runner import ModelRunner
+from specdec.sampling_params import SamplingParams
+from specdec.target_verifier import TargetVerifier
+from specdec.verifier import VerifyRequest
+
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=4, max_seq_len=256)
+
+
+def next_token(hf_target, history):
+    with torch.no_grad():
+        return int(hf_target(torch.tensor([history])).logits[0, -1].argmax())
+
+
+def test_plain_round_emits_the_target_argmax(runner, hf_target, prompt_ids):
+    verifier = TargetVerifier(runner)
+    [r] = verifier.verify([VerifyRequest("a", prompt_ids[0], [], GREEDY)])
+    assert (r.emitted, r.num_accepted) == ([next_token(hf_target, prompt_ids[0])], 0)
+    verifier.release("a")
+
+
+def test_drafting_the_target_continuation_is_fully_accepted_with_a_bonus(runner, hf_greedy, prompt_ids):
+    verifier = TargetVerifier(runner)
+    expected = hf_greedy(prompt_ids[1], 6)
+    [r] = verifier.verify([VerifyRequest("a", prompt_ids[1], expected[:5], GREEDY)])
+    assert (r.emitted, r.num_accepted) == (expected, 5)
+    wrong = (expected[1] + 1) % runner.vocab_size
+    [r] = verifier.verify([VerifyRequest("a", prompt_ids[1] + expected, [wrong], GREEDY)])
+    assert r.num_accepted == 0 and len(r.emitted) == 1
+    verifier.release("a")
+
+
+def test_a_fresh_verifier_refills_from_the_history_alone(runner, hf_greedy, prompt_ids):
+    history = prompt_ids[2] + hf_greedy(prompt_ids[2], 10)
+    first = TargetVerifier(runner)
+    [a] = first.verify([VerifyRequest("s", history, [], GREEDY)])
+    first.release("s")
+    restarted = TargetVerifier(runner)
+    [b] = restarted.verify([VerifyRequest("s", history, [], GREEDY)])
+    restarted.release("s")
+    assert a.emitted == b.emitted == hf_greedy(prompt_ids[2], 11)[10:]
+
+
+def test_a_cache_ahead_of_the_history_is_rolled_back(runner, hf_greedy, prompt_ids):
+    """A lost reply: the caller repeats the round with its old history and gets the same answer."""
+    verifier = TargetVerifier(runner)
+    drafted = hf_greedy(prompt_ids[0], 4)[:3]
+    [a] = verifier.verify([VerifyRequest("s", prompt_ids[0], drafted, GREEDY)])
+    [b] = verifier.verify([VerifyRequest("s", prompt_ids[0], drafted, GREEDY)])
+    assert a == b
+    assert runner.slot_length(verifier._states["s"].slot) == len(prompt_ids[0]) + a.num_accepted
+    verifier.release("s")
+
+
+def test_release_frees_the_slot_and_ignores_unknown_ids(runner, prompt_ids):
+    verifier = TargetVerifier(runner)
+    free = verifier.num_free_slots
+    verifier.verify([VerifyRequest("s", prompt_ids[0], [], GREEDY)])
+    assert verifier.num_free_slots == free - 1
+    verifier.release("s")
+    verifier.release("never-seen")
+    assert verifier.num_free_slots == free
+
+
+def test_rows_without_draft_probabilities_are_verified_as_one_hot(runner):
+    verifier = TargetVerifier(runner)
+    v = runner.vocab_size
+    requests = [
+        VerifyRequest("p", [1, 2], [7, 8], SamplingParams(temperature=1.0), torch.full((2, v), 1.0 / v)),
+        VerifyRequest("n", [1, 2], [9], SamplingParams(temperature=1.0)),
+    ]
+    ids, num_drafted, q = verifier._pack(requests, 2)
+    assert ids.tolist() == [[7, 8], [9, -1]] and num_drafted.tolist() == [2, 1]
+    assert q[1, 0, 9] == 1.0 and q[1, 0].sum() == 1.0 and q[1, 1].sum() == 0.0
+    assert torch.allclose(q[0].sum(-1), torch.ones(2))
