@@ -80,12 +80,42 @@ class ServingConfig(StrictModel):
     router_replicas: int = Field(1, ge=1, description="Ray Serve replicas of the router deployment.")
 
 
+class LoadMonitorConfig(StrictModel):
+    enabled: bool = Field(True, description="Adapt γ and switch speculation off under load (else: always config γ).")
+    redis_url: str = Field(
+        "", description="Shared Redis, e.g. redis://host:6379/0 ('' = env SPECDEC_REDIS_URL, or local/in-process)."
+    )
+    deployment: str = Field("default", description="Key namespace in Redis; one per specdec deployment.")
+    window_s: float = Field(10.0, gt=0, description="Sliding window of QPS and acceptance measurements, seconds.")
+    bucket_s: float = Field(1.0, gt=0, description="Time bucket of the window (its resolution), seconds.")
+    refresh_s: float = Field(0.1, gt=0, description="Background push/refresh period of each router, seconds.")
+    timeout_s: float = Field(0.05, gt=0, le=0.05, description="Redis call timeout, seconds (<= 50 ms).")
+    replica_ttl_s: float = Field(5.0, gt=0, description="A router silent this long no longer counts, seconds.")
+    breaker_failures: int = Field(3, ge=1, description="Consecutive Redis failures that open the circuit breaker.")
+    breaker_reset_s: float = Field(1.0, ge=0, description="Seconds before an open breaker probes Redis again.")
+    gamma_max: int = Field(8, ge=0, le=32, description="Largest γ the policy may choose.")
+    fallback_gamma: int = Field(2, ge=0, description="γ when measurements are missing or stale (a safe default).")
+    stale_after_s: float = Field(3.0, gt=0, description="Measurements older than this are ignored, seconds.")
+    min_gain: float = Field(0.05, ge=0, description="Speculate only if the model predicts >= this goodput gain.")
+    default_verify_slope: float = Field(
+        0.1, ge=0, description="Extra target time per verified token / one step, until measured at several γ."
+    )
+    disable_qps: float = Field(8.0, gt=0, description="Cluster-wide requests/s above which speculation turns off.")
+    enable_qps: float = Field(4.0, ge=0, description="Requests/s below which it turns on again (< disable_qps).")
+    disable_in_flight: float = Field(48, gt=0, description="Requests in flight + queued above which it turns off.")
+    enable_in_flight: float = Field(24, ge=0, description="In flight + queued below which it turns on again.")
+    min_dwell_s: float = Field(2.0, ge=0, description="Least time between two switches, seconds (no flapping).")
+
+
 class SpecdecConfig(StrictModel):
     models: ModelsConfig = Field(default_factory=ModelsConfig, description="Which checkpoints to load and how.")
     cache: CacheConfig = Field(default_factory=CacheConfig, description="KV-cache sizing (target and draft).")
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig, description="Proposer and γ.")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Request defaults and limits.")
     serving: ServingConfig = Field(default_factory=ServingConfig, description="Distributed serving (Ray + gRPC).")
+    load_monitor: LoadMonitorConfig = Field(
+        default_factory=LoadMonitorConfig, description="Cluster-wide load measurements and the γ / on-off policy."
+    )
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

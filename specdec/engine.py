@@ -15,10 +15,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass
+from typing import Protocol
 
+from specdec.load_stats import RoundSample
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
 from specdec.request import GenerationRequest
 from specdec.sequence import Sequence
+from specdec.speculation_policy import Decision, SpeculationPolicy
 from specdec.stats import SpecStats
 from specdec.stop_conditions import StopChecker
 from specdec.verifier import Verifier, VerifyRequest
@@ -33,6 +36,14 @@ class RoundOutput:
     finish_reason: str | None
 
 
+class RoundPolicy(Protocol):
+    """Decides each round's γ (e.g. a LoadMonitor over a SpeculationPolicy) and hears what it cost."""
+
+    def decide(self, batch_size: int) -> Decision: ...
+
+    def record(self, sample: RoundSample) -> None: ...
+
+
 @dataclass
 class GenerationResult:
     seq_id: str
@@ -40,6 +51,15 @@ class GenerationResult:
     text: str
     finish_reason: str
     stats: SpecStats
+
+
+def round_sample(drafted: list[int], accepted: list[int], draft_s: float, verify_s: float) -> RoundSample:
+    """A batched round's measurements from each row's drafted and accepted counts."""
+    gamma = max(drafted, default=0)
+    per_drafted = [sum(1 for d in drafted if d > i) for i in range(gamma)]
+    per_accepted = [sum(1 for a in accepted if a > i) for i in range(gamma)]
+    return RoundSample(len(drafted), gamma, sum(drafted), sum(accepted), draft_s, verify_s,
+                       tuple(per_accepted), tuple(per_drafted))
 
 
 class SpeculativeEngine:
@@ -53,7 +73,10 @@ class SpeculativeEngine:
         eos_token_ids: Seq[int] = (),
         decode: Callable[[list[int]], str] | None = None,
         max_new_tokens_limit: int = 4096,
+        policy: RoundPolicy | None = None,
     ) -> None:
+        """gamma: the server's γ (used when no policy decides, and for mode ON).
+        policy: decides γ per round from load and measured costs (None = always `gamma`)."""
         if gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {gamma}")
         self.verifier = verifier
@@ -62,6 +85,8 @@ class SpeculativeEngine:
         self.eos_token_ids = tuple(eos_token_ids)
         self.decode = decode
         self.max_new_tokens_limit = max_new_tokens_limit
+        self.policy = policy
+        self.last_decision = Decision(gamma, gamma > 0, "static γ")
         self.stats = SpecStats()
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -130,10 +155,17 @@ class SpeculativeEngine:
         if not self._running:
             return []
         batch = list(self._running)
+        if self.policy is not None:
+            self.last_decision = self.policy.decide(len(batch))
         gammas = [self._gamma_for(s) for s in batch]
+        proposed = time.perf_counter()
         proposal = self._propose(batch, gammas)
-        outputs = self._verify(batch, proposal, gammas)
+        verified = time.perf_counter()
+        outputs, accepted = self._verify(batch, proposal, gammas)
         elapsed = time.perf_counter() - start
+        if self.policy is not None:
+            drafted = proposal.num_drafted.tolist()
+            self.policy.record(round_sample(drafted, accepted, verified - proposed, elapsed - (verified - start)))
         self.stats.seconds += elapsed
         for seq in batch:
             seq.stats.seconds += elapsed
@@ -152,7 +184,8 @@ class SpeculativeEngine:
         return [*self._waiting, *self._running]
 
     def _gamma_for(self, seq: Sequence) -> int:
-        gamma = self.gamma if seq.request.gamma is None else seq.request.gamma
+        request = seq.request
+        gamma = SpeculationPolicy.gamma_for_request(self.last_decision, request.mode, request.gamma, self.gamma)
         return max(0, min(gamma, seq.remaining - 1))
 
     def _propose(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
@@ -178,19 +211,23 @@ class SpeculativeEngine:
             full.probs[rows, :width] = part.probs
         return full
 
-    def _verify(self, batch: list[Sequence], proposal: Proposal, gammas: list[int]) -> list[RoundOutput]:
-        """One verifier call over every row, then record statistics and apply stop conditions."""
+    def _verify(
+        self, batch: list[Sequence], proposal: Proposal, gammas: list[int]
+    ) -> tuple[list[RoundOutput], list[int]]:
+        """One verifier call over every row, then record statistics and apply stop conditions.
+        Returns the round's outputs and each row's number of accepted tokens."""
         requests = []
         for i, seq in enumerate(batch):
             drafted = proposal.drafted(i)
             probs = proposal.probs[i, : len(drafted)] if proposal.probs is not None and drafted else None
             requests.append(VerifyRequest(seq.seq_id, seq.token_ids, drafted, seq.request.sampling, probs))
-        outputs = []
+        outputs, accepted = [], []
         for seq, request, result, gamma in zip(batch, requests, self.verifier.verify(requests), gammas):
             for stats in (seq.stats, self.stats):
                 stats.record_round(len(request.draft_token_ids), result.num_accepted, gamma)
             outputs.append(self._append(seq, result.emitted))
-        return outputs
+            accepted.append(result.num_accepted)
+        return outputs, accepted
 
     def _append(self, seq: Sequence, emitted: list[int]) -> RoundOutput:
         """Add a round's tokens to a sequence, cut at the first stop condition."""

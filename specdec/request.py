@@ -18,6 +18,8 @@ class GenerationRequest:
     gamma: γ for this request (None = the engine's; 0 = no speculation).
     ignore_eos: keep generating past the end-of-sequence token (benchmarks).
     proposer: which proposer drafts for this request ("draft", "ngram"; None = the engine's).
+    mode: speculation mode: "auto" (the server's policy decides, following load), "on"
+        (always speculate) or "off" (plain decoding, no draft calls).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -27,6 +29,7 @@ class GenerationRequest:
     gamma: int | None = None
     ignore_eos: bool = False
     proposer: str | None = None
+    mode: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))
@@ -37,6 +40,8 @@ class GenerationRequest:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.gamma is not None and self.gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {self.gamma}")
+        if self.mode not in ("auto", "on", "off"):
+            raise ValueError(f"speculation mode must be auto, on or off, got {self.mode!r}")
         if any(not s for s in self.stop):
             raise ValueError("stop: stop strings must not be empty")
 

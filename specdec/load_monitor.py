@@ -1,0 +1,182 @@
+"""LoadMonitor: the engine's round policy, backed by a shared LoadStore, never on the request path.
+
+The engine thread only touches memory: `decide` reads a cached snapshot, `record` and
+`on_arrival` add to a pending delta. A background thread (`tick`, every ~100 ms) pushes the
+delta to the store in one batch, refreshes the snapshot, and feeds the shared load switch.
+A circuit breaker stops calling a failing store; meanwhile decisions use this replica's own
+measurements (always kept locally), and the shared store is used again once it answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from specdec.circuit_breaker import CircuitBreaker
+from specdec.config import LoadMonitorConfig
+from specdec.load_stats import LoadSnapshot, RoundSample, StatsWindow
+from specdec.load_store import InProcessLoadStore, LoadStore, SwitchState
+from specdec.load_switch import LoadThresholds
+from specdec.speculation_policy import Decision, PolicySettings, SpeculationPolicy
+
+log = logging.getLogger(__name__)
+
+
+class LoadMonitor:
+    def __init__(
+        self,
+        store: LoadStore | None,
+        policy: SpeculationPolicy,
+        replica_id: str,
+        refresh_s: float = 0.1,
+        window_s: float = 10.0,
+        breaker: CircuitBreaker | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """store: the shared store (None = this process only)."""
+        self.store = store
+        self.local = InProcessLoadStore(window_s=window_s)
+        self.policy = policy
+        self.replica_id = replica_id
+        self.refresh_s = refresh_s
+        self.window_s = window_s
+        self.breaker = breaker or CircuitBreaker()
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._pending = StatsWindow()
+        self._unsent: tuple[StatsWindow, float] | None = None
+        self._load = (0, 0)
+        self._batch_size = 1
+        self._snapshot: LoadSnapshot | None = None
+        self.source = "local" if store is None else "shared"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- request path (memory only) -------------------------------------------------------
+
+    def on_arrival(self, count: int = 1) -> None:
+        with self._lock:
+            self._pending.add_arrival(count)
+
+    def set_load(self, in_flight: int, queued: int) -> None:
+        self._load = (in_flight, queued)
+
+    def decide(self, batch_size: int) -> Decision:
+        self._batch_size = batch_size
+        return self.policy.decide(self._snapshot, batch_size, self.clock(), update_switch=False)
+
+    def record(self, sample: RoundSample) -> None:
+        with self._lock:
+            self._pending.add_round(sample)
+
+    @property
+    def snapshot(self) -> LoadSnapshot | None:
+        return self._snapshot
+
+    # ---- background ---------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Push the pending delta, refresh the snapshot and update the shared switch."""
+        now = self.clock()
+        with self._lock:
+            delta, self._pending = self._pending, StatsWindow()
+        in_flight, queued = self._load
+        self.local.push(self.replica_id, delta, now, in_flight, queued)
+        shared = self._tick_shared(delta, now, in_flight, queued) if self.store is not None else False
+        if not shared:
+            self._update(self.local, self.local.snapshot(now), now)
+
+    def _tick_shared(self, delta: StatsWindow, now: float, in_flight: int, queued: int) -> bool:
+        if self._unsent is not None:
+            old, at = self._unsent
+            if now - at <= self.window_s:
+                delta.merge(old)
+            self._unsent = None
+        if not self.breaker.allow(now):
+            self._unsent = (delta, now)
+            return False
+        try:
+            self.store.push(self.replica_id, delta, now, in_flight, queued)
+            self._update(self.store, self.store.snapshot(now), now)
+        except Exception as exc:  # any store failure: fall back to local, retry later
+            self.breaker.record_failure(now)
+            self._unsent = (delta, now)
+            if self.source != "local":
+                log.warning("load store unreachable (%s); using local measurements", exc)
+            self.source = "local"
+            return False
+        if self.source != "shared":
+            log.info("load store reachable again; using shared measurements")
+        self.breaker.record_success()
+        self.source = "shared"
+        return True
+
+    def _update(self, store: LoadStore, snapshot: LoadSnapshot, now: float) -> None:
+        """Feed the shared switch from the fresh snapshot; one replica's change wins (CAS)."""
+        state = store.switch_state()
+        switch = self.policy.switch
+        switch.enabled, switch.since = state.enabled, state.since
+        self.policy.decide(snapshot, self._batch_size, now, update_switch=True)
+        new = SwitchState(switch.enabled, switch.since)
+        if new != state and not store.compare_and_set_switch(state, new):
+            latest = store.switch_state()
+            switch.enabled, switch.since = latest.enabled, latest.since
+        self._snapshot = snapshot
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="specdec-load-monitor", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            try:
+                self.tick()
+            except Exception:  # never let the monitor die
+                log.exception("load monitor tick failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def status(self) -> dict:
+        """The live picture for GetStats / `specdec status`."""
+        snap = self._snapshot
+        decision = self.decide(self._batch_size)
+        return {
+            "source": self.source,
+            "breaker": self.breaker.state(self.clock()),
+            "speculation_enabled": decision.enabled,
+            "gamma": decision.gamma,
+            "reason": decision.reason,
+            "qps": snap.qps if snap else 0.0,
+            "in_flight": snap.in_flight if snap else 0.0,
+            "queued": snap.queued if snap else 0.0,
+            "alpha": snap.alpha if snap else None,
+            "alpha_per_position": list(snap.alpha_per_position) if snap else [],
+        }
+
+
+def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, replica_id: str) -> LoadMonitor:
+    """A LoadMonitor with the policy, thresholds and breaker that `config` describes."""
+    thresholds = LoadThresholds(
+        disable_qps=config.disable_qps,
+        enable_qps=config.enable_qps,
+        disable_in_flight=config.disable_in_flight,
+        enable_in_flight=config.enable_in_flight,
+        min_dwell_s=config.min_dwell_s,
+    )
+    settings = PolicySettings(
+        gamma_max=config.gamma_max,
+        fallback_gamma=config.fallback_gamma,
+        stale_after_s=config.stale_after_s,
+        min_gain=config.min_gain,
+        default_verify_slope=config.default_verify_slope,
+        thresholds=thresholds,
+    )
+    breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
+    return LoadMonitor(store, SpeculationPolicy(settings), replica_id, config.refresh_s, config.window_s, breaker)

@@ -1,0 +1,78 @@
+"""The LoadStore interface: where router replicas share measurements and the on/off switch.
+
+`RedisLoadStore` (in the shell) shares them across the cluster; `InProcessLoadStore` keeps
+them in this process (single replica, tests, or when no Redis is configured).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from specdec.load_stats import LoadSnapshot, StatsWindow
+from specdec.window_ring import WindowRing
+
+
+@dataclass(frozen=True)
+class SwitchState:
+    """The shared state of the load switch: on/off and when it last changed."""
+
+    enabled: bool = True
+    since: float = float("-inf")
+
+
+class LoadStore(ABC):
+    """Shared, additive load measurements plus the shared switch state."""
+
+    @abstractmethod
+    def push(self, replica_id: str, delta: StatsWindow, at: float, in_flight: int, queued: int) -> None:
+        """Add a replica's measurements since its last push and report its current load."""
+
+    @abstractmethod
+    def snapshot(self, now: float) -> LoadSnapshot:
+        """Sum every replica's recent measurements (dead replicas age out)."""
+
+    @abstractmethod
+    def switch_state(self) -> SwitchState:
+        """The current shared switch state."""
+
+    @abstractmethod
+    def compare_and_set_switch(self, expected: SwitchState, new: SwitchState) -> bool:
+        """Set the switch state only if it is still `expected` (one decision for all replicas)."""
+
+
+class InProcessLoadStore(LoadStore):
+    """A LoadStore in this process's memory (thread-safe)."""
+
+    def __init__(self, window_s: float = 10.0, bucket_s: float = 1.0, replica_ttl_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self.replica_ttl_s = replica_ttl_s
+        self._ring = WindowRing(window_s, bucket_s)
+        self._replicas: dict[str, tuple[int, int, float]] = {}
+        self._switch = SwitchState()
+        self._lock = threading.Lock()
+
+    def push(self, replica_id: str, delta: StatsWindow, at: float, in_flight: int, queued: int) -> None:
+        with self._lock:
+            self._ring.add(delta, at)
+            self._replicas[replica_id] = (in_flight, queued, at)
+
+    def snapshot(self, now: float) -> LoadSnapshot:
+        with self._lock:
+            alive = [(f, q) for f, q, at in self._replicas.values() if now - at <= self.replica_ttl_s]
+            window = self._ring.recent(now)
+        in_flight = sum(f for f, _ in alive)
+        queued = sum(q for _, q in alive)
+        return LoadSnapshot.from_window(window, self.window_s, in_flight, queued, measured_at=now)
+
+    def switch_state(self) -> SwitchState:
+        with self._lock:
+            return self._switch
+
+    def compare_and_set_switch(self, expected: SwitchState, new: SwitchState) -> bool:
+        with self._lock:
+            if self._switch != expected:
+                return False
+            self._switch = new
+            return True

@@ -1,0 +1,73 @@
+"""The engine follows its round policy: γ per round, no draft calls while off, correct catch-up when on again."""
+
+from specdec.load_stats import RoundSample
+from specdec.request import GenerationRequest
+from specdec.speculation_policy import Decision
+
+
+class TogglingPolicy:
+    """Speculation on for `period` rounds, off for `period` rounds, and so on."""
+
+    def __init__(self, period: int, gamma: int = 4):
+        self.period, self.gamma, self.rounds = period, gamma, 0
+        self.samples: list[RoundSample] = []
+
+    def decide(self, batch_size: int) -> Decision:
+        on = (self.rounds // self.period) % 2 == 0
+        self.rounds += 1
+        return Decision(self.gamma if on else 0, on, "toggle")
+
+    def record(self, sample: RoundSample) -> None:
+        self.samples.append(sample)
+
+
+class CountingProposer:
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def propose(self, requests, gamma):
+        self.calls += 1
+        return self.inner.propose(requests, gamma)
+
+    def release(self, seq_id):
+        self.inner.release(seq_id)
+
+
+def test_requests_living_through_switches_keep_the_target_greedy_output(make_engine, prompt_ids, hf_greedy):
+    built = make_engine("draft", gamma=4)
+    built.engine.policy = TogglingPolicy(period=3)
+    results = built.engine.generate([GenerationRequest(p, 48) for p in prompt_ids[:3]])
+    assert [r.token_ids for r in results] == [hf_greedy(p, 48) for p in prompt_ids[:3]]
+
+
+def test_off_rounds_make_no_draft_calls(make_engine, prompt_ids):
+    built = make_engine("draft", gamma=4)
+    policy = TogglingPolicy(period=2)
+    counting = CountingProposer(built.engine.proposer)
+    built.engine.proposer, built.engine.policy = counting, policy
+    built.engine.generate([GenerationRequest(prompt_ids[0], 40, ignore_eos=True)])
+    on_rounds = sum(1 for s in policy.samples if s.gamma > 0)
+    assert counting.calls == on_rounds < len(policy.samples)
+    assert all(s.drafted == 0 for s in policy.samples if s.gamma == 0)
+
+
+def test_the_draft_catches_up_after_speculation_was_off(make_engine, prompt_ids):
+    """Stale draft state after re-enabling would collapse acceptance; catch-up keeps it."""
+    steady = make_engine("draft", gamma=4)
+    [plain] = steady.engine.generate([GenerationRequest(prompt_ids[1], 96, ignore_eos=True)])
+    toggled = make_engine("draft", gamma=4)
+    toggled.engine.policy = TogglingPolicy(period=4)
+    [switched] = toggled.engine.generate([GenerationRequest(prompt_ids[1], 96, ignore_eos=True)])
+    assert switched.token_ids == plain.token_ids
+    assert switched.stats.acceptance_rate >= 0.8 * plain.stats.acceptance_rate
+
+
+def test_round_samples_describe_the_batch(make_engine, prompt_ids):
+    built = make_engine("draft", gamma=3)
+    policy = TogglingPolicy(period=1000, gamma=3)
+    built.engine.policy = policy
+    built.engine.generate([GenerationRequest(p, 16, ignore_eos=True) for p in prompt_ids[:2]])
+    first = policy.samples[0]
+    assert first.batch_size == 2 and first.gamma == 3 and first.drafted == 6
+    assert first.verify_seconds > 0 and first.draft_seconds > 0
+    assert sum(s.accepted for s in policy.samples) == built.engine.stats.accepted

@@ -1,0 +1,135 @@
+"""The load monitor decides from shared measurements, off the request path, and survives store outages."""
+
+import pytest
+
+from specdec.load_monitor import LoadMonitor
+from specdec.load_stats import RoundSample
+from specdec.load_store import InProcessLoadStore
+from specdec.load_switch import LoadThresholds
+from specdec.speculation_policy import PolicySettings, SpeculationPolicy
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def settings(**kw):
+    base = dict(gamma_max=6, fallback_gamma=2, stale_after_s=3.0, min_gain=0.0, default_verify_slope=0.05,
+                thresholds=LoadThresholds(disable_qps=5, enable_qps=2, disable_in_flight=100, enable_in_flight=50,
+                                          min_dwell_s=1.0))
+    base.update(kw)
+    return PolicySettings(**base)
+
+
+def good_round():
+    return RoundSample(1, 4, drafted=4, accepted=4, draft_seconds=0.002, verify_seconds=0.011,
+                       accepted_per_position=(1, 1, 1, 1), drafted_per_position=(1, 1, 1, 1))
+
+
+def monitor(store, clock, replica="r1", **kw):
+    return LoadMonitor(store, SpeculationPolicy(settings(**kw)), replica, window_s=10.0, clock=clock)
+
+
+class FlakyStore(InProcessLoadStore):
+    def __init__(self):
+        super().__init__(window_s=10.0)
+        self.down = False
+        self.calls = 0
+
+    def push(self, *args):
+        self.calls += 1
+        if self.down:
+            raise ConnectionError("redis down")
+        super().push(*args)
+
+
+def test_without_measurements_the_fallback_gamma_is_used():
+    assert monitor(InProcessLoadStore(), Clock()).decide(1).gamma == 2
+
+
+def test_measured_acceptance_drives_gamma_after_a_tick():
+    clock = Clock()
+    m = monitor(InProcessLoadStore(), clock)
+    m.record(good_round())
+    m.tick()
+    d = m.decide(1)
+    assert d.enabled and d.gamma == 6
+
+
+def test_decide_and_record_never_touch_the_store():
+    store, clock = FlakyStore(), Clock()
+    m = monitor(store, clock)
+    for _ in range(100):
+        m.on_arrival()
+        m.record(good_round())
+        m.decide(1)
+    assert store.calls == 0
+    m.tick()
+    assert store.calls == 1  # one batched push
+
+
+def test_high_qps_switches_off_for_every_replica_sharing_the_store():
+    store, clock = InProcessLoadStore(), Clock()
+    a, b = monitor(store, clock, "a"), monitor(store, clock, "b")
+    a.record(good_round())
+    a.on_arrival(40)  # 4 qps over the 10 s window ...
+    b.on_arrival(40)  # ... plus 4 from the other replica: 8 > 5
+    a.tick()
+    b.tick()
+    a.tick()
+    assert not a.decide(1).enabled and not b.decide(1).enabled
+    assert a.decide(1).gamma == 0 and b.decide(1).gamma == 0
+    clock.now += 11  # the burst leaves the window
+    a.tick()
+    b.tick()
+    assert a.decide(1).enabled and b.decide(1).enabled
+
+
+def test_a_store_outage_falls_back_to_local_measurements_and_recovers():
+    store, clock = FlakyStore(), Clock()
+    m = monitor(store, clock)
+    m.tick()
+    assert m.source == "shared"
+    store.down = True
+    for _ in range(5):
+        m.record(good_round())
+        clock.now += 0.1
+        m.tick()
+    assert m.source == "local"
+    assert m.breaker.state(clock()) == "open"
+    assert m.decide(1).gamma == 6  # decisions continue from local measurements
+    calls = store.calls
+    clock.now += 0.1
+    m.tick()
+    assert store.calls == calls  # the open circuit skips the store
+    store.down = False
+    clock.now += 2.0
+    m.tick()
+    assert m.source == "shared" and m.breaker.state(clock()) == "closed"
+    assert store.snapshot(clock()).alpha == 1.0  # what was measured during the outage reached the store
+
+
+def test_stale_shared_measurements_fall_back():
+    clock = Clock()
+    m = monitor(InProcessLoadStore(), clock)
+    m.record(good_round())
+    m.tick()
+    clock.now += 5.0  # no tick for longer than stale_after_s
+    assert m.decide(1).gamma == 2
+
+
+def test_the_background_thread_ticks_until_stopped():
+    import time
+
+    m = LoadMonitor(InProcessLoadStore(), SpeculationPolicy(settings()), "t", refresh_s=0.01)
+    m.record(good_round())
+    m.start()
+    deadline = time.time() + 5
+    while m.snapshot is None and time.time() < deadline:
+        time.sleep(0.01)
+    m.stop()
+    assert m.snapshot is not None and m.snapshot.alpha == 1.0
