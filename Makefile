@@ -8,11 +8,20 @@ PYTHON ?= python3
 TORCH_PIP_ARGS ?=
 PIP := $(PYTHON) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup demo test bench
+.PHONY: setup redis-server demo test bench
 
 setup:
+	@command -v redis-server >/dev/null 2>&1 || $(MAKE) --no-print-directory redis-server
 	$(PIP) $(TORCH_PIP_ARGS) "torch==2.13.0"
 	$(PIP) -e ".[test,bench]"
+
+# The load monitor's shared store; the tests start their own redis-server on a free port.
+redis-server:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	else \
+		echo "note: install redis-server (e.g. sudo apt-get install redis-server) for the Redis tests"; \
+	fi
 
 demo: setup
 	specdec generate --prompt "def fibonacci(n):" --max-new-tokens 64 --json

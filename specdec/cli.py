@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -61,15 +62,21 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extra_subcommands: Sequence[Callable[[Any], None]] = ()) -> argparse.ArgumentParser:
+    """The `specdec` parser with `generate`; each of `extra_subcommands` adds more subcommands
+    (it receives the subparsers object, like add_generate_parser) - the shells add `serve`
+    and `client` this way without the core importing them."""
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(subparsers)
+    for add_subcommand in extra_subcommands:
+        add_subcommand(subparsers)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run a subcommand; bad input exits 2 with a message naming the field."""
+    args = (parser or build_parser()).parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, ValidationError, FileNotFoundError) as exc:

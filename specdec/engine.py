@@ -37,7 +37,12 @@ class RoundOutput:
 
 
 class RoundPolicy(Protocol):
-    """Decides each round's γ (e.g. a LoadMonitor over a SpeculationPolicy) and hears what it cost."""
+    """Decides each round's γ (e.g. a LoadMonitor over a SpeculationPolicy) and hears the load
+    and what each round cost."""
+
+    def on_arrival(self, count: int = 1) -> None: ...
+
+    def set_load(self, in_flight: int, queued: int) -> None: ...
 
     def decide(self, batch_size: int) -> Decision: ...
 
@@ -86,7 +91,8 @@ class SpeculativeEngine:
         self.decode = decode
         self.max_new_tokens_limit = max_new_tokens_limit
         self.policy = policy
-        self.last_decision = Decision(gamma, gamma > 0, "static γ")
+        self._static_decision = Decision(gamma, gamma > 0, "static γ")
+        self.last_decision = self._static_decision
         self.stats = SpecStats()
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -105,6 +111,8 @@ class SpeculativeEngine:
             request.max_new_tokens, () if request.ignore_eos else self.eos_token_ids, request.stop, self.decode
         )
         self._waiting.append(Sequence(seq_id=seq_id, request=request, stop_checker=checker))
+        if self.policy is not None:
+            self.policy.on_arrival()
         return seq_id
 
     def abort(self, seq_id: str) -> None:
@@ -156,6 +164,7 @@ class SpeculativeEngine:
             return []
         batch = list(self._running)
         if self.policy is not None:
+            self.policy.set_load(len(self._running), len(self._waiting))
             self.last_decision = self.policy.decide(len(batch))
         gammas = [self._gamma_for(s) for s in batch]
         proposed = time.perf_counter()
@@ -184,8 +193,12 @@ class SpeculativeEngine:
         return [*self._waiting, *self._running]
 
     def _gamma_for(self, seq: Sequence) -> int:
+        """This round's γ for one sequence. A seeded sampled request keeps the static γ: its
+        tokens depend on the speculation schedule, so the same seed must see the same one."""
         request = seq.request
-        gamma = SpeculationPolicy.gamma_for_request(self.last_decision, request.mode, request.gamma, self.gamma)
+        pinned = request.sampling.seed is not None and not request.sampling.is_greedy
+        decision = self._static_decision if pinned else self.last_decision
+        gamma = SpeculationPolicy.gamma_for_request(decision, request.mode, request.gamma, self.gamma)
         return max(0, min(gamma, seq.remaining - 1))
 
     def _propose(self, batch: list[Sequence], gammas: list[int]) -> Proposal:

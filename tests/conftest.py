@@ -63,3 +63,13 @@ def make_engine():
         return build_engine(load_config(overrides=overrides))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real redis-server on a free port for the whole session."""
+    from redis_server import RedisServer
+
+    server = RedisServer().start()
+    yield server
+    server.stop()

@@ -6,6 +6,7 @@ raises AdmissionError; a failing round fails its requests but not the loop.
 """
 
 import asyncio
+import threading
 
 import pytest
 
@@ -188,3 +189,14 @@ def test_shutdown_fails_unfinished_requests_and_frees_their_slots(built, prompt_
 
     asyncio.run(main())
     assert free_slots(built) == full and not async_engine._thread.is_alive()
+
+
+def test_on_idle_runs_on_the_loop_thread_once_the_work_is_done(built, prompt_ids):
+    calls = []
+    async_engine = AsyncEngine(built.engine, on_idle=lambda: calls.append(threading.current_thread().name))
+    try:
+        asyncio.run(async_engine.generate(GenerationRequest(prompt_ids[0], 4)))
+        asyncio.run(wait_for(lambda: bool(calls)))
+        assert calls == ["specdec-engine-loop"]
+    finally:
+        async_engine.shutdown()

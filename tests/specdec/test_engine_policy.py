@@ -12,6 +12,12 @@ class TogglingPolicy:
         self.period, self.gamma, self.rounds = period, gamma, 0
         self.samples: list[RoundSample] = []
 
+    def on_arrival(self, count: int = 1) -> None:
+        pass
+
+    def set_load(self, in_flight: int, queued: int) -> None:
+        pass
+
     def decide(self, batch_size: int) -> Decision:
         on = (self.rounds // self.period) % 2 == 0
         self.rounds += 1
@@ -71,3 +77,17 @@ def test_round_samples_describe_the_batch(make_engine, prompt_ids):
     assert first.batch_size == 2 and first.gamma == 3 and first.drafted == 6
     assert first.verify_seconds > 0 and first.draft_seconds > 0
     assert sum(s.accepted for s in policy.samples) == built.engine.stats.accepted
+
+
+def test_seeded_sampled_requests_keep_the_static_gamma_so_seeds_stay_reproducible(make_engine, prompt_ids):
+    from specdec.sampling_params import SamplingParams
+
+    sampling = SamplingParams(temperature=0.9, seed=7)
+    outputs = []
+    for period in (1, 3):  # two different speculation schedules from the policy
+        built = make_engine("draft", gamma=4)
+        built.engine.policy = TogglingPolicy(period=period)
+        [r] = built.engine.generate([GenerationRequest(prompt_ids[0], 24, sampling, ignore_eos=True)])
+        outputs.append(r.token_ids)
+        assert r.stats.drafted > 0
+    assert outputs[0] == outputs[1]

@@ -1,0 +1,163 @@
+"""Start and stop the whole distributed server: Ray, the draft worker, the tensor-parallel
+target group, Ray Serve's gRPC proxy and the SpecdecRouter deployment.
+
+`start_app(config)` returns once the public port answers health checks with SERVING (draft
+and target loaded); `SpecdecApp.shutdown()` tears everything down in reverse order.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import ray
+from ray import serve
+from ray.serve.config import HTTPOptions, ProxyLocation, gRPCOptions
+
+from ray.serve import Application
+
+from actors.backend import cluster_backend, monitored_backend
+from actors.router import GRPC_SERVICER_FUNCTIONS, SpecdecRouter
+from actors.worker_hub import get_or_create_hub, stop_hub
+from specdec.config import SpecdecConfig, load_config
+from specdec_rpc.client import SpecdecClient
+from specdec_rpc.router_backend import RouterBackend
+
+logger = logging.getLogger(__name__)
+
+APP_NAME = "specdec"
+RAY_NAMESPACE = "specdec"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: Serve's own queue sits in front of the router's admission limit; keep it out of the way
+SERVE_HEADROOM = 32
+
+
+@dataclass
+class SpecdecApp:
+    """A running server. `address` is where clients on this machine reach the public port."""
+
+    config: SpecdecConfig
+    address: str
+    target_address: str | None = None
+    draft_address: str | None = None
+    hub: Any = None  # the WorkerHub actor holding the target group and the draft (None with an injected backend)
+    owns_ray: bool = False
+    _stoppers: list[Callable[[], Any]] = field(default_factory=list)
+
+    @property
+    def target_tp(self) -> int:
+        return self.config.serving.tensor_parallel_size
+
+    def shutdown(self) -> None:
+        """Serve (proxy and router), then the target group and the draft, then Ray if we started it."""
+        while self._stoppers:
+            stop = self._stoppers.pop()
+            try:
+                stop()
+            except Exception:
+                logger.exception("shutdown step failed")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _init_ray(address: str | None, ray_init_kwargs: dict[str, Any] | None) -> bool:
+    """Start (or join) Ray; True when this process started it. The repo root goes on
+    PYTHONPATH first, so Serve's proxy can import the stubs even without an install."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
+    if ray.is_initialized():
+        return False
+    # a named namespace: the WorkerHub is a named detached actor that later calls look up
+    ray.init(address=address, **{"namespace": RAY_NAMESPACE, **(ray_init_kwargs or {})})
+    return True
+
+
+def _start_workers(config: SpecdecConfig, app: SpecdecApp) -> Callable[[], RouterBackend]:
+    """The target group and the draft worker (through the WorkerHub); returns the router's
+    backend factory (remote workers + the load monitor)."""
+    hub = get_or_create_hub(config)
+    app._stoppers.append(functools.partial(stop_hub, config))
+    app.target_address, app.draft_address = ray.get(hub.start.remote())
+    app.hub = hub
+    return functools.partial(monitored_backend, config, app.target_address, app.draft_address)
+
+
+def router_deployment(config: SpecdecConfig, backend_factory: Callable[[], RouterBackend]) -> Application:
+    """The SpecdecRouter bound to its backend factory, sized from config.serving."""
+    router = SpecdecRouter.options(
+        num_replicas=config.serving.router_replicas,
+        max_ongoing_requests=config.serving.max_concurrent_requests + SERVE_HEADROOM,
+    )
+    return router.bind(backend_factory)
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    """Ray Serve application builder for `serve deploy` and KubeRay's serveConfigV2
+    (`import_path: actors.app:build_app`). `args` are specdec config overrides (the schema of
+    configs/default.yaml); the router's replicas get the workers from the WorkerHub."""
+    config = load_config(overrides=dict(args or {}))
+    return router_deployment(config, functools.partial(cluster_backend, config))
+
+
+def _start_serve(config: SpecdecConfig, backend_factory: Callable[[], RouterBackend]) -> None:
+    serve.start(
+        proxy_location=ProxyLocation.HeadOnly,
+        http_options=HTTPOptions(host="127.0.0.1", port=free_port()),
+        grpc_options=gRPCOptions(port=config.serving.port, grpc_servicer_functions=GRPC_SERVICER_FUNCTIONS),
+    )
+    # a route prefix makes the app an endpoint of the proxies (gRPC included)
+    serve.run(router_deployment(config, backend_factory), name=APP_NAME, route_prefix=f"/{APP_NAME}")
+
+
+def wait_until_serving(address: str, timeout_s: float) -> None:
+    """Poll grpc.health.v1 on the public port until SERVING (raises TimeoutError)."""
+    deadline = time.monotonic() + timeout_s
+    status = "no answer"
+    with SpecdecClient(address, timeout_s=5.0, retries=0) as client:
+        while time.monotonic() < deadline:
+            try:
+                status = client.health()
+                if status == "SERVING":
+                    return
+            except grpc.RpcError as exc:
+                status = f"{exc.code().name}: {exc.details()}"
+            time.sleep(0.5)
+    raise TimeoutError(f"{address} did not become SERVING within {timeout_s}s (last: {status})")
+
+
+def start_app(
+    config: SpecdecConfig,
+    address: str | None = None,
+    backend_factory: Callable[[], RouterBackend] | None = None,
+    ray_init_kwargs: dict[str, Any] | None = None,
+    ready_timeout_s: float = 600.0,
+) -> SpecdecApp:
+    """Start everything and wait until it serves. backend_factory=None starts the draft
+    worker and the target group; pass one (e.g. `local_backend`) to serve in-process models."""
+    app = SpecdecApp(config, address=f"127.0.0.1:{config.serving.port}")
+    app.owns_ray = _init_ray(address, ray_init_kwargs)
+    if app.owns_ray:
+        app._stoppers.append(ray.shutdown)
+    try:
+        if backend_factory is None:
+            backend_factory = _start_workers(config, app)
+        app._stoppers.append(serve.shutdown)
+        _start_serve(config, backend_factory)
+        wait_until_serving(app.address, ready_timeout_s)
+    except BaseException:
+        app.shutdown()
+        raise
+    return app

@@ -1,0 +1,64 @@
+"""The router's backend in a cluster: workers from the WorkerHub, the load monitor on Redis.
+
+Called inside each router replica (the factories are pickled into it), so the Redis
+connection and the monitor's thread live where they are used.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import ray
+
+from actors.worker_hub import get_or_create_hub
+from specdec.config import SpecdecConfig
+from specdec.load_monitor import LoadMonitor, build_load_monitor
+from specdec.load_store import LoadStore
+from specdec_rpc.router_backend import RouterBackend, remote_backend
+
+REDIS_URL_ENV = "SPECDEC_REDIS_URL"
+REDIS_PASSWORD_ENV = "SPECDEC_REDIS_PASSWORD"
+
+
+def redis_url(config: SpecdecConfig) -> str:
+    """The configured Redis URL, else the SPECDEC_REDIS_URL environment variable ('' = none)."""
+    return config.load_monitor.redis_url or os.environ.get(REDIS_URL_ENV, "")
+
+
+def load_store(config: SpecdecConfig) -> LoadStore | None:
+    """The shared RedisLoadStore, or None (the monitor then keeps in-process measurements)."""
+    url = redis_url(config)
+    if not url:
+        return None
+    from actors.redis_load_store import RedisLoadStore
+
+    lm = config.load_monitor
+    return RedisLoadStore(url, lm.deployment, lm.window_s, lm.bucket_s, lm.replica_ttl_s,
+                          timeout_s=lm.timeout_s, password=os.environ.get(REDIS_PASSWORD_ENV) or None)
+
+
+def load_monitor(config: SpecdecConfig) -> LoadMonitor | None:
+    if not config.load_monitor.enabled:
+        return None
+    replica_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    return build_load_monitor(config.load_monitor, load_store(config), replica_id)
+
+
+def monitored_backend(config: SpecdecConfig, target_address: str, draft_address: str | None) -> RouterBackend:
+    """remote_backend with the load monitor deciding γ and switching speculation under load."""
+    monitor = load_monitor(config)
+    backend = remote_backend(config, target_address, draft_address, policy=monitor)
+    if monitor is not None:
+        monitor.start()
+        backend.closers.append(monitor.stop)
+        backend.monitor = monitor
+    return backend
+
+
+def cluster_backend(config: SpecdecConfig) -> RouterBackend:
+    """For `serve deploy` / RayService: get (or start) the workers through the hub."""
+    hub = get_or_create_hub(config)
+    target_address, draft_address = ray.get(hub.start.remote())
+    return monitored_backend(config, target_address, draft_address)

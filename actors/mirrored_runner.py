@@ -1,0 +1,81 @@
+"""MirroredRunner: rank 0's ModelRunner API, with every state change replayed on the other ranks.
+
+A tensor-parallel target is one model split over ranks; every rank must run the same
+forward over the same cache slots (the row-parallel all-reduces keep them in lockstep).
+The leader's TargetVerifier drives a MirroredRunner: it applies each allocate / free /
+truncate / forward locally and submits the same call to every follower actor. Ray runs
+one caller's calls to a (threaded, max_concurrency=1) actor in submission order, so the
+followers' caches go through exactly the leader's operations; followers check that they
+hand out the same slot ids. The leader runs its own forward while the followers run
+theirs, and waits for them before returning (their errors surface there).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+import torch
+
+from specdec.models.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class MirroredRunner:
+    """Duck-types ModelRunner for TargetVerifier. Not thread-safe: one caller (the servicer's worker thread)."""
+
+    def __init__(self, runner: ModelRunner, followers: list[Any]) -> None:
+        self.runner = runner
+        self.followers = list(followers)
+        self.vocab_size = runner.vocab_size
+        self.max_seq_len = runner.max_seq_len
+        self._pending: list[ray.ObjectRef] = []  # follower calls not yet confirmed
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.runner.num_free_slots
+
+    def slot_length(self, slot: int) -> int:
+        return self.runner.slot_length(slot)
+
+    def allocate_slot(self) -> int:
+        slot = self.runner.allocate_slot()
+        self._mirror("allocate_slot", slot)  # followers must hand out the same id
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        self.runner.free_slot(slot)
+        self._mirror("free_slot", slot)
+
+    def truncate(self, slot: int, length: int) -> None:
+        self.runner.truncate(slot, length)
+        self._mirror("truncate", slot, length)
+
+    def forward(self, slot_ids: list[int], token_ids: list[list[int]], last_only: bool = False) -> torch.Tensor:
+        """The same forward on every rank at once; returns the leader's logits."""
+        self._mirror("forward", slot_ids, token_ids, last_only)
+        try:
+            logits = self.runner.forward(slot_ids, token_ids, last_only)
+        except BaseException:
+            self._drain()  # the followers fail the same way (their state is identical)
+            raise
+        self.sync()
+        return logits
+
+    def sync(self) -> None:
+        """Wait for every follower call so far; raises the first follower error."""
+        pending, self._pending = self._pending, []
+        if pending:
+            ray.get(pending)
+
+    def _drain(self) -> None:
+        try:
+            self.sync()
+        except Exception as exc:  # noqa: BLE001 - the leader's own error is the one to report
+            logger.warning("follower ranks failed too: %s", exc)
+
+    def _mirror(self, method: str, *args: Any) -> None:
+        for follower in self.followers:
+            self._pending.append(getattr(follower, method).remote(*args))

@@ -1,0 +1,107 @@
+"""RedisLoadStore: the LoadStore shared by every router replica, in a real Redis server.
+
+Keys (namespaced per deployment, all with TTLs so dead replicas age out):
+  {prefix}:win:{bucket}  hash of additive sums for one time bucket (HINCRBYFLOAT), TTL ≈ window
+  {prefix}:replicas      hash replica id -> "in_flight queued at"; stale entries are ignored
+  {prefix}:switch        hash {enabled, since}: the shared load switch (compare-and-set)
+Writes are atomic Lua scripts; reads are one pipeline. Timeouts are short (≤ 50 ms): the
+LoadMonitor calls this from a background thread and falls back to local measurements.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from specdec.load_stats import LoadSnapshot, StatsWindow
+from specdec.load_store import LoadStore, SwitchState
+from specdec.window_ring import bucket_start
+
+PUSH_SCRIPT = """
+for i = 5, #ARGV, 2 do
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return 1
+"""
+
+CAS_SCRIPT = """
+local enabled = redis.call('HGET', KEYS[1], 'enabled') or '1'
+local since = redis.call('HGET', KEYS[1], 'since') or '-inf'
+if enabled ~= ARGV[1] or since ~= ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'enabled', ARGV[3], 'since', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
+
+
+def _encode_state(state: SwitchState) -> tuple[str, str]:
+    return ("1" if state.enabled else "0", repr(float(state.since)))
+
+
+class RedisLoadStore(LoadStore):
+    def __init__(
+        self,
+        url: str,
+        deployment: str = "default",
+        window_s: float = 10.0,
+        bucket_s: float = 1.0,
+        replica_ttl_s: float = 5.0,
+        switch_ttl_s: float = 3600.0,
+        timeout_s: float = 0.05,
+        password: str | None = None,
+    ) -> None:
+        self.client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, password=password,
+            decode_responses=True, retry_on_timeout=False,
+        )
+        self.prefix = f"specdec:{deployment}"
+        self.window_s, self.bucket_s = window_s, bucket_s
+        self.replica_ttl_s, self.switch_ttl_s = replica_ttl_s, switch_ttl_s
+        self._push = self.client.register_script(PUSH_SCRIPT)
+        self._cas = self.client.register_script(CAS_SCRIPT)
+
+    @property
+    def num_buckets(self) -> int:
+        return max(1, round(self.window_s / self.bucket_s))
+
+    def push(self, replica_id: str, delta: StatsWindow, at: float, in_flight: int, queued: int) -> None:
+        key = f"{self.prefix}:win:{bucket_start(at, self.bucket_s)}"
+        fields = [x for k, v in delta.sums.items() if v for x in (k, repr(float(v)))]
+        ttl = int(self.window_s + 2 * self.bucket_s) + 1
+        gauge = f"{in_flight} {queued} {at!r}"
+        self._push(keys=[key, f"{self.prefix}:replicas"],
+                   args=[ttl, replica_id, gauge, int(self.replica_ttl_s * 4) + 1, *fields])
+
+    def snapshot(self, now: float) -> LoadSnapshot:
+        newest = bucket_start(now, self.bucket_s)
+        pipe = self.client.pipeline(transaction=False)
+        for bucket in range(newest - self.num_buckets + 1, newest + 1):
+            pipe.hgetall(f"{self.prefix}:win:{bucket}")
+        pipe.hgetall(f"{self.prefix}:replicas")
+        *windows, replicas = pipe.execute()
+        total = StatsWindow()
+        for window in windows:
+            total.merge({k: float(v) for k, v in window.items()})
+        in_flight = queued = 0.0
+        for value in replicas.values():
+            f, q, at = value.split()
+            if now - float(at) <= self.replica_ttl_s:
+                in_flight, queued = in_flight + float(f), queued + float(q)
+        return LoadSnapshot.from_window(total, self.window_s, in_flight, queued, measured_at=now)
+
+    def switch_state(self) -> SwitchState:
+        raw = self.client.hgetall(f"{self.prefix}:switch")
+        if not raw:
+            return SwitchState()
+        return SwitchState(enabled=raw.get("enabled", "1") == "1", since=float(raw.get("since", "-inf")))
+
+    def compare_and_set_switch(self, expected: SwitchState, new: SwitchState) -> bool:
+        args = [*_encode_state(expected), *_encode_state(new), int(self.switch_ttl_s)]
+        return bool(self._cas(keys=[f"{self.prefix}:switch"], args=args))
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,116 @@
+"""SpecdecRouter: the Ray Serve deployment behind Serve's gRPC proxy (the public ingress).
+
+Serve's gRPC proxy routes each call by its method name to the deployment method of the
+same name: `Generate` and `GenerateStream` of specdec.v1.SpeculativeDecoding and `Check` of
+grpc.health.v1.Health. The router holds the backend (gRPC clients of the draft worker and
+the target group, an AsyncEngine running the rounds) and only translates: the behaviour is
+`specdec_rpc.public_service.PublicService`, failures become status codes on Serve's
+`grpc_context` (`specdec_rpc.status_codes`).
+
+The backend comes from a factory (picklable, called inside the replica), so the same
+deployment runs on remote workers (`remote_backend`) or on in-process models
+(`local_backend`). It is built on a background thread: health reports NOT_SERVING and calls
+get UNAVAILABLE until it is ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2
+from ray import serve
+
+from specdec_rpc.public_service import PublicService
+from specdec_rpc.router_backend import RouterBackend
+from specdec_rpc.status_codes import UnknownServiceError, status_for
+from specdec_rpc.v1 import specdec_pb2
+
+logger = logging.getLogger(__name__)
+
+#: the servicer registrations Serve's gRPC proxy needs (import paths, resolved in the proxy)
+GRPC_SERVICER_FUNCTIONS = [
+    "specdec_rpc.v1.specdec_pb2_grpc.add_SpeculativeDecodingServicer_to_server",
+    "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
+]
+
+
+#: the caller's own mistakes: answered with a status, not logged as server errors
+_CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND}
+
+
+class CallFailed(Exception):
+    """Raised for a failed call after its status went onto Serve's gRPC context. It carries
+    only the details text: the original (e.g. a grpc.RpcError) may not survive pickling to
+    the proxy, which would turn the status into INTERNAL."""
+
+
+def _fail(exc: BaseException, grpc_context: Any) -> bool:
+    """Put exc's status code and details on Serve's gRPC context. True when the call
+    should end quietly with that status; False when CallFailed should be raised (and logged)."""
+    code, details = status_for(exc)
+    if grpc_context is None:
+        return False
+    grpc_context.set_code(code)
+    grpc_context.set_details(details)
+    return code in _CLIENT_ERRORS
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class SpecdecRouter:
+    """The public SpeculativeDecoding service and the standard health service."""
+
+    def __init__(self, backend_factory: Callable[[], RouterBackend]) -> None:
+        self.service = PublicService()
+        self._loader = threading.Thread(target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True)
+        self._loader.start()
+
+    def _load(self, backend_factory: Callable[[], RouterBackend]) -> None:
+        try:
+            self.service.backend = backend_factory()
+        except BaseException as exc:  # reported by health and every call
+            logger.exception("loading the router's backend failed")
+            self.service.load_error = exc
+
+    async def Generate(  # noqa: N802 (gRPC method name)
+        self, request: specdec_pb2.GenerateRequest, grpc_context: Any = None
+    ) -> specdec_pb2.GenerateResponse:
+        """Unary generation; errors become status codes (INVALID_ARGUMENT names the field)."""
+        try:
+            return await self.service.generate(request)
+        except Exception as exc:
+            if _fail(exc, grpc_context):
+                return specdec_pb2.GenerateResponse()  # not sent: the status is an error
+            raise CallFailed(status_for(exc)[1]) from None
+
+    async def GenerateStream(  # noqa: N802
+        self, request: specdec_pb2.GenerateRequest, grpc_context: Any = None
+    ) -> AsyncIterator[specdec_pb2.GenerateChunk]:
+        """Streams each round's tokens; a cancelled call aborts the request (slots freed)."""
+        stream = self.service.generate_stream(request)
+        try:
+            async for chunk in stream:
+                yield chunk
+        except Exception as exc:
+            # a stream must raise: Serve copies the context's code only with a message
+            _fail(exc, grpc_context)
+            raise CallFailed(status_for(exc)[1]) from None
+        finally:
+            await stream.aclose()
+
+    async def Check(  # noqa: N802
+        self, request: health_pb2.HealthCheckRequest, grpc_context: Any = None
+    ) -> health_pb2.HealthCheckResponse:
+        """grpc.health.v1: SERVING once draft and target are loaded, NOT_SERVING before."""
+        status = self.service.health(request.service)
+        if status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN:
+            _fail(UnknownServiceError(f"unknown service {request.service!r}"), grpc_context)
+        return health_pb2.HealthCheckResponse(status=status)
+
+    def __del__(self) -> None:
+        backend = getattr(getattr(self, "service", None), "backend", None)
+        if backend is not None:
+            backend.close()

@@ -1,0 +1,130 @@
+"""The rank actors of the tensor-parallel target group.
+
+Every rank joins the torch.distributed group, loads the target, keeps its shard
+(`shard_model`) and builds a ModelRunner. Rank 0, the *leader*, is an async actor that
+serves `specdec.v1.TargetWorker` over gRPC (grpc.aio on the actor's event loop) with a
+TargetVerifier on a MirroredRunner; the other ranks, the *followers*, are plain threaded
+actors (one call at a time, in submission order) that replay its cache operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import ray
+import torch.distributed as dist
+
+from actors.mirrored_runner import MirroredRunner
+from specdec.config import SpecdecConfig
+from specdec.model_paths import resolve_model_path
+from specdec.models.loader import load_model, read_config, resolve_checkpoint_dir
+from specdec.models.model_runner import ModelRunner
+from specdec.models.tensor_parallel import check_divisible, shard_model
+from specdec.target_verifier import TargetVerifier
+from specdec_rpc.target_servicer import TargetServicer
+from specdec_rpc.worker_runtime import info_as_dict
+from specdec_rpc.worker_server import WorkerServer, start_worker_server
+
+DIST_TIMEOUT = timedelta(minutes=5)  # a collective (or the rendezvous) that takes longer fails
+
+
+def distributed_backend(config: SpecdecConfig) -> str:
+    """'auto' -> nccl for a CUDA device, gloo otherwise."""
+    backend = config.serving.distributed_backend
+    if backend == "auto":
+        return "nccl" if config.models.device.startswith("cuda") else "gloo"
+    return backend
+
+
+def check_tensor_parallel_size(config: SpecdecConfig) -> None:
+    """Raise ValueError (naming the field) unless the target's heads split over the ranks; reads config.json only."""
+    target = read_config(resolve_checkpoint_dir(resolve_model_path(config.models.target)))
+    check_divisible(SimpleNamespace(config=target), config.serving.tensor_parallel_size)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class _Shard:
+    """What every rank does: join the group, load and shard the target, build its runner."""
+
+    runner: ModelRunner
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's IP and a free port, for the group's MASTER_ADDR / MASTER_PORT."""
+        return ray.util.get_node_ip_address(), free_port()
+
+    def _setup(self, config: SpecdecConfig, rank: int, world_size: int, master: tuple[str, int]) -> None:
+        if world_size > 1:
+            dist.init_process_group(
+                distributed_backend(config),
+                init_method=f"tcp://{master[0]}:{master[1]}",
+                rank=rank,
+                world_size=world_size,
+                timeout=DIST_TIMEOUT,
+            )
+        path = resolve_model_path(config.models.target)
+        model = load_model(path, dtype=config.models.dtype, device=config.models.device)
+        model = shard_model(model, rank=rank, world_size=world_size)
+        self.runner = ModelRunner(model, config.cache.num_slots, config.cache.max_seq_len)
+
+
+@ray.remote
+class TargetFollower(_Shard):
+    """Rank > 0: replays the leader's cache operations and forwards (see MirroredRunner)."""
+
+    def setup(self, config: SpecdecConfig, rank: int, world_size: int, master: tuple[str, int]) -> None:
+        self._setup(config, rank, world_size, master)
+
+    def allocate_slot(self, expected: int) -> None:
+        slot = self.runner.allocate_slot()
+        if slot != expected:
+            self.runner.free_slot(slot)
+            raise RuntimeError(f"follower allocated slot {slot}, the leader {expected}: the ranks diverged")
+
+    def free_slot(self, slot: int) -> None:
+        self.runner.free_slot(slot)
+
+    def truncate(self, slot: int, length: int) -> None:
+        self.runner.truncate(slot, length)
+
+    def forward(self, slot_ids: list[int], token_ids: list[list[int]], last_only: bool) -> None:
+        self.runner.forward(slot_ids, token_ids, last_only)  # logits stay here: rank 0 answers
+
+
+@ray.remote
+class TargetLeader(_Shard):
+    """Rank 0: serves TargetWorker over gRPC; its verifier's runner mirrors to the followers."""
+
+    def __init__(self) -> None:
+        self._server: WorkerServer | None = None
+        self._address = ""
+
+    async def setup(self, config: SpecdecConfig, rank: int, world_size: int, master: tuple[str, int]) -> None:
+        """Blocks until every rank joined the group (run concurrently with the followers' setup)."""
+        self._config, self._world_size = config, world_size
+        await asyncio.get_running_loop().run_in_executor(None, self._setup, config, rank, world_size, master)
+
+    async def serve(self, followers: list[Any], host: str = "0.0.0.0", port: int = 0) -> str:
+        """Start the gRPC server; returns 'node_ip:port'."""
+        verifier = TargetVerifier(MirroredRunner(self.runner, followers))
+        servicer = TargetServicer(verifier, self._config.models.target, self._config.cache.num_slots, self._world_size)
+        self._server = await start_worker_server(servicer, host, port)
+        self._address = f"{ray.util.get_node_ip_address()}:{self._server.address.rsplit(':', 1)[1]}"
+        return self._address
+
+    async def info(self) -> dict[str, Any]:
+        """The served WorkerInfo as a dict, plus the address."""
+        return {"address": self._address, **info_as_dict(self._server.servicer.info())}
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None

@@ -1,0 +1,166 @@
+"""Serving benchmark: the distributed server (Ray actors + Serve gRPC) vs the in-process engine.
+
+Workload: greedy, up to 128 new tokens for each held-out bundled prompt, draft-model
+speculation at the configured γ. (EOS cannot be ignored over gRPC, so requests may stop
+early; the table reports the tokens actually generated.) Each row runs all prompts with N
+concurrent streams (N = 1, 4, 8), each stream taking the next prompt when it finishes:
+
+* in-process: AsyncEngine over the engine in this process (one torch thread per model,
+  as each Ray worker actor gets), streaming RoundOutputs;
+* server: `specdec serve`'s stack started here (draft worker, target group, router behind
+  Serve's gRPC proxy), streaming GenerateChunks with AsyncSpecdecClient.
+
+Columns: tokens/s = all generated tokens / wall time; TTFT = time to the first chunk;
+ITL = inter-token latency: each chunk's gap to the previous chunk of its stream, split
+evenly over the chunk's tokens (a round confirms several tokens at once).
+
+Usage: python benchmarks/bench_serving.py [--prompts 8] [--max-new-tokens 128] [--concurrency 1 4 8] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import AsyncIterator, Callable
+
+import torch
+
+from specdec.config import SpecdecConfig, load_config
+from specdec.engine_builder import build_engine
+from specdec.engine_loop import AsyncEngine
+from specdec.model_paths import bundled_prompts
+from specdec.request import GenerationRequest
+
+StreamFactory = Callable[[str, int], AsyncIterator[list[int]]]  # (prompt, max_new) -> token chunks
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+async def timed_stream(chunks: AsyncIterator[list[int]]) -> tuple[int, float, list[float]]:
+    """(tokens, time to first chunk, per-token inter-token latencies) of one stream."""
+    start = last = time.perf_counter()
+    tokens, ttft, itl = 0, float("nan"), []
+    async for chunk in chunks:
+        now = time.perf_counter()
+        if not chunk:
+            continue
+        if tokens == 0:
+            ttft = now - start
+        else:
+            itl.extend([(now - last) / len(chunk)] * len(chunk))
+        tokens += len(chunk)
+        last = now
+    return tokens, ttft, itl
+
+
+async def run_level(stream: StreamFactory, prompts: list[str], max_new: int, concurrency: int) -> dict:
+    """All prompts through `concurrency` streams; returns the row's measurements."""
+    queue = list(prompts)
+    results = []
+
+    async def worker() -> None:
+        while queue:
+            results.append(await timed_stream(stream(queue.pop(0), max_new)))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    tokens = sum(r[0] for r in results)
+    itl = [x for r in results for x in r[2]]
+    return {
+        "streams": concurrency,
+        "tokens": tokens,
+        "tokens_per_s": tokens / elapsed,
+        "ttft_p50_ms": 1000 * statistics.median(r[1] for r in results),
+        "itl_p50_ms": 1000 * percentile(itl, 50),
+        "itl_p99_ms": 1000 * percentile(itl, 99),
+    }
+
+
+async def run_all(stream: StreamFactory, prompts: list[str], max_new: int, levels: list[int], label: str) -> list[dict]:
+    await run_level(stream, prompts[:1], 8, 1)  # warm-up
+    rows = []
+    for level in levels:
+        rows.append({"setup": label, **await run_level(stream, prompts, max_new, level)})
+        print(f"  {label} x{level}: {rows[-1]['tokens_per_s']:.1f} tokens/s", flush=True)
+    return rows
+
+
+def in_process_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels: list[int]) -> list[dict]:
+    torch.set_num_threads(1)
+    built = build_engine(config)
+    loop = AsyncEngine(built.engine, max_concurrent_requests=max(levels))
+
+    async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
+        async with loop.submit(GenerationRequest(built.encode(prompt), n)) as s:
+            async for out in s:
+                yield out.new_token_ids
+
+    try:
+        return asyncio.run(run_all(stream, prompts, max_new, levels, "in-process"))
+    finally:
+        loop.shutdown()
+
+
+def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels: list[int]) -> list[dict]:
+    from actors.app import free_port, start_app
+    from specdec_rpc.client import AsyncSpecdecClient
+
+    config = load_config(overrides={**config.model_dump(), "serving": {**config.serving.model_dump(), "port": free_port()}})
+    app = start_app(config, ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
+
+    async def main() -> list[dict]:
+        async with AsyncSpecdecClient(app.address, timeout_s=600.0) as client:
+            async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
+                async for chunk in client.generate_stream(prompt, max_new_tokens=n):
+                    yield list(chunk.token_ids)
+
+            return await run_all(stream, prompts, max_new, levels, "server (gRPC)")
+
+    try:
+        return asyncio.run(main())
+    finally:
+        app.shutdown()
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| setup | streams | tokens | tokens/s | TTFT p50 (ms) | ITL p50 (ms) | ITL p99 (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['setup']} | {r['streams']} | {r['tokens']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.1f} "
+            f"| {r['itl_p50_ms']:.1f} | {r['itl_p99_ms']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--config", action="append", default=[], help="YAML override file(s)")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = parser.parse_args()
+    config = load_config(*args.config)
+    prompts = bundled_prompts()[: args.prompts]
+    rows = in_process_rows(config, prompts, args.max_new_tokens, args.concurrency)
+    rows += server_rows(config, prompts, args.max_new_tokens, args.concurrency)
+    print(markdown(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""gRPC shell of specdec: generated stubs (v1/), codecs, servicers and clients."""

@@ -1,0 +1,95 @@
+"""`specdec client generate|health --server HOST:PORT`: the command-line client of the public API.
+
+Exit status: 0 on success (health: SERVING), 2 for INVALID_ARGUMENT (bad input, as with
+`specdec generate`), 1 for any other gRPC error or a server that is not SERVING.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from specdec_rpc.client import SpecdecClient
+
+
+def add_client_parser(subparsers: Any) -> None:
+    """Adds `client` with its `generate` and `health` subcommands."""
+    client = subparsers.add_parser("client", help="call a running specdec server over gRPC")
+    commands = client.add_subparsers(dest="client_command", required=True)
+    gen = commands.add_parser("generate", help="generate text on the server")
+    _add_common(gen)
+    gen.add_argument("--prompt", required=True, help="prompt text")
+    gen.add_argument("--max-new-tokens", type=int, default=0, help="generated-token budget (0 = the server's default)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1] (unset = off)")
+    gen.add_argument("--seed", type=int, default=None, help="seed of the request's random generators")
+    gen.add_argument("--mode", choices=["auto", "on", "off"], default="auto", help="speculation mode (default auto)")
+    gen.add_argument("--gamma", type=int, default=0, help="γ, drafted tokens per round (0 = the server's)")
+    gen.add_argument("--proposer", choices=["draft", "ngram"], default=None, help="the server's proposer if unset")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--stream", action="store_true", help="print tokens as the server confirms them")
+    gen.add_argument("--json", action="store_true", help="print JSON (one object; with --stream one per chunk)")
+    gen.set_defaults(func=run_client_generate)
+    health = commands.add_parser("health", help="print the server's health status (SERVING / NOT_SERVING)")
+    _add_common(health)
+    health.set_defaults(func=run_client_health)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", default="127.0.0.1:50051", help="HOST:PORT of the server (default 127.0.0.1:50051)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="deadline of the call in seconds")
+
+
+def _fields(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
+        "top_p": args.top_p, "seed": args.seed, "mode": args.mode, "gamma": args.gamma,
+        "proposer": args.proposer, "stop": args.stop,
+    }
+
+
+def _as_json(message: Any) -> str:
+    return json.dumps(MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
+
+
+def run_client_generate(args: argparse.Namespace) -> int:
+    with SpecdecClient(args.server, timeout_s=args.timeout) as client:
+        try:
+            if args.stream:
+                _print_stream(client.generate_stream(args.prompt, **_fields(args)), args)
+            else:
+                response = client.generate(args.prompt, **_fields(args))
+                print(_as_json(response) if args.json else args.prompt + response.text)
+        except grpc.RpcError as exc:
+            return _report(exc)
+    return 0
+
+
+def _print_stream(chunks: Any, args: argparse.Namespace) -> None:
+    if not args.json:
+        print(args.prompt, end="", flush=True)
+    for chunk in chunks:
+        print(_as_json(chunk) if args.json else chunk.text, end="\n" if args.json else "", flush=True)
+    if not args.json:
+        print()
+
+
+def run_client_health(args: argparse.Namespace) -> int:
+    with SpecdecClient(args.server, timeout_s=args.timeout) as client:
+        try:
+            status = client.health()
+        except grpc.RpcError as exc:
+            return _report(exc)
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+def _report(exc: grpc.RpcError) -> int:
+    print(f"specdec: error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+    return 2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1

@@ -1,0 +1,138 @@
+"""DraftServicer: the `specdec.v1.DraftWorker` gRPC service around an in-process DraftModelProposer.
+
+It only translates: deltas -> full histories (HistoryStore), one batched `propose` per
+call, drafted tokens and q (prob_codec) -> the reply. The proposer rounds q to float16
+before sampling (wire_dtype), so the q it sends is exactly the q it sampled from. Greedy
+rows send no q (their verification needs none).
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import torch
+
+from specdec.config import SpecdecConfig
+from specdec.engine_builder import load_draft_proposer, load_tokenizer
+from specdec.models.loader import read_config, resolve_checkpoint_dir
+from specdec.model_paths import resolve_model_path
+from specdec.proposers.base import Proposal, ProposalRequest
+from specdec.proposers.draft_proposer import DraftModelProposer
+from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_proto
+from specdec_rpc.prob_codec import encode_rows
+from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with
+
+WIRE_DTYPE = torch.float16  # q travels as binary16 (see prob_codec)
+
+
+def target_vocab_size(target: str) -> int:
+    """Vocabulary rows of the target's output layer, read from its config (no weights loaded)."""
+    return read_config(resolve_checkpoint_dir(resolve_model_path(target))).vocab_size
+
+
+def load_wire_draft_proposer(config: SpecdecConfig) -> DraftModelProposer:
+    """The configured draft model, checked against the target's tokenizer, drafting float16 q."""
+    tokenizer = load_tokenizer(config.models.target)
+    vocab_size = target_vocab_size(config.models.target)
+    return load_draft_proposer(config.models, config.cache, vocab_size, tokenizer, wire_dtype=WIRE_DTYPE)
+
+
+class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
+    """Serves one DraftModelProposer; calls run one at a time on a worker thread."""
+
+    def __init__(self, proposer: DraftModelProposer, model: str) -> None:
+        if proposer.wire_dtype != WIRE_DTYPE:
+            raise ValueError(
+                f"the draft proposer must round q to {WIRE_DTYPE} before sampling (wire_dtype), "
+                f"got wire_dtype={proposer.wire_dtype}"
+            )
+        self.proposer = proposer
+        self.model = model
+        self.histories = HistoryStore()
+        self.stats = CallStats()
+        self._work = SerialExecutor("draft-worker")
+
+    @classmethod
+    def from_config(cls, config: SpecdecConfig) -> "DraftServicer":
+        return cls(load_wire_draft_proposer(config), config.models.draft)
+
+    async def Propose(self, request: worker_pb2.ProposeRequest, context: grpc.aio.ServicerContext):
+        async with self._work.lock:
+            try:
+                return await self._propose(request)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+                error = exc
+        await abort_with(context, "Propose", error)
+
+    async def _propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
+        start = time.perf_counter()
+        applied = self.histories.apply_all(request.sequences)
+        rows = [
+            ProposalRequest(delta.seq_id, history, sampling_from_proto(delta.sampling))
+            for delta, history in zip(request.sequences, applied.histories)
+            if history is not None
+        ]
+        drafts = await self._work.run(self._run, request, applied, rows)
+        self.stats.record(len(rows))
+        return worker_pb2.ProposeResponse(
+            drafts=drafts, resync_seq_ids=applied.resync_seq_ids, compute_seconds=time.perf_counter() - start
+        )
+
+    def _run(self, request: worker_pb2.ProposeRequest, applied: AppliedDeltas, rows: list[ProposalRequest]):
+        """On the worker thread: drop stale state of diverged sequences, draft, encode."""
+        for seq_id in applied.diverged_seq_ids:
+            self.proposer.release(seq_id)
+        proposal = self.proposer.propose(rows, request.gamma) if rows else None
+        return self._drafts(request, applied.histories, rows, proposal)
+
+    @staticmethod
+    def _drafts(request, histories, rows: list[ProposalRequest], proposal: Proposal | None):
+        """One DraftedTokens per request entry, in order (empty for resync entries)."""
+        drafts, row = [], 0
+        for delta, history in zip(request.sequences, histories):
+            draft = worker_pb2.DraftedTokens(seq_id=delta.seq_id)
+            if history is not None:
+                tokens = proposal.drafted(row)
+                draft.token_ids.extend(tokens)
+                if proposal.probs is not None and not rows[row].sampling.is_greedy and tokens:
+                    draft.probs.extend(encode_rows(proposal.probs[row, : len(tokens)]))  # [n, vocab]
+                row += 1
+            drafts.append(draft)
+        return drafts
+
+    async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
+        async with self._work.lock:
+            try:
+                await self._work.run(self._release, list(request.seq_ids))
+                return worker_pb2.ReleaseResponse()
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+        await abort_with(context, "Release", error)
+
+    def _release(self, seq_ids: list[str]) -> None:
+        for seq_id in seq_ids:
+            self.proposer.release(seq_id)
+            self.histories.release(seq_id)
+
+    async def GetInfo(self, request: worker_pb2.InfoRequest, context: grpc.aio.ServicerContext):
+        return self.info()
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        """vocab_size is the width of the q rows it sends: the target's vocabulary."""
+        runner = self.proposer.runner
+        return worker_pb2.WorkerInfo(
+            model=self.model,
+            vocab_size=self.proposer.vocab_size,
+            max_seq_len=runner.max_seq_len,
+            num_slots=runner.cache.num_slots,
+            free_slots=runner.num_free_slots,
+            tensor_parallel_size=1,
+            calls=self.stats.calls,
+            sequences=self.stats.sequences,
+            max_batch_size=self.stats.max_batch_size,
+        )
+
+    def close(self) -> None:
+        self._work.shutdown()

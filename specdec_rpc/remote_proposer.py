@@ -1,0 +1,139 @@
+"""RemoteProposer: the Proposer interface over gRPC to a DraftWorker.
+
+Speculation is only an optimisation, so the draft worker can never fail a round: when a
+call fails (unavailable, deadline, bad reply) the round goes on with no drafted tokens, the
+failure is logged and counted, and the next call sends whole histories again. Sequences
+the worker asks to resync draft nothing this round and send their whole history next
+round. Releases are buffered and sent before the next call (or by `flush()`).
+
+Not thread-safe: one engine drives it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import grpc
+import torch
+
+from specdec.proposers.base import Proposal, ProposalRequest, Proposer
+from specdec_rpc.history_sync import HistorySender
+from specdec_rpc.prob_codec import decode_rows
+from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+from specdec_rpc.worker_server import CHANNEL_OPTIONS
+
+logger = logging.getLogger(__name__)
+
+
+class RemoteProposer(Proposer):
+    """Drafts with a remote draft model; q arrives float16-exact, as the draft sampled it."""
+
+    has_probs = True
+
+    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
+        """address: the DraftWorker's host:port; timeout_s: deadline of each call (keep it short)."""
+        self.address = address
+        self.timeout_s = timeout_s
+        self.failures = 0  # calls that failed, so their round ran without draft proposals
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = worker_pb2_grpc.DraftWorkerStub(self._channel)
+        self._sender = HistorySender(namespace=f"{uuid.uuid4().hex[:12]}/")  # see RemoteVerifier
+        self._released: list[str] = []  # wire ids whose Release is not sent yet
+        self._vocab_size: int | None = None
+
+    def propose(self, requests: list[ProposalRequest], gamma: int) -> Proposal:
+        if gamma == 0 or not requests:
+            return Proposal.empty(len(requests), gamma)
+        try:
+            self.flush()
+            vocab_size = self._vocab()
+            response = self._stub.Propose(self._request(requests, gamma), timeout=self.timeout_s)
+            return self._proposal(requests, gamma, response, vocab_size)
+        except (grpc.RpcError, ValueError) as exc:
+            self._sender.reset(r.seq_id for r in requests)
+            self.failures += 1
+            logger.warning(
+                "draft worker %s: Propose failed, no draft tokens this round: %s", self.address, _describe(exc)
+            )
+            return Proposal.empty(len(requests), gamma)
+
+    def _vocab(self) -> int:
+        """Width of the q rows (the target's vocabulary), asked once."""
+        if self._vocab_size is None:
+            self._vocab_size = self.info().vocab_size
+        return self._vocab_size
+
+    def _request(self, requests: list[ProposalRequest], gamma: int) -> worker_pb2.ProposeRequest:
+        deltas = [self._sender.delta(r.seq_id, r.token_ids, r.sampling) for r in requests]
+        return worker_pb2.ProposeRequest(sequences=deltas, gamma=gamma)
+
+    def _proposal(
+        self, requests: list[ProposalRequest], gamma: int, response: worker_pb2.ProposeResponse, vocab_size: int
+    ) -> Proposal:
+        """The reply as a Proposal; raises ValueError when it breaks the protocol."""
+        if len(response.drafts) != len(requests):
+            raise ValueError(f"{len(response.drafts)} drafts for {len(requests)} sequences")
+        self._sender.reset(self._sender.local_id(w) for w in response.resync_seq_ids)
+        proposal = Proposal.empty(len(requests), gamma)
+        rows_with_probs = {}
+        for i, (request, draft) in enumerate(zip(requests, response.drafts)):
+            n = len(draft.token_ids)
+            matches = draft.seq_id == self._sender.wire_id(request.seq_id) and n <= gamma
+            if not matches or (draft.probs and len(draft.probs) != n):
+                raise ValueError(f"draft for {request.seq_id!r} does not match its request (gamma {gamma})")
+            if n and not draft.probs and not request.sampling.is_greedy:
+                raise ValueError(f"sampled sequence {request.seq_id!r} was drafted without q")
+            proposal.token_ids[i, :n] = torch.tensor(list(draft.token_ids), dtype=torch.long)
+            proposal.num_drafted[i] = n
+            if draft.probs:
+                rows_with_probs[i] = decode_rows(draft.probs, vocab_size)  # [n, V]
+        if rows_with_probs:
+            proposal.probs = self._probs(proposal, rows_with_probs, vocab_size)
+        return proposal
+
+    @staticmethod
+    def _probs(proposal: Proposal, rows: dict[int, torch.Tensor], vocab_size: int) -> torch.Tensor:
+        """[B, gamma, V] q weights; greedy rows (sent without q) get a one-hot q, never a zero one."""
+        batch, gamma = proposal.token_ids.shape
+        probs = torch.zeros(batch, gamma, vocab_size)
+        for i in range(batch):
+            n = int(proposal.num_drafted[i])
+            if i in rows:
+                probs[i, :n] = rows[i]
+            else:
+                probs[i, torch.arange(n), proposal.token_ids[i, :n]] = 1.0
+        return probs
+
+    def release(self, seq_id: str) -> None:
+        """Buffered: sent with the next call or flush()."""
+        self._sender.reset([seq_id])
+        self._released.append(self._sender.wire_id(seq_id))
+
+    def flush(self) -> bool:
+        """Send buffered releases now; False (ids kept for the next try) when the call failed."""
+        if not self._released:
+            return True
+        try:
+            self._stub.Release(worker_pb2.ReleaseRequest(seq_ids=self._released), timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            logger.warning("draft worker %s: Release failed (will retry): %s", self.address, _describe(exc))
+            return False
+        self._released = []
+        return True
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        """The worker's WorkerInfo (after sending buffered releases); raises grpc.RpcError when unreachable."""
+        self.flush()
+        return self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=self.timeout_s)
+
+    def close(self) -> None:
+        """Send buffered releases (best effort) and close the channel."""
+        self.flush()
+        self._channel.close()
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"

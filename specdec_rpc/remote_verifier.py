@@ -1,0 +1,140 @@
+"""RemoteVerifier: the Verifier interface over gRPC to the target group's leader.
+
+Each round sends history deltas, drafted tokens and their q (prob_codec; greedy rows send
+no q). Sequences the target does not know any more (it restarted) come back in
+`resync_seq_ids`; they are sent again at once with their whole history, so a target restart
+costs a prefill, never a wrong token. Errors from the target propagate as grpc.RpcError
+(the router turns them into status codes); the sequences of a failed call send their whole
+history next time. Releases are buffered and sent before the next call (or by `flush()`).
+
+Not thread-safe: one engine drives it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+
+from specdec.verifier import Verifier, VerifyRequest, VerifyResult
+from specdec_rpc.history_sync import HistorySender
+from specdec_rpc.prob_codec import encode_rows
+from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+from specdec_rpc.worker_server import CHANNEL_OPTIONS
+
+
+class ResyncError(RuntimeError):
+    """The target asked to resync sequences that were just sent whole (a protocol violation)."""
+
+
+class RemoteVerifier(Verifier):
+    """Verifies on a remote (tensor-parallel) target; capacity is tracked on this side.
+
+    Sequence ids travel in a namespace of this client (a random prefix), so routers that
+    number their sequences alike never share target state.
+    """
+
+    def __init__(self, address: str, timeout_s: float = 30.0, slot_budget: int | None = None) -> None:
+        """Connects and reads the target's WorkerInfo (waits up to timeout_s for it to be ready).
+
+        slot_budget: the most target slots this client may hold (when several routers
+        share one target); None = all of them."""
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = worker_pb2_grpc.TargetWorkerStub(self._channel)
+        self._sender = HistorySender(namespace=f"{uuid.uuid4().hex[:12]}/")
+        self._held: set[str] = set()  # sequences holding a target slot
+        self._released: list[str] = []  # wire ids whose Release is not sent yet
+        info = self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=timeout_s, wait_for_ready=True)
+        self.vocab_size = info.vocab_size
+        self.max_seq_len = info.max_seq_len
+        self.num_slots = info.num_slots if slot_budget is None else min(info.num_slots, slot_budget)
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.num_slots - len(self._held)
+
+    def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
+        if not requests:
+            return []
+        self.flush()
+        self._held.update(r.seq_id for r in requests)
+        items = [self._item(r) for r in requests]
+        response = self._call(requests, items)
+        outcomes = dict(zip((r.seq_id for r in requests), response.outcomes))
+        if response.resync_seq_ids:
+            resync = {self._sender.local_id(w) for w in response.resync_seq_ids}
+            outcomes.update(self._resync(requests, items, resync))
+        return [self._result(r, outcomes[r.seq_id]) for r in requests]
+
+    def _item(self, request: VerifyRequest) -> worker_pb2.VerifyItem:
+        item = worker_pb2.VerifyItem(
+            history=self._sender.delta(request.seq_id, request.token_ids, request.sampling),
+            draft_token_ids=request.draft_token_ids,
+        )
+        if request.draft_probs is not None and not request.sampling.is_greedy and request.draft_token_ids:
+            item.draft_probs.extend(encode_rows(request.draft_probs))  # [num_drafted, V]
+        return item
+
+    def _call(self, requests: list[VerifyRequest], items: list[worker_pb2.VerifyItem]) -> worker_pb2.VerifyResponse:
+        """One Verify call; after a failure its sequences resend their whole history."""
+        try:
+            response = self._stub.Verify(worker_pb2.VerifyRequest(items=items), timeout=self.timeout_s)
+        except grpc.RpcError:
+            self._sender.reset(r.seq_id for r in requests)
+            raise
+        if len(response.outcomes) != len(items):
+            self._sender.reset(r.seq_id for r in requests)
+            raise RuntimeError(f"target {self.address} answered {len(response.outcomes)} outcomes for {len(items)}")
+        return response
+
+    def _resync(self, requests: list[VerifyRequest], items: list[worker_pb2.VerifyItem], seq_ids: set[str]):
+        """Send the given sequences again with their whole history; returns their outcomes by seq_id."""
+        self._sender.reset(seq_ids)
+        again, retry = [], []
+        for request, item in zip(requests, items):
+            if request.seq_id in seq_ids:
+                full = worker_pb2.VerifyItem()
+                full.CopyFrom(item)
+                full.history.CopyFrom(self._sender.delta(request.seq_id, request.token_ids, request.sampling))
+                again.append(request)
+                retry.append(full)
+        response = self._call(again, retry)
+        if response.resync_seq_ids:
+            self._sender.reset(r.seq_id for r in again)
+            raise ResyncError(f"target {self.address} asked to resync whole histories: {list(response.resync_seq_ids)}")
+        return {request.seq_id: outcome for request, outcome in zip(again, response.outcomes)}
+
+    def _result(self, request: VerifyRequest, outcome: worker_pb2.VerifyOutcome) -> VerifyResult:
+        emitted = list(outcome.emitted_token_ids)
+        if outcome.seq_id != self._sender.wire_id(request.seq_id) or len(emitted) != outcome.num_accepted + 1:
+            raise RuntimeError(f"bad outcome for {request.seq_id!r}: {outcome}")
+        if outcome.num_accepted > len(request.draft_token_ids):
+            raise RuntimeError(f"outcome of {request.seq_id!r} accepts more tokens than were drafted")
+        return VerifyResult(request.seq_id, emitted, outcome.num_accepted)
+
+    def release(self, seq_id: str) -> None:
+        """Frees the slot on this side at once; the Release call is sent before the next call."""
+        self._sender.reset([seq_id])
+        self._held.discard(seq_id)
+        self._released.append(self._sender.wire_id(seq_id))
+
+    def flush(self) -> None:
+        """Send buffered releases now (raises grpc.RpcError; the ids stay buffered then)."""
+        if self._released:
+            self._stub.Release(worker_pb2.ReleaseRequest(seq_ids=self._released), timeout=self.timeout_s)
+            self._released = []
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        """The target's WorkerInfo (after sending buffered releases)."""
+        self.flush()
+        return self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=self.timeout_s)
+
+    def close(self) -> None:
+        """Send buffered releases (best effort) and close the channel."""
+        try:
+            self.flush()
+        except grpc.RpcError:
+            pass
+        self._channel.close()

@@ -1,0 +1,115 @@
+"""What the public service runs on: an AsyncEngine over a verifier and a proposer, plus the
+tokenizer and the server's defaults. Built either on gRPC clients of the workers (the
+distributed router) or on in-process models (tests, single-machine use)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec.config import SpecdecConfig
+from specdec.engine import RoundPolicy, SpeculativeEngine
+from specdec.engine_loop import AsyncEngine
+from specdec.proposers.base import Proposer
+from specdec.proposers.composite_proposer import CompositeProposer
+from specdec.proposers.ngram_proposer import NgramProposer
+from specdec.verifier import Verifier
+from specdec_rpc.public_api import ServerDefaults
+
+
+@dataclass
+class RouterBackend:
+    """A running engine loop and what the public API needs around it.
+
+    closers: called (in order) by close() after the loop stopped, e.g. gRPC channels.
+    """
+
+    loop: AsyncEngine
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    defaults: ServerDefaults
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    monitor: Any = None  # the LoadMonitor deciding γ, when there is one (for GetStats)
+
+    def close(self) -> None:
+        self.loop.shutdown()
+        for close in self.closers:
+            close()
+
+
+def server_gamma(config: SpecdecConfig) -> int:
+    """The server's γ: the configured one, 0 when the configured proposer is 'none'."""
+    return 0 if config.speculation.proposer == "none" else config.speculation.gamma
+
+
+def make_backend(
+    config: SpecdecConfig,
+    verifier: Verifier,
+    proposers: dict[str, Proposer],
+    tokenizer: Any,
+    policy: RoundPolicy | None = None,
+) -> RouterBackend:
+    """Wire a backend: CompositeProposer over `proposers` (the configured one is the default).
+    policy: decides each round's γ for AUTO requests from the load (None = the static γ)."""
+    default = config.speculation.proposer if config.speculation.proposer in proposers else next(iter(proposers))
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    engine = SpeculativeEngine(
+        verifier,
+        CompositeProposer(proposers, default=default),
+        gamma=server_gamma(config),
+        eos_token_ids=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [],
+        decode=decode,
+        max_new_tokens_limit=config.generation.max_new_tokens_limit,
+        policy=policy,
+    )
+    loop = AsyncEngine(engine, config.serving.max_concurrent_requests, on_idle=lambda: _flush(verifier, proposers))
+    return RouterBackend(
+        loop=loop,
+        encode=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        decode=decode,
+        defaults=ServerDefaults(config.generation.max_new_tokens, server_gamma(config), tuple(sorted(proposers))),
+    )
+
+
+def _flush(verifier: Verifier, proposers: dict[str, Proposer]) -> None:
+    """Send releases that remote clients buffer until their next call."""
+    for part in (verifier, *proposers.values()):
+        flush = getattr(part, "flush", None)
+        if flush is not None:
+            flush()
+
+
+def remote_backend(
+    config: SpecdecConfig, target_address: str, draft_address: str | None, policy: RoundPolicy | None = None
+) -> RouterBackend:
+    """The distributed router's backend: RemoteVerifier for the target group's leader,
+    RemoteProposer for the draft worker (when there is one) and in-process n-gram lookup."""
+    from specdec.engine_builder import load_tokenizer
+    from specdec_rpc.remote_proposer import RemoteProposer
+    from specdec_rpc.remote_verifier import RemoteVerifier
+
+    timeout_s = config.serving.worker_timeout_s
+    verifier = RemoteVerifier(target_address, timeout_s=timeout_s)
+    proposers: dict[str, Proposer] = {"ngram": NgramProposer(config.speculation.ngram.n_min, config.speculation.ngram.n_max)}
+    if draft_address is not None:
+        draft = RemoteProposer(draft_address, timeout_s=timeout_s)
+        draft.info()  # the draft answers (and is loaded) before the router reports SERVING
+        proposers["draft"] = draft
+    backend = make_backend(config, verifier, proposers, load_tokenizer(config.models.target), policy)
+    backend.closers.extend(p.close for p in (verifier, *proposers.values()) if hasattr(p, "close"))
+    return backend
+
+
+def local_backend(config: SpecdecConfig) -> RouterBackend:
+    """An in-process backend on the configured models (no workers, no network)."""
+    from specdec.engine_builder import load_draft_proposer, load_runner, load_tokenizer
+    from specdec.target_verifier import TargetVerifier
+
+    tokenizer = load_tokenizer(config.models.target)
+    target = load_runner(config.models.target, config.models, config.cache)
+    proposers: dict[str, Proposer] = {
+        "ngram": NgramProposer(config.speculation.ngram.n_min, config.speculation.ngram.n_max),
+        "draft": load_draft_proposer(config.models, config.cache, target.vocab_size, tokenizer),
+    }
+    return make_backend(config, TargetVerifier(target), proposers, tokenizer)

@@ -1,0 +1,123 @@
+"""TargetServicer: the `specdec.v1.TargetWorker` gRPC service around an in-process TargetVerifier.
+
+It only translates: deltas -> full histories (HistoryStore), draft q (prob_codec) ->
+weights, one batched `verify` per call, outcomes -> the reply. In the tensor-parallel group
+the leader's verifier runs on a runner that mirrors every cache operation to the other
+ranks; this servicer does not know the difference.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from specdec.target_verifier import TargetVerifier
+from specdec.verifier import VerifyRequest, VerifyResult
+from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_proto
+from specdec_rpc.prob_codec import decode_rows
+from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with
+
+
+class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
+    """Serves one TargetVerifier; calls run one at a time on a worker thread."""
+
+    def __init__(self, verifier: TargetVerifier, model: str, num_slots: int, tensor_parallel_size: int = 1) -> None:
+        self.verifier = verifier
+        self.model = model
+        self.num_slots = num_slots
+        self.tensor_parallel_size = tensor_parallel_size
+        self.histories = HistoryStore()
+        self.stats = CallStats()
+        self._work = SerialExecutor("target-worker")
+
+    async def Verify(self, request: worker_pb2.VerifyRequest, context: grpc.aio.ServicerContext):
+        async with self._work.lock:
+            try:
+                return await self._verify(request)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+                error = exc
+        await abort_with(context, "Verify", error)
+
+    async def _verify(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
+        start = time.perf_counter()
+        applied = self.histories.apply_all(item.history for item in request.items)
+        outcomes, batch_size = await self._work.run(self._run, request, applied)
+        if batch_size:
+            self.stats.record(batch_size)
+        return worker_pb2.VerifyResponse(
+            outcomes=outcomes, resync_seq_ids=applied.resync_seq_ids, compute_seconds=time.perf_counter() - start
+        )
+
+    def _run(self, request: worker_pb2.VerifyRequest, applied: AppliedDeltas):
+        """On the worker thread: decode q, drop stale state of diverged sequences, verify.
+        Returns (outcomes, sequences verified)."""
+        requests = [
+            self._to_request(item, history)
+            for item, history in zip(request.items, applied.histories)
+            if history is not None
+        ]
+        for seq_id in applied.diverged_seq_ids:
+            self.verifier.release(seq_id)
+        results = self.verifier.verify(requests)
+        return self._outcomes(request, applied.histories, results), len(requests)
+
+    def _to_request(self, item: worker_pb2.VerifyItem, history: list[int]) -> VerifyRequest:
+        drafted = list(item.draft_token_ids)
+        seq_id = item.history.seq_id
+        if item.draft_probs and len(item.draft_probs) != len(drafted):
+            raise ValueError(
+                f"sequence {seq_id!r}: {len(item.draft_probs)} draft_probs for {len(drafted)} drafted tokens"
+            )
+        probs = decode_rows(item.draft_probs, self.verifier.vocab_size) if item.draft_probs else None  # [n, V]
+        return VerifyRequest(seq_id, history, drafted, sampling_from_proto(item.history.sampling), probs)
+
+    @staticmethod
+    def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:
+        """One outcome per item, in order (empty for resync items)."""
+        outcomes, done = [], iter(results)
+        for item, history in zip(request.items, histories):
+            if history is None:
+                outcomes.append(worker_pb2.VerifyOutcome(seq_id=item.history.seq_id))
+                continue
+            result = next(done)
+            outcomes.append(
+                worker_pb2.VerifyOutcome(
+                    seq_id=result.seq_id, emitted_token_ids=result.emitted, num_accepted=result.num_accepted
+                )
+            )
+        return outcomes
+
+    async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
+        async with self._work.lock:
+            try:
+                await self._work.run(self._release, list(request.seq_ids))
+                return worker_pb2.ReleaseResponse()
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+        await abort_with(context, "Release", error)
+
+    def _release(self, seq_ids: list[str]) -> None:
+        for seq_id in seq_ids:
+            self.verifier.release(seq_id)
+            self.histories.release(seq_id)
+
+    async def GetInfo(self, request: worker_pb2.InfoRequest, context: grpc.aio.ServicerContext):
+        return self.info()
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        return worker_pb2.WorkerInfo(
+            model=self.model,
+            vocab_size=self.verifier.vocab_size,
+            max_seq_len=self.verifier.max_seq_len,
+            num_slots=self.num_slots,
+            free_slots=self.verifier.num_free_slots,
+            tensor_parallel_size=self.tensor_parallel_size,
+            calls=self.stats.calls,
+            sequences=self.stats.sequences,
+            max_batch_size=self.stats.max_batch_size,
+        )
+
+    def close(self) -> None:
+        self._work.shutdown()

@@ -1,0 +1,80 @@
+"""What the draft and target servicers share: serial blocking work, call statistics, error codes.
+
+A worker holds one model and one slot cache, so its calls run one at a time: a servicer
+takes `SerialExecutor.lock` for the whole call (history bookkeeping included) and runs the
+torch work on the executor's single thread, off the gRPC event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from specdec.models.kv_cache import CacheFullError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class SerialExecutor:
+    """One worker thread for blocking (torch) work plus an asyncio lock that serialises calls."""
+
+    def __init__(self, name: str) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Created lazily, so that it belongs to the event loop the server runs on."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run fn(*args) on the worker thread and await its result."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class CallStats:
+    """Batched calls served, sequences they carried, and the largest batch (WorkerInfo fields)."""
+
+    calls: int = 0
+    sequences: int = 0
+    max_batch_size: int = 0
+
+    def record(self, batch_size: int) -> None:
+        self.calls += 1
+        self.sequences += batch_size
+        self.max_batch_size = max(self.max_batch_size, batch_size)
+
+
+def info_as_dict(info: Any) -> dict[str, Any]:
+    """A WorkerInfo message as a plain dict (field name -> value), for Ray callers and logs."""
+    return {f.name: getattr(info, f.name) for f in info.DESCRIPTOR.fields}
+
+
+def status_code_for(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status a worker answers an exception with."""
+    if isinstance(exc, CacheFullError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(exc, ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.INTERNAL
+
+
+async def abort_with(context: grpc.aio.ServicerContext, method: str, exc: BaseException) -> None:
+    """End the call with the status for `exc` (the message names the exception); never returns."""
+    code = status_code_for(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        logger.exception("%s failed", method, exc_info=exc)
+    await context.abort(code, f"{method}: {type(exc).__name__}: {exc}")

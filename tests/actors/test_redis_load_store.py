@@ -1,0 +1,103 @@
+"""The shared load store in a real Redis: additive across replicas, TTL'd, atomic, and survivable."""
+
+import time
+
+import pytest
+
+from redis_server import RedisServer
+from specdec.load_monitor import LoadMonitor
+from specdec.load_stats import RoundSample, StatsWindow
+from specdec.load_store import SwitchState
+from specdec.load_switch import LoadThresholds
+from specdec.speculation_policy import PolicySettings, SpeculationPolicy
+
+from actors.redis_load_store import RedisLoadStore
+
+
+@pytest.fixture
+def store(redis_server, request):
+    s = RedisLoadStore(redis_server.url, deployment=request.node.name, window_s=10.0, replica_ttl_s=2.0)
+    yield s
+    s.close()
+
+
+def delta(arrivals=0, drafted=0, accepted=0):
+    w = StatsWindow()
+    w.add_arrival(arrivals)
+    if drafted:
+        w.add_round(RoundSample(1, drafted, drafted, accepted, 0.001, 0.01))
+    return w
+
+
+def test_two_replicas_add_up(store):
+    now = time.time()
+    store.push("a", delta(arrivals=30, drafted=4, accepted=3), now, in_flight=2, queued=1)
+    store.push("b", delta(arrivals=20, drafted=4, accepted=1), now, in_flight=5, queued=0)
+    snap = store.snapshot(now)
+    assert snap.qps == pytest.approx(5.0)
+    assert snap.alpha == pytest.approx(0.5)
+    assert (snap.in_flight, snap.queued) == (7, 1)
+
+
+def test_old_windows_and_dead_replicas_age_out(store):
+    now = time.time()
+    store.push("dead", delta(arrivals=100), now - 30, in_flight=9, queued=9)
+    store.push("alive", delta(arrivals=10), now, in_flight=1, queued=0)
+    snap = store.snapshot(now)
+    assert snap.qps == pytest.approx(1.0) and snap.in_flight == 1
+
+
+def test_keys_are_namespaced_per_deployment_and_carry_ttls(redis_server, store):
+    store.push("a", delta(arrivals=1), time.time(), 0, 0)
+    other = RedisLoadStore(redis_server.url, deployment="someone-else")
+    assert other.snapshot(time.time()).qps == 0.0
+    keys = store.client.keys(f"{store.prefix}:*")
+    assert keys and all(store.client.ttl(k) > 0 for k in keys)
+
+
+def test_the_switch_is_compare_and_set(store):
+    assert store.switch_state() == SwitchState()
+    off = SwitchState(False, 123.5)
+    assert store.compare_and_set_switch(SwitchState(), off)
+    assert not store.compare_and_set_switch(SwitchState(), SwitchState(True, 200.0))  # lost the race
+    assert store.switch_state() == off
+
+
+def policy():
+    return SpeculationPolicy(PolicySettings(
+        gamma_max=4, fallback_gamma=1, stale_after_s=30, min_gain=0, default_verify_slope=0.05,
+        thresholds=LoadThresholds(disable_qps=3, enable_qps=1, disable_in_flight=100, enable_in_flight=50,
+                                  min_dwell_s=0)))
+
+
+def test_two_monitors_see_one_shared_decision(redis_server, request):
+    stores = [RedisLoadStore(redis_server.url, deployment=request.node.name) for _ in range(2)]
+    a, b = (LoadMonitor(s, policy(), name) for s, name in zip(stores, "ab"))
+    a.on_arrival(50)
+    a.tick()
+    b.tick()
+    assert a.decide(1).enabled is False and b.decide(1).enabled is False
+    assert stores[1].switch_state().enabled is False
+
+
+def test_redis_killed_and_restarted_the_monitor_reconnects():
+    server = RedisServer().start()
+    store = RedisLoadStore(server.url, deployment="restart")
+    monitor = LoadMonitor(store, policy(), "r")
+    monitor.tick()
+    assert monitor.source == "shared"
+    server.stop()
+    for _ in range(4):
+        monitor.record(RoundSample(1, 4, 4, 4, 0.001, 0.01, (1, 1, 1, 1), (1, 1, 1, 1)))
+        monitor.tick()
+    assert monitor.source == "local" and monitor.decide(1).gamma > 0
+    restarted = RedisServer(port=server.port).start()
+    try:
+        deadline = time.time() + 10
+        while monitor.source != "shared" and time.time() < deadline:
+            time.sleep(0.2)
+            monitor.tick()
+        assert monitor.source == "shared"
+        assert store.snapshot(time.time()).alpha == 1.0
+    finally:
+        restarted.stop()

@@ -1,0 +1,195 @@
+"""The public gRPC API end to end: real Ray, the draft worker and the target group as actors,
+the SpecdecRouter behind Ray Serve's gRPC proxy on 127.0.0.1.
+
+Greedy output through the server equals the in-process engine and transformers; concurrent
+streams are batched on the target and each equals its single-stream output; seeds
+reproduce; bad input gets INVALID_ARGUMENT naming the field; the admission limit gives
+RESOURCE_EXHAUSTED; cancelled streams and expired deadlines leave no slot allocated.
+The app is started once for the module (it is expensive); the last test stops the target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+import ray
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from actors.app import free_port, start_app
+from specdec.config import load_config
+from specdec.request import GenerationRequest
+from specdec_rpc.client import AsyncSpecdecClient, SpecdecClient
+from specdec_rpc.remote_proposer import RemoteProposer
+from specdec_rpc.remote_verifier import RemoteVerifier
+
+NUM_SLOTS = 8
+MAX_SEQ_LEN = 256
+MAX_CONCURRENT = 8
+
+
+@pytest.fixture(scope="module")
+def app():
+    config = load_config(
+        overrides={
+            "cache": {"num_slots": NUM_SLOTS, "max_seq_len": MAX_SEQ_LEN},
+            "serving": {"port": free_port(), "max_concurrent_requests": MAX_CONCURRENT, "worker_timeout_s": 10.0},
+        }
+    )
+    app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
+    yield app
+    app.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    with SpecdecClient(app.address, timeout_s=120.0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def workers(app):
+    """Clients of the two workers, for their statistics and free slots."""
+    verifier, proposer = RemoteVerifier(app.target_address), RemoteProposer(app.draft_address)
+    yield verifier, proposer
+    verifier.close()
+    proposer.close()
+
+
+def wait_for_free_slots(workers, timeout_s: float = 15.0) -> tuple[int, int]:
+    verifier, proposer = workers
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free = verifier.info().free_slots, proposer.info().free_slots
+        if free == (NUM_SLOTS, NUM_SLOTS) or time.monotonic() > deadline:
+            return free
+        time.sleep(0.2)
+
+
+def test_health_is_serving_and_reflection_lists_the_service(app, client):
+    assert client.health() == "SERVING"
+    assert client.health("specdec.v1.SpeculativeDecoding") == "SERVING"
+    with grpc.insecure_channel(app.address) as channel:
+        services = ProtoReflectionDescriptorDatabase(channel).get_services()
+    assert "specdec.v1.SpeculativeDecoding" in services
+
+
+@pytest.mark.parametrize(
+    "proposer, mode, local",
+    [("draft", "on", ("draft", 4)), ("ngram", "on", ("ngram", 4)), (None, "off", ("none", 0))],
+)
+def test_greedy_output_equals_the_engine_in_process_and_transformers(
+    client, make_engine, prompt_ids, hf_greedy, proposer, mode, local
+):
+    prompt, n = prompt_ids[1], 24
+    response = client.generate(prompt_token_ids=prompt, max_new_tokens=n, proposer=proposer, mode=mode)
+    [in_process] = make_engine(*local).engine.generate([GenerationRequest(prompt, n)])
+    assert list(response.token_ids) == in_process.token_ids == hf_greedy(prompt, n)
+    assert response.text == in_process.text
+    stats = response.stats
+    assert stats.speculation_enabled == (stats.gamma > 0) and stats.gamma <= 4
+    assert (stats.drafted > 0) == (mode == "on") and (mode == "on" or stats.gamma == 0)
+    if proposer == "draft":
+        assert response.stats.accepted > 0 and response.stats.rounds < n
+
+
+def test_a_text_prompt_streams_chunks_that_add_up_to_the_unary_response(client):
+    kwargs = {"max_new_tokens": 32, "stop": ["\n\n\n"]}
+    chunks = list(client.generate_stream("def parse(line):", **kwargs))
+    response = client.generate("def parse(line):", **kwargs)
+    assert len(chunks) > 1 and chunks[-1].finish_reason == response.finish_reason
+    assert [t for c in chunks for t in c.token_ids] == list(response.token_ids)
+    assert "".join(c.text for c in chunks) == response.text
+    assert chunks[-1].stats.rounds == response.stats.rounds
+
+
+def test_concurrent_streams_equal_their_single_streams_and_share_target_calls(app, client, workers, prompt_ids):
+    jobs = [(prompt_ids[i % len(prompt_ids)], 8 + 4 * i) for i in range(8)]
+    singles = [list(client.generate(prompt_token_ids=p, max_new_tokens=n).token_ids) for p, n in jobs]
+    before = workers[0].info()
+
+    async def stream_all():
+        async with AsyncSpecdecClient(app.address, timeout_s=120.0) as aclient:
+            async def one(p, n):
+                return [t async for c in aclient.generate_stream(prompt_token_ids=p, max_new_tokens=n) for t in c.token_ids]
+
+            return await asyncio.gather(*(one(p, n) for p, n in jobs))
+
+    assert asyncio.run(stream_all()) == singles
+    after = workers[0].info()
+    calls, sequences = after.calls - before.calls, after.sequences - before.sequences
+    assert after.max_batch_size > 1 and sequences > calls, (calls, sequences)
+
+
+def test_seeded_sampling_is_reproducible_through_the_server(client, prompt_ids):
+    kwargs = {"prompt_token_ids": prompt_ids[2], "max_new_tokens": 24, "temperature": 0.9, "top_p": 0.95}
+    first = client.generate(seed=1234, **kwargs)
+    assert list(client.generate(seed=1234, **kwargs).token_ids) == list(first.token_ids)
+    assert list(client.generate(seed=99, **kwargs).token_ids) != list(first.token_ids)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "x", "prompt_token_ids": [1, 2]}, "prompt"),
+        ({"prompt": "x", "max_new_tokens": -3}, "max_new_tokens"),
+        ({"prompt": "x", "max_new_tokens": 10**6}, "max_new_tokens"),
+        ({"prompt": "x", "temperature": -1.0}, "temperature"),
+        ({"prompt": "x", "top_p": 0.0}, "top_p"),
+        ({"prompt": "x", "top_p": 1.5}, "top_p"),
+        ({"prompt": "x", "top_k": -1}, "top_k"),
+        ({"prompt": "x", "gamma": -1}, "gamma"),
+        ({"prompt_token_ids": [5] * (MAX_SEQ_LEN + 10)}, "prompt"),
+        ({"prompt_token_ids": [10**7]}, "prompt_token_ids"),
+    ],
+)
+def test_bad_input_is_invalid_argument_naming_the_field(client, kwargs, field):
+    with pytest.raises(grpc.RpcError) as unary:
+        client.generate(**kwargs)
+    with pytest.raises(grpc.RpcError) as stream:
+        list(client.generate_stream(**kwargs))
+    for error in (unary.value, stream.value):
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and field in error.details(), error.details()
+
+
+def test_the_server_still_serves_after_bad_input(client, prompt_ids, hf_greedy):
+    assert list(client.generate(prompt_token_ids=prompt_ids[0], max_new_tokens=8).token_ids) == hf_greedy(prompt_ids[0], 8)
+
+
+def test_a_cancelled_stream_leaves_no_slot_allocated(client, workers, prompt_ids):
+    stream = client.generate_stream(prompt_token_ids=prompt_ids[0], max_new_tokens=180)
+    next(stream)
+    stream.close()  # cancels the call
+    assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
+
+
+def test_an_expired_deadline_is_deadline_exceeded_and_leaves_no_slot_allocated(client, workers, prompt_ids):
+    with pytest.raises(grpc.RpcError) as error:
+        client.generate(prompt_token_ids=prompt_ids[0], max_new_tokens=180, timeout_s=0.3)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
+
+
+def test_requests_beyond_the_admission_limit_are_resource_exhausted(client, workers, prompt_ids):
+    streams = [client.generate_stream(prompt_token_ids=prompt_ids[0], max_new_tokens=180) for _ in range(MAX_CONCURRENT)]
+    for stream in streams:
+        next(stream)  # admitted and running
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            client.generate(prompt="x", max_new_tokens=4)
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_concurrent_requests" in error.value.details()
+    finally:
+        for stream in streams:
+            stream.close()
+    assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
+
+
+def test_calls_are_unavailable_once_the_target_is_gone(app, client, prompt_ids):
+    """Runs last: it stops the workers."""
+    ray.get(app.hub.shutdown.remote())
+    with pytest.raises(grpc.RpcError) as error:
+        client.generate(prompt_token_ids=prompt_ids[0], max_new_tokens=8)
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE

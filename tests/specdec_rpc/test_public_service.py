@@ -1,0 +1,67 @@
+"""PublicService on an in-process backend: the public API's behaviour without Ray or a network."""
+
+import asyncio
+
+import pytest
+from grpc_health.v1 import health_pb2
+
+from specdec.config import load_config
+from specdec_rpc.public_service import SERVICE_NAME, PublicService
+from specdec_rpc.router_backend import local_backend
+from specdec_rpc.status_codes import NotReadyError
+from specdec_rpc.v1 import specdec_pb2 as pb
+
+
+@pytest.fixture(scope="module")
+def service():
+    backend = local_backend(load_config(overrides={"cache": {"num_slots": 4}}))
+    yield PublicService(backend)
+    backend.close()
+
+
+def request(prompt_ids, n, **speculation):
+    return pb.GenerateRequest(prompt_token_ids=prompt_ids, max_new_tokens=n, speculation=pb.SpeculationParams(**speculation))
+
+
+@pytest.mark.parametrize(
+    "speculation",
+    [{}, {"proposer": pb.PROPOSER_KIND_NGRAM, "mode": pb.SPECULATION_MODE_ON}, {"mode": pb.SPECULATION_MODE_OFF}],
+)
+def test_greedy_output_equals_the_target_alone(service, prompt_ids, hf_greedy, speculation):
+    response = asyncio.run(service.generate(request(prompt_ids[0], 16, **speculation)))
+    assert list(response.token_ids) == hf_greedy(prompt_ids[0], 16)
+    stats, off = response.stats, speculation.get("mode") == pb.SPECULATION_MODE_OFF
+    assert stats.speculation_enabled == (stats.gamma > 0) and stats.gamma <= 4
+    assert (stats.drafted == 0 and stats.gamma == 0) if off else stats.drafted > 0
+
+
+def test_stream_chunks_add_up_to_the_unary_response(service, tokenizer):
+    message = pb.GenerateRequest(prompt="def fibonacci(n):", max_new_tokens=24)
+
+    async def main():
+        return [c async for c in service.generate_stream(message)], await service.generate(message)
+
+    chunks, response = asyncio.run(main())
+    assert len(chunks) > 1 and all(not c.finish_reason for c in chunks[:-1])
+    assert [t for c in chunks for t in c.token_ids] == list(response.token_ids)
+    assert "".join(c.text for c in chunks) == response.text
+    assert chunks[-1].finish_reason == response.finish_reason and chunks[-1].stats.rounds == response.stats.rounds
+
+
+def test_bad_input_raises_value_error_naming_the_field(service):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        asyncio.run(service.generate(pb.GenerateRequest(prompt="x", max_new_tokens=10**6)))
+    with pytest.raises(ValueError, match="prompt"):
+        asyncio.run(service.generate(pb.GenerateRequest(prompt="x " * 3000)))
+
+
+def test_health_and_not_ready():
+    loading = PublicService()
+    assert loading.health() == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert loading.health("no.such.Service") == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+    with pytest.raises(NotReadyError, match="loading"):
+        asyncio.run(loading.generate(pb.GenerateRequest(prompt="x")))
+
+
+def test_a_loaded_service_is_serving(service):
+    assert service.health() == service.health(SERVICE_NAME) == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,206 @@
+"""The engine over gRPC (RemoteVerifier + RemoteProposer to real grpc.aio workers, no Ray) generates
+exactly what the in-process engine generates, survives worker restarts and frees slots on release."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import torch
+
+from specdec.config import load_config
+from specdec.engine import SpeculativeEngine
+from specdec.engine_builder import load_runner
+from specdec.proposers.base import ProposalRequest
+from specdec.proposers.composite_proposer import CompositeProposer
+from specdec.proposers.ngram_proposer import NgramProposer
+from specdec.request import GenerationRequest
+from specdec.sampling_params import SamplingParams
+from specdec.target_verifier import TargetVerifier
+from specdec.verifier import VerifyRequest
+from specdec_rpc.draft_servicer import DraftServicer
+from specdec_rpc.remote_proposer import RemoteProposer
+from specdec_rpc.remote_verifier import RemoteVerifier
+from specdec_rpc.target_servicer import TargetServicer
+from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+from specdec_rpc.worker_server import ServerThread
+
+MAX_NEW = 32
+NUM_SLOTS = 8
+CONFIG = load_config(overrides={"cache": {"num_slots": NUM_SLOTS, "max_seq_len": 256}})
+
+
+def target_servicer() -> TargetServicer:
+    runner = load_runner(CONFIG.models.target, CONFIG.models, CONFIG.cache)
+    return TargetServicer(TargetVerifier(runner), CONFIG.models.target, NUM_SLOTS)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """A draft and a target worker on 127.0.0.1, each on its own event loop thread."""
+    workers = {"draft": ServerThread(DraftServicer.from_config(CONFIG)), "target": ServerThread(target_servicer())}
+    yield workers  # a test may replace a worker (restart); the current ones are stopped
+    for server in workers.values():
+        server.stop()
+
+
+@pytest.fixture
+def remote_engine(workers, tokenizer):
+    """make(proposer, gamma) -> an engine whose verifier and draft proposer are gRPC clients."""
+    clients = []
+
+    def make(proposer: str = "draft", gamma: int = 4, draft_address: str | None = None, timeout_s: float = 30.0):
+        verifier = RemoteVerifier(workers["target"].address, timeout_s)
+        draft = RemoteProposer(draft_address or workers["draft"].address, timeout_s)
+        clients.extend([verifier, draft])
+        composite = CompositeProposer({"draft": draft, "ngram": NgramProposer()}, proposer)
+        return SpeculativeEngine(verifier, composite, gamma, eos_token_ids=[tokenizer.eos_token_id])
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def target_info(workers):
+    return workers["target"].servicer.info()
+
+
+@pytest.mark.parametrize("proposer, gamma", [("draft", 4), ("ngram", 4), ("draft", 0)])
+def test_greedy_output_equals_the_target_alone(remote_engine, workers, prompt_ids, hf_greedy, proposer, gamma):
+    engine = remote_engine(proposer, gamma)
+    prompts = prompt_ids[:3]
+    before = target_info(workers)
+    results = engine.generate([GenerationRequest(p, MAX_NEW) for p in prompts])
+    assert [r.token_ids for r in results] == [hf_greedy(p, MAX_NEW) for p in prompts]
+    if gamma:
+        assert engine.stats.accepted > 0
+    after = target_info(workers)
+    assert after.sequences - before.sequences == engine.stats.rounds, "each round of each sequence, once"
+    assert after.calls - before.calls < engine.stats.rounds, "rounds of different sequences share a call"
+    assert after.max_batch_size >= 3
+
+
+def test_greedy_output_equals_the_in_process_engine(remote_engine, make_engine, prompt_ids):
+    prompts = [GenerationRequest(p, MAX_NEW) for p in prompt_ids[:4]]
+    local = make_engine("draft", gamma=4).engine.generate(prompts)
+    remote = remote_engine("draft", 4).generate(prompts)
+    assert [r.token_ids for r in remote] == [r.token_ids for r in local]
+    assert [r.stats.accepted for r in remote] == [r.stats.accepted for r in local]
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingParams(temperature=0.8, seed=7), SamplingParams(temperature=0.9, top_k=12, seed=3)],
+    ids=["dense-q", "sparse-q"],
+)
+def test_a_seeded_sampled_request_repeats_exactly_and_shares_rounds_with_greedy_ones(
+    remote_engine, prompt_ids, hf_greedy, sampling
+):
+    runs = []
+    for _ in range(2):
+        engine = remote_engine("draft", 4)
+        requests = [GenerationRequest(prompt_ids[0], MAX_NEW, sampling), GenerationRequest(prompt_ids[1], MAX_NEW)]
+        runs.append(engine.generate(requests))
+    (sampled_1, greedy_1), (sampled_2, _) = runs
+    assert sampled_1.token_ids == sampled_2.token_ids
+    assert sampled_1.stats.accepted > 0, "draft tokens are accepted under sampling too"
+    assert greedy_1.token_ids == hf_greedy(prompt_ids[1], MAX_NEW)
+
+
+def test_restarted_workers_are_refilled_by_resync_without_changing_the_output(
+    remote_engine, workers, prompt_ids, hf_greedy
+):
+    engine = remote_engine("draft", 3)
+    ids = [engine.add_request(GenerationRequest(p, MAX_NEW)) for p in prompt_ids[:2]]
+    for _ in range(3):
+        engine.step()
+    for name, make_servicer in (("target", target_servicer), ("draft", lambda: DraftServicer.from_config(CONFIG))):
+        old = workers[name]
+        old.stop()
+        host, port = old.address.rsplit(":", 1)
+        workers[name] = ServerThread(make_servicer(), host, int(port))  # same address, empty state
+    while engine.has_unfinished():
+        engine.step()
+    assert [engine.result(i).token_ids for i in ids] == [hf_greedy(p, MAX_NEW) for p in prompt_ids[:2]]
+    assert target_info(workers).sequences >= 2, "the new target verified the resynced sequences"
+    assert workers["draft"].servicer.stats.sequences >= 2, "the new draft worker drafted again"
+
+
+def test_release_frees_the_slots_on_both_workers(remote_engine, workers, prompt_ids):
+    engine = remote_engine("draft", 4)
+    verifier, draft = engine.verifier, engine.proposer.proposers["draft"]
+    ids = [engine.add_request(GenerationRequest(p, 8)) for p in prompt_ids[:3]]
+    engine.step()
+    assert verifier.num_free_slots == NUM_SLOTS - 3
+    assert verifier.info().free_slots == NUM_SLOTS - 3 and draft.info().free_slots == NUM_SLOTS - 3
+    engine.abort(ids[0])
+    assert verifier.num_free_slots == NUM_SLOTS - 2
+    while engine.has_unfinished():
+        engine.step()
+    assert verifier.num_free_slots == NUM_SLOTS
+    assert verifier.info().free_slots == NUM_SLOTS and draft.info().free_slots == NUM_SLOTS
+
+
+def test_an_unreachable_draft_worker_only_turns_speculation_off(remote_engine, prompt_ids, hf_greedy):
+    engine = remote_engine("draft", 4, draft_address="127.0.0.1:1", timeout_s=2.0)
+    [result] = engine.generate([GenerationRequest(prompt_ids[0], 12)])
+    assert result.token_ids == hf_greedy(prompt_ids[0], 12)
+    assert result.stats.drafted == 0
+    rounds_that_could_speculate = result.stats.rounds - 1  # the last round has no room for drafted tokens
+    assert engine.proposer.proposers["draft"].failures == rounds_that_could_speculate
+
+
+def test_target_errors_propagate_with_their_status_code(remote_engine):
+    verifier = remote_engine().verifier
+    with pytest.raises(grpc.RpcError) as error:
+        verifier.verify([VerifyRequest("bad", [verifier.vocab_size + 5], [], SamplingParams())])
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "vocab_size" in error.value.details()
+    verifier.release("bad")  # what the router does with a failed request
+
+
+def test_a_reused_seq_id_with_another_history_starts_from_a_fresh_state(workers, prompt_ids, hf_greedy):
+    """Workers drop the state of a sequence whose new history does not extend the old one."""
+    with grpc.insecure_channel(workers["target"].address) as channel:
+        stub = worker_pb2_grpc.TargetWorkerStub(channel)
+        for prompt in (prompt_ids[0], prompt_ids[5], prompt_ids[1]):  # stale caches would change these tokens
+            item = worker_pb2.VerifyItem(history=worker_pb2.HistoryDelta(seq_id="reused", token_ids=prompt))
+            [outcome] = stub.Verify(worker_pb2.VerifyRequest(items=[item])).outcomes
+            assert list(outcome.emitted_token_ids) == hf_greedy(prompt, 1)
+        stub.Release(worker_pb2.ReleaseRequest(seq_ids=["reused"]))
+
+
+def test_several_clients_share_a_target_without_sharing_state(workers, prompt_ids, hf_greedy):
+    first, second = RemoteVerifier(workers["target"].address), RemoteVerifier(workers["target"].address, slot_budget=2)
+    free_before = workers["target"].servicer.info().free_slots
+    try:
+        assert (first.num_free_slots, second.num_free_slots) == (NUM_SLOTS, 2)
+        for verifier, prompt in ((first, prompt_ids[0]), (second, prompt_ids[1])):
+            [result] = verifier.verify([VerifyRequest("seq-0", list(prompt), [], SamplingParams())])
+            assert result.emitted == hf_greedy(prompt, 1)
+        assert workers["target"].servicer.info().free_slots == free_before - 2, "one slot per client"
+    finally:
+        for verifier in (first, second):
+            verifier.release("seq-0")
+            verifier.close()
+    assert workers["target"].servicer.info().free_slots == free_before
+
+
+def test_worker_info_describes_the_model_and_capacity(remote_engine, workers):
+    engine = remote_engine()
+    info = engine.verifier.info()
+    assert (info.model, info.vocab_size, info.num_slots, info.tensor_parallel_size) == ("bundled:target", 4096, 8, 1)
+    assert (engine.verifier.vocab_size, engine.verifier.max_seq_len) == (4096, 256)
+    draft = engine.proposer.proposers["draft"].info()
+    assert (draft.model, draft.vocab_size, draft.max_seq_len, draft.num_slots) == ("bundled:draft", 4096, 256, 8)
+
+
+def test_the_draft_sends_float16_exact_q_that_the_target_decodes_bit_exactly(workers, prompt_ids):
+    proposer = RemoteProposer(workers["draft"].address)
+    try:
+        sampling = SamplingParams(temperature=1.0, seed=1)
+        proposal = proposer.propose([ProposalRequest("q-check", list(prompt_ids[0]), sampling)], gamma=3)
+        assert proposal.probs.shape == (1, 3, 4096)
+        assert torch.equal(proposal.probs, proposal.probs.half().float())
+        assert proposal.probs[0].gather(-1, proposal.token_ids[0, :, None]).min() > 0
+    finally:
+        proposer.release("q-check")
+        proposer.close()
