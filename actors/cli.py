@@ -15,8 +15,9 @@ import threading
 from typing import Any
 
 from specdec import cli as core_cli
-from specdec.config import load_config
-from specdec_rpc.client_cli import add_client_parser
+from actors.local_redis import LocalRedis, redis_server_binary
+from specdec.config import SpecdecConfig, load_config
+from specdec_rpc.client_cli import add_client_parser, add_status_parser
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -53,24 +54,46 @@ def _wait_for_signal() -> int:
     return received[0]
 
 
+def _with_load_store(config: SpecdecConfig) -> tuple[SpecdecConfig, LocalRedis | None, str]:
+    """Without a Redis URL, start a local redis-server child when one is installed."""
+    from actors.backend import redis_url
+
+    if not config.load_monitor.enabled:
+        return config, None, "load monitor off"
+    if redis_url(config):
+        return config, None, f"Redis {redis_url(config)}"
+    if redis_server_binary() is None:
+        return config, None, "in-process load store (redis-server not found; set load_monitor.redis_url to share)"
+    local = LocalRedis().start()
+    data = config.model_dump()
+    data["load_monitor"]["redis_url"] = local.url
+    return SpecdecConfig.model_validate(data), local, f"local redis-server {local.url}"
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from actors.app import start_app  # ray and serve only for this subcommand
 
-    config = _serve_config(args)
+    config, local_redis, store = _with_load_store(_serve_config(args))
     logging.getLogger("ray").setLevel(logging.WARNING)
-    app = start_app(config, address=args.address, ray_init_kwargs={"logging_level": logging.WARNING, "log_to_driver": False})
     try:
-        serving = config.serving
-        print(f"specdec serving on {serving.host}:{serving.port} (target tp={serving.tensor_parallel_size}, draft ready)",
-              flush=True)
-        _wait_for_signal()
+        app = start_app(config, address=args.address,
+                        ray_init_kwargs={"logging_level": logging.WARNING, "log_to_driver": False})
+        try:
+            serving = config.serving
+            draft = "draft ready" if config.speculation.proposer == "draft" else f"proposer {config.speculation.proposer}"
+            print(f"specdec serving on {serving.host}:{serving.port} "
+                  f"(target tp={serving.tensor_parallel_size}, {draft}, {store})", flush=True)
+            _wait_for_signal()
+        finally:
+            app.shutdown()
     finally:
-        app.shutdown()
+        if local_redis is not None:
+            local_redis.stop()
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return core_cli.build_parser(extra_subcommands=(add_serve_parser, add_client_parser))
+    return core_cli.build_parser(extra_subcommands=(add_serve_parser, add_client_parser, add_status_parser))
 
 
 def main(argv: list[str] | None = None) -> int:

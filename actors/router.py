@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from ray import serve
 
+from actors.router_metrics import RouterMetrics
 from specdec_rpc.public_service import PublicService
 from specdec_rpc.router_backend import RouterBackend
 from specdec_rpc.status_codes import UnknownServiceError, status_for
@@ -63,8 +65,12 @@ def _fail(exc: BaseException, grpc_context: Any) -> bool:
 class SpecdecRouter:
     """The public SpeculativeDecoding service and the standard health service."""
 
+    METRICS_PERIOD_S = 1.0
+
     def __init__(self, backend_factory: Callable[[], RouterBackend]) -> None:
         self.service = PublicService()
+        self.metrics = RouterMetrics()
+        self._closed = threading.Event()
         self._loader = threading.Thread(target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True)
         self._loader.start()
 
@@ -74,6 +80,18 @@ class SpecdecRouter:
         except BaseException as exc:  # reported by health and every call
             logger.exception("loading the router's backend failed")
             self.service.load_error = exc
+            return
+        self._export_metrics()
+
+    def _export_metrics(self) -> None:
+        """Poll the engine's totals and the load monitor's status into the Prometheus metrics."""
+        backend = self.service.backend
+        while not self._closed.wait(self.METRICS_PERIOD_S):
+            try:
+                status = backend.monitor.status() if backend.monitor is not None else None
+                self.metrics.update(backend.loop.engine, status)
+            except Exception:  # metrics must never take the router down
+                logger.exception("updating metrics failed")
 
     async def Generate(  # noqa: N802 (gRPC method name)
         self, request: specdec_pb2.GenerateRequest, grpc_context: Any = None
@@ -91,15 +109,36 @@ class SpecdecRouter:
     ) -> AsyncIterator[specdec_pb2.GenerateChunk]:
         """Streams each round's tokens; a cancelled call aborts the request (slots freed)."""
         stream = self.service.generate_stream(request)
+        start = last = time.perf_counter()
+        first: float | None = None
+        gaps: list[tuple[float, int]] = []
         try:
             async for chunk in stream:
+                now = time.perf_counter()
+                if chunk.token_ids and first is None:
+                    first = now - start
+                elif chunk.token_ids:
+                    gaps.append((now - last, len(chunk.token_ids)))
+                last = now if chunk.token_ids else last
                 yield chunk
+            self.metrics.observe_stream(first, gaps)
         except Exception as exc:
             # a stream must raise: Serve copies the context's code only with a message
             _fail(exc, grpc_context)
             raise CallFailed(status_for(exc)[1]) from None
         finally:
             await stream.aclose()
+
+    async def GetStats(  # noqa: N802
+        self, request: specdec_pb2.GetStatsRequest, grpc_context: Any = None
+    ) -> specdec_pb2.GetStatsResponse:
+        """The live speculation picture of this replica (cluster-wide load via Redis)."""
+        try:
+            return self.service.stats()
+        except Exception as exc:
+            if _fail(exc, grpc_context):
+                return specdec_pb2.GetStatsResponse()
+            raise CallFailed(status_for(exc)[1]) from None
 
     async def Check(  # noqa: N802
         self, request: health_pb2.HealthCheckRequest, grpc_context: Any = None
@@ -111,6 +150,9 @@ class SpecdecRouter:
         return health_pb2.HealthCheckResponse(status=status)
 
     def __del__(self) -> None:
+        closed = getattr(self, "_closed", None)
+        if closed is not None:
+            closed.set()
         backend = getattr(getattr(self, "service", None), "backend", None)
         if backend is not None:
             backend.close()

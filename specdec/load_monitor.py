@@ -147,7 +147,10 @@ class LoadMonitor:
         """The live picture for GetStats / `specdec status`."""
         snap = self._snapshot
         decision = self.decide(self._batch_size)
+        costs = snap.cost_model(self._batch_size, self.policy.settings.default_verify_slope) if snap else None
         return {
+            "draft_cost": costs.draft_cost if costs else 0.0,
+            "verify_slope": costs.verify_slope if costs else 0.0,
             "source": self.source,
             "breaker": self.breaker.state(self.clock()),
             "speculation_enabled": decision.enabled,

@@ -139,6 +139,10 @@ class SpecdecClient(_Retrying):
         response = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout_s)
         return _health_name(response.status)
 
+    def stats(self, timeout_s: Any = _UNSET) -> specdec_pb2.GetStatsResponse:
+        """The live speculation picture (γ, on/off, α, c, QPS) of the replica that answers."""
+        return self._call(self._stub.GetStats, specdec_pb2.GetStatsRequest(), timeout_s)
+
     def close(self) -> None:
         self._channel.close()
 
@@ -193,6 +197,10 @@ class AsyncSpecdecClient(_Retrying):
     async def health(self, service: str = "", timeout_s: Any = _UNSET) -> str:
         response = await self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout_s)
         return _health_name(response.status)
+
+    async def stats(self, timeout_s: Any = _UNSET) -> specdec_pb2.GetStatsResponse:
+        """The live speculation picture (γ, on/off, α, c, QPS) of the replica that answers."""
+        return await self._call(self._stub.GetStats, specdec_pb2.GetStatsRequest(), timeout_s)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -41,6 +41,47 @@ def add_client_parser(subparsers: Any) -> None:
     health.set_defaults(func=run_client_health)
 
 
+def add_status_parser(subparsers: Any) -> None:
+    """Adds `status`: the live speculation picture of a running server as a table."""
+    status = subparsers.add_parser("status", help="show γ, on/off, α, c and QPS of a running server")
+    _add_common(status)
+    status.add_argument("--json", action="store_true", help="print the GetStats response as JSON")
+    status.set_defaults(func=run_status)
+
+
+def format_status(stats: Any) -> str:
+    """GetStatsResponse -> a readable two-column table."""
+    per_position = ", ".join(f"{a:.2f}" for a in stats.acceptance_per_position) or "-"
+    rows = [
+        ("speculation", "on" if stats.speculation_enabled else "off"),
+        ("gamma (AUTO requests)", str(stats.gamma)),
+        ("why", stats.reason),
+        ("acceptance rate α", f"{stats.acceptance_rate:.3f}"),
+        ("α per position", per_position),
+        ("draft cost c", f"{stats.draft_cost:.3f}"),
+        ("verify slope s", f"{stats.verify_slope:.3f}"),
+        ("QPS (cluster)", f"{stats.qps:.2f}"),
+        ("in flight / queued", f"{stats.in_flight:.0f} / {stats.queued:.0f}"),
+        ("measurements", f"{stats.measurements_source} (Redis breaker {stats.circuit_breaker})"),
+        ("replica rounds", str(stats.rounds)),
+        ("replica drafted / accepted", f"{stats.drafted} / {stats.accepted}"),
+        ("mean accepted length", f"{stats.mean_accepted_length:.2f}"),
+        ("requests running", str(stats.requests_running)),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    with SpecdecClient(args.server, timeout_s=args.timeout) as client:
+        try:
+            stats = client.stats()
+        except grpc.RpcError as exc:
+            return _report(exc)
+    print(_as_json(stats) if args.json else format_status(stats))
+    return 0
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default="127.0.0.1:50051", help="HOST:PORT of the server (default 127.0.0.1:50051)")
     parser.add_argument("--timeout", type=float, default=60.0, help="deadline of the call in seconds")

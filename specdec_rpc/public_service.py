@@ -61,6 +61,28 @@ class PublicService:
             result = await stream.result()
         yield builder.last_chunk(last, result)
 
+    def stats(self) -> specdec_pb2.GetStatsResponse:
+        """The live speculation picture: the load monitor's decision and measurements (when
+        there is one) and this replica's totals."""
+        backend = self._ready()
+        engine = backend.loop.engine
+        totals = engine.stats
+        response = specdec_pb2.GetStatsResponse(
+            rounds=totals.rounds, drafted=totals.drafted, accepted=totals.accepted,
+            mean_accepted_length=totals.mean_accepted_length, requests_running=engine.num_running,
+            speculation_enabled=engine.gamma > 0, gamma=engine.gamma, reason="static γ (no load monitor)",
+            measurements_source="local", circuit_breaker="closed",
+        )
+        if backend.monitor is not None:
+            status = backend.monitor.status()
+            response.speculation_enabled, response.gamma = status["speculation_enabled"], status["gamma"]
+            response.reason, response.acceptance_rate = status["reason"], status["alpha"] or 0.0
+            response.acceptance_per_position.extend(status["alpha_per_position"])
+            response.draft_cost, response.verify_slope = status["draft_cost"], status["verify_slope"]
+            response.qps, response.in_flight, response.queued = status["qps"], status["in_flight"], status["queued"]
+            response.measurements_source, response.circuit_breaker = status["source"], status["breaker"]
+        return response
+
     def health(self, service: str = "") -> int:
         """HealthCheckResponse.ServingStatus for `service` ("" = the whole server)."""
         if service not in ("", SERVICE_NAME):

@@ -90,7 +90,9 @@ def remote_backend(
     from specdec_rpc.remote_verifier import RemoteVerifier
 
     timeout_s = config.serving.worker_timeout_s
-    verifier = RemoteVerifier(target_address, timeout_s=timeout_s)
+    # router replicas share the target's slots: each admits at most its share
+    budget = max(1, config.cache.num_slots // config.serving.router_replicas)
+    verifier = RemoteVerifier(target_address, timeout_s=timeout_s, slot_budget=budget)
     proposers: dict[str, Proposer] = {"ngram": NgramProposer(config.speculation.ngram.n_min, config.speculation.ngram.n_max)}
     if draft_address is not None:
         draft = RemoteProposer(draft_address, timeout_s=timeout_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,7 +46,9 @@ def server():
 
 def test_serve_prints_one_ready_line(server):
     _, port, line = server
-    assert line == f"specdec serving on 0.0.0.0:{port} (target tp=1, draft ready)\n"
+    assert line.startswith(f"specdec serving on 0.0.0.0:{port} (target tp=1, draft ready, ")
+    # the embedded default shares its load measurements through a local redis-server when installed
+    assert ("local redis-server redis://127.0.0.1:" in line) == (shutil.which("redis-server") is not None)
 
 
 def test_client_health_and_generate_against_the_server(server, capsys, tokenizer, hf_greedy):
@@ -62,6 +65,17 @@ def test_client_health_and_generate_against_the_server(server, capsys, tokenizer
     assert capsys.readouterr().out == prompt + result["text"] + "\n"
     assert main([*args[:-3], "--temperature", "-1"]) == 2
     assert "INVALID_ARGUMENT: temperature" in capsys.readouterr().err
+
+
+def test_status_shows_the_live_speculation_picture(server, capsys):
+    _, port, _ = server
+    assert main(["status", "--server", f"127.0.0.1:{port}"]) == 0
+    table = capsys.readouterr().out
+    for row in ("speculation", "gamma (AUTO requests)", "acceptance rate α", "draft cost c", "QPS (cluster)"):
+        assert row in table
+    assert main(["status", "--server", f"127.0.0.1:{port}", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert int(stats["rounds"]) > 0 and stats["measurements_source"] in ("shared", "local")
 
 
 def test_sigint_shuts_down_cleanly(server):

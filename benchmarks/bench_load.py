@@ -1,0 +1,405 @@
+"""Load benchmark: speculation always ON vs always OFF vs AUTO (the load monitor decides) over a QPS sweep.
+
+One server (`specdec serve`'s stack: draft worker, target group, router behind Serve's gRPC
+proxy, in-process load store) on the bundled pair. For each offered QPS the same seeded
+open-loop Poisson arrival schedule of the same prompts is played three times, once per
+policy, selected per request with the gRPC speculation mode:
+
+* on   -- mode ON with a fixed γ (--on-gamma, default the config's γ = 4): always speculate;
+* off  -- mode OFF: plain batched decoding, no draft calls;
+* auto -- mode AUTO: the load monitor picks γ and switches speculation off when QPS or
+          requests in flight exceed its thresholds (with hysteresis and a dwell time).
+
+Each run lasts warm-up + duration seconds of arrivals; requests arriving in the warm-up
+(while AUTO's switch settles) are sent but not measured. Between runs the benchmark waits
+until the server is idle and the load window has emptied, so every run starts from the
+same state (speculation on).
+
+Per (QPS, policy): requests measured / completed / rejected (RESOURCE_EXHAUSTED),
+throughput = tokens streamed during the measurement interval / its length (all requests),
+TTFT p50, ITL p50 / p99 (each chunk's gap to the previous chunk of its stream, split evenly
+over the chunk's tokens), acceptance α = accepted / drafted (final-chunk stats), and the
+fraction of requests that speculated (drafted > 0). Then, per QPS, how close AUTO is to
+the better fixed policy: AUTO tokens/s / max(ON, OFF) and AUTO ITL p50 / min(ON, OFF).
+
+Defaults fit 2 CPU cores (~6 minutes): there the server's capacity is about 7 requests/s
+with speculation off and about 9.5 with it on (48 new tokens each), so the sweep covers
+light load, the region between the two, and overload, and AUTO's switch (off above 6.5
+requests/s or 24 in flight, on again below 3 / 12) changes inside it.
+
+Usage: python benchmarks/bench_load.py [--qps 2 4 8 12] [--duration 15] [--warmup 6]
+       [--max-new-tokens 48] [--disable-qps 6.5] [--enable-qps 3] [--plot PNG] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serving import percentile  # noqa: E402  (same percentile rule as the serving benchmark)
+
+from specdec.config import SpecdecConfig, load_config  # noqa: E402
+from specdec.model_paths import bundled_prompts  # noqa: E402
+
+POLICIES = ("on", "off", "auto")
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class RequestResult:
+    arrival: float  # scheduled arrival, seconds after the run's start
+    measured: bool  # arrived after the warm-up
+    tokens: int = 0
+    ttft: float = float("nan")
+    itl: list[float] = field(default_factory=list)
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (seconds after start, tokens)
+    done: bool = False
+    error: str = ""  # gRPC status name, "cancelled" (drain timeout) or ""
+    drafted: int = 0
+    accepted: int = 0
+    gamma: int = 0
+    speculation_enabled: bool = False
+
+
+def poisson_schedule(qps: float, seconds: float, n_prompts: int, seed: int) -> list[tuple[float, int]]:
+    """(arrival time, prompt index) of an open-loop Poisson process; the same for every policy."""
+    rng = random.Random(seed)
+    arrivals, t = [], rng.expovariate(qps)
+    while t < seconds:
+        arrivals.append((t, rng.randrange(n_prompts)))
+        t += rng.expovariate(qps)
+    return arrivals
+
+
+async def one_request(client, prompt: str, mode: str, max_new: int, start: float, res: RequestResult,
+                      timeout_s: float, gamma: int = 0) -> None:
+    sent = last = time.perf_counter()
+    try:
+        async for chunk in client.generate_stream(prompt, max_new_tokens=max_new, mode=mode, gamma=gamma,
+                                                  timeout_s=timeout_s):
+            now = time.perf_counter()
+            n = len(chunk.token_ids)
+            if n:
+                if res.tokens == 0:
+                    res.ttft = now - sent
+                else:
+                    res.itl.extend([(now - last) / n] * n)
+                res.tokens += n
+                res.chunks.append((now - start, n))
+                last = now
+            if chunk.finish_reason:
+                s = chunk.stats
+                res.drafted, res.accepted, res.gamma = s.drafted, s.accepted, s.gamma
+                res.speculation_enabled = s.speculation_enabled
+        res.done = True
+    except grpc.RpcError as exc:
+        res.error = exc.code().name if callable(getattr(exc, "code", None)) else type(exc).__name__
+    except asyncio.CancelledError:
+        res.error = "cancelled"
+
+
+async def poll_switch(client, start: float, samples: list[tuple[float, bool, int, float]]) -> None:
+    """Best effort: (t, switch on, γ, QPS estimate) from GetStats every 0.5 s; gives up at
+    once when the server does not answer it (an older server without GetStats)."""
+    from specdec_rpc.v1 import specdec_pb2
+
+    async def stats():
+        if hasattr(client, "stats"):
+            return await client.stats(timeout_s=1.0)
+        return await client._stub.GetStats(specdec_pb2.GetStatsRequest(), timeout=1.0)
+
+    while True:
+        try:
+            r = await stats()
+            samples.append((time.perf_counter() - start, r.speculation_enabled, r.gamma, r.qps))
+        except grpc.RpcError:
+            if not samples:
+                return
+        await asyncio.sleep(0.5)
+
+
+async def run_point(client, prompts: list[str], schedule: list[tuple[float, int]], mode: str, gamma: int,
+                    max_new: int, warmup: float, duration: float,
+                    drain_s: float) -> tuple[list[RequestResult], list, float]:
+    """Play the schedule with one policy; returns the requests, the switch timeline and the
+    time at which the run started (perf_counter)."""
+    start = time.perf_counter() + 0.05
+    timeout_s = warmup + duration + drain_s + 30
+    results, tasks, switch = [], [], []
+    poller = asyncio.create_task(poll_switch(client, start, switch))
+    try:
+        for arrival, idx in schedule:
+            delay = start + arrival - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            res = RequestResult(arrival=arrival, measured=arrival >= warmup)
+            results.append(res)
+            tasks.append(asyncio.create_task(one_request(client, prompts[idx], mode, max_new, start, res, timeout_s, gamma)))
+        end_of_arrivals = start + warmup + duration
+        await asyncio.sleep(max(0.0, end_of_arrivals - time.perf_counter()))
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=drain_s)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for t in tasks:
+            t.cancel()
+        poller.cancel()
+        await asyncio.gather(poller, return_exceptions=True)
+    return results, switch, start
+
+
+def summarize(qps: float, policy: str, results: list[RequestResult], warmup: float, duration: float,
+              switch: list[tuple[float, bool, int]]) -> dict:
+    measured = [r for r in results if r.measured]
+    done = [r for r in measured if r.done]
+    itl = [x for r in done for x in r.itl]
+    window_tokens = sum(n for r in results for t, n in r.chunks if warmup <= t < warmup + duration)
+    drafted = sum(r.drafted for r in done)
+    accepted = sum(r.accepted for r in done)
+    speculated = [r for r in done if r.drafted > 0 or r.speculation_enabled]
+    measured_switch = [s for s in switch if warmup <= s[0] < warmup + duration]
+    return {
+        "qps": qps,
+        "policy": policy,
+        "sent": len(measured),
+        "completed": len(done),
+        "rejected": sum(r.error == "RESOURCE_EXHAUSTED" for r in measured),
+        "failed": sum(bool(r.error) and r.error != "RESOURCE_EXHAUSTED" for r in measured),
+        "tokens_per_s": window_tokens / duration,
+        "ttft_p50_ms": 1000 * statistics.median(r.ttft for r in done) if done else float("nan"),
+        "itl_p50_ms": 1000 * percentile(itl, 50),
+        "itl_p99_ms": 1000 * percentile(itl, 99),
+        "acceptance": accepted / drafted if drafted else None,
+        "drafted": drafted,
+        "accepted": accepted,
+        "speculated_fraction": len(speculated) / len(done) if done else float("nan"),
+        "mean_gamma": statistics.mean(r.gamma for r in speculated) if speculated else 0.0,
+        # from GetStats (when the server has it): share of the measured time the switch was on
+        "switch_on_fraction": (sum(s[1] for s in measured_switch) / len(measured_switch)) if measured_switch else None,
+        "switch_timeline": [{"t": round(t, 2), "on": on, "gamma": g, "qps": round(q, 2)} for t, on, g, q in switch],
+    }
+
+
+def fmt(x: float | None, spec: str = ".1f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| QPS | policy | sent | done | rejected | tokens/s | TTFT p50 (ms) | ITL p50 (ms) | ITL p99 (ms) | α | speculated |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['qps']:g} | {r['policy']} | {r['sent']} | {r['completed']} | {r['rejected'] + r['failed']} "
+            f"| {fmt(r['tokens_per_s'])} | {fmt(r['ttft_p50_ms'])} | {fmt(r['itl_p50_ms'])} | {fmt(r['itl_p99_ms'])} "
+            f"| {fmt(r['acceptance'], '.2f')} | {fmt(100 * r['speculated_fraction'], '.0f')}% |"
+        )
+    return "\n".join(lines)
+
+
+def closeness(rows: list[dict]) -> tuple[str, list[dict]]:
+    """Per QPS: AUTO vs the better fixed policy (throughput: higher is better; ITL: lower)."""
+    by = {(r["qps"], r["policy"]): r for r in rows}
+    lines = [
+        "| QPS | better tokens/s | AUTO / best tokens/s | better ITL p50 | AUTO / best ITL p50 | better TTFT p50 "
+        "| AUTO / best TTFT p50 | AUTO requests speculated | AUTO switch on |",
+        "|---:|---|---:|---|---:|---|---:|---:|---:|",
+    ]
+    out = []
+    for qps in sorted({r["qps"] for r in rows}):
+        on, off, auto = (by.get((qps, p)) for p in POLICIES)
+        if not (on and off and auto):
+            continue
+        best_tput = max((on, off), key=lambda r: r["tokens_per_s"])
+        best_itl = min((on, off), key=lambda r: r["itl_p50_ms"])
+        best_ttft = min((on, off), key=lambda r: r["ttft_p50_ms"])
+        c = {
+            "qps": qps,
+            "best_tokens_per_s": best_tput["policy"],
+            "auto_tokens_per_s_ratio": auto["tokens_per_s"] / best_tput["tokens_per_s"] if best_tput["tokens_per_s"] else float("nan"),
+            "best_itl": best_itl["policy"],
+            "auto_itl_p50_ratio": auto["itl_p50_ms"] / best_itl["itl_p50_ms"],
+            "best_ttft": best_ttft["policy"],
+            "auto_ttft_p50_ratio": auto["ttft_p50_ms"] / best_ttft["ttft_p50_ms"],
+            "auto_speculated_fraction": auto["speculated_fraction"],
+            "auto_switch_on_fraction": auto["switch_on_fraction"],
+        }
+        out.append(c)
+        lines.append(
+            f"| {qps:g} | {c['best_tokens_per_s']} | {fmt(c['auto_tokens_per_s_ratio'], '.2f')} | {c['best_itl']} "
+            f"| {fmt(c['auto_itl_p50_ratio'], '.2f')} | {c['best_ttft']} | {fmt(c['auto_ttft_p50_ratio'], '.2f')} "
+            f"| {fmt(100 * c['auto_speculated_fraction'], '.0f')}% "
+            f"| {fmt(None if c['auto_switch_on_fraction'] is None else 100 * c['auto_switch_on_fraction'], '.0f')}% |"
+        )
+    return "\n".join(lines), out
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    panels = [("tokens_per_s", "throughput (tokens/s)", False), ("itl_p50_ms", "inter-token latency p50 (ms)", False),
+              ("ttft_p50_ms", "time to first token p50 (ms)", True)]
+    styles = {"on": ("tab:blue", "o", "speculation ON"), "off": ("tab:orange", "s", "speculation OFF"),
+              "auto": ("tab:green", "^", "AUTO (load monitor)")}
+    for ax, (key, label, log) in zip(axes, panels):
+        for policy in POLICIES:
+            pts = sorted((r["qps"], r[key]) for r in rows if r["policy"] == policy)
+            if pts:
+                color, marker, name = styles[policy]
+                ax.plot(*zip(*pts), marker=marker, color=color, label=name,
+                        linestyle="--" if policy == "auto" else "-", linewidth=2 if policy == "auto" else 1.5)
+        ax.set_xlabel("offered load (requests/s)")
+        ax.set_ylabel(label)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def server_config(args: argparse.Namespace) -> SpecdecConfig:
+    from actors.app import free_port
+
+    return load_config(*args.config, overrides={
+        "cache": {"num_slots": args.num_slots},
+        "serving": {"port": free_port(), "max_concurrent_requests": args.max_concurrent},
+        "load_monitor": {
+            "enabled": True,
+            "redis_url": "",  # in-process store: one router replica
+            "window_s": args.window_s,
+            "bucket_s": min(1.0, args.window_s / 4),
+            "stale_after_s": max(3.0, args.window_s),
+            "disable_qps": args.disable_qps,
+            "enable_qps": args.enable_qps,
+            "disable_in_flight": args.disable_in_flight,
+            "enable_in_flight": args.enable_in_flight,
+            "min_dwell_s": args.min_dwell_s,
+        },
+    })
+
+
+async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> list[dict]:
+    from specdec_rpc.client import AsyncSpecdecClient
+
+    rows: list[dict] = []
+    async with AsyncSpecdecClient(address, timeout_s=120.0) as client:
+        # warm the whole path (draft, target, both modes) once; not measured
+        await asyncio.gather(*(one_request(client, prompts[i], m, 8, time.perf_counter(), RequestResult(0, False), 60)
+                               for i, m in enumerate(("on", "off"))))
+        for k, qps in enumerate(args.qps):
+            schedule = poisson_schedule(qps, args.warmup + args.duration, len(prompts), args.seed * 1000 + k)
+            for policy in args.policies:
+                gamma = args.on_gamma if policy == "on" else 0
+                results, switch, start = await run_point(client, prompts, schedule, policy, gamma,
+                                                         args.max_new_tokens, args.warmup, args.duration, args.drain_s)
+                row = summarize(qps, policy, results, args.warmup, args.duration, switch)
+                rows.append(row)
+                print(f"  qps {qps:g} {policy:>4}: {row['completed']}/{row['sent']} done, "
+                      f"{row['tokens_per_s']:.1f} tokens/s, ITL p50 {fmt(row['itl_p50_ms'])} ms, "
+                      f"TTFT p50 {fmt(row['ttft_p50_ms'])} ms, speculated {fmt(100 * row['speculated_fraction'], '.0f')}%",
+                      flush=True)
+                # the next run starts from the same state: idle and the load window empty
+                # (then the switch is back on after its dwell time)
+                settle = args.window_s + args.min_dwell_s + 0.5
+                last_arrival = start + (schedule[-1][0] if schedule else 0.0)
+                await asyncio.sleep(max(0.0, last_arrival + settle - time.perf_counter()))
+    return rows
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--qps", type=float, nargs="+", default=[2.0, 4.0, 8.0, 12.0], help="offered loads (requests/s)")
+    parser.add_argument("--duration", type=float, default=15.0, help="measured seconds of arrivals per run")
+    parser.add_argument("--warmup", type=float, default=6.0, help="unmeasured seconds of arrivals first (policy settles)")
+    parser.add_argument("--drain-s", type=float, default=30.0, help="most seconds to wait for a run's last requests")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--on-gamma", type=int, default=None,
+                        help="γ of the ON policy (default: the config's speculation.gamma; 0 = the server's policy)")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--seed", type=int, default=0, help="seeds the arrival schedules and prompt choice")
+    parser.add_argument("--num-slots", type=int, default=16, help="cache.num_slots (sequences decoded at once)")
+    parser.add_argument("--max-concurrent", type=int, default=64, help="serving.max_concurrent_requests")
+    parser.add_argument("--window-s", type=float, default=4.0, help="load_monitor.window_s")
+    parser.add_argument("--min-dwell-s", type=float, default=1.0, help="load_monitor.min_dwell_s")
+    parser.add_argument("--disable-qps", type=float, default=6.5, help="load_monitor.disable_qps")
+    parser.add_argument("--enable-qps", type=float, default=3.0, help="load_monitor.enable_qps")
+    parser.add_argument("--disable-in-flight", type=float, default=24, help="load_monitor.disable_in_flight")
+    parser.add_argument("--enable-in-flight", type=float, default=12, help="load_monitor.enable_in_flight")
+    parser.add_argument("--config", action="append", default=[], help="YAML override file(s) under the above")
+    parser.add_argument("--plot", type=Path, default=RESULTS_DIR / "load_sweep.png", help="PNG output")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw rows to this JSON file")
+    args = parser.parse_args()
+    if any(q <= 0 for q in args.qps) or args.duration <= 0 or args.warmup < 0:
+        parser.error("--qps values and --duration must be > 0, --warmup >= 0")
+
+    from actors.app import start_app
+
+    # SIGTERM takes the Ctrl-C path, so the server is shut down either way
+    signal.signal(signal.SIGTERM, _interrupt)
+    t0 = time.perf_counter()
+    config = server_config(args)
+    if args.on_gamma is None:
+        args.on_gamma = config.speculation.gamma
+    prompts = bundled_prompts()
+    print(f"starting the server on {config.serving.port} ...", flush=True)
+    app = start_app(config, ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
+    print(f"server ready after {time.perf_counter() - t0:.0f}s", flush=True)
+    try:
+        rows = asyncio.run(sweep(app.address, args, prompts))
+    except KeyboardInterrupt:
+        print("interrupted; shutting the server down", flush=True)
+        raise
+    finally:
+        app.shutdown()
+
+    print()
+    print(markdown(rows))
+    print()
+    table, close = closeness(rows)
+    if close:
+        print("AUTO vs the better fixed policy at each QPS (tokens/s ratio: higher is better, 1.00 = as good; "
+              "ITL/TTFT ratio: lower is better, 1.00 = as good):")
+        print()
+        print(table)
+    lm = config.load_monitor
+    title = (f"bundled pair, greedy, {args.max_new_tokens} new tokens, {args.duration:g}s per point; AUTO off above "
+             f"{lm.disable_qps:g} req/s or {lm.disable_in_flight:g} in flight (on below {lm.enable_qps:g} / {lm.enable_in_flight:g})")
+    plot(rows, args.plot, title)
+    print(f"\nplot: {args.plot}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                                         "rows": rows, "auto_vs_best": close}, indent=2))
+        print(f"rows: {args.json}")
+    print(f"total runtime: {time.perf_counter() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The router's Prometheus metrics follow the engine's totals and the load monitor's decision."""
+
+from types import SimpleNamespace
+
+from actors.router_metrics import RouterMetrics
+from specdec.stats import SpecStats
+
+
+class Fake:
+    def __init__(self, name, description="", tag_keys=(), boundaries=None):
+        self.name, self.value, self.by_tag, self.observed = name, 0.0, {}, []
+
+    def inc(self, value=1.0, tags=None):
+        self.value += value
+        if tags:
+            key = tuple(sorted(tags.items()))
+            self.by_tag[key] = self.by_tag.get(key, 0.0) + value
+
+    def set(self, value, tags=None):
+        self.value = value
+
+    def observe(self, value, tags=None):
+        self.observed.append(value)
+
+
+def engine_with(rounds):
+    stats = SpecStats()
+    for drafted, accepted in rounds:
+        stats.record_round(drafted, accepted, gamma=4)
+    return SimpleNamespace(stats=stats, num_running=3, num_waiting=1, gamma=4)
+
+
+def test_counters_add_only_the_increase_since_the_last_poll():
+    metrics = RouterMetrics((Fake, Fake, Fake))
+    metrics.update(engine_with([(4, 2), (4, 4)]), None)
+    metrics.update(engine_with([(4, 2), (4, 4), (0, 0), (4, 1)]), None)
+    assert metrics.num_drafts.value == 3  # rounds that drafted
+    assert metrics.draft_tokens.value == 12 and metrics.accepted_tokens.value == 7
+    assert metrics.accepted_per_pos.by_tag[(("position", "0"),)] == 3
+    assert metrics.accepted_per_pos.by_tag[(("position", "3"),)] == 1
+    assert (metrics.running.value, metrics.waiting.value) == (3, 1)
+
+
+def test_gauges_show_the_load_monitors_decision():
+    metrics = RouterMetrics((Fake, Fake, Fake))
+    status = {"gamma": 0, "speculation_enabled": False, "alpha": 0.61, "qps": 12.5}
+    metrics.update(engine_with([]), status)
+    assert (metrics.gamma.value, metrics.enabled.value, metrics.acceptance.value, metrics.qps.value) == (0, 0.0, 0.61, 12.5)
+
+
+def test_streams_feed_the_latency_histograms():
+    metrics = RouterMetrics((Fake, Fake, Fake))
+    metrics.observe_stream(0.2, [(0.03, 3), (0.01, 1)])
+    assert metrics.ttft.observed == [0.2]
+    assert metrics.itl.observed == [0.01, 0.01, 0.01, 0.01]
