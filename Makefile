@@ -1,5 +1,6 @@
 # The two commands a newcomer needs (each does all set-up first):
-#   make demo   - generate with speculative decoding on the bundled tiny model pair
+#   make demo   - serve the bundled tiny model pair on local Ray (draft + target actors, gRPC
+#                 router) and call it: a streamed generation, the JSON result, the live stats
 #   make test   - run the whole test suite (what CI runs)
 # On a machine whose pip would pull CUDA wheels for torch, choose the CPU build with e.g.
 #   make test TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
@@ -24,10 +25,12 @@ redis-server:
 	fi
 
 demo: setup
-	specdec generate --prompt "def fibonacci(n):" --max-new-tokens 64 --json
+	bash scripts/demo.sh
 
 test: setup
 	$(PYTHON) -m pytest
 
 bench: setup
 	$(PYTHON) benchmarks/bench_core.py
+	$(PYTHON) benchmarks/bench_serving.py
+	$(PYTHON) benchmarks/bench_load.py

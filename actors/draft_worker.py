@@ -14,33 +14,17 @@ import ray
 
 from specdec.config import SpecdecConfig
 from specdec_rpc.draft_servicer import DraftServicer
-from specdec_rpc.worker_runtime import info_as_dict
-from specdec_rpc.worker_server import WorkerServer, start_worker_server
+from actors.served_actor import ServedActor
 
 
 @ray.remote
-class DraftWorkerActor:
+class DraftWorkerActor(ServedActor):
     """One draft model and its slot cache behind a gRPC port."""
-
-    def __init__(self) -> None:
-        self._server: WorkerServer | None = None
-        self._address = ""
 
     async def start(self, config: SpecdecConfig, host: str = "0.0.0.0", port: int = 0) -> str:
         """Load the draft (with the tokenizer check) and serve; returns 'node_ip:port'."""
         servicer = await asyncio.get_running_loop().run_in_executor(None, DraftServicer.from_config, config)
-        self._server = await start_worker_server(servicer, host, port)
-        self._address = f"{ray.util.get_node_ip_address()}:{self._server.address.rsplit(':', 1)[1]}"
-        return self._address
-
-    async def info(self) -> dict[str, Any]:
-        """The served WorkerInfo as a dict, plus the address."""
-        return {"address": self._address, **info_as_dict(self._server.servicer.info())}
-
-    async def stop(self, grace_s: float = 2.0) -> None:
-        if self._server is not None:
-            await self._server.stop(grace_s)
-            self._server = None
+        return await self._serve(servicer, host, port)
 
 
 def start_draft_worker(config: SpecdecConfig, name: str | None = None) -> tuple[Any, str]:

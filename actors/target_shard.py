@@ -19,6 +19,7 @@ import ray
 import torch.distributed as dist
 
 from actors.mirrored_runner import MirroredRunner
+from actors.served_actor import ServedActor
 from specdec.config import SpecdecConfig
 from specdec.model_paths import resolve_model_path
 from specdec.models.loader import load_model, read_config, resolve_checkpoint_dir
@@ -26,8 +27,6 @@ from specdec.models.model_runner import ModelRunner
 from specdec.models.tensor_parallel import check_divisible, shard_model
 from specdec.target_verifier import TargetVerifier
 from specdec_rpc.target_servicer import TargetServicer
-from specdec_rpc.worker_runtime import info_as_dict
-from specdec_rpc.worker_server import WorkerServer, start_worker_server
 
 DIST_TIMEOUT = timedelta(minutes=5)  # a collective (or the rendezvous) that takes longer fails
 
@@ -100,12 +99,8 @@ class TargetFollower(_Shard):
 
 
 @ray.remote
-class TargetLeader(_Shard):
+class TargetLeader(ServedActor, _Shard):
     """Rank 0: serves TargetWorker over gRPC; its verifier's runner mirrors to the followers."""
-
-    def __init__(self) -> None:
-        self._server: WorkerServer | None = None
-        self._address = ""
 
     async def setup(self, config: SpecdecConfig, rank: int, world_size: int, master: tuple[str, int]) -> None:
         """Blocks until every rank joined the group (run concurrently with the followers' setup)."""
@@ -116,15 +111,4 @@ class TargetLeader(_Shard):
         """Start the gRPC server; returns 'node_ip:port'."""
         verifier = TargetVerifier(MirroredRunner(self.runner, followers))
         servicer = TargetServicer(verifier, self._config.models.target, self._config.cache.num_slots, self._world_size)
-        self._server = await start_worker_server(servicer, host, port)
-        self._address = f"{ray.util.get_node_ip_address()}:{self._server.address.rsplit(':', 1)[1]}"
-        return self._address
-
-    async def info(self) -> dict[str, Any]:
-        """The served WorkerInfo as a dict, plus the address."""
-        return {"address": self._address, **info_as_dict(self._server.servicer.info())}
-
-    async def stop(self, grace_s: float = 2.0) -> None:
-        if self._server is not None:
-            await self._server.stop(grace_s)
-            self._server = None
+        return await self._serve(servicer, host, port)

@@ -254,6 +254,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     panels = [("tokens_per_s", "throughput (tokens/s)", False), ("itl_p50_ms", "inter-token latency p50 (ms)", False),
@@ -271,6 +272,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         ax.set_ylabel(label)
         if log:
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.suptitle(title)

@@ -22,7 +22,7 @@ from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_proto
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
-from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with
+from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with, run_serially
 
 WIRE_DTYPE = torch.float16  # q travels as binary16 (see prob_codec)
 
@@ -103,13 +103,8 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         return drafts
 
     async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
-        async with self._work.lock:
-            try:
-                await self._work.run(self._release, list(request.seq_ids))
-                return worker_pb2.ReleaseResponse()
-            except Exception as exc:  # noqa: BLE001
-                error = exc
-        await abort_with(context, "Release", error)
+        await run_serially(self._work, context, "Release", self._release, list(request.seq_ids))
+        return worker_pb2.ReleaseResponse()
 
     def _release(self, seq_ids: list[str]) -> None:
         for seq_id in seq_ids:

@@ -17,7 +17,7 @@ from specdec.verifier import VerifyRequest, VerifyResult
 from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_proto
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
-from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with
+from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with, run_serially
 
 
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
@@ -90,13 +90,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         return outcomes
 
     async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
-        async with self._work.lock:
-            try:
-                await self._work.run(self._release, list(request.seq_ids))
-                return worker_pb2.ReleaseResponse()
-            except Exception as exc:  # noqa: BLE001
-                error = exc
-        await abort_with(context, "Release", error)
+        await run_serially(self._work, context, "Release", self._release, list(request.seq_ids))
+        return worker_pb2.ReleaseResponse()
 
     def _release(self, seq_ids: list[str]) -> None:
         for seq_id in seq_ids:

@@ -72,6 +72,19 @@ def status_code_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+async def run_serially(
+    work: SerialExecutor, context: grpc.aio.ServicerContext, method: str, fn: Callable[..., T], *args: Any
+) -> T:
+    """Run fn(*args) under the worker's lock on its thread; a failure ends the call with its status."""
+    async with work.lock:
+        try:
+            return await work.run(fn, *args)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+            error = exc
+    await abort_with(context, method, error)
+    raise AssertionError("unreachable: abort_with raises")
+
+
 async def abort_with(context: grpc.aio.ServicerContext, method: str, exc: BaseException) -> None:
     """End the call with the status for `exc` (the message names the exception); never returns."""
     code = status_code_for(exc)

@@ -1,7 +1,5 @@
 """The load monitor decides from shared measurements, off the request path, and survives store outages."""
 
-import pytest
-
 from specdec.load_monitor import LoadMonitor
 from specdec.load_stats import RoundSample
 from specdec.load_store import InProcessLoadStore

@@ -1,0 +1,32 @@
+"""What the draft worker and the target leader share: a worker gRPC server inside an async actor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from specdec_rpc.worker_runtime import info_as_dict
+from specdec_rpc.worker_server import WorkerServer, start_worker_server
+
+
+class ServedActor:
+    """Mixin for async Ray actors that serve one worker servicer: start, describe, stop."""
+
+    _server: WorkerServer | None = None
+    _address: str = ""
+
+    async def _serve(self, servicer: Any, host: str, port: int) -> str:
+        """Start the gRPC server; returns 'node_ip:port' (reachable from other nodes)."""
+        self._server = await start_worker_server(servicer, host, port)
+        self._address = f"{ray.util.get_node_ip_address()}:{self._server.address.rsplit(':', 1)[1]}"
+        return self._address
+
+    async def info(self) -> dict[str, Any]:
+        """The served WorkerInfo as a dict, plus the address."""
+        return {"address": self._address, **info_as_dict(self._server.servicer.info())}
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
