@@ -22,10 +22,11 @@ over the chunk's tokens), acceptance α = accepted / drafted (final-chunk stats)
 fraction of requests that speculated (drafted > 0). Then, per QPS, how close AUTO is to
 the better fixed policy: AUTO tokens/s / max(ON, OFF) and AUTO ITL p50 / min(ON, OFF).
 
-Defaults fit 2 CPU cores (~6 minutes): there the server's capacity is about 7 requests/s
-with speculation off and about 9.5 with it on (48 new tokens each), so the sweep covers
-light load, the region between the two, and overload, and AUTO's switch (off above 6.5
-requests/s or 24 in flight, on again below 3 / 12) changes inside it.
+Defaults fit 2 CPU cores (~6 minutes). There, with 48 new tokens per request, the server
+keeps up with about 8 requests/s with speculation off and 12 with it on (less when other
+work shares the cores), so the sweep covers light load, OFF's saturation and beyond, and
+AUTO's switch (off above 6.5 requests/s or 24 in flight, on again below 3 / 12) changes
+inside it. The thresholds, window and dwell time are flags.
 
 Usage: python benchmarks/bench_load.py [--qps 2 4 8 12] [--duration 15] [--warmup 6]
        [--max-new-tokens 48] [--disable-qps 6.5] [--enable-qps 3] [--plot PNG] [--json FILE]
@@ -200,7 +201,7 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| QPS | policy | sent | done | rejected | tokens/s | TTFT p50 (ms) | ITL p50 (ms) | ITL p99 (ms) | α | speculated |",
+        "| QPS | policy | sent | done | rejected/failed | tokens/s | TTFT p50 (ms) | ITL p50 (ms) | ITL p99 (ms) | α | speculated |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -336,6 +337,16 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _shutdown(app) -> None:
+    """Stop the server; a second Ctrl-C / SIGTERM meanwhile does not cut the shutdown short."""
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        app.shutdown()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--qps", type=float, nargs="+", default=[2.0, 4.0, 8.0, 12.0], help="offered loads (requests/s)")
@@ -364,7 +375,8 @@ def main() -> None:
 
     from actors.app import start_app
 
-    # SIGTERM takes the Ctrl-C path, so the server is shut down either way
+    # SIGTERM takes the Ctrl-C path, so the server is shut down either way (set again after
+    # ray.init, which installs its own handler)
     signal.signal(signal.SIGTERM, _interrupt)
     t0 = time.perf_counter()
     config = server_config(args)
@@ -373,14 +385,15 @@ def main() -> None:
     prompts = bundled_prompts()
     print(f"starting the server on {config.serving.port} ...", flush=True)
     app = start_app(config, ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
-    print(f"server ready after {time.perf_counter() - t0:.0f}s", flush=True)
     try:
+        signal.signal(signal.SIGTERM, _interrupt)
+        print(f"server ready after {time.perf_counter() - t0:.0f}s", flush=True)
         rows = asyncio.run(sweep(app.address, args, prompts))
     except KeyboardInterrupt:
         print("interrupted; shutting the server down", flush=True)
         raise
     finally:
-        app.shutdown()
+        _shutdown(app)
 
     print()
     print(markdown(rows))
