@@ -7,8 +7,10 @@ figures the policy needs: QPS, acceptance rate α (recent windows only, so it de
 the cost ratios c and s of `specdec.gamma.CostModel`, measured rather than configured.
 
 Verify time at a bucket is fitted as a + b·x, x = tokens verified per sequence (γ + 1), by
-least squares over the window; one plain target step is a + b, so s = b / (a + b), and
-c = mean draft step time / (a + b).
+least squares over the window; one plain target step is a + b, so s = b / (a + b). Draft
+call time is fitted as d0 + d1·γ: c = d1 / (a + b) per drafted token and o = d0 / (a + b)
+per round (the call's fixed overhead). With one γ only, slopes are unknown: s falls back
+to a configured default and the draft time is spread evenly over its steps (o = 0).
 """
 
 from __future__ import annotations
@@ -66,12 +68,14 @@ class StatsWindow:
             self.add(f"drafted_pos:{i}", d)
             self.add(f"accepted_pos:{i}", a)
         b = batch_bucket(sample.batch_size)
-        x, y = float(sample.gamma + 1), sample.verify_seconds
-        for name, value in (("n", 1), ("x", x), ("y", y), ("xx", x * x), ("xy", x * y)):
-            self.add(f"verify:{b}:{name}", value)
+        self._add_point(f"verify:{b}", float(sample.gamma + 1), sample.verify_seconds)
         if sample.gamma > 0:
-            self.add(f"draft:{b}:steps", sample.gamma)
-            self.add(f"draft:{b}:seconds", sample.draft_seconds)
+            self._add_point(f"draft:{b}", float(sample.gamma), sample.draft_seconds)
+
+    def _add_point(self, prefix: str, x: float, y: float) -> None:
+        """Least-squares sums of y ≈ a + b·x under `prefix`."""
+        for name, value in (("n", 1), ("x", x), ("y", y), ("xx", x * x), ("xy", x * y)):
+            self.add(f"{prefix}:{name}", value)
 
     def merge(self, other: "StatsWindow | dict[str, float]") -> None:
         items = other.sums.items() if isinstance(other, StatsWindow) else other.items()
@@ -92,13 +96,9 @@ class LoadSnapshot:
     alpha: float | None  # None when nothing was drafted recently
     alpha_per_position: tuple[float, ...]
     # bucket -> (a, b): verify seconds ≈ a + b·tokens per sequence; b None = only one γ seen
-    verify_fit: dict[int, tuple[float, float | None]]
-    draft_step_seconds: dict[int, float]  # bucket -> mean seconds of one draft step
+    verify_fit: dict[int, "LinearFit"]  # bucket -> verify seconds ≈ a + b·(γ + 1)
+    draft_fit: dict[int, "LinearFit"]  # bucket -> draft call seconds ≈ a + b·γ
     measured_at: float
-    mean_tokens_per_seq: dict[int, float] = field(default_factory=dict)  # bucket -> mean γ + 1 verified
-
-    def _mean_x(self, bucket: int) -> float:
-        return self.mean_tokens_per_seq.get(bucket, 1.0)
 
     @classmethod
     def from_window(
@@ -116,57 +116,55 @@ class LoadSnapshot:
             queued=queued,
             alpha=window.get("accepted") / drafted if drafted > 0 else None,
             alpha_per_position=tuple(positions),
-            verify_fit=_verify_fits(window),
-            draft_step_seconds=_draft_steps(window),
+            verify_fit=_fits(window, "verify"),
+            draft_fit=_fits(window, "draft"),
             measured_at=measured_at,
-            mean_tokens_per_seq={
-                int(k.split(":")[1]): window.get(k.replace(":n", ":x")) / window.get(k)
-                for k in list(window.sums)
-                if k.startswith("verify:") and k.endswith(":n") and window.get(k) > 0
-            },
         )
 
     def cost_model(self, batch_size: int, default_slope: float) -> CostModel | None:
-        """c and s at this batch size, from the nearest measured bucket (None if none)."""
+        """c, s and o at this batch size, from the nearest measured bucket (None if none)."""
         if not self.verify_fit:
             return None
         bucket = min(self.verify_fit, key=lambda b: abs(b.bit_length() - batch_bucket(batch_size).bit_length()))
-        a, b = self.verify_fit[bucket]
-        if b is None:  # one γ only: the per-token slope is unknown, assume the default
-            step = a / (1.0 + default_slope * (self._mean_x(bucket) - 1.0))
+        verify = self.verify_fit[bucket]
+        if verify.slope is None:  # one γ only: assume the default slope around the mean
+            step = verify.mean_y / (1.0 + default_slope * (verify.mean_x - 1.0))
             slope = default_slope
         else:
-            b = max(0.0, b)
-            step, slope = a + b, (b / (a + b) if a + b > 0 else default_slope)
+            b = max(0.0, verify.slope)
+            step = verify.intercept + b
+            slope = b / step if step > 0 else default_slope
         if step <= 0:
             return None
-        draft = self.draft_step_seconds.get(bucket)
-        return CostModel(draft_cost=(draft / step) if draft else 0.0, verify_slope=max(0.0, slope))
+        draft = self.draft_fit.get(bucket)
+        if draft is None:
+            return CostModel(draft_cost=0.0, verify_slope=slope)
+        if draft.slope is None or draft.slope <= 0 or draft.intercept < 0:
+            return CostModel(draft_cost=draft.mean_y / draft.mean_x / step, verify_slope=slope)
+        return CostModel(draft_cost=draft.slope / step, verify_slope=slope, draft_overhead=draft.intercept / step)
 
 
-def _verify_fits(window: StatsWindow) -> dict[int, tuple[float, float | None]]:
+@dataclass(frozen=True)
+class LinearFit:
+    """y ≈ intercept + slope·x by least squares; slope None when only one x was seen."""
+
+    intercept: float
+    slope: float | None
+    mean_x: float
+    mean_y: float
+
+
+def _fits(window: StatsWindow, kind: str) -> dict[int, LinearFit]:
     fits = {}
     for key in list(window.sums):
-        if not (key.startswith("verify:") and key.endswith(":n")):
+        if not (key.startswith(f"{kind}:") and key.endswith(":n")) or window.get(key) <= 0:
             continue
         bucket = int(key.split(":")[1])
-        get = lambda name: window.get(f"verify:{bucket}:{name}")  # noqa: E731
-        n, sx, sy, sxx, sxy = get("n"), get("x"), get("y"), get("xx"), get("xy")
-        if n <= 0:
-            continue
+        n, sx, sy, sxx, sxy = (window.get(f"{kind}:{bucket}:{name}") for name in ("n", "x", "y", "xx", "xy"))
         var = n * sxx - sx * sx
-        if var <= 1e-9 * max(1.0, n * sxx):  # one x value only: mean seconds at that x, no slope
-            fits[bucket] = (sy / n, None)
+        if var <= 1e-9 * max(1.0, n * sxx):  # one x value only: no slope information
+            fits[bucket] = LinearFit(sy / n, None, sx / n, sy / n)
             continue
-        b = (n * sxy - sx * sy) / var
-        fits[bucket] = ((sy - b * sx) / n, b)
+        slope = (n * sxy - sx * sy) / var
+        fits[bucket] = LinearFit((sy - slope * sx) / n, slope, sx / n, sy / n)
     return fits
-
-
-def _draft_steps(window: StatsWindow) -> dict[int, float]:
-    steps = {}
-    for key in list(window.sums):
-        if key.startswith("draft:") and key.endswith(":steps") and window.get(key) > 0:
-            bucket = int(key.split(":")[1])
-            steps[bucket] = window.get(f"draft:{bucket}:seconds") / window.get(key)
-    return steps

@@ -57,8 +57,9 @@ class SpeculationPolicy:
         costs = snapshot.cost_model(max(1, batch_size), s.default_verify_slope)
         if snapshot.alpha is None or costs is None:
             return Decision(s.fallback_gamma, True, "acceptance or cost not measured yet: fallback γ")
-        gamma = optimal_gamma(snapshot.alpha, costs, s.gamma_max, s.min_gain)
-        reason = f"γ* for α {snapshot.alpha:.2f}, c {costs.draft_cost:.2f}, s {costs.verify_slope:.2f}"
+        gamma = optimal_gamma(snapshot.alpha, costs, s.gamma_max, s.min_gain, snapshot.alpha_per_position)
+        reason = (f"γ* for α {snapshot.alpha:.2f}, c {costs.draft_cost:.2f}, o {costs.draft_overhead:.2f}, "
+                  f"s {costs.verify_slope:.2f}")
         return Decision(gamma, True, reason)
 
     @staticmethod

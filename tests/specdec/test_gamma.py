@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.gamma import CostModel, expected_tokens, goodput, optimal_gamma
+from specdec.gamma import CostModel, expected_tokens, expected_tokens_measured, goodput, optimal_gamma
 
 FREE = CostModel(draft_cost=0.0, verify_slope=0.0)
 GPU_SMALL_BATCH = CostModel(draft_cost=0.05, verify_slope=0.02)
@@ -70,3 +70,32 @@ def test_bad_inputs_are_rejected(bad):
         expected_tokens(**bad)
     with pytest.raises(ValueError):
         CostModel(draft_cost=-0.1, verify_slope=0)
+
+
+def test_measured_prefix_acceptance_gives_the_expected_tokens_directly():
+    assert expected_tokens_measured((0.6, 0.5, 0.45), 3) == pytest.approx(1 + 0.6 + 0.5 + 0.45)
+    assert expected_tokens_measured((0.6,), 0) == 1.0
+
+
+def test_positions_past_the_measured_ones_continue_with_the_last_conditional_rate():
+    # conditional rate of position 2 is 0.5 / 0.6; positions 3 and 4 keep it
+    r = 0.5 / 0.6
+    assert expected_tokens_measured((0.6, 0.5), 4) == pytest.approx(1 + 0.6 + 0.5 + 0.5 * r + 0.5 * r * r)
+    assert expected_tokens_measured((0.7,), 3) == pytest.approx(expected_tokens(0.7, 3))
+
+
+def test_correlated_acceptance_favours_a_longer_gamma_than_independent_alpha():
+    # easy stretches: once the first token is accepted, the next ones usually are too
+    prefix = (0.62, 0.58, 0.55, 0.52)
+    alpha = sum(prefix) / (1 + 0.62 + 0.58 + 0.55)  # the per-token α such rounds report at γ = 4
+    costs = CostModel(draft_cost=0.3, verify_slope=0.05)
+    assert optimal_gamma(alpha, costs, 8, prefix_acceptance=prefix) > optimal_gamma(alpha, costs, 8)
+
+
+def test_a_fixed_draft_call_overhead_makes_short_gammas_pay_less():
+    costs = CostModel(draft_cost=0.1, verify_slope=0.02, draft_overhead=0.5)
+    assert costs.round_cost(0) == 1.0 and costs.round_cost(2) == pytest.approx(1.74)
+    assert goodput(0.5, 1, costs) < 1.0 < goodput(0.5, 3, costs)  # 1.5 / 1.62 vs 1.875 / 1.86
+    assert optimal_gamma(0.4, costs, 8) == 0
+    assert optimal_gamma(0.4, CostModel(draft_cost=0.1, verify_slope=0.02), 8) > 0  # same, no overhead
+    assert optimal_gamma(0.85, costs, 8) >= 4

@@ -14,10 +14,10 @@ def verify_seconds(tokens_per_seq, step=0.010, slope=0.2):
     return step * (1 + slope * (tokens_per_seq - 1))
 
 
-def window_with(gammas, batch=1, draft_step=0.003):
+def window_with(gammas, batch=1, draft_step=0.003, draft_overhead=0.0):
     w = StatsWindow()
     for g in gammas:
-        w.add_round(RoundSample(batch, g, drafted=g, accepted=g // 2, draft_seconds=draft_step * g,
+        w.add_round(RoundSample(batch, g, drafted=g, accepted=g // 2, draft_seconds=draft_overhead + draft_step * g,
                                 verify_seconds=verify_seconds(g + 1), accepted_per_position=tuple([1] * (g // 2) + [0] * (g - g // 2)),
                                 drafted_per_position=tuple([1] * g)))
     return w
@@ -67,3 +67,10 @@ def test_the_nearest_measured_bucket_is_used():
     snap = LoadSnapshot.from_window(window_with([0, 4], batch=8), 10.0, 0, 0, 0.0)
     assert snap.cost_model(6, 0.5).verify_slope == pytest.approx(0.2)
     assert snap.cost_model(1, 0.5) is not None
+
+
+def test_the_draft_calls_fixed_overhead_is_separated_from_its_per_step_cost():
+    snap = LoadSnapshot.from_window(window_with([0, 2, 4, 8], draft_overhead=0.004), 10.0, 0, 0, 0.0)
+    costs = snap.cost_model(1, default_slope=0.9)
+    assert costs.draft_cost == pytest.approx(0.3)
+    assert costs.draft_overhead == pytest.approx(0.4)
