@@ -1,7 +1,8 @@
 """Serving benchmark: the distributed server (Ray actors + Serve gRPC) vs the in-process engine.
 
 Workload: greedy, up to 128 new tokens for each held-out bundled prompt, draft-model
-speculation at the configured γ. (EOS cannot be ignored over gRPC, so requests may stop
+speculation at the configured γ (speculation mode ON over gRPC, so the load monitor does
+not change γ). (EOS cannot be ignored over gRPC, so requests may stop
 early; the table reports the tokens actually generated.) Each row runs all prompts with N
 concurrent streams (N = 1, 4, 8), each stream taking the next prompt when it finishes:
 
@@ -120,7 +121,8 @@ def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels:
     async def main() -> list[dict]:
         async with AsyncSpecdecClient(app.address, timeout_s=600.0) as client:
             async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
-                async for chunk in client.generate_stream(prompt, max_new_tokens=n):
+                # mode ON: the configured γ, as in-process (AUTO would follow the load monitor)
+                async for chunk in client.generate_stream(prompt, max_new_tokens=n, mode="on"):
                     yield list(chunk.token_ids)
 
             return await run_all(stream, prompts, max_new, levels, "server (gRPC)")
