@@ -170,7 +170,7 @@ class SpeculativeEngine:
         proposed = time.perf_counter()
         proposal = self._propose(batch, gammas)
         verified = time.perf_counter()
-        outputs, accepted = self._verify(batch, proposal, gammas)
+        outputs, accepted = self._verify(batch, proposal)
         elapsed = time.perf_counter() - start
         if self.policy is not None:
             drafted = proposal.num_drafted.tolist()
@@ -192,14 +192,17 @@ class SpeculativeEngine:
     def _active(self) -> list[Sequence]:
         return [*self._waiting, *self._running]
 
-    def _gamma_for(self, seq: Sequence) -> int:
-        """This round's γ for one sequence. A seeded sampled request keeps the static γ: its
-        tokens depend on the speculation schedule, so the same seed must see the same one."""
+    def _policy_gamma(self, seq: Sequence) -> int:
+        """The γ the policy gives this sequence now. A seeded sampled request keeps the static
+        γ: its tokens depend on the speculation schedule, so the same seed must see the same one."""
         request = seq.request
         pinned = request.sampling.seed is not None and not request.sampling.is_greedy
         decision = self._static_decision if pinned else self.last_decision
-        gamma = SpeculationPolicy.gamma_for_request(decision, request.mode, request.gamma, self.gamma)
-        return max(0, min(gamma, seq.remaining - 1))
+        return SpeculationPolicy.gamma_for_request(decision, request.mode, request.gamma, self.gamma)
+
+    def _gamma_for(self, seq: Sequence) -> int:
+        """This round's γ: the policy's, cut so a round never drafts past max_new_tokens."""
+        return max(0, min(self._policy_gamma(seq), seq.remaining - 1))
 
     def _propose(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
         """One proposer call for the rows that speculate; rows padded to the batch's γ."""
@@ -224,9 +227,7 @@ class SpeculativeEngine:
             full.probs[rows, :width] = part.probs
         return full
 
-    def _verify(
-        self, batch: list[Sequence], proposal: Proposal, gammas: list[int]
-    ) -> tuple[list[RoundOutput], list[int]]:
+    def _verify(self, batch: list[Sequence], proposal: Proposal) -> tuple[list[RoundOutput], list[int]]:
         """One verifier call over every row, then record statistics and apply stop conditions.
         Returns the round's outputs and each row's number of accepted tokens."""
         requests = []
@@ -235,7 +236,8 @@ class SpeculativeEngine:
             probs = proposal.probs[i, : len(drafted)] if proposal.probs is not None and drafted else None
             requests.append(VerifyRequest(seq.seq_id, seq.token_ids, drafted, seq.request.sampling, probs))
         outputs, accepted = [], []
-        for seq, request, result, gamma in zip(batch, requests, self.verifier.verify(requests), gammas):
+        for seq, request, result in zip(batch, requests, self.verifier.verify(requests)):
+            gamma = self._policy_gamma(seq)  # reported uncut: the last round is usually cut short
             for stats in (seq.stats, self.stats):
                 stats.record_round(len(request.draft_token_ids), result.num_accepted, gamma)
             outputs.append(self._append(seq, result.emitted))

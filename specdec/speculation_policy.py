@@ -64,15 +64,15 @@ class SpeculationPolicy:
 
     @staticmethod
     def gamma_for_request(decision: Decision, mode: str, requested_gamma: int | None, default_gamma: int) -> int:
-        """A request's γ: OFF (or γ 0) -> 0; ON -> its γ, else the policy's, else the
-        server's default (never 0); AUTO -> 0 while the policy says off, else its γ or the
-        policy's."""
+        """A request's γ: OFF (or γ 0) -> 0; ON -> its γ, else the server's configured γ
+        (fixed, whatever the load); AUTO -> 0 while the policy says off, else its γ or the
+        policy's γ*."""
         if mode not in (MODE_AUTO, MODE_ON, MODE_OFF):
             raise ValueError(f"speculation mode must be auto, on or off, got {mode!r}")
         if mode == MODE_OFF or requested_gamma == 0:
             return 0
         if mode == MODE_ON:
-            return requested_gamma or decision.gamma or default_gamma
+            return requested_gamma or default_gamma
         if decision.gamma == 0:
             return 0
         return requested_gamma or decision.gamma

@@ -20,6 +20,7 @@ class SpecStats:
     emitted: tokens kept in the output (may be fewer than accepted + rounds when a stop
         condition cut a round short).
     seconds: wall time spent in rounds.
+    gamma: the γ the policy gave the last round (before a cut to the remaining budget).
     """
 
     rounds: int = 0

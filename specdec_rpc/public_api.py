@@ -112,8 +112,9 @@ def _speculation(message: specdec_pb2.SpeculationParams, defaults: ServerDefault
 
 
 def to_stats(stats: SpecStats) -> specdec_pb2.GenerationStats:
-    """The public stats; gamma is the γ of the request's last round (SpecStats.gamma: after
-    the cut to the remaining token budget, so a last round with one token left has 0)."""
+    """The public stats; gamma is the γ the policy gave the request's last round (before that
+    round was cut to the remaining token budget), so speculation_enabled says whether the
+    request was still speculating when it finished."""
     return specdec_pb2.GenerationStats(
         rounds=stats.rounds,
         drafted=stats.drafted,

@@ -96,7 +96,8 @@ def test_greedy_output_equals_the_engine_in_process_and_transformers(
 
 
 def test_a_text_prompt_streams_chunks_that_add_up_to_the_unary_response(client):
-    kwargs = {"max_new_tokens": 32, "stop": ["\n\n\n"]}
+    # mode ON: the same γ for both calls (AUTO would follow the load monitor's changing γ)
+    kwargs = {"max_new_tokens": 32, "stop": ["\n\n\n"], "mode": "on"}
     chunks = list(client.generate_stream("def parse(line):", **kwargs))
     response = client.generate("def parse(line):", **kwargs)
     assert len(chunks) > 1 and chunks[-1].finish_reason == response.finish_reason

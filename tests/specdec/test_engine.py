@@ -91,3 +91,8 @@ def test_a_prompt_longer_than_the_context_is_rejected_naming_the_field(make_engi
         built.engine.add_request(GenerationRequest([5] * 40, 4))
     with pytest.raises(ValueError, match="max_new_tokens"):
         built.engine.add_request(GenerationRequest([5] * 10, 30))
+
+
+def test_stats_report_the_policys_gamma_even_when_the_last_round_is_cut_short(draft_engine, prompt_ids):
+    [r] = draft_engine.engine.generate([GenerationRequest(prompt_ids[2], 9, ignore_eos=True)])
+    assert r.stats.gamma == 4

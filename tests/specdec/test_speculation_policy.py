@@ -49,8 +49,9 @@ def test_high_qps_switches_speculation_off_and_low_qps_back_on():
     [
         (4, "off", 6, 0),
         (0, "on", 6, 6),
-        (0, "on", None, 3),  # ON without a γ: the server default even when the policy says 0
-        (4, "on", None, 4),
+        (0, "on", None, 3),  # ON without a γ: the configured γ even when the policy says 0
+        (5, "on", None, 3),  # ... and whatever γ* the policy would choose
+
         (4, "auto", None, 4),
         (4, "auto", 6, 6),
         (0, "auto", 6, 0),  # AUTO follows the load switch even with a fixed γ
