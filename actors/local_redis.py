@@ -3,10 +3,24 @@
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child (Linux): get SIGTERM when the parent dies, even by SIGKILL, so no
+    redis-server outlives the `specdec serve` or test process that started it."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
 
 
 def free_port() -> int:
@@ -37,6 +51,7 @@ class LocalRedis:
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         deadline = time.time() + timeout_s
         while time.time() < deadline:
