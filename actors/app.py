@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from ray.serve.config import HTTPOptions, ProxyLocation, gRPCOptions
 from ray.serve import Application
 
 from actors.backend import cluster_backend, monitored_backend
+from actors.ports import free_port  # noqa: F401 - re-exported for callers of start_app
 from actors.router import GRPC_SERVICER_FUNCTIONS, SpecdecRouter
 from actors.worker_hub import get_or_create_hub, stop_hub
 from specdec.config import SpecdecConfig, load_config
@@ -64,12 +64,6 @@ class SpecdecApp:
                 stop()
             except Exception:
                 logger.exception("shutdown step failed")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _init_ray(address: str | None, ray_init_kwargs: dict[str, Any] | None) -> bool:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+from actors.ports import free_port
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -21,12 +23,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def redis_server_binary() -> str | None:

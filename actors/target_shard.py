@@ -10,7 +10,6 @@ actors (one call at a time, in submission order) that replay its cache operation
 from __future__ import annotations
 
 import asyncio
-import socket
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +18,7 @@ import ray
 import torch.distributed as dist
 
 from actors.mirrored_runner import MirroredRunner
+from actors.ports import free_port
 from actors.served_actor import ServedActor
 from specdec.config import SpecdecConfig
 from specdec.model_paths import resolve_model_path
@@ -45,12 +45,6 @@ def check_tensor_parallel_size(config: SpecdecConfig) -> None:
     check_divisible(SimpleNamespace(config=target), config.serving.tensor_parallel_size)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class _Shard:
     """What every rank does: join the group, load and shard the target, build its runner."""
 
@@ -58,7 +52,7 @@ class _Shard:
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's IP and a free port, for the group's MASTER_ADDR / MASTER_PORT."""
-        return ray.util.get_node_ip_address(), free_port()
+        return ray.util.get_node_ip_address(), free_port("")
 
     def _setup(self, config: SpecdecConfig, rank: int, world_size: int, master: tuple[str, int]) -> None:
         if world_size > 1:

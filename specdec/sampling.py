@@ -62,7 +62,7 @@ class SamplingBatch:
         must keep and pass the same generators so that the random stream continues.
         """
         if generators is None:
-            generators = [_seeded_generator(p.seed) for p in params]
+            generators = [seeded_generator(p.seed) for p in params]
         assert len(generators) == len(params), "need one generator (or None) per row"
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         return cls(
@@ -106,8 +106,10 @@ def row_index(mask: Tensor) -> Tensor | slice:
     return mask.nonzero().squeeze(-1)
 
 
-def _seeded_generator(seed: int | None) -> torch.Generator | None:
-    return None if seed is None else torch.Generator().manual_seed(seed)
+def seeded_generator(seed: int | None, offset: int = 0) -> torch.Generator | None:
+    """A request's generator for one side (target: offset 0, draft: its own offset) so each
+    side has its own stream from the one seed; None (unseeded) = the global RNG."""
+    return None if seed is None else torch.Generator().manual_seed(seed + offset)
 
 
 def logits_to_probs(logits: Tensor, batch: SamplingBatch) -> Tensor:

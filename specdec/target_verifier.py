@@ -8,15 +8,10 @@ import torch
 
 from specdec.models.model_runner import ModelRunner
 from specdec.rejection_sampler import rejection_sample
-from specdec.sampling import SamplingBatch, normalize_probs
+from specdec.sampling import SamplingBatch, normalize_probs, seeded_generator
 from specdec.verifier import Verifier, VerifyRequest, VerifyResult
 
 TARGET_SEED_OFFSET = 0  # the target's generator is seeded with the request seed itself
-
-
-def seeded_generator(seed: int | None, offset: int) -> torch.Generator | None:
-    """A request's generator for one side (target or draft); None = global RNG."""
-    return None if seed is None else torch.Generator().manual_seed(seed + offset)
 
 
 @dataclass

@@ -16,8 +16,7 @@ import torch
 
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
-from specdec.sampling import SamplingBatch, logits_to_probs, normalize_probs, sample_from_probs
-from specdec.target_verifier import seeded_generator
+from specdec.sampling import SamplingBatch, logits_to_probs, normalize_probs, sample_from_probs, seeded_generator
 
 DRAFT_SEED_OFFSET = 0x9E3779B9  # the draft's stream differs from the target's for the same seed
 
