@@ -88,22 +88,9 @@ class RemoteProposer(Proposer):
             proposal.num_drafted[i] = n
             if draft.probs:
                 rows_with_probs[i] = decode_rows(draft.probs, vocab_size)  # [n, V]
-        if rows_with_probs:
-            proposal.probs = self._probs(proposal, rows_with_probs, vocab_size)
+        if rows_with_probs:  # greedy rows, sent without q, get a one-hot q
+            proposal.set_probs(rows_with_probs, vocab_size)
         return proposal
-
-    @staticmethod
-    def _probs(proposal: Proposal, rows: dict[int, torch.Tensor], vocab_size: int) -> torch.Tensor:
-        """[B, gamma, V] q weights; greedy rows (sent without q) get a one-hot q, never a zero one."""
-        batch, gamma = proposal.token_ids.shape
-        probs = torch.zeros(batch, gamma, vocab_size)
-        for i in range(batch):
-            n = int(proposal.num_drafted[i])
-            if i in rows:
-                probs[i, :n] = rows[i]
-            else:
-                probs[i, torch.arange(n), proposal.token_ids[i, :n]] = 1.0
-        return probs
 
     def release(self, seq_id: str) -> None:
         """Buffered: sent with the next call or flush()."""

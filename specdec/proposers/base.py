@@ -55,6 +55,18 @@ class Proposal:
             num_drafted=torch.zeros(batch_size, dtype=torch.long),
         )
 
+    def set_probs(self, rows: dict[int, torch.Tensor], vocab_size: int) -> None:
+        """q for every row: the given [num_drafted, vocab] weights for `rows`, a one-hot q
+        over the drafted tokens for the others (never a zero q, which would accept anything)."""
+        batch, gamma = self.token_ids.shape
+        self.probs = torch.zeros(batch, gamma, vocab_size)  # [batch, gamma, vocab]
+        for i in range(batch):
+            n = int(self.num_drafted[i])
+            if i in rows:
+                self.probs[i, :n] = rows[i]
+            else:
+                self.probs[i, torch.arange(n), self.token_ids[i, :n]] = 1.0
+
     def drafted(self, row: int) -> list[int]:
         """The drafted tokens of one row, without padding."""
         return self.token_ids[row, : int(self.num_drafted[row])].tolist()

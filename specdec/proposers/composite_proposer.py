@@ -32,27 +32,18 @@ class CompositeProposer(Proposer):
         for i, request in enumerate(requests):
             groups.setdefault(self._kind(request), []).append(i)
         full = Proposal.empty(len(requests), gamma)
-        parts = {kind: self.proposers[kind].propose([requests[i] for i in rows], gamma) for kind, rows in groups.items()}
-        vocab = next((p.probs.shape[-1] for p in parts.values() if p.probs is not None), None)
-        if vocab is not None:
-            full.probs = torch.zeros(len(requests), gamma, vocab)
+        with_probs: dict[int, torch.Tensor] = {}  # row -> [num_drafted, vocab]
         for kind, rows in groups.items():
-            part = parts[kind]
+            part = self.proposers[kind].propose([requests[i] for i in rows], gamma)
             width = part.token_ids.shape[1]
             full.token_ids[rows, :width] = part.token_ids
             full.num_drafted[rows] = part.num_drafted
-            if full.probs is not None:
-                self._fill_probs(full, rows, part)
+            if part.probs is not None:
+                for j, row in enumerate(rows):
+                    with_probs[row] = part.probs[j, : int(part.num_drafted[j])]
+        if with_probs:
+            full.set_probs(with_probs, next(iter(with_probs.values())).shape[-1])
         return full
-
-    @staticmethod
-    def _fill_probs(full: Proposal, rows: list[int], part: Proposal) -> None:
-        if part.probs is not None:
-            full.probs[rows, : part.probs.shape[1]] = part.probs
-            return
-        for j, row in enumerate(rows):  # one-hot q for proposals without probabilities
-            n = int(part.num_drafted[j])
-            full.probs[row, torch.arange(n), part.token_ids[j, :n]] = 1.0
 
     def release(self, seq_id: str) -> None:
         for proposer in self.proposers.values():
