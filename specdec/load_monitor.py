@@ -146,7 +146,7 @@ class LoadMonitor:
     def status(self) -> dict:
         """The live picture for GetStats / `specdec status`."""
         snap = self._snapshot
-        decision = self.decide(self._batch_size)
+        decision = self.policy.decide(snap, self._batch_size, self.clock(), update_switch=False)
         costs = snap.cost_model(self._batch_size, self.policy.settings.default_verify_slope) if snap else None
         return {
             "draft_cost": costs.draft_cost if costs else 0.0,
