@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.local_redis import redis_server_binary
+from redis_server import require_redis_server
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,10 +24,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
 def test_redis_child_stops_when_its_parent_is_killed():
-    if redis_server_binary() is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed (.ci/run installs it with apt-get)")
-        pytest.skip("redis-server is not installed")
+    require_redis_server()
     code = "from actors.local_redis import LocalRedis; r = LocalRedis().start(); print(r.process.pid, flush=True); input()"
     parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, cwd=REPO)
