@@ -25,7 +25,7 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import torch
 
@@ -36,6 +36,17 @@ from specdec.model_paths import bundled_prompts
 from specdec.request import GenerationRequest
 
 StreamFactory = Callable[[str, int], AsyncIterator[list[int]]]  # (prompt, max_new) -> token chunks
+ProfileReader = Callable[[], Awaitable[dict]]  # -> {"rounds": n, "<part>_ms": mean per round, ...} (cumulative)
+PROFILE_PARTS = ("draft_compute_ms", "draft_hop_ms", "target_compute_ms", "target_hop_ms", "bookkeeping_ms", "round_ms")
+
+
+def profile_delta(before: dict, after: dict) -> dict:
+    """Per-round means (ms) over the rounds between two cumulative profile readings."""
+    rounds = after.get("rounds", 0) - before.get("rounds", 0)
+    if rounds <= 0:
+        return {}
+    total = lambda reading, part: reading.get(part, 0.0) * reading.get("rounds", 0)  # noqa: E731
+    return {"rounds": rounds, **{p: (total(after, p) - total(before, p)) / rounds for p in PROFILE_PARTS}}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -86,12 +97,17 @@ async def run_level(stream: StreamFactory, prompts: list[str], max_new: int, con
     }
 
 
-async def run_all(stream: StreamFactory, prompts: list[str], max_new: int, levels: list[int], label: str) -> list[dict]:
+async def run_all(
+    stream: StreamFactory, prompts: list[str], max_new: int, levels: list[int], label: str, profile: ProfileReader
+) -> list[dict]:
     await run_level(stream, prompts[:1], 8, 1)  # warm-up
     rows = []
     for level in levels:
-        rows.append({"setup": label, **await run_level(stream, prompts, max_new, level)})
-        print(f"  {label} x{level}: {rows[-1]['tokens_per_s']:.1f} tokens/s", flush=True)
+        before = await profile()
+        row = {"setup": label, **await run_level(stream, prompts, max_new, level)}
+        row["profile"] = profile_delta(before, await profile())
+        rows.append(row)
+        print(f"  {label} x{level}: {row['tokens_per_s']:.1f} tokens/s", flush=True)
     return rows
 
 
@@ -105,8 +121,11 @@ def in_process_rows(config: SpecdecConfig, prompts: list[str], max_new: int, lev
             async for out in s:
                 yield out.new_token_ids
 
+    async def profile() -> dict:
+        return {"rounds": built.engine.profile.rounds, **built.engine.profile.means_ms()}
+
     try:
-        return asyncio.run(run_all(stream, prompts, max_new, levels, "in-process"))
+        return asyncio.run(run_all(stream, prompts, max_new, levels, "in-process", profile))
     finally:
         loop.shutdown()
 
@@ -125,7 +144,11 @@ def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels:
                 async for chunk in client.generate_stream(prompt, max_new_tokens=n, mode="on"):
                     yield list(chunk.token_ids)
 
-            return await run_all(stream, prompts, max_new, levels, "server (gRPC)")
+            async def profile() -> dict:
+                p = (await client.stats()).round_profile
+                return {"rounds": p.rounds, **{part: getattr(p, part) for part in PROFILE_PARTS}}
+
+            return await run_all(stream, prompts, max_new, levels, "server (gRPC)", profile)
 
     try:
         return asyncio.run(main())
@@ -146,6 +169,20 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def profile_markdown(rows: list[dict]) -> str:
+    """Where a round's time went, per setup and concurrency (means per round, ms)."""
+    lines = [
+        "| setup | streams | rounds | draft compute | draft hop | target compute | target hop | router | round |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        p = r.get("profile") or {}
+        if p:
+            parts = " | ".join(f"{p[part]:.2f}" for part in PROFILE_PARTS)
+            lines.append(f"| {r['setup']} | {r['streams']} | {p['rounds']} | {parts} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8)
@@ -159,6 +196,8 @@ def main() -> None:
     rows = in_process_rows(config, prompts, args.max_new_tokens, args.concurrency)
     rows += server_rows(config, prompts, args.max_new_tokens, args.concurrency)
     print(markdown(rows))
+    print()
+    print(profile_markdown(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -23,10 +23,12 @@ def add_generate_parser(subparsers: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the request's random generator")
+    p.add_argument("--seed", type=int, default=None, help="uint64 seed keying the request's random draws")
     p.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None, help="override the config's")
     p.add_argument("--gamma", type=int, default=None, help="γ, tokens proposed per round (override)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop-token-id", action="append", type=int, default=[], dest="stop_token_ids",
+                   help="token id that ends generation like EOS (repeatable)")
     p.add_argument("--config", action="append", default=[], help="YAML override file(s), applied in order")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
     p.set_defaults(func=run_generate)
@@ -48,7 +50,8 @@ def run_generate(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else config.generation.max_new_tokens
     built = build_engine(config)
-    request = GenerationRequest(built.encode(args.prompt), max_new, sampling, stop=tuple(args.stop))
+    request = GenerationRequest(built.encode(args.prompt), max_new, sampling, stop=tuple(args.stop),
+                                stop_token_ids=tuple(args.stop_token_ids))
     start = time.perf_counter()
     [result] = built.engine.generate([request])
     elapsed = time.perf_counter() - start

@@ -51,8 +51,17 @@ class SpeculationConfig(StrictModel):
     proposer: Literal["draft", "ngram", "none"] = Field(
         "draft", description="Who guesses tokens: a draft model, n-gram prompt lookup, or none (plain decoding)."
     )
-    gamma: int = Field(4, ge=0, le=32, description="γ: tokens proposed per round (0 = plain decoding).")
+    gamma: int = Field(4, ge=0, le=64, description="γ: tokens proposed per round (0 = plain decoding).")
+    gamma_max: int = Field(
+        16, ge=0, le=64, description="Largest γ a request may ask for; larger ones are refused (bad input)."
+    )
     ngram: NgramConfig = Field(default_factory=NgramConfig, description="Settings of the n-gram proposer.")
+
+    @model_validator(mode="after")
+    def _gamma_within_cap(self) -> "SpeculationConfig":
+        if self.gamma > self.gamma_max:
+            raise ValueError(f"gamma ({self.gamma}) must be <= gamma_max ({self.gamma_max})")
+        return self
 
 
 class GenerationConfig(StrictModel):
@@ -60,6 +69,10 @@ class GenerationConfig(StrictModel):
     max_new_tokens_limit: int = Field(
         4096, ge=1, description="Largest max_new_tokens a request may ask for (bad-input guard)."
     )
+    max_stop_strings: int = Field(
+        16, ge=0, le=1024, description="Most stop strings (and, separately, stop token ids) a request may send."
+    )
+    max_stop_string_chars: int = Field(256, ge=1, description="Longest stop string a request may send, characters.")
 
 
 class ServingConfig(StrictModel):
@@ -116,6 +129,15 @@ class SpecdecConfig(StrictModel):
     load_monitor: LoadMonitorConfig = Field(
         default_factory=LoadMonitorConfig, description="Cluster-wide load measurements and the γ / on-off policy."
     )
+
+    @model_validator(mode="after")
+    def _policy_within_cap(self) -> "SpecdecConfig":
+        if self.load_monitor.gamma_max > self.speculation.gamma_max:
+            raise ValueError(
+                f"load_monitor.gamma_max ({self.load_monitor.gamma_max}) must be <= "
+                f"speculation.gamma_max ({self.speculation.gamma_max})"
+            )
+        return self
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -6,20 +6,30 @@ are in-process objects here; the distributed router plugs gRPC clients of the dr
 and the target group into the same engine. Every round shares one proposer call and one
 target forward across all active sequences (continuous batching at round granularity):
 waiting requests join at the next round, finished ones leave and free their cache slots.
+
+Isolation: a request only ever affects itself. It is validated against the server's
+limits before it joins (`RequestLimits`); each row drafts its own γ, clipped to its
+budget and context; a proposer failure costs the round its drafts, never a request; and
+when a round fails for a reason one row may have caused, the batch is split and retried
+so that only the rows that fail alone fail (a `WorkerError`, which no row causes, fails
+the round's whole batch).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
 
+from specdec.errors import WorkerError
 from specdec.load_stats import RoundSample
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
-from specdec.request import GenerationRequest
+from specdec.request import GenerationRequest, RequestLimits
+from specdec.round_profile import RoundProfile
 from specdec.sequence import Sequence
 from specdec.speculation_policy import Decision, SpeculationPolicy
 from specdec.stats import SpecStats
@@ -27,13 +37,22 @@ from specdec.stop_conditions import StopChecker
 from specdec.verifier import Verifier, VerifyRequest
 
 
+logger = logging.getLogger(__name__)
+
+
 @dataclass
 class RoundOutput:
-    """What one round confirmed for one sequence (what a stream sends to the client)."""
+    """What one round confirmed for one sequence (what a stream sends to the client).
+
+    text: the new text (stable, cut before a stop string; "" without a tokenizer).
+    error: set when this request failed (finish_reason "error"); the others go on.
+    """
 
     seq_id: str
     new_token_ids: list[int]
     finish_reason: str | None
+    text: str = ""
+    error: BaseException | None = None
 
 
 class RoundPolicy(Protocol):
@@ -58,6 +77,9 @@ class GenerationResult:
     stats: SpecStats
 
 
+FINISH_ERROR = "error"
+
+
 def round_sample(drafted: list[int], accepted: list[int], draft_s: float, verify_s: float) -> RoundSample:
     """A batched round's measurements from each row's drafted and accepted counts."""
     gamma = max(drafted, default=0)
@@ -79,21 +101,30 @@ class SpeculativeEngine:
         decode: Callable[[list[int]], str] | None = None,
         max_new_tokens_limit: int = 4096,
         policy: RoundPolicy | None = None,
+        gamma_max: int = 16,
+        max_stop_strings: int = 16,
+        max_stop_string_chars: int = 256,
     ) -> None:
         """gamma: the server's γ (used when no policy decides, and for mode ON).
-        policy: decides γ per round from load and measured costs (None = always `gamma`)."""
-        if gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
+        eos_token_ids: every id that ends a sequence (generation_config's list, too).
+        policy: decides γ per round from load and measured costs (None = always `gamma`).
+        gamma_max, max_stop_strings, max_stop_string_chars: per-request caps (RequestLimits)."""
+        if not 0 <= gamma <= gamma_max:
+            raise ValueError(f"gamma must be in [0, gamma_max={gamma_max}], got {gamma}")
         self.verifier = verifier
         self.proposer = proposer
         self.gamma = gamma
         self.eos_token_ids = tuple(eos_token_ids)
         self.decode = decode
         self.max_new_tokens_limit = max_new_tokens_limit
+        self.gamma_max = gamma_max
+        self._caps = (max_stop_strings, max_stop_string_chars)
         self.policy = policy
         self._static_decision = Decision(gamma, gamma > 0, "static γ")
         self.last_decision = self._static_decision
         self.stats = SpecStats()
+        self.proposer_failures = 0  # rounds that ran without drafts because the proposer failed
+        self.profile = RoundProfile()  # where the rounds' time went
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._finished: dict[str, Sequence] = {}
@@ -101,15 +132,26 @@ class SpeculativeEngine:
 
     # ---- requests -------------------------------------------------------------------------
 
+    @property
+    def limits(self) -> RequestLimits:
+        """What this engine accepts (its models, caps and proposers)."""
+        return RequestLimits(
+            self.verifier.vocab_size, self.verifier.max_seq_len, self.max_new_tokens_limit, self.gamma_max,
+            *self._caps, proposers=self.proposer.names,
+        )
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise ValueError (naming the field) for a request this engine cannot serve."""
+        request.check_limits(self.limits)
+
     def add_request(self, request: GenerationRequest, seq_id: str | None = None) -> str:
         """Validate and queue a request; it joins the batch at the next round."""
-        request.check_limits(self.verifier.vocab_size, self.verifier.max_seq_len, self.max_new_tokens_limit)
+        self.validate(request)
         seq_id = seq_id if seq_id is not None else f"seq-{next(self._ids)}"
         if seq_id in self._finished or any(s.seq_id == seq_id for s in self._active()):
             raise ValueError(f"seq_id {seq_id!r} is already in use")
-        checker = StopChecker(
-            request.max_new_tokens, () if request.ignore_eos else self.eos_token_ids, request.stop, self.decode
-        )
+        eos = () if request.ignore_eos else self.eos_token_ids
+        checker = StopChecker(request.max_new_tokens, (*eos, *request.stop_token_ids), request.stop, self.decode)
         self._waiting.append(Sequence(seq_id=seq_id, request=request, stop_checker=checker))
         if self.policy is not None:
             self.policy.on_arrival()
@@ -140,12 +182,12 @@ class SpeculativeEngine:
         return [s.seq_id for s in self._running]
 
     def result(self, seq_id: str) -> GenerationResult:
-        """The finished request's result (handed out once: the engine then forgets it)."""
+        """The finished request's result (handed out once: the engine then forgets it).
+        Raises the request's own error when it failed."""
         seq = self._finished.pop(seq_id)
-        text = self.decode(seq.output_ids) if self.decode else ""
-        if seq.request.stop:
-            text = seq.stop_checker.text_before_stop(text)
-        return GenerationResult(seq.seq_id, seq.output_ids, text, seq.finish_reason or "", seq.stats)
+        if seq.error is not None:
+            raise seq.error
+        return GenerationResult(seq.seq_id, seq.output_ids, seq.stop_checker.text, seq.finish_reason or "", seq.stats)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Convenience: run the given requests to completion, batched together."""
@@ -166,20 +208,55 @@ class SpeculativeEngine:
         if self.policy is not None:
             self.policy.set_load(len(self._running), len(self._waiting))
             self.last_decision = self.policy.decide(len(batch))
-        gammas = [self._gamma_for(s) for s in batch]
-        proposed = time.perf_counter()
-        proposal = self._propose(batch, gammas)
-        verified = time.perf_counter()
-        outputs, accepted = self._verify(batch, proposal)
+        outputs = self._isolated_round(batch)
         elapsed = time.perf_counter() - start
-        if self.policy is not None:
-            drafted = proposal.num_drafted.tolist()
-            self.policy.record(round_sample(drafted, accepted, verified - proposed, elapsed - (verified - start)))
         self.stats.seconds += elapsed
         for seq in batch:
             seq.stats.seconds += elapsed
             if seq.finished:
                 self._retire(seq)
+        return outputs
+
+    def _isolated_round(self, batch: list[Sequence]) -> list[RoundOutput]:
+        """One round for the batch. When its shared part (propose + verify) fails for a
+        reason a row may have caused, the batch is halved and each half retried, so only
+        the rows that fail on their own fail. A failed attempt changed no history (the
+        verifier and proposer resynchronise to it), so a retry is safe."""
+        try:
+            return self._round(batch)
+        except WorkerError:
+            raise
+        except Exception as exc:
+            if len(batch) == 1:
+                logger.warning("request %s failed: %s: %s", batch[0].seq_id, type(exc).__name__, exc)
+                return [self._fail_row(batch[0], exc)]
+            middle = len(batch) // 2
+            return self._isolated_round(batch[:middle]) + self._isolated_round(batch[middle:])
+
+    def _round(self, batch: list[Sequence]) -> list[RoundOutput]:
+        start = time.perf_counter()
+        proposal = self._propose(batch, [self._gamma_for(s) for s in batch])
+        proposed = time.perf_counter()
+        requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(batch)]
+        verify_start = time.perf_counter()
+        results = self.verifier.verify(requests)
+        verified = time.perf_counter()
+        if len(results) != len(batch):
+            raise WorkerError(f"the verifier answered {len(results)} results for {len(batch)} rows")
+        outputs, drafted, accepted = [], [], []
+        for seq, request, result in zip(batch, requests, results):
+            output, counts = self._apply(seq, request, result)
+            outputs.append(output)
+            drafted.append(counts[0])
+            accepted.append(counts[1])
+        propose_s, verify_s = proposed - start, verified - verify_start
+        self.profile.record(
+            (propose_s, self._propose_compute_s),
+            (verify_s, getattr(self.verifier, "last_compute_s", None)),
+            time.perf_counter() - start,
+        )
+        if self.policy is not None:
+            self.policy.record(round_sample(drafted, accepted, propose_s, time.perf_counter() - proposed))
         return outputs
 
     def _admit(self) -> None:
@@ -198,63 +275,70 @@ class SpeculativeEngine:
         request = seq.request
         pinned = request.sampling.seed is not None and not request.sampling.is_greedy
         decision = self._static_decision if pinned else self.last_decision
-        return SpeculationPolicy.gamma_for_request(decision, request.mode, request.gamma, self.gamma)
+        gamma = SpeculationPolicy.gamma_for_request(decision, request.mode, request.gamma, self.gamma)
+        return min(gamma, self.gamma_max)
 
     def _gamma_for(self, seq: Sequence) -> int:
-        """This round's γ: the policy's, cut so a round never drafts past max_new_tokens."""
-        return max(0, min(self._policy_gamma(seq), seq.remaining - 1))
+        """This round's γ: the policy's, cut so a round never drafts past max_new_tokens or
+        the target's context (down to 0: plain decoding for this row)."""
+        room = self.verifier.max_seq_len - len(seq.token_ids)
+        return max(0, min(self._policy_gamma(seq), seq.remaining - 1, room))
 
     def _propose(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
-        """One proposer call for the rows that speculate; rows padded to the batch's γ."""
-        gamma = max(gammas)
-        full = Proposal.empty(len(batch), gamma)
+        """One proposer call for the rows that speculate, each with its own γ. A failing
+        proposer costs this round its drafts (lossless), never a request."""
+        full = Proposal.empty(len(batch), max(gammas))
         rows = [i for i, g in enumerate(gammas) if g > 0]
+        self._propose_compute_s: float | None = 0.0  # no call, no compute
         if not rows:
             return full
-        part = self.proposer.propose(
-            [
-                ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling, batch[i].request.proposer)
-                for i in rows
-            ],
-            gamma,
-        )
-        width = part.token_ids.shape[1]
+        requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
+                                    batch[i].request.proposer, gammas[i]) for i in rows]
+        try:
+            part = self.proposer.propose(requests)
+            self._propose_compute_s = getattr(self.proposer, "last_compute_s", None)
+        except Exception:
+            self.proposer_failures += 1
+            logger.exception("proposer failed; this round runs without drafts")
+            return full
+        width = min(part.token_ids.shape[1], full.token_ids.shape[1])
         for j, i in enumerate(rows):
-            full.token_ids[i, :width] = part.token_ids[j]
+            full.token_ids[i, :width] = part.token_ids[j, :width]
             full.num_drafted[i] = min(int(part.num_drafted[j]), gammas[i])
         if part.probs is not None:
-            full.probs = part.probs.new_zeros(len(batch), gamma, part.probs.shape[-1])
-            full.probs[rows, :width] = part.probs
+            full.probs = part.probs.new_zeros(len(batch), full.token_ids.shape[1], part.probs.shape[-1])
+            full.probs[rows, :width] = part.probs[:, :width]
         return full
 
-    def _verify(self, batch: list[Sequence], proposal: Proposal) -> tuple[list[RoundOutput], list[int]]:
-        """One verifier call over every row, then record statistics and apply stop conditions.
-        Returns the round's outputs and each row's number of accepted tokens."""
-        requests = []
-        for i, seq in enumerate(batch):
-            drafted = proposal.drafted(i)
-            probs = proposal.probs[i, : len(drafted)] if proposal.probs is not None and drafted else None
-            requests.append(VerifyRequest(seq.seq_id, seq.token_ids, drafted, seq.request.sampling, probs))
-        outputs, accepted = [], []
-        for seq, request, result in zip(batch, requests, self.verifier.verify(requests)):
-            gamma = self._policy_gamma(seq)  # reported uncut: the last round is usually cut short
-            for stats in (seq.stats, self.stats):
-                stats.record_round(len(request.draft_token_ids), result.num_accepted, gamma)
-            outputs.append(self._append(seq, result.emitted))
-            accepted.append(result.num_accepted)
-        return outputs, accepted
+    @staticmethod
+    def _verify_request(seq: Sequence, proposal: Proposal, row: int) -> VerifyRequest:
+        drafted = proposal.drafted(row)
+        probs = proposal.probs[row, : len(drafted)] if proposal.probs is not None and drafted else None
+        return VerifyRequest(seq.seq_id, seq.token_ids, drafted, seq.request.sampling, probs)
 
-    def _append(self, seq: Sequence, emitted: list[int]) -> RoundOutput:
-        """Add a round's tokens to a sequence, cut at the first stop condition."""
-        before = len(seq.output_ids)
-        seq.token_ids.extend(emitted)
-        decision = seq.stop_checker.check(seq.output_ids, len(emitted))
-        del seq.token_ids[seq.num_prompt_tokens + decision.num_tokens :]
+    def _apply(self, seq: Sequence, request: VerifyRequest, result) -> tuple[RoundOutput, tuple[int, int]]:
+        """Add a round's tokens to one sequence, cut at its first stop condition, and count
+        what was kept. A failure here (e.g. decoding) fails this request alone.
+        Returns the output and the (drafted, accepted) counts of the round."""
+        try:
+            decision = seq.stop_checker.append(result.emitted)
+        except Exception as exc:
+            logger.warning("request %s failed: %s: %s", seq.seq_id, type(exc).__name__, exc)
+            return self._fail_row(seq, exc), (0, 0)
+        kept = result.emitted[: decision.num_kept]
+        seq.token_ids.extend(kept)
         seq.finish_reason = decision.finish_reason
-        new = seq.output_ids[before:]
-        seq.stats.emitted += len(new)
-        self.stats.emitted += len(new)
-        return RoundOutput(seq.seq_id, new, seq.finish_reason)
+        drafted, accepted = SpecStats.kept_counts(len(request.draft_token_ids), result.num_accepted, len(kept))
+        gamma = self._policy_gamma(seq)  # reported uncut: the last round is usually cut short
+        for stats in (seq.stats, self.stats):
+            stats.record_round(drafted, accepted, gamma)
+            stats.emitted += len(kept)
+        return RoundOutput(seq.seq_id, kept, seq.finish_reason, decision.text), (drafted, accepted)
+
+    def _fail_row(self, seq: Sequence, exc: BaseException) -> RoundOutput:
+        """End one request with its error (its slots are freed when it retires)."""
+        seq.finish_reason, seq.error = FINISH_ERROR, exc
+        return RoundOutput(seq.seq_id, [], FINISH_ERROR, error=exc)
 
     def _retire(self, seq: Sequence) -> None:
         self._finished[seq.seq_id] = seq

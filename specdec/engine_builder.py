@@ -1,14 +1,21 @@
-"""Assemble an engine from config: tokenizer, target runner, proposer (with the tokenizer check)."""
+"""Assemble an engine from config: tokenizer, target runner, proposer (with the tokenizer check).
+
+`make_engine` is the one place a SpeculativeEngine is put together from config, for the
+in-process engine and for the distributed router alike.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from specdec.config import CacheConfig, ModelsConfig, SpecdecConfig, SpeculationConfig
-from specdec.engine import SpeculativeEngine
+from specdec.engine import RoundPolicy, SpeculativeEngine
 from specdec.model_paths import resolve_model_path
+from specdec.models.loader import resolve_checkpoint_dir
 from specdec.models.model_runner import ModelRunner
+from specdec.verifier import Verifier
 from specdec.proposers.base import Proposer
 from specdec.proposers.composite_proposer import CompositeProposer
 from specdec.proposers.draft_proposer import DraftModelProposer
@@ -22,6 +29,52 @@ def load_tokenizer(name: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_model_path(name))
+
+
+def eos_token_ids(name: str, tokenizer: Any) -> tuple[int, ...]:
+    """Every id that ends a sequence, as transformers' generate() stops: the eos_token_id of
+    generation_config.json (an int or a list; instruct models often list several), else of
+    config.json, plus the tokenizer's own."""
+    directory = resolve_checkpoint_dir(resolve_model_path(name))
+    ids: list[int] = []
+    for file in ("generation_config.json", "config.json"):
+        path = directory / file
+        value = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        if value is not None:
+            ids.extend(value if isinstance(value, list) else [value])
+            break
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(int(i) for i in ids))
+
+
+def decoder(tokenizer: Any):
+    """ids -> text, as every output is decoded (special tokens skipped)."""
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def server_gamma(config: SpecdecConfig) -> int:
+    """The server's γ: the configured one, 0 when the configured proposer is 'none'."""
+    return 0 if config.speculation.proposer == "none" else config.speculation.gamma
+
+
+def make_engine(
+    config: SpecdecConfig, verifier: Verifier, proposer: Proposer, tokenizer: Any, policy: RoundPolicy | None = None
+) -> SpeculativeEngine:
+    """The engine for `config` over the given verifier and proposer (in-process or remote)."""
+    generation = config.generation
+    return SpeculativeEngine(
+        verifier,
+        proposer,
+        gamma=server_gamma(config),
+        eos_token_ids=eos_token_ids(config.models.target, tokenizer),
+        decode=decoder(tokenizer),
+        max_new_tokens_limit=generation.max_new_tokens_limit,
+        policy=policy,
+        gamma_max=config.speculation.gamma_max,
+        max_stop_strings=generation.max_stop_strings,
+        max_stop_string_chars=generation.max_stop_string_chars,
+    )
 
 
 def load_runner(name: str, models: ModelsConfig, cache: CacheConfig) -> ModelRunner:
@@ -71,13 +124,4 @@ def build_engine(config: SpecdecConfig) -> BuiltEngine:
     tokenizer = load_tokenizer(config.models.target)
     target = load_runner(config.models.target, config.models, config.cache)
     proposer = build_proposer(config.speculation, config.models, config.cache, target, tokenizer)
-    gamma = 0 if config.speculation.proposer == "none" else config.speculation.gamma
-    engine = SpeculativeEngine(
-        TargetVerifier(target),
-        proposer,
-        gamma=gamma,
-        eos_token_ids=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [],
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-        max_new_tokens_limit=config.generation.max_new_tokens_limit,
-    )
-    return BuiltEngine(engine, tokenizer, config)
+    return BuiltEngine(make_engine(config, TargetVerifier(target), proposer, tokenizer), tokenizer, config)

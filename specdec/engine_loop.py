@@ -8,8 +8,9 @@ as soon as the round ends.
 
 Threading rule: only the loop thread touches the engine. Callers send commands (add,
 abort, stop) through a thread-safe queue; the loop hands results back to each caller's
-event loop with `loop.call_soon_threadsafe`. A round that raises fails the requests it was
-running with that error (they are aborted, so their slots are freed) and the loop goes on.
+event loop with `loop.call_soon_threadsafe`. A request that fails alone (the engine
+isolates it) ends with its own error; a round that raises (a WorkerError: no row caused
+it) fails the requests it was running, whose slots are freed, and the loop goes on.
 """
 
 from __future__ import annotations
@@ -160,8 +161,7 @@ class AsyncEngine:
         EngineClosedError after shutdown(). Must be called from a running event loop.
         """
         loop = asyncio.get_running_loop()
-        verifier = self.engine.verifier
-        request.check_limits(verifier.vocab_size, verifier.max_seq_len, self.engine.max_new_tokens_limit)
+        self.engine.validate(request)
         seq_id = seq_id if seq_id is not None else f"req-{next(self._ids)}"
         with self._lock:
             if self._closed:
@@ -258,6 +258,11 @@ class AsyncEngine:
             stream = self._streams.get(output.seq_id)
             if stream is None:
                 continue
+            if output.error is not None:
+                del self._streams[output.seq_id]
+                self._drop(output.seq_id)
+                self._end(stream, output.error)
+                continue
             if output.new_token_ids or output.finish_reason:
                 self._hand_over(stream, output)
             if output.finish_reason is not None:
@@ -285,6 +290,8 @@ class AsyncEngine:
         try:
             self.engine.result(seq_id)
         except KeyError:
+            pass
+        except Exception:  # noqa: BLE001 - the request's own error, already handed over
             pass
 
     def _end(self, stream: RequestStream, item: GenerationResult | BaseException) -> None:

@@ -160,6 +160,7 @@ class LoadMonitor:
             "in_flight": snap.in_flight if snap else 0.0,
             "queued": snap.queued if snap else 0.0,
             "alpha": snap.alpha if snap else None,
+            "mean_accepted_length": snap.mean_accepted_length if snap else None,
             "alpha_per_position": list(snap.alpha_per_position) if snap else [],
         }
 

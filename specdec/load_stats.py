@@ -62,6 +62,7 @@ class StatsWindow:
 
     def add_round(self, sample: RoundSample) -> None:
         self.add("rounds", 1)
+        self.add("sequence_rounds", sample.batch_size)
         self.add("drafted", sample.drafted)
         self.add("accepted", sample.accepted)
         for i, (d, a) in enumerate(zip(sample.drafted_per_position, sample.accepted_per_position)):
@@ -95,6 +96,7 @@ class LoadSnapshot:
     queued: float
     alpha: float | None  # None when nothing was drafted recently
     alpha_per_position: tuple[float, ...]
+    mean_accepted_length: float | None  # (accepted + sequence rounds) / sequence rounds; None = no rounds
     # bucket -> (a, b): verify seconds ≈ a + b·tokens per sequence; b None = only one γ seen
     verify_fit: dict[int, "LinearFit"]  # bucket -> verify seconds ≈ a + b·(γ + 1)
     draft_fit: dict[int, "LinearFit"]  # bucket -> draft call seconds ≈ a + b·γ
@@ -116,6 +118,7 @@ class LoadSnapshot:
             queued=queued,
             alpha=window.get("accepted") / drafted if drafted > 0 else None,
             alpha_per_position=tuple(positions),
+            mean_accepted_length=(window.get("accepted") + rows) / rows if (rows := window.get("sequence_rounds")) else None,
             verify_fit=_fits(window, "verify"),
             draft_fit=_fits(window, "draft"),
             measured_at=measured_at,

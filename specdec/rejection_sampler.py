@@ -12,9 +12,11 @@ Greedy rows (temperature 0) take a fast path with no randomness: accept while th
 token equals the target's argmax, then emit the argmax. A proposer without probabilities
 (n-gram) passes draft_probs=None and is verified as a one-hot q.
 
-Randomness: a sampled row with its own generator draws exactly num_drafted[b] + 1 uniforms
-from it per round (one per acceptance test, one for the recovered-or-bonus token), so its
-output depends only on its own seed and proposals, never on the rest of the batch.
+Randomness: row b's positions start at sampling.positions[b] (the history position of
+its first drafted token). The acceptance test of the drafted token at position t uses the
+uniform (seed, t, ROLE_ACCEPT) and the recovered-or-bonus token at position t uses
+(seed, t, ROLE_FINAL) (specdec.counter_rng), so a row's output depends only on its own
+seed, history and proposals, never on the rest of the batch. All arithmetic is float64.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specdec.sampling import Generators, SamplingBatch, inverse_cdf_sample, logits_to_probs, row_index, uniform
+from specdec.counter_rng import ROLE_ACCEPT, ROLE_FINAL
+from specdec.sampling import SamplingBatch, inverse_cdf_sample, logits_to_probs, normalize_probs, row_index
 
 PAD_TOKEN_ID = -1
 
@@ -62,7 +65,8 @@ def rejection_sample(
     draft_token_ids: [B, gamma] int64; entries past num_drafted[b] are ignored.
     num_drafted: [B] int64, each in [0, gamma].
     draft_probs: [B, gamma, V] processed draft distribution q (same SamplingParams as the
-        target), or None for a proposer without probabilities (verified as one-hot q).
+        target) as non-negative weights, normalised here in float64, or None for a proposer
+        without probabilities (verified as one-hot q).
     sampling: the batch's SamplingBatch (B rows).
     """
     _check_inputs(target_logits, draft_token_ids, num_drafted, draft_probs, sampling)
@@ -85,7 +89,7 @@ def rejection_sample(
             draft_ids[rows],
             num_drafted[rows],
             None if draft_probs is None else draft_probs.to(device)[rows],
-            sampling.select(rows.cpu() if isinstance(rows, Tensor) else rows),
+            sampling.select(rows),
         )
     return RejectionOutput(output_token_ids=out_tokens, num_accepted=num_accepted)
 
@@ -162,19 +166,21 @@ def _verify_sampled(
     Returns (tokens [Bs, gamma + 1], num_accepted [Bs]).
     """
     batch, gamma = draft_ids.shape
-    p = logits_to_probs(target_logits, sampling)  # [Bs, gamma + 1, V]
-    u = _round_uniforms(num_drafted, gamma, sampling.generators, p.device)  # [Bs, gamma + 1]
+    p = logits_to_probs(target_logits, sampling)  # [Bs, gamma + 1, V] float64
+    columns = torch.arange(gamma, dtype=torch.int64).expand(batch, gamma)  # [Bs, gamma]
+    u_accept = sampling.uniforms(columns, ROLE_ACCEPT, p.device)  # [Bs, gamma]
     p_draft = p[:, :gamma].gather(-1, draft_ids[..., None]).squeeze(-1)  # [Bs, gamma]
-    if draft_probs is None:
+    q = None if draft_probs is None else normalize_probs(draft_probs)  # [Bs, gamma, V] float64
+    if q is None:
         q_draft = torch.ones_like(p_draft)  # one-hot q puts all mass on the drafted token
     else:
-        q_draft = draft_probs.float().gather(-1, draft_ids[..., None]).squeeze(-1)  # [Bs, gamma]
+        q_draft = q.gather(-1, draft_ids[..., None]).squeeze(-1)  # [Bs, gamma]
     drafted = torch.arange(gamma, device=p.device) < num_drafted[:, None]  # [Bs, gamma]
     # u < min(1, p/q)  <=>  u * q < p, for u in [0, 1); no division by q.
-    accepted = (u[:, :gamma] * q_draft < p_draft) & drafted  # [Bs, gamma]
+    accepted = (u_accept * q_draft < p_draft) & drafted  # [Bs, gamma]
     num_accepted = _count_leading_true(accepted)  # [Bs]
-    final_probs = _final_token_probs(p, draft_ids, draft_probs, num_accepted, num_drafted)  # [Bs, V]
-    u_final = u.gather(1, num_drafted[:, None]).squeeze(1)  # [Bs]
+    final_probs = _final_token_probs(p, draft_ids, q, num_accepted, num_drafted)  # [Bs, V]
+    u_final = sampling.uniforms(num_accepted.cpu(), ROLE_FINAL, p.device)  # [Bs]
     final_token = inverse_cdf_sample(final_probs, u_final)  # [Bs]
     return _assemble(draft_ids, num_accepted, final_token), num_accepted
 
@@ -188,7 +194,7 @@ def _final_token_probs(
 ) -> Tensor:
     """The distribution of each row's recovered-or-bonus token, [Bs, V] (unnormalised).
 
-    p: [Bs, gamma + 1, V]; draft_ids: [Bs, gamma]; draft_probs: [Bs, gamma, V] or None;
+    p: [Bs, gamma + 1, V]; draft_ids: [Bs, gamma]; draft_probs: [Bs, gamma, V] normalised q or None;
     num_accepted, num_drafted: [Bs]. A rejected row (num_accepted < num_drafted) gets
     max(0, p - q) at the rejected position, or p there if that has no mass; a row whose
     drafted tokens were all accepted gets p at position num_drafted (the bonus token).
@@ -203,31 +209,7 @@ def _final_token_probs(
     if draft_probs is None:
         residual = p_rej.scatter(-1, draft_ids[rejected, position][:, None], 0.0)  # p - one-hot q, clipped
     else:
-        residual = (p_rej - draft_probs[rejected, position].float()).clamp_(min=0.0)  # [n, V]
+        residual = (p_rej - draft_probs[rejected, position]).clamp_(min=0.0)  # [n, V]
     no_mass = residual.sum(dim=-1, keepdim=True) <= 1e-12  # [n, 1] numerics guard
     final[rejected] = torch.where(no_mass, p_rej, residual)
     return final
-
-
-def _round_uniforms(num_drafted: Tensor, gamma: int, generators: Generators, device: torch.device) -> Tensor:
-    """[Bs, gamma + 1] uniforms for one round: columns < num_drafted[b] are the acceptance
-    tests, column num_drafted[b] is for the recovered-or-bonus token.
-
-    Rows without a generator share one batched draw from the global RNG. A seeded row draws
-    exactly num_drafted[b] + 1 numbers from its own generator, so the batch's gamma (set by
-    other rows) does not shift its random stream.
-    """
-    batch = num_drafted.shape[0]
-    out = torch.zeros(batch, gamma + 1, dtype=torch.float32, device=device)  # [Bs, gamma + 1]
-    shared = [r for r, g in enumerate(generators) if g is None]
-    if len(shared) == batch:
-        return torch.rand(batch, gamma + 1, device=device)
-    if shared:
-        out[shared] = torch.rand(len(shared), gamma + 1, device=device)
-    seeded = [r for r, g in enumerate(generators) if g is not None]
-    groups: dict[int, list[int]] = {}  # draws per row -> the seeded rows drawing that many
-    for r, n in zip(seeded, (num_drafted[seeded] + 1).tolist()):
-        groups.setdefault(n, []).append(r)
-    for n, rows in groups.items():
-        out[rows, :n] = uniform(len(rows), n, [generators[r] for r in rows], device)
-    return out

@@ -4,46 +4,55 @@ The same processing (temperature, then top-k, then top-p) is applied to the targ
 the draft's q before verification, so that the rejection sampler's output follows the
 *processed* target distribution exactly.
 
-Randomness is per row: row r draws only from ``generators[r]`` (a request's own seeded
-``torch.Generator``), so a seeded request's output depends on its seed alone and not on
-which other requests share the batch. Rows whose generator is None share one batched draw
-from the global RNG, which keeps large unseeded batches fast.
+Precision: probabilities, cumulative sums and uniforms are float64 (uniforms on the grid
+k * 2**-53), so sampling follows p to float64 resolution (total variation < 1e-9 on 150k
+tokens; a token is drawable unless its probability is below ~1e-16 of the mass before it
+in vocabulary order). Temperature is applied to logits minus their
+maximum, so any finite T > 0 (1e-300 included) gives the right distribution.
+
+Randomness is addressed, not streamed (`specdec.counter_rng`): row r's uniform for the
+token at history position t is a function of (seeds[r], t, role) alone, so a row's output
+never depends on the rest of the batch, on retries, or on restarts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from specdec.counter_rng import ROLE_FINAL, as_seeds, uniforms
 from specdec.sampling_params import SamplingParams
-
-Generators = list[torch.Generator | None]
 
 
 @dataclass
 class SamplingBatch:
     """Per-row sampling state for a batch of B sequences.
 
-    temperature: [B] float32 (0 = greedy).
+    temperature: [B] float64 (0 = greedy).
     top_k: [B] int64 (0 = off).
-    top_p: [B] float32 (1.0 = off).
+    top_p: [B] float64 (1.0 = off).
     greedy: [B] bool, exactly ``temperature == 0``.
-    generators: per row; None = use the global RNG.
+    seeds: [B] uint64 numpy: each row's random key (see specdec.counter_rng).
+    positions: [B] int64: the history position of the first token this call decides
+        (a draw at offset i from it decides the token at positions[b] + i).
     """
 
     temperature: Tensor
     top_k: Tensor
     top_p: Tensor
     greedy: Tensor
-    generators: Generators
+    seeds: np.ndarray
+    positions: Tensor
 
     def __post_init__(self) -> None:
-        b = len(self.generators)
-        for name in ("temperature", "top_k", "top_p", "greedy"):
+        b = len(self.seeds)
+        for name in ("temperature", "top_k", "top_p", "greedy", "positions"):
             shape = tuple(getattr(self, name).shape)
             assert shape == (b,), f"{name} must be [batch={b}], got {shape}"
+        assert self.seeds.dtype == np.uint64, "seeds must be uint64"
         assert self.greedy.dtype == torch.bool, "greedy must be a bool tensor"
         assert torch.equal(self.greedy, self.temperature == 0), "greedy must equal (temperature == 0)"
 
@@ -51,31 +60,29 @@ class SamplingBatch:
     def from_params(
         cls,
         params: list[SamplingParams],
-        generators: Generators | None = None,
+        positions: list[int] | None = None,
         device: torch.device | str = "cpu",
     ) -> "SamplingBatch":
         """Build the batch state from per-request params.
 
-        generators: the requests' own generators, kept by the caller across rounds. When
-        omitted, a fresh generator is seeded from each ``params[r].seed`` (None when the
-        request has no seed) - right for a single call, but a caller running many rounds
-        must keep and pass the same generators so that the random stream continues.
+        positions: per row, the history position of the first token decided (default 0).
+        A request without a seed gets a fresh random one for this call.
         """
-        if generators is None:
-            generators = [seeded_generator(p.seed) for p in params]
-        assert len(generators) == len(params), "need one generator (or None) per row"
-        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+        positions = [0] * len(params) if positions is None else list(positions)
+        assert len(positions) == len(params), "need one position per row"
+        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float64, device=device)
         return cls(
             temperature=temperature,
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float64, device=device),
             greedy=temperature == 0,
-            generators=list(generators),
+            seeds=as_seeds([random_seed() if p.seed is None else p.seed for p in params]),
+            positions=torch.tensor(positions, dtype=torch.int64),
         )
 
     @property
     def batch_size(self) -> int:
-        return len(self.generators)
+        return len(self.seeds)
 
     @property
     def all_greedy(self) -> bool:
@@ -88,14 +95,27 @@ class SamplingBatch:
         if isinstance(rows, slice):
             assert rows == slice(None), "only slice(None) is supported"
             return self
-        index = rows.tolist()
+        index = rows.cpu()
         return SamplingBatch(
             temperature=self.temperature[rows],
             top_k=self.top_k[rows],
             top_p=self.top_p[rows],
             greedy=self.greedy[rows],
-            generators=[self.generators[i] for i in index],
+            seeds=self.seeds[index.numpy()],
+            positions=self.positions[index],
         )
+
+    def uniforms(self, offsets: Tensor, role: int, device: torch.device | str = "cpu") -> Tensor:
+        """Row b's uniforms for the tokens at positions[b] + offsets[b] ([B] or [B, n] int64)
+        in the given role (specdec.counter_rng), as float64 on `device`."""
+        assert offsets.shape[:1] == (self.batch_size,), "offsets must be [B] or [B, n]"
+        positions = self.positions.reshape((-1,) + (1,) * (offsets.dim() - 1)) + offsets.cpu()
+        return torch.from_numpy(uniforms(self.seeds, positions.numpy(), role)).to(device)
+
+
+def random_seed() -> int:
+    """A fresh seed for a request that did not set one (from torch's global RNG)."""
+    return int(torch.randint(0, 2**62, (1,)))
 
 
 def row_index(mask: Tensor) -> Tensor | slice:
@@ -106,17 +126,11 @@ def row_index(mask: Tensor) -> Tensor | slice:
     return mask.nonzero().squeeze(-1)
 
 
-def seeded_generator(seed: int | None, offset: int = 0) -> torch.Generator | None:
-    """A request's generator for one side (target: offset 0, draft: its own offset) so each
-    side has its own stream from the one seed; None (unseeded) = the global RNG."""
-    return None if seed is None else torch.Generator().manual_seed(seed + offset)
-
-
 def logits_to_probs(logits: Tensor, batch: SamplingBatch) -> Tensor:
     """Processed probabilities: temperature, then top-k, then top-p, renormalised.
 
     logits: [B, V] or [B, T, V] (any float dtype; -inf entries are allowed).
-    Returns float32 probabilities of the same shape. Row b's parameters apply at all of
+    Returns float64 probabilities of the same shape. Row b's parameters apply at all of
     its T positions. Greedy rows become one-hot at the argmax of the raw logits.
     Top-k keeps the k highest logits; top-p then keeps the smallest set of most likely
     tokens whose (top-k renormalised) probability reaches top_p, always at least the top
@@ -127,25 +141,30 @@ def logits_to_probs(logits: Tensor, batch: SamplingBatch) -> Tensor:
     squeeze = logits.dim() == 2
     raw = logits.unsqueeze(1) if squeeze else logits  # [B, T, V]
     greedy = batch.greedy.to(raw.device)  # [B]
-    probs = torch.empty(raw.shape, dtype=torch.float32, device=raw.device)  # [B, T, V]
+    probs = torch.empty(raw.shape, dtype=torch.float64, device=raw.device)  # [B, T, V]
     if bool(greedy.any()):
         rows = row_index(greedy)
         argmax = raw[rows].argmax(dim=-1, keepdim=True)  # [G, T, 1]
         probs[rows] = torch.zeros_like(probs[rows]).scatter_(-1, argmax, 1.0)
     if not bool(greedy.all()):
         rows = row_index(~greedy)
-        sub = batch.select(rows.cpu() if isinstance(rows, Tensor) else rows)
-        probs[rows] = _sampled_probs(raw[rows], sub)
+        probs[rows] = _sampled_probs(raw[rows], batch.select(rows))
     return probs.squeeze(1) if squeeze else probs
 
 
 def _sampled_probs(logits: Tensor, batch: SamplingBatch) -> Tensor:
     """Temperature, top-k and top-p for rows that are all non-greedy.
 
-    logits: [S, T, V]; returns float32 probabilities [S, T, V].
+    logits: [S, T, V]; returns float64 probabilities [S, T, V]. The logits are shifted so
+    that their maximum is 0 before dividing by T: every scaled value is then <= 0, so no
+    temperature overflows (a tiny T sends all but the top tokens to -inf, as it should).
     """
     device = logits.device
-    scaled = logits.float() / batch.temperature.to(device)[:, None, None]  # [S, T, V]
+    shifted = logits.double()
+    if bool((torch.isnan(shifted) | (shifted == float("inf"))).any()):
+        raise ValueError("logits contain NaN or +inf: the model's output is broken for this row")
+    shifted = shifted - shifted.amax(dim=-1, keepdim=True)  # [S, T, V], max 0 per position
+    scaled = shifted / batch.temperature.to(device)[:, None, None]  # [S, T, V]
     filtered = (batch.top_k > 0) | (batch.top_p < 1.0)  # [S]
     if bool(filtered.any()):
         rows = row_index(filtered.to(device))
@@ -157,21 +176,21 @@ def _sampled_probs(logits: Tensor, batch: SamplingBatch) -> Tensor:
 def _mask_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     """Set the logits outside each row's top-k / top-p set to -inf.
 
-    logits: [R, T, V] float32 (temperature already applied); top_k: [R]; top_p: [R].
+    logits: [R, T, V] float64 (temperature already applied); top_k: [R]; top_p: [R].
     Both filters reduce to a threshold on the logit, so tokens tied with the last kept
     token are kept too and the result does not depend on how ties are ordered.
     """
     vocab = logits.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))  # [R]
     width = int(k.max())
-    if width < vocab:
-        candidates = logits.topk(width, dim=-1).values  # [R, T, width], descending
-    else:
-        candidates = logits.sort(dim=-1, descending=True).values  # [R, T, V]
+    top = logits.topk(width, dim=-1).values if width < vocab else logits.sort(dim=-1, descending=True).values
     kth_index = (k - 1)[:, None, None].expand(-1, logits.shape[1], 1)  # [R, T, 1]
-    threshold = candidates.gather(-1, kth_index)  # [R, T, 1]: the k-th largest logit
+    threshold = top.gather(-1, kth_index)  # [R, T, 1]: the k-th largest logit
     if bool((top_p < 1.0).any()):
-        candidates = candidates.masked_fill(candidates < threshold, float("-inf"))
+        # top-p over the whole top-k set, tokens tied with the k-th included
+        kept = int((logits >= threshold).sum(dim=-1).max())
+        candidates = logits.topk(kept, dim=-1).values if kept < vocab else logits.sort(dim=-1, descending=True).values
+        candidates = candidates.masked_fill(candidates < threshold, float("-inf"))  # [R, T, kept]
         threshold = torch.maximum(threshold, _top_p_threshold(candidates, top_p))
     return logits.masked_fill(logits < threshold, float("-inf"))
 
@@ -189,79 +208,56 @@ def _top_p_threshold(sorted_logits: Tensor, top_p: Tensor) -> Tensor:
     return threshold.masked_fill((top_p >= 1.0)[:, None, None], float("-inf"))
 
 
-def uniform(
-    batch_size: int,
-    n: int,
-    generators: Generators,
-    device: torch.device | str = "cpu",
-) -> Tensor:
-    """[batch_size, n] float32 uniforms in [0, 1); row r drawn from generators[r].
-
-    Rows whose generator is None share one batched draw from the global RNG. A seeded
-    row draws exactly n numbers from its own generator, on the generator's device.
-    """
-    assert len(generators) == batch_size, "need one generator (or None) per row"
-    out = torch.empty(batch_size, n, dtype=torch.float32, device=device)  # [B, n]
-    shared = [r for r, g in enumerate(generators) if g is None]
-    if len(shared) == batch_size:
-        return torch.rand(batch_size, n, device=device)
-    if shared:
-        out[shared] = torch.rand(len(shared), n, device=device)
-    seeded = [r for r, g in enumerate(generators) if g is not None]
-    if seeded:
-        draws = [torch.rand(n, generator=generators[r], device=generators[r].device).to(device) for r in seeded]
-        out[seeded] = torch.stack(draws)  # [len(seeded), n]
-    return out
-
-
 def normalize_probs(weights: Tensor) -> Tensor:
-    """[..., V] non-negative weights -> probabilities summing to 1 on the last axis.
+    """[..., V] non-negative weights -> float64 probabilities summing to 1 on the last axis.
 
     The draft samples from normalize_probs(w) and the verifier tests with normalize_probs(w)
     of the very same w (e.g. after a float16 wire round trip), so both use the same q."""
-    return weights.float() / weights.float().sum(dim=-1, keepdim=True)
+    weights = weights.double()
+    total = weights.sum(dim=-1, keepdim=True)
+    return weights / total.where(total > 0, 1.0)  # an all-zero row (padding) stays zero
 
 
 def inverse_cdf_sample(probs: Tensor, u: Tensor) -> Tensor:
-    """Draw one token per row from (possibly unnormalised) probs, given uniforms u.
+    """Draw tokens from (possibly unnormalised) probs, given uniforms u, in float64.
 
-    probs: [B, V] non-negative with positive mass per row; u: [B] in [0, 1).
-    Returns [B] int64: the first token whose cumulative mass exceeds u * total mass.
-    Tokens of zero probability are never returned.
+    probs: [B, V] non-negative with positive mass per row; u: [B] or [B, n] in [0, 1).
+    Returns int64 tokens shaped like u: for each u, the first token whose cumulative mass
+    exceeds u * total mass. Tokens of zero probability are never returned.
     """
-    assert probs.dim() == 2 and u.shape == probs.shape[:1], (
-        f"need probs [B, V] and u [B], got {tuple(probs.shape)}, {tuple(u.shape)}"
+    assert probs.dim() == 2 and u.shape[:1] == probs.shape[:1] and u.dim() in (1, 2), (
+        f"need probs [B, V] and u [B] or [B, n], got {tuple(probs.shape)}, {tuple(u.shape)}"
     )
-    probs = probs.float()
+    probs = probs.double()
     cdf = probs.cumsum(dim=-1)  # [B, V]
-    target = (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
-    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)  # [B]
+    if not bool((torch.isfinite(cdf[:, -1]) & (cdf[:, -1] > 0)).all()):
+        raise ValueError("cannot sample from a row without finite, positive probability mass")
+    u2 = u.to(device=cdf.device, dtype=torch.float64).reshape(u.shape[0], -1)  # [B, n]
+    target = u2 * cdf[:, -1:]  # [B, n]
+    tokens = torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1)  # [B, n]
     # Rounding can push the target past the last positive cell; land on that cell instead.
-    landed_on_zero = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) <= 0  # [B]
+    landed_on_zero = probs.gather(-1, tokens) <= 0  # [B, n]
     if bool(landed_on_zero.any()):
-        positive = probs[landed_on_zero] > 0  # [n, V]
+        positive = probs > 0  # [B, V]
         if not bool(positive.any(dim=-1).all()):
             raise ValueError("cannot sample from a row with no probability mass")
-        last = probs.shape[-1] - 1 - positive.flip(-1).int().argmax(dim=-1)
-        tokens[landed_on_zero] = last
-    return tokens
+        last = probs.shape[-1] - 1 - positive.flip(-1).int().argmax(dim=-1, keepdim=True)  # [B, 1]
+        tokens = torch.where(landed_on_zero, last.expand_as(tokens), tokens)
+    return tokens.reshape(u.shape)
 
 
-def sample_from_probs(probs: Tensor, generators: Generators, greedy: Tensor | None = None) -> Tensor:
-    """Draw one token per row: [B, V] probs -> [B] int64, row r from generators[r].
+def sample_from_probs(probs: Tensor, batch: SamplingBatch, offset: int = 0, role: int = ROLE_FINAL) -> Tensor:
+    """Draw one token per row: [B, V] probs -> [B] int64.
 
-    Each sampled row consumes exactly one uniform from its generator (inverse CDF).
-    greedy: optional [B] bool; those rows take the argmax and consume no randomness.
+    Row b decides the token at history position batch.positions[b] + offset and uses the
+    uniform addressed by (its seed, that position, role). Greedy rows take the argmax.
     """
-    assert probs.dim() == 2, f"probs must be [B, V], got {tuple(probs.shape)}"
-    assert len(generators) == probs.shape[0], "need one generator (or None) per row"
-    if greedy is None:
-        return inverse_cdf_sample(probs, uniform(probs.shape[0], 1, generators, probs.device)[:, 0])
-    assert greedy.shape == probs.shape[:1], "greedy must be [B]"
+    assert probs.dim() == 2 and probs.shape[0] == batch.batch_size, f"probs must be [B, V], got {tuple(probs.shape)}"
     tokens = probs.argmax(dim=-1)  # [B]
-    sampled = (~greedy).nonzero().squeeze(-1)  # [S]
+    sampled = (~batch.greedy).nonzero().squeeze(-1)  # [S]
     if sampled.numel() > 0:
-        gens = [generators[r] for r in sampled.tolist()]
-        u = uniform(sampled.numel(), 1, gens, probs.device)[:, 0]  # [S]
-        tokens[sampled] = inverse_cdf_sample(probs[sampled], u)
+        sub = batch.select(sampled)
+        offsets = torch.full((sampled.numel(),), offset, dtype=torch.int64)
+        u = sub.uniforms(offsets, role, probs.device)  # [S]
+        tokens[sampled.to(probs.device)] = inverse_cdf_sample(probs[sampled.to(probs.device)], u)
     return tokens

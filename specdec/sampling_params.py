@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from specdec.counter_rng import MAX_SEED
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request turns target probabilities into tokens.
 
-    temperature: 0 means greedy (argmax, no randomness); otherwise logits are divided by it.
+    temperature: 0 means greedy (argmax, no randomness); otherwise logits are divided by it
+        (any finite value > 0, however small or large).
     top_k: keep the k most likely tokens (0 = no limit).
     top_p: keep the smallest set of tokens whose probability reaches top_p (1.0 = no limit).
-    seed: seeds the request's own torch.Generator; the same seed gives the same output.
+    seed: a uint64 that keys the request's random draws (specdec.counter_rng); the same seed
+        (and speculation schedule) gives the same output. None = a random one.
     The same processing is applied to the target's p and the draft's q before the
     acceptance test, so the output follows the processed target distribution exactly.
     """
@@ -23,15 +28,23 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0):  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = no limit), got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
+        if not _is_real(self.top_p) or not (0.0 < self.top_p <= 1.0):  # also rejects NaN
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -24,6 +24,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None
+    error: BaseException | None = None  # why the request failed (finish_reason "error")
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -46,6 +46,17 @@ class SpecStats:
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 
+    @staticmethod
+    def kept_counts(num_drafted: int, num_accepted: int, num_kept: int) -> tuple[int, int]:
+        """(drafted, accepted) to count for a round of which only the first num_kept
+        emitted tokens stay in the output (a stop condition cut the rest away). Tokens cut
+        away are not counted as accepted; when the cut falls inside the accepted tokens, the
+        last kept token counts as the round's own token, so that accepted + rounds always
+        equals the tokens kept (mean accepted length = kept tokens per round)."""
+        if num_kept > num_accepted:
+            return num_drafted, num_accepted
+        return num_kept - 1, num_kept - 1
+
     def _grow(self, n: int) -> None:
         while len(self.drafted_per_position) < n:
             self.drafted_per_position.append(0)

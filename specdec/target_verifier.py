@@ -1,23 +1,32 @@
-"""TargetVerifier: the in-process Verifier over a target ModelRunner and the rejection sampler."""
+"""TargetVerifier: the in-process Verifier over a target ModelRunner and the rejection sampler.
+
+The target trusts nothing it is sent: drafted tokens outside the vocabulary or the
+context, and draft distributions q that are not finite, non-negative and normalised (within
+Q_SUM_TOLERANCE), or that give a drafted token no probability, are not verified. That row
+is verified as if it had no drafts (plain decoding, still exact) and counted in
+`rejected_proposals`.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from specdec.models.model_runner import ModelRunner
 from specdec.rejection_sampler import rejection_sample
-from specdec.sampling import SamplingBatch, normalize_probs, seeded_generator
+from specdec.sampling import SamplingBatch
 from specdec.verifier import Verifier, VerifyRequest, VerifyResult
 
-TARGET_SEED_OFFSET = 0  # the target's generator is seeded with the request seed itself
+logger = logging.getLogger(__name__)
+
+Q_SUM_TOLERANCE = 1e-2  # |sum(q) - 1| allowed for a draft distribution (float16 rounding is ~1e-3)
 
 
 @dataclass
 class _TargetState:
     slot: int
-    generator: torch.Generator | None
 
 
 class TargetVerifier(Verifier):
@@ -33,6 +42,7 @@ class TargetVerifier(Verifier):
         self.vocab_size = runner.vocab_size
         self.max_seq_len = runner.max_seq_len
         self._states: dict[str, _TargetState] = {}
+        self.rejected_proposals = 0  # rows whose drafts failed validation (verified without them)
 
     @property
     def num_free_slots(self) -> int:
@@ -44,12 +54,13 @@ class TargetVerifier(Verifier):
     def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
         if not requests:
             return []
+        requests = [self._checked(r) for r in requests]
         states = self._sync(requests)
         slots = [s.slot for s in states]
         old_lengths = [len(r.token_ids) - 1 for r in requests]
         logits = self.runner.forward(slots, [[r.token_ids[-1], *r.draft_token_ids] for r in requests])
         draft_ids, num_drafted, draft_probs = self._pack(requests, logits.shape[1] - 1)
-        sampling = SamplingBatch.from_params([r.sampling for r in requests], [s.generator for s in states])
+        sampling = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests])
         out = rejection_sample(logits, draft_ids, num_drafted, draft_probs, sampling)
         results = []
         for i, (request, emitted) in enumerate(zip(requests, out.emitted())):
@@ -64,8 +75,7 @@ class TargetVerifier(Verifier):
         for request in requests:
             state = self._states.get(request.seq_id)
             if state is None:
-                generator = seeded_generator(request.sampling.seed, TARGET_SEED_OFFSET)
-                state = self._states[request.seq_id] = _TargetState(self.runner.allocate_slot(), generator)
+                state = self._states[request.seq_id] = _TargetState(self.runner.allocate_slot())
             want, have = len(request.token_ids) - 1, self.runner.slot_length(state.slot)
             if have > want:
                 self.runner.truncate(state.slot, want)
@@ -94,13 +104,45 @@ class TargetVerifier(Verifier):
             if r.draft_probs is None:
                 draft_probs[i, torch.arange(n), draft_ids[i, :n]] = 1.0
                 continue
-            assert r.draft_probs.shape == (n, self.vocab_size), (
-                f"draft_probs of {r.seq_id} must be [num_drafted, vocab], got {tuple(r.draft_probs.shape)}"
-            )
-            draft_probs[i, :n] = normalize_probs(r.draft_probs)
+            draft_probs[i, :n] = r.draft_probs  # checked weights; normalised by the sampler
         return draft_ids, num_drafted, draft_probs
+
+    def _checked(self, request: VerifyRequest) -> VerifyRequest:
+        """The request itself, or without its drafts when they fail validation."""
+        problem = self.draft_problem(request)
+        if problem is None:
+            return request
+        self.rejected_proposals += 1
+        logger.warning("sequence %s: drafts not verified (%s); plain decoding this round", request.seq_id, problem)
+        return VerifyRequest(request.seq_id, request.token_ids, [], request.sampling, None)
+
+    def draft_problem(self, request: VerifyRequest) -> str | None:
+        """Why the request's drafts cannot be verified, or None when they can."""
+        ids, n = request.draft_token_ids, len(request.draft_token_ids)
+        if len(request.token_ids) + n > self.max_seq_len:
+            return f"{n} drafted tokens do not fit the context after {len(request.token_ids)} tokens"
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            return "a drafted token id lies outside the vocabulary"
+        q = request.draft_probs
+        if q is None or request.sampling.is_greedy or n == 0:
+            return None
+        return q_problem(q, ids, self.vocab_size)
 
     def release(self, seq_id: str) -> None:
         state = self._states.pop(seq_id, None)
         if state is not None:
             self.runner.free_slot(state.slot)
+
+
+def q_problem(q: torch.Tensor, ids: list[int], vocab_size: int) -> str | None:
+    """Why q ([n, vocab] weights of the drafted tokens `ids`) is no valid draft distribution."""
+    if tuple(q.shape) != (len(ids), vocab_size):
+        return f"q must be [num_drafted={len(ids)}, vocab={vocab_size}], got {tuple(q.shape)}"
+    q = q.double()
+    if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
+        return "q is not finite and non-negative"
+    if bool(((q.sum(dim=-1) - 1.0).abs() > Q_SUM_TOLERANCE).any()):
+        return f"q does not sum to 1 (within {Q_SUM_TOLERANCE})"
+    if bool((q.gather(-1, torch.tensor(ids, dtype=torch.long)[:, None]) <= 0).any()):
+        return "q gives a drafted token no probability"
+    return None

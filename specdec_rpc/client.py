@@ -42,6 +42,7 @@ def build_request(
     gamma: int = 0,
     proposer: str | None = None,
     stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
 ) -> specdec_pb2.GenerateRequest:
     """A GenerateRequest from keyword arguments (0 / None = the server's default).
 
@@ -64,6 +65,7 @@ def build_request(
         sampling=sampling,
         speculation=specdec_pb2.SpeculationParams(mode=MODES[mode], gamma=gamma, proposer=PROPOSERS[proposer]),
         stop=list(stop),
+        stop_token_ids=list(stop_token_ids),
     )
 
 

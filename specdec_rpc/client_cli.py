@@ -28,11 +28,13 @@ def add_client_parser(subparsers: Any) -> None:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1] (unset = off)")
-    gen.add_argument("--seed", type=int, default=None, help="seed of the request's random generators")
+    gen.add_argument("--seed", type=int, default=None, help="uint64 seed keying the request's random draws")
     gen.add_argument("--mode", choices=["auto", "on", "off"], default="auto", help="speculation mode (default auto)")
     gen.add_argument("--gamma", type=int, default=0, help="γ, drafted tokens per round (0 = the server's)")
     gen.add_argument("--proposer", choices=["draft", "ngram"], default=None, help="the server's proposer if unset")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--stop-token-id", action="append", type=int, default=[], dest="stop_token_ids",
+                     help="token id that ends generation like EOS (repeatable)")
     gen.add_argument("--stream", action="store_true", help="print tokens as the server confirms them")
     gen.add_argument("--json", action="store_true", help="print JSON (one object; with --stream one per chunk)")
     gen.set_defaults(func=run_client_generate)
@@ -65,11 +67,19 @@ def format_status(stats: Any) -> str:
         ("measurements", f"{stats.measurements_source} (Redis breaker {stats.circuit_breaker})"),
         ("replica rounds", str(stats.rounds)),
         ("replica drafted / accepted", f"{stats.drafted} / {stats.accepted}"),
-        ("mean accepted length", f"{stats.mean_accepted_length:.2f}"),
+        ("mean accepted length", f"{stats.mean_accepted_length:.2f} (window {stats.window_mean_accepted_length:.2f})"),
         ("requests running", str(stats.requests_running)),
+        ("round (ms)", _profile(stats.round_profile)),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _profile(p: Any) -> str:
+    if not p.rounds:
+        return "-"
+    return (f"{p.round_ms:.2f} = draft {p.draft_compute_ms:.2f} + hop {p.draft_hop_ms:.2f}, "
+            f"target {p.target_compute_ms:.2f} + hop {p.target_hop_ms:.2f}, router {p.bookkeeping_ms:.2f}")
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -91,7 +101,7 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
         "top_p": args.top_p, "seed": args.seed, "mode": args.mode, "gamma": args.gamma,
-        "proposer": args.proposer, "stop": args.stop,
+        "proposer": args.proposer, "stop": args.stop, "stop_token_ids": args.stop_token_ids,
     }
 
 

@@ -68,10 +68,12 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
 
     async def _propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
         start = time.perf_counter()
+        if len(request.gammas) != len(request.sequences):
+            raise ValueError(f"{len(request.gammas)} gammas for {len(request.sequences)} sequences")
         applied = self.histories.apply_all(request.sequences)
         rows = [
-            ProposalRequest(delta.seq_id, history, sampling_from_proto(delta.sampling))
-            for delta, history in zip(request.sequences, applied.histories)
+            ProposalRequest(delta.seq_id, history, sampling_from_proto(delta.sampling), gamma=gamma)
+            for delta, history, gamma in zip(request.sequences, applied.histories, request.gammas)
             if history is not None
         ]
         drafts = await self._work.run(self._run, request, applied, rows)
@@ -84,7 +86,7 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         """On the worker thread: drop stale state of diverged sequences, draft, encode."""
         for seq_id in applied.diverged_seq_ids:
             self.proposer.release(seq_id)
-        proposal = self.proposer.propose(rows, request.gamma) if rows else None
+        proposal = self.proposer.propose(rows) if rows else None
         return self._drafts(request, applied.histories, rows, proposal)
 
     @staticmethod

@@ -6,16 +6,21 @@ bad input raises ValueError whose message names the field; the router turns it i
 INVALID_ARGUMENT. Checks that need the model (token ids in range, prompt + budget within the context, the max_new_tokens limit)
 run when the engine admits the request (`GenerationRequest.check_limits`).
 
-Outbound: RoundOutputs become GenerateChunks (text decoded cumulatively, each chunk sends
-the new suffix) and a GenerationResult becomes a GenerateResponse / the last chunk's stats.
+A text prompt longer than `ServerDefaults.max_prompt_chars` is refused from its length
+alone: it could not fit the context, and tokenising it would cost every other request.
+
+Outbound: RoundOutputs become GenerateChunks (the engine already cut each round's text at
+stop strings and held back what may still change) and a GenerationResult becomes a
+GenerateResponse / the last chunk's stats.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from specdec.engine import GenerationResult
+from specdec.engine import GenerationResult, RoundOutput
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
 from specdec.stats import SpecStats
@@ -31,7 +36,6 @@ MODE_NAMES = {
     specdec_pb2.SPECULATION_MODE_ON: "on",
     specdec_pb2.SPECULATION_MODE_OFF: "off",
 }
-MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -42,22 +46,36 @@ class ServerDefaults:
     gamma: the server's γ (0 when its configured proposer is "none"); informational; the
         engine resolves each request's γ per round from its mode (and the load policy).
     proposers: proposer names requests may pick ("draft", "ngram").
+    max_prompt_chars: the longest text prompt tokenised at all (see prompt_char_limit).
     """
 
     max_new_tokens: int
     gamma: int
     proposers: tuple[str, ...] = ("draft", "ngram")
+    max_prompt_chars: int = 1 << 20
+
+
+def prompt_char_limit(max_seq_len: int, tokenizer: Any) -> int:
+    """Characters beyond which a prompt cannot fit `max_seq_len` tokens.
+
+    No token covers more text characters than its vocabulary string has characters (byte-level
+    BPE spells each byte as one character, SentencePiece each character as one), so a text
+    of n characters needs at least n / longest tokens. A factor of 2 leaves room for
+    normalisers that merge characters."""
+    longest = max((len(token) for token in tokenizer.get_vocab()), default=1)
+    return 2 * max_seq_len * max(1, longest)
 
 
 def to_generation_request(
     message: specdec_pb2.GenerateRequest, encode: Callable[[str], list[int]], defaults: ServerDefaults
 ) -> GenerationRequest:
+    """(Runs the tokenizer: call it off the event loop.)"""
     """The core request for a public GenerateRequest; ValueError naming the field when bad.
 
     The speculation mode travels as is ("auto" / "on" / "off"), with the request's γ (None
     when it sends 0 = let the server decide): the engine resolves γ each round, AUTO from
     the server's load policy (SpeculativeEngine's `policy`)."""
-    prompt_ids = _prompt_ids(message, encode)
+    prompt_ids = _prompt_ids(message, encode, defaults.max_prompt_chars)
     if message.max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 1 (0 = the server's default), got {message.max_new_tokens}")
     max_new_tokens = message.max_new_tokens or defaults.max_new_tokens
@@ -67,19 +85,25 @@ def to_generation_request(
         max_new_tokens=max_new_tokens,
         sampling=_sampling(message.sampling),
         stop=tuple(message.stop),
+        stop_token_ids=tuple(message.stop_token_ids),
         gamma=gamma,
         proposer=proposer,
         mode=mode,
     )
 
 
-def _prompt_ids(message: specdec_pb2.GenerateRequest, encode: Callable[[str], list[int]]) -> list[int]:
+def _prompt_ids(message: specdec_pb2.GenerateRequest, encode: Callable[[str], list[int]], max_chars: int) -> list[int]:
     if message.prompt and message.prompt_token_ids:
         raise ValueError("prompt: set exactly one of prompt and prompt_token_ids, not both")
     if message.prompt_token_ids:
         return list(message.prompt_token_ids)
     if not message.prompt:
         raise ValueError("prompt: must not be empty (set prompt or prompt_token_ids)")
+    if len(message.prompt) > max_chars:
+        raise ValueError(
+            f"prompt: {len(message.prompt)} characters cannot fit the context (at most {max_chars} characters "
+            "are even tokenised)"
+        )
     ids = encode(message.prompt)
     if not ids:
         raise ValueError("prompt: encodes to no tokens")
@@ -88,8 +112,6 @@ def _prompt_ids(message: specdec_pb2.GenerateRequest, encode: Callable[[str], li
 
 def _sampling(message: specdec_pb2.SamplingParams) -> SamplingParams:
     seed = message.seed if message.HasField("seed") else None
-    if seed is not None and seed > MAX_SEED:
-        raise ValueError(f"seed must be <= {MAX_SEED}, got {seed}")
     top_p = message.top_p if message.HasField("top_p") else 1.0
     return SamplingParams(temperature=message.temperature, top_k=message.top_k, top_p=top_p, seed=seed)
 
@@ -135,49 +157,10 @@ def to_response(result: GenerationResult) -> specdec_pb2.GenerateResponse:
     )
 
 
-class ChunkBuilder:
-    """Turns a stream's RoundOutputs into GenerateChunks with incremental text.
-
-    The output so far is decoded as a whole and each chunk sends the new suffix. Text is
-    held back while it ends in an incomplete character (U+FFFD) or could be the start of a
-    stop string, so the chunks' texts concatenate to the final (stop-cut) text.
-    """
-
-    def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str] = ()) -> None:
-        self.decode = decode
-        self.stop = tuple(stop)
-        self.token_ids: list[int] = []
-        self.sent = ""
-
-    def chunk(self, new_token_ids: list[int]) -> specdec_pb2.GenerateChunk:
-        """A chunk of a round that did not finish the request."""
-        self.token_ids.extend(new_token_ids)
-        return specdec_pb2.GenerateChunk(text=self._advance(self._stable_text()), token_ids=new_token_ids)
-
-    def last_chunk(self, new_token_ids: list[int], result: GenerationResult) -> specdec_pb2.GenerateChunk:
-        """The final chunk: the rest of the result's text, finish_reason and stats."""
-        self.token_ids.extend(new_token_ids)
-        return specdec_pb2.GenerateChunk(
-            text=self._advance(result.text),
-            token_ids=new_token_ids,
-            finish_reason=result.finish_reason,
-            stats=to_stats(result.stats),
-        )
-
-    def _advance(self, text: str) -> str:
-        if not text.startswith(self.sent):  # decoding changed earlier text: wait for the end
-            return ""
-        new, self.sent = text[len(self.sent) :], text
-        return new
-
-    def _stable_text(self) -> str:
-        text = self.decode(self.token_ids).rstrip("\ufffd")
-        cut = min((text.find(s) for s in self.stop if s in text), default=-1)
-        if cut >= 0:
-            return text[:cut]
-        for s in self.stop:  # hold back a suffix that may grow into a stop string
-            for n in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:n]):
-                    text = text[:-n]
-                    break
-        return text
+def to_chunk(output: RoundOutput, result: GenerationResult | None = None) -> specdec_pb2.GenerateChunk:
+    """One round's chunk; with the request's result, the last chunk (finish_reason, stats)."""
+    chunk = specdec_pb2.GenerateChunk(text=output.text, token_ids=output.new_token_ids)
+    if result is not None:
+        chunk.finish_reason = result.finish_reason
+        chunk.stats.CopyFrom(to_stats(result.stats))
+    return chunk

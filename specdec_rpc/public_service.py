@@ -9,12 +9,14 @@ once the backend (draft and target) is loaded.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from grpc_health.v1 import health_pb2
 
 from specdec.request import GenerationRequest
-from specdec_rpc.public_api import ChunkBuilder, to_generation_request, to_response
+from specdec.engine import RoundOutput
+from specdec_rpc.public_api import to_chunk, to_generation_request, to_response
 from specdec_rpc.router_backend import RouterBackend
 from specdec_rpc.status_codes import NotReadyError
 from specdec_rpc.v1 import specdec_pb2
@@ -35,13 +37,14 @@ class PublicService:
             raise NotReadyError(f"the server is not ready ({reason})")
         return self.backend
 
-    def _translate(self, backend: RouterBackend, message: specdec_pb2.GenerateRequest) -> GenerationRequest:
-        return to_generation_request(message, backend.encode, backend.defaults)
+    async def _translate(self, backend: RouterBackend, message: specdec_pb2.GenerateRequest) -> GenerationRequest:
+        """The core request; tokenising runs on a worker thread, never on the event loop."""
+        return await asyncio.to_thread(to_generation_request, message, backend.encode, backend.defaults)
 
     async def generate(self, message: specdec_pb2.GenerateRequest) -> specdec_pb2.GenerateResponse:
         """Run one request to completion (cancellation aborts it and frees its slots)."""
         backend = self._ready()
-        request = self._translate(backend, message)
+        request = await self._translate(backend, message)
         async with backend.loop.submit(request) as stream:
             result = await stream.result()
         return to_response(result)
@@ -49,17 +52,16 @@ class PublicService:
     async def generate_stream(self, message: specdec_pb2.GenerateRequest) -> AsyncIterator[specdec_pb2.GenerateChunk]:
         """One chunk per round that confirmed tokens; the last one carries finish_reason and stats."""
         backend = self._ready()
-        request = self._translate(backend, message)
-        builder = ChunkBuilder(backend.decode, request.stop)
+        request = await self._translate(backend, message)
         async with backend.loop.submit(request) as stream:
-            last: list[int] = []
+            last = RoundOutput(stream.seq_id, [], None)
             async for output in stream:
                 if output.finish_reason is None:
-                    yield builder.chunk(output.new_token_ids)
+                    yield to_chunk(output)
                 else:
-                    last = output.new_token_ids
+                    last = output
             result = await stream.result()
-        yield builder.last_chunk(last, result)
+        yield to_chunk(last, result)
 
     def stats(self) -> specdec_pb2.GetStatsResponse:
         """The live speculation picture: the load monitor's decision and measurements (when
@@ -71,12 +73,17 @@ class PublicService:
             rounds=totals.rounds, drafted=totals.drafted, accepted=totals.accepted,
             mean_accepted_length=totals.mean_accepted_length, requests_running=engine.num_running,
             speculation_enabled=engine.gamma > 0, gamma=engine.gamma, reason="static γ (no load monitor)",
+            acceptance_rate=totals.acceptance_rate, window_mean_accepted_length=totals.mean_accepted_length,
             measurements_source="local", circuit_breaker="closed",
         )
+        response.round_profile.rounds = engine.profile.rounds
+        for name, value in engine.profile.means_ms().items():
+            setattr(response.round_profile, name, value)
         if backend.monitor is not None:
             status = backend.monitor.status()
             response.speculation_enabled, response.gamma = status["speculation_enabled"], status["gamma"]
             response.reason, response.acceptance_rate = status["reason"], status["alpha"] or 0.0
+            response.window_mean_accepted_length = status["mean_accepted_length"] or 0.0
             response.acceptance_per_position.extend(status["alpha_per_position"])
             response.draft_cost, response.verify_slope = status["draft_cost"], status["verify_slope"]
             response.qps, response.in_flight, response.queued = status["qps"], status["in_flight"], status["queued"]

@@ -3,8 +3,8 @@
 Speculation is only an optimisation, so the draft worker can never fail a round: when a
 call fails (unavailable, deadline, bad reply) the round goes on with no drafted tokens, the
 failure is logged and counted, and the next call sends whole histories again. Sequences
-the worker asks to resync draft nothing this round and send their whole history next
-round. Releases are buffered and sent before the next call (or by `flush()`).
+the worker asks to resync (it restarted) are sent again at once with their whole history.
+Releases are buffered and sent before the next call (or by `flush()`).
 
 Not thread-safe: one engine drives it.
 """
@@ -41,15 +41,19 @@ class RemoteProposer(Proposer):
         self._sender = HistorySender(namespace=f"{uuid.uuid4().hex[:12]}/")  # see RemoteVerifier
         self._released: list[str] = []  # wire ids whose Release is not sent yet
         self._vocab_size: int | None = None
+        self.last_compute_s = 0.0
 
-    def propose(self, requests: list[ProposalRequest], gamma: int) -> Proposal:
-        if gamma == 0 or not requests:
+    names = ("draft",)
+
+    def propose(self, requests: list[ProposalRequest]) -> Proposal:
+        gamma = max((r.gamma for r in requests), default=0)
+        if gamma == 0:
             return Proposal.empty(len(requests), gamma)
+        self.last_compute_s = 0.0  # the worker's compute in this call (RoundProfile)
         try:
             self.flush()
             vocab_size = self._vocab()
-            response = self._stub.Propose(self._request(requests, gamma), timeout=self.timeout_s)
-            return self._proposal(requests, gamma, response, vocab_size)
+            return self._proposal(requests, gamma, self._drafts(requests), vocab_size)
         except (grpc.RpcError, ValueError) as exc:
             self._sender.reset(r.seq_id for r in requests)
             self.failures += 1
@@ -64,26 +68,46 @@ class RemoteProposer(Proposer):
             self._vocab_size = self.info().vocab_size
         return self._vocab_size
 
-    def _request(self, requests: list[ProposalRequest], gamma: int) -> worker_pb2.ProposeRequest:
+    def _request(self, requests: list[ProposalRequest]) -> worker_pb2.ProposeRequest:
         deltas = [self._sender.delta(r.seq_id, r.token_ids, r.sampling) for r in requests]
-        return worker_pb2.ProposeRequest(sequences=deltas, gamma=gamma)
+        return worker_pb2.ProposeRequest(sequences=deltas, gammas=[r.gamma for r in requests])
 
-    def _proposal(
-        self, requests: list[ProposalRequest], gamma: int, response: worker_pb2.ProposeResponse, vocab_size: int
-    ) -> Proposal:
-        """The reply as a Proposal; raises ValueError when it breaks the protocol."""
+    def _call(self, requests: list[ProposalRequest]) -> worker_pb2.ProposeResponse:
+        response = self._stub.Propose(self._request(requests), timeout=self.timeout_s)
+        self.last_compute_s += response.compute_seconds
         if len(response.drafts) != len(requests):
             raise ValueError(f"{len(response.drafts)} drafts for {len(requests)} sequences")
-        self._sender.reset(self._sender.local_id(w) for w in response.resync_seq_ids)
+        return response
+
+    def _drafts(self, requests: list[ProposalRequest]) -> list[worker_pb2.DraftedTokens]:
+        """One DraftedTokens per request. Sequences the worker asks to resync (it restarted)
+        are sent again at once with their whole history, so a draft restart costs a prefill,
+        not a round without drafts (which would change a seeded request's schedule)."""
+        first = self._call(requests)
+        drafts = list(first.drafts)
+        resync = {self._sender.local_id(w) for w in first.resync_seq_ids}
+        if not resync:
+            return drafts
+        self._sender.reset(resync)
+        rows = [i for i, r in enumerate(requests) if r.seq_id in resync]
+        again = self._call([requests[i] for i in rows])
+        if again.resync_seq_ids:
+            raise ValueError(f"draft worker asked to resync whole histories: {list(again.resync_seq_ids)}")
+        for i, draft in zip(rows, again.drafts):
+            drafts[i] = draft
+        return drafts
+
+    def _proposal(
+        self, requests: list[ProposalRequest], gamma: int, drafts: list[worker_pb2.DraftedTokens], vocab_size: int
+    ) -> Proposal:
+        """The reply as a Proposal; raises ValueError when it breaks the protocol."""
         proposal = Proposal.empty(len(requests), gamma)
         rows_with_probs = {}
-        for i, (request, draft) in enumerate(zip(requests, response.drafts)):
+        for i, (request, draft) in enumerate(zip(requests, drafts)):
             n = len(draft.token_ids)
-            matches = draft.seq_id == self._sender.wire_id(request.seq_id) and n <= gamma
+            matches = draft.seq_id == self._sender.wire_id(request.seq_id) and n <= request.gamma
             if not matches or (draft.probs and len(draft.probs) != n):
-                raise ValueError(f"draft for {request.seq_id!r} does not match its request (gamma {gamma})")
-            if n and not draft.probs and not request.sampling.is_greedy:
-                raise ValueError(f"sampled sequence {request.seq_id!r} was drafted without q")
+                raise ValueError(f"draft for {request.seq_id!r} does not match its request (gamma {request.gamma})")
             proposal.token_ids[i, :n] = torch.tensor(list(draft.token_ids), dtype=torch.long)
             proposal.num_drafted[i] = n
             if draft.probs:

@@ -3,9 +3,10 @@
 Each round sends history deltas, drafted tokens and their q (prob_codec; greedy rows send
 no q). Sequences the target does not know any more (it restarted) come back in
 `resync_seq_ids`; they are sent again at once with their whole history, so a target restart
-costs a prefill, never a wrong token. Errors from the target propagate as grpc.RpcError
-(the router turns them into status codes); the sequences of a failed call send their whole
-history next time. Releases are buffered and sent before the next call (or by `flush()`).
+costs a prefill, never a wrong token. A target that is unreachable or timed out raises
+`WorkerError` (no row caused it: the round fails its batch, UNAVAILABLE); other errors
+propagate as grpc.RpcError, so the engine can isolate the row that caused them. The
+sequences of a failed call send their whole history next time. Releases are buffered and sent before the next call (or by `flush()`).
 
 Not thread-safe: one engine drives it.
 """
@@ -16,11 +17,16 @@ import uuid
 
 import grpc
 
+from specdec.errors import WorkerError
 from specdec.verifier import Verifier, VerifyRequest, VerifyResult
 from specdec_rpc.history_sync import HistorySender
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_server import CHANNEL_OPTIONS
+
+
+#: call failures that mean "the worker is down or overloaded", not "a row is bad"
+WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
 class ResyncError(RuntimeError):
@@ -46,6 +52,7 @@ class RemoteVerifier(Verifier):
         self._sender = HistorySender(namespace=f"{uuid.uuid4().hex[:12]}/")
         self._held: set[str] = set()  # sequences holding a target slot
         self._released: list[str] = []  # wire ids whose Release is not sent yet
+        self.last_compute_s = 0.0
         info = self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=timeout_s, wait_for_ready=True)
         self.vocab_size = info.vocab_size
         self.max_seq_len = info.max_seq_len
@@ -59,6 +66,7 @@ class RemoteVerifier(Verifier):
         if not requests:
             return []
         self.flush()
+        self.last_compute_s = 0.0  # the target's compute in this call (RoundProfile)
         self._held.update(r.seq_id for r in requests)
         items = [self._item(r) for r in requests]
         response = self._call(requests, items)
@@ -81,9 +89,12 @@ class RemoteVerifier(Verifier):
         """One Verify call; after a failure its sequences resend their whole history."""
         try:
             response = self._stub.Verify(worker_pb2.VerifyRequest(items=items), timeout=self.timeout_s)
-        except grpc.RpcError:
+        except grpc.RpcError as exc:
             self._sender.reset(r.seq_id for r in requests)
+            if exc.code() in WORKER_DOWN:
+                raise WorkerError(f"target {self.address} is unavailable ({exc.code().name}: {exc.details()})") from exc
             raise
+        self.last_compute_s += response.compute_seconds
         if len(response.outcomes) != len(items):
             self._sender.reset(r.seq_id for r in requests)
             raise RuntimeError(f"target {self.address} answered {len(response.outcomes)} outcomes for {len(items)}")

@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.config import SpecdecConfig
-from specdec.engine import RoundPolicy, SpeculativeEngine
+from specdec.engine import RoundPolicy
+from specdec.engine_builder import make_engine, server_gamma
 from specdec.engine_loop import AsyncEngine
 from specdec.proposers.base import Proposer
 from specdec.proposers.composite_proposer import CompositeProposer
 from specdec.proposers.ngram_proposer import NgramProposer
 from specdec.verifier import Verifier
-from specdec_rpc.public_api import ServerDefaults
+from specdec_rpc.public_api import ServerDefaults, prompt_char_limit
 
 
 @dataclass
@@ -38,11 +39,6 @@ class RouterBackend:
             close()
 
 
-def server_gamma(config: SpecdecConfig) -> int:
-    """The server's γ: the configured one, 0 when the configured proposer is 'none'."""
-    return 0 if config.speculation.proposer == "none" else config.speculation.gamma
-
-
 def make_backend(
     config: SpecdecConfig,
     verifier: Verifier,
@@ -53,22 +49,16 @@ def make_backend(
     """Wire a backend: CompositeProposer over `proposers` (the configured one is the default).
     policy: decides each round's γ for AUTO requests from the load (None = the static γ)."""
     default = config.speculation.proposer if config.speculation.proposer in proposers else next(iter(proposers))
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    engine = SpeculativeEngine(
-        verifier,
-        CompositeProposer(proposers, default=default),
-        gamma=server_gamma(config),
-        eos_token_ids=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [],
-        decode=decode,
-        max_new_tokens_limit=config.generation.max_new_tokens_limit,
-        policy=policy,
-    )
+    engine = make_engine(config, verifier, CompositeProposer(proposers, default=default), tokenizer, policy)
     loop = AsyncEngine(engine, config.serving.max_concurrent_requests, on_idle=lambda: _flush(verifier, proposers))
     return RouterBackend(
         loop=loop,
         encode=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-        decode=decode,
-        defaults=ServerDefaults(config.generation.max_new_tokens, server_gamma(config), tuple(sorted(proposers))),
+        decode=engine.decode,
+        defaults=ServerDefaults(
+            config.generation.max_new_tokens, server_gamma(config), tuple(sorted(proposers)),
+            prompt_char_limit(verifier.max_seq_len, tokenizer),
+        ),
     )
 
 

@@ -2,7 +2,7 @@
 
 INVALID_ARGUMENT: bad input (ValueError; the message names the field).
 RESOURCE_EXHAUSTED: the router's admission limit is reached (retry later).
-UNAVAILABLE: the server is not ready, shutting down, or a worker is unreachable.
+UNAVAILABLE: the server is not ready, shutting down, or a worker is unreachable (WorkerError).
 DEADLINE_EXCEEDED: the call ran out of time (asyncio / builtin TimeoutError).
 NOT_FOUND: a health check for an unknown service.
 INTERNAL: anything else.
@@ -15,6 +15,8 @@ import asyncio
 import grpc
 
 from specdec.engine_loop import AdmissionError, EngineClosedError
+from specdec.errors import WorkerError
+from specdec_rpc.remote_verifier import WORKER_DOWN
 
 
 class NotReadyError(RuntimeError):
@@ -25,21 +27,17 @@ class UnknownServiceError(LookupError):
     """A health check asked about a service this server does not have."""
 
 
-#: worker-call failures that mean "a worker is down or overloaded", not "the request is bad"
-_WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
-
-
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The public status code and details for an exception raised while serving a call."""
     if isinstance(exc, AdmissionError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, UnknownServiceError):
         return grpc.StatusCode.NOT_FOUND, str(exc)
-    if isinstance(exc, (NotReadyError, EngineClosedError)):
+    if isinstance(exc, (NotReadyError, EngineClosedError, WorkerError)):
         return grpc.StatusCode.UNAVAILABLE, str(exc)
     if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
         code = exc.code()
-        if code in _WORKER_DOWN:
+        if code in WORKER_DOWN:
             return grpc.StatusCode.UNAVAILABLE, f"a model worker is unavailable ({code.name}: {exc.details()})"
         return grpc.StatusCode.INTERNAL, f"a model worker failed ({code.name}: {exc.details()})"
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # the same class since 3.11

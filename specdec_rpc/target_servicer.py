@@ -8,6 +8,7 @@ ranks; this servicer does not know the difference.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import grpc
@@ -18,6 +19,8 @@ from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with, run_serially
+
+logger = logging.getLogger(__name__)
 
 
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
@@ -64,14 +67,20 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         return self._outcomes(request, applied.histories, results), len(requests)
 
     def _to_request(self, item: worker_pb2.VerifyItem, history: list[int]) -> VerifyRequest:
+        """The core request; q that does not decode (wrong count, size or ids) is not
+        trusted: the row is verified without drafts (the verifier checks the rest)."""
         drafted = list(item.draft_token_ids)
-        seq_id = item.history.seq_id
-        if item.draft_probs and len(item.draft_probs) != len(drafted):
-            raise ValueError(
-                f"sequence {seq_id!r}: {len(item.draft_probs)} draft_probs for {len(drafted)} drafted tokens"
-            )
-        probs = decode_rows(item.draft_probs, self.verifier.vocab_size) if item.draft_probs else None  # [n, V]
-        return VerifyRequest(seq_id, history, drafted, sampling_from_proto(item.history.sampling), probs)
+        sampling = sampling_from_proto(item.history.sampling)
+        probs = None
+        try:
+            if item.draft_probs and len(item.draft_probs) != len(drafted):
+                raise ValueError(f"{len(item.draft_probs)} draft_probs for {len(drafted)} drafted tokens")
+            probs = decode_rows(item.draft_probs, self.verifier.vocab_size) if item.draft_probs else None  # [n, V]
+        except ValueError as exc:
+            logger.warning("sequence %s: drafts not verified (%s)", item.history.seq_id, exc)
+            self.verifier.rejected_proposals += 1
+            drafted = []
+        return VerifyRequest(item.history.seq_id, history, drafted, sampling, probs)
 
     @staticmethod
     def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:
@@ -112,6 +121,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             calls=self.stats.calls,
             sequences=self.stats.sequences,
             max_batch_size=self.stats.max_batch_size,
+            rejected_proposals=self.verifier.rejected_proposals,
         )
 
     def close(self) -> None:

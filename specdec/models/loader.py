@@ -25,7 +25,7 @@ _DTYPES = {
 }
 _INDEX_FILE = "model.safetensors.index.json"
 _IGNORED_KEYS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
-_HUB_PATTERNS = ["config.json", "*.safetensors", _INDEX_FILE]
+_HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", _INDEX_FILE]
 
 
 class CheckpointError(ValueError):

@@ -17,22 +17,24 @@ class ProposalRequest:
     token_ids: the sequence's full history (prompt + generated). The last token is the
         *pending* token: emitted, but not yet fed to the target. Histories only grow; a
         proposer with state rolls itself back to what the history confirms.
-    sampling: the request's sampling parameters (a seeded request gets its own draft-side
-        generator, derived from the seed).
+    sampling: the request's sampling parameters (its seed keys the draft's random draws).
+    gamma: γ for this row: draft at most this many tokens (rows of one call differ).
     """
 
     seq_id: str
     token_ids: list[int]
     sampling: SamplingParams
     proposer: str | None = None  # which proposer the request asked for (None = the server's)
+    gamma: int = 1
 
 
 @dataclass
 class Proposal:
     """Drafted tokens for a batch.
 
-    token_ids: [batch, gamma] int64; entries past num_drafted[b] are -1.
-    num_drafted: [batch] int64, each in [0, gamma].
+    token_ids: [batch, gamma] int64, gamma = the call's largest γ; entries past
+        num_drafted[b] are -1.
+    num_drafted: [batch] int64, each at most row b's own γ.
     probs: [batch, gamma, vocab] draft distribution q the tokens were sampled from, as
         weights (specdec.sampling.normalize_probs gives q), or None for proposers without
         probabilities (verified as a one-hot q).
@@ -77,10 +79,13 @@ class Proposer(ABC):
 
     #: True when proposals carry draft probabilities (needed for sampled verification).
     has_probs: bool = False
+    #: the proposer names a request may ask for here (ProposalRequest.proposer)
+    names: tuple[str, ...] = ()
 
     @abstractmethod
-    def propose(self, requests: list[ProposalRequest], gamma: int) -> Proposal:
-        """Draft up to `gamma` tokens for each request (one batched call per round)."""
+    def propose(self, requests: list[ProposalRequest]) -> Proposal:
+        """Draft up to each request's own γ tokens (one batched call per round); the
+        proposal is as wide as the largest γ."""
 
     def release(self, seq_id: str) -> None:
         """The sequence finished (or was cancelled): free whatever is held for it."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
@@ -14,12 +16,15 @@ class CompositeProposer(Proposer):
     same round supplies probabilities (a zero q would accept anything).
     """
 
+    last_compute_s: float | None = None  # worker compute of the last call (remote parts report theirs)
+
     def __init__(self, proposers: dict[str, Proposer], default: str) -> None:
         if default not in proposers:
             raise ValueError(f"default proposer {default!r} is not one of {sorted(proposers)}")
         self.proposers = proposers
         self.default = default
         self.has_probs = any(p.has_probs for p in proposers.values())
+        self.names = tuple(sorted(proposers))
 
     def _kind(self, request: ProposalRequest) -> str:
         kind = request.proposer or self.default
@@ -27,14 +32,18 @@ class CompositeProposer(Proposer):
             raise ValueError(f"proposer {kind!r} is not available here (have {sorted(self.proposers)})")
         return kind
 
-    def propose(self, requests: list[ProposalRequest], gamma: int) -> Proposal:
+    def propose(self, requests: list[ProposalRequest]) -> Proposal:
         groups: dict[str, list[int]] = {}
         for i, request in enumerate(requests):
             groups.setdefault(self._kind(request), []).append(i)
-        full = Proposal.empty(len(requests), gamma)
+        full = Proposal.empty(len(requests), max((r.gamma for r in requests), default=0))
         with_probs: dict[int, torch.Tensor] = {}  # row -> [num_drafted, vocab]
+        self.last_compute_s = 0.0
         for kind, rows in groups.items():
-            part = self.proposers[kind].propose([requests[i] for i in rows], gamma)
+            called = time.perf_counter()
+            part = self.proposers[kind].propose([requests[i] for i in rows])
+            compute = getattr(self.proposers[kind], "last_compute_s", None)
+            self.last_compute_s += time.perf_counter() - called if compute is None else compute
             width = part.token_ids.shape[1]
             full.token_ids[rows, :width] = part.token_ids
             full.num_drafted[rows] = part.num_drafted

@@ -1,11 +1,15 @@
-"""Draft-model proposer: a small model with its own slot cache guesses γ tokens.
+"""Draft-model proposer: a small model with its own slot cache guesses γ tokens per sequence.
 
 The proposer is history-driven: per sequence it remembers which tokens its cache holds.
 Each round it rolls the cache back (O(1)) to the longest prefix the new history confirms —
 the accepted drafted tokens survive, the rejected ones are forgotten — feeds the tokens it
 has not seen (usually the recovered/bonus token; many after speculation was off or after a
-restart) and then drafts γ tokens, feeding γ - 1 of them back. There is no separate
-"commit" step, so a proposer that missed rounds simply catches up.
+restart) and then drafts each row's own γ, feeding all but its last guess back. There is
+no separate "commit" step, so a proposer that missed rounds simply catches up.
+
+Isolation: every row drafts exactly its own γ, clipped to what fits its context (down to
+0). All rows are checked before any state changes; if the forward pass fails, the rows of
+that call are forgotten (their slots freed), so the next call rebuilds them from history.
 """
 
 from __future__ import annotations
@@ -14,17 +18,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.counter_rng import ROLE_DRAFT
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
-from specdec.sampling import SamplingBatch, logits_to_probs, normalize_probs, sample_from_probs, seeded_generator
-
-DRAFT_SEED_OFFSET = 0x9E3779B9  # the draft's stream differs from the target's for the same seed
+from specdec.sampling import SamplingBatch, logits_to_probs, sample_from_probs
 
 
 @dataclass
 class _DraftState:
     slot: int
-    generator: torch.Generator | None
     cached: list[int] = field(default_factory=list)  # tokens held by the slot, in order
     confirmed: int = 0  # history[:confirmed] matched `cached` at the last round (histories only grow)
 
@@ -41,23 +43,19 @@ class DraftModelProposer(Proposer):
     """Proposes by running the draft model autoregressively, batched over sequences."""
 
     has_probs = True
+    names = ("draft",)
 
     def __init__(self, runner: ModelRunner, vocab_size: int, wire_dtype: torch.dtype | None = None) -> None:
         """vocab_size: the target's vocabulary rows; q is cut or padded to it (padding rows
         that differ between two models carry no probability).
-        wire_dtype: when q travels compactly (float16 over gRPC), round it to that dtype
-        *before* sampling, so the token is drawn from exactly the q the target will see."""
+        wire_dtype: when q travels compactly (float16 over gRPC), it is rounded to that
+        dtype *before* sampling, so the token is drawn from exactly the q the target will
+        see (default float32, the dtype of Proposal.probs)."""
         self.runner = runner
         self.vocab_size = vocab_size
         self.wire_dtype = wire_dtype
+        self._q_dtype = wire_dtype or torch.float32
         self._states: dict[str, _DraftState] = {}
-
-    def _state(self, request: ProposalRequest) -> _DraftState:
-        state = self._states.get(request.seq_id)
-        if state is None:
-            generator = seeded_generator(request.sampling.seed, DRAFT_SEED_OFFSET)
-            state = self._states[request.seq_id] = _DraftState(self.runner.allocate_slot(), generator)
-        return state
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         # [batch, draft_vocab] -> [batch, vocab_size]
@@ -66,17 +64,92 @@ class DraftModelProposer(Proposer):
             return logits[:, : self.vocab_size]
         return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
 
-    def _catch_up(self, requests: list[ProposalRequest], states: list[_DraftState], gamma: int) -> torch.Tensor:
+    def fitting_gamma(self, request: ProposalRequest) -> int:
+        """The request's γ clipped to the draft's context: the history and all but the last
+        guess must fit one slot (0 = this row cannot draft now)."""
+        return max(0, min(request.gamma, self.runner.max_seq_len - len(request.token_ids) + 1))
+
+    def _plan(self, requests: list[ProposalRequest]) -> list[int]:
+        """Each row's γ for this call, checked before anything changes: clipped to the
+        context, and 0 for new sequences beyond the free slots."""
+        free = self.runner.num_free_slots
+        gammas = []
+        for request in requests:
+            gamma = self.fitting_gamma(request)
+            if gamma and request.seq_id not in self._states:
+                gamma, free = (gamma, free - 1) if free > 0 else (0, free)
+            gammas.append(gamma)
+        return gammas
+
+    def propose(self, requests: list[ProposalRequest]) -> Proposal:
+        width = max((r.gamma for r in requests), default=0)
+        proposal = Proposal.empty(len(requests), width)
+        gammas = self._plan(requests)
+        rows = [i for i, g in enumerate(gammas) if g > 0]
+        if not rows:
+            return proposal
+        part = [requests[i] for i in rows]
+        try:
+            tokens, probs = self._draft(part, [gammas[i] for i in rows])
+        except BaseException:
+            for request in part:  # unknown cache contents: rebuild these rows next time
+                self.release(request.seq_id)
+            raise
+        for j, i in enumerate(rows):
+            n = gammas[i]
+            proposal.token_ids[i, :n] = tokens[j, :n]
+            proposal.num_drafted[i] = n
+        if probs is not None:
+            proposal.probs = torch.zeros(len(requests), width, self.vocab_size)  # [batch, gamma, vocab]
+            proposal.probs[rows, : probs.shape[1]] = probs
+        return proposal
+
+    def _draft(self, requests: list[ProposalRequest], gammas: list[int]):
+        """Draft gammas[j] tokens for row j. Returns tokens [n, max γ] (-1 padded) and q
+        weights [n, max γ, vocab] (zeros past a row's γ), or None when every row is greedy."""
+        states = [self._claim(r.seq_id) for r in requests]
+        batch = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests])
+        logits = self._catch_up(requests, states)  # [n, vocab]
+        tokens = torch.full((len(requests), max(gammas)), -1, dtype=torch.long)  # [n, max γ]
+        probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)
+        active = list(range(len(requests)))
+        for i in range(max(gammas)):
+            rows = torch.tensor(active, dtype=torch.long)
+            token, weights = self._sample(logits, batch.select(rows), i, probs is not None)  # [a], [a, vocab]
+            tokens[rows, i] = token
+            if probs is not None:
+                probs[rows, i] = weights
+            fed = [k for k, row in enumerate(active) if gammas[row] > i + 1]
+            if fed:
+                active = [active[k] for k in fed]
+                slots = [states[row].slot for row in active]
+                chunks = [[int(token[k])] for k in fed]
+                logits = self._fit_vocab(self.runner.forward(slots, chunks, last_only=True))
+                for row, chunk in zip(active, chunks):
+                    states[row].cached.extend(chunk)
+        return tokens, probs
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch, offset: int, need_q: bool):
+        """The guesses at history position positions + offset: logits [a, vocab] -> tokens
+        [a] and, when need_q, the q weights they were drawn from (rounded to the wire dtype
+        first; one-hot for greedy rows)."""
+        if not need_q:
+            return logits.argmax(dim=-1), None
+        weights = logits_to_probs(logits, batch).to(self._q_dtype)  # [a, vocab]
+        return sample_from_probs(weights, batch, offset, ROLE_DRAFT), weights.float()
+
+    def _claim(self, seq_id: str) -> _DraftState:
+        state = self._states.get(seq_id)
+        if state is None:
+            state = self._states[seq_id] = _DraftState(self.runner.allocate_slot())
+        return state
+
+    def _catch_up(self, requests: list[ProposalRequest], states: list[_DraftState]) -> torch.Tensor:
         """Roll each cache back to what the history confirms and feed the rest of the history.
-        Returns next-token logits [batch, vocab]."""
+        Returns next-token logits [batch, vocab]. The caller checked that every history fits."""
         chunks = []
         for request, state in zip(requests, states):
             history = request.token_ids
-            if len(history) + gamma - 1 > self.runner.max_seq_len:
-                raise ValueError(
-                    f"sequence {request.seq_id}: {len(history)} tokens + gamma {gamma} "
-                    f"exceed the draft's max_seq_len {self.runner.max_seq_len}"
-                )
             start = min(state.confirmed, len(state.cached))
             # the pending token (history[-1]) is always fed, so it is never kept
             keep = start + common_prefix_length(state.cached[start:], history[start:-1])
@@ -87,35 +160,6 @@ class DraftModelProposer(Proposer):
             state.cached.extend(history[keep:])
         logits = self.runner.forward([s.slot for s in states], chunks, last_only=True)
         return self._fit_vocab(logits)
-
-    def propose(self, requests: list[ProposalRequest], gamma: int) -> Proposal:
-        if gamma == 0 or not requests:
-            return Proposal.empty(len(requests), gamma)
-        states = [self._state(r) for r in requests]
-        batch = SamplingBatch.from_params([r.sampling for r in requests], [s.generator for s in states])
-        logits = self._catch_up(requests, states, gamma)  # [batch, vocab]
-        tokens, probs = [], []
-        for i in range(gamma):
-            if batch.all_greedy:
-                token = logits.argmax(dim=-1)  # [batch]
-            else:
-                weights = logits_to_probs(logits, batch)  # [batch, vocab]
-                if self.wire_dtype is not None:
-                    weights = weights.to(self.wire_dtype).float()
-                token = sample_from_probs(normalize_probs(weights), batch.generators, greedy=batch.greedy)
-                probs.append(weights)
-            tokens.append(token)
-            if i < gamma - 1:
-                fed = [[t] for t in token.tolist()]
-                logits = self._fit_vocab(self.runner.forward([s.slot for s in states], fed, last_only=True))
-                for state, t in zip(states, fed):
-                    state.cached.extend(t)
-        return Proposal(
-            token_ids=torch.stack(tokens, dim=1),  # [batch, gamma]
-            num_drafted=torch.full((len(requests),), gamma, dtype=torch.long),
-            # q as weights (normalize_probs gives the distribution); [batch, gamma, vocab]
-            probs=torch.stack(probs, dim=1) if probs else None,
-        )
 
     def release(self, seq_id: str) -> None:
         state = self._states.pop(seq_id, None)

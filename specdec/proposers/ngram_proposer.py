@@ -36,11 +36,13 @@ class NgramProposer(Proposer):
         self.n_min = n_min
         self.n_max = n_max
 
-    def propose(self, requests: list[ProposalRequest], gamma: int) -> Proposal:
-        proposal = Proposal.empty(len(requests), gamma)
+    names = ("ngram",)
+
+    def propose(self, requests: list[ProposalRequest]) -> Proposal:
+        proposal = Proposal.empty(len(requests), max((r.gamma for r in requests), default=0))
         for row, request in enumerate(requests):
             tokens = np.asarray(request.token_ids, dtype=np.int64)
-            drafted = find_continuation(tokens, self.n_min, self.n_max, gamma) if gamma else []
+            drafted = find_continuation(tokens, self.n_min, self.n_max, request.gamma) if request.gamma > 0 else []
             proposal.token_ids[row, : len(drafted)] = torch.tensor(drafted, dtype=torch.long)
             proposal.num_drafted[row] = len(drafted)
         return proposal

@@ -8,5 +8,5 @@ from specdec.proposers.base import Proposal, ProposalRequest, Proposer
 class NoProposer(Proposer):
     """Drafts nothing, so every round verifies only the pending token and emits one token."""
 
-    def propose(self, requests: list[ProposalRequest], gamma: int) -> Proposal:
+    def propose(self, requests: list[ProposalRequest]) -> Proposal:
         return Proposal.empty(len(requests), 0)

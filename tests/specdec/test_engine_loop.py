@@ -25,6 +25,7 @@ class RecordingVerifier(Verifier):
         self.max_seq_len = inner.max_seq_len
         self.batch_sizes: list[int] = []
         self.fail_next = 0
+        self.poison: tuple[int, ...] | None = None  # a prompt whose rows fail every round
 
     @property
     def num_free_slots(self) -> int:
@@ -34,6 +35,8 @@ class RecordingVerifier(Verifier):
         if self.fail_next:
             self.fail_next -= 1
             raise ConnectionError("target worker unreachable")
+        if any(tuple(r.token_ids[: len(self.poison or ())]) == self.poison for r in requests):
+            raise RuntimeError("this row breaks the target")
         self.batch_sizes.append(len(requests))
         return self.inner.verify(requests)
 
@@ -166,6 +169,38 @@ def test_a_failing_round_fails_its_requests_and_the_loop_goes_on(built, loop_eng
         return await loop_engine.generate(GenerationRequest(prompt_ids[0], 8))
 
     assert asyncio.run(main()).token_ids == hf_greedy(prompt_ids[0], 8)
+
+
+def test_a_request_that_breaks_the_round_fails_alone_and_its_neighbours_finish(
+    built, loop_engine, prompt_ids, hf_greedy
+):
+    full = free_slots(built)
+
+    async def main():
+        built.engine.verifier.poison = tuple(prompt_ids[3])
+        try:
+            good = [asyncio.ensure_future(stream_all(loop_engine, GenerationRequest(p, 12))) for p in prompt_ids[:2]]
+            with pytest.raises(RuntimeError, match="breaks the target"):
+                await stream_all(loop_engine, GenerationRequest(prompt_ids[3], 12))
+            return [await g for g in good]
+        finally:
+            built.engine.verifier.poison = None
+
+    results = asyncio.run(main())
+    for (chunks, result), prompt in zip(results, prompt_ids[:2]):
+        assert [t for c in chunks for t in c] == result.token_ids == hf_greedy(prompt, 12)
+    assert free_slots(built) == full and loop_engine.num_requests == 0
+
+
+def test_streamed_text_adds_up_to_the_final_text(loop_engine, tokenizer, prompt_ids):
+    async def main():
+        stream = loop_engine.submit(GenerationRequest(prompt_ids[1], 40, stop=("\n\n",)))
+        texts = [out.text async for out in stream]
+        return texts, await stream.result()
+
+    texts, result = asyncio.run(main())
+    assert "".join(texts) == result.text
+    assert result.text == tokenizer.decode(result.token_ids, skip_special_tokens=True).split("\n\n")[0]
 
 
 def test_seeded_sampling_is_reproducible_through_the_loop(loop_engine, prompt_ids):

@@ -29,11 +29,11 @@ class TogglingPolicy:
 
 class CountingProposer:
     def __init__(self, inner):
-        self.inner, self.calls = inner, 0
+        self.inner, self.calls, self.names = inner, 0, inner.names
 
-    def propose(self, requests, gamma):
+    def propose(self, requests):
         self.calls += 1
-        return self.inner.propose(requests, gamma)
+        return self.inner.propose(requests)
 
     def release(self, seq_id):
         self.inner.release(seq_id)

@@ -74,3 +74,12 @@ def test_the_draft_calls_fixed_overhead_is_separated_from_its_per_step_cost():
     costs = snap.cost_model(1, default_slope=0.9)
     assert costs.draft_cost == pytest.approx(0.3)
     assert costs.draft_overhead == pytest.approx(0.4)
+
+
+def test_mean_accepted_length_comes_from_the_same_window_as_alpha():
+    w = StatsWindow()
+    w.add_round(RoundSample(4, 3, drafted=12, accepted=6, draft_seconds=0.0, verify_seconds=0.01))
+    w.add_round(RoundSample(2, 0, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.01))
+    snap = LoadSnapshot.from_window(w, 10.0, 0, 0, 0.0)
+    assert snap.alpha == pytest.approx(6 / 12)
+    assert snap.mean_accepted_length == pytest.approx((6 + 6) / 6), "6 sequence-rounds emitted 12 tokens"

@@ -7,13 +7,15 @@ outcome. Distributional correctness is in test_rejection_sampler_statistics.py.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 import torch
 
+from specdec.counter_rng import ROLE_ACCEPT, ROLE_FINAL, uniforms
 from specdec.rejection_sampler import PAD_TOKEN_ID, RejectionOutput, rejection_sample
-from specdec.sampling import SamplingBatch, logits_to_probs
+from specdec.sampling import SamplingBatch, inverse_cdf_sample, logits_to_probs
 from specdec.sampling_params import SamplingParams
 
 VOCAB = 8
@@ -58,11 +60,10 @@ def _random_round(batch: int, gamma: int, vocab: int, seed: int, params: list[Sa
     return target_logits, ids, torch.full((batch,), gamma), q
 
 
-def _state_after(seed: int, draws: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    if draws:
-        torch.rand(draws, generator=g)
-    return g.get_state()
+def _addressed(batch: SamplingBatch, offsets: torch.Tensor, role: int) -> torch.Tensor:
+    """Row b's uniforms at positions_b + offsets_b ([B] or [B, n]), straight from counter_rng."""
+    positions = batch.positions.reshape((-1,) + (1,) * (offsets.dim() - 1)) + offsets
+    return torch.from_numpy(uniforms(batch.seeds, positions.numpy(), role))
 
 
 # --- scenarios ---------------------------------------------------------------------------
@@ -163,14 +164,18 @@ def test_greedy_ignores_draft_probabilities():
     assert out.emitted() == [[1, 2, 3]]
 
 
-def test_greedy_rows_consume_no_randomness():
+def test_greedy_rows_use_no_randomness():
+    """A greedy row's outcome is the same whatever its seed and position, and verifying it
+    touches no random generator."""
     target_logits, ids, num_drafted, q = _random_round(4, 3, VOCAB, seed=5, params=[GREEDY] * 4)
-    gens = [torch.Generator().manual_seed(i) for i in range(4)]
+    batches = [
+        SamplingBatch.from_params([SamplingParams(seed=seed + r) for r in range(4)], [seed * 7] * 4)
+        for seed in range(10)
+    ]
     global_state = torch.get_rng_state()
-    rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params([GREEDY] * 4, gens))
+    outputs = {tuple(map(tuple, rejection_sample(target_logits, ids, num_drafted, q, b).emitted())) for b in batches}
     assert torch.equal(torch.get_rng_state(), global_state)
-    for i, g in enumerate(gens):
-        assert torch.equal(g.get_state(), _state_after(i, 0))
+    assert len(outputs) == 1
 
 
 # --- sampled verification ----------------------------------------------------------------
@@ -216,17 +221,33 @@ def test_emitted_tokens_always_lie_in_the_processed_target_support():
 
 
 def test_residual_without_mass_falls_back_to_the_target_distribution():
-    # An invalid q (twice p) leaves max(0, p - q) empty at every rejection.
-    params = [SamplingParams(temperature=1.0)] * 2000
-    batch = SamplingBatch.from_params(params)
-    target_logits = torch.randn(2000, 2, 4, generator=torch.Generator().manual_seed(9))
+    """q = (1 - 1e-14) p + 1e-14 on a token the target rules out: drafting that token is
+    always rejected, and max(0, p - q) = 1e-14 p is all rounding noise, so the recovered
+    token is drawn from p itself (with the row's ROLE_FINAL uniform)."""
+    rows = 2000
+    params = [SamplingParams(temperature=1.0, seed=r) for r in range(rows)]
+    batch = SamplingBatch.from_params(params, [3] * rows)
+    target_logits = torch.randn(rows, 2, 4, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     target_logits[:, :, 3] = float("-inf")
-    p = logits_to_probs(target_logits, batch)
-    ids = torch.multinomial(p[:, 0], 1)
-    out = rejection_sample(target_logits, ids, torch.ones(2000, dtype=torch.long), 2 * p[:, :1], batch)
-    assert 0 < int((out.num_accepted == 0).sum()) < 2000
-    assert ((out.output_token_ids >= 0) & (out.output_token_ids < 3) | (out.output_token_ids == -1)).all()
-    assert (out.output_token_ids[:, 0] >= 0).all()
+    p = logits_to_probs(target_logits, batch)  # [B, 2, V], p[..., 3] = 0
+    q = (1 - 1e-14) * p[:, :1] + 1e-14 * torch.nn.functional.one_hot(torch.tensor(3), 4)
+    ids = torch.full((rows, 1), 3)
+    out = rejection_sample(target_logits, ids, torch.ones(rows, dtype=torch.long), q, batch)
+    assert (out.num_accepted == 0).all()
+    u_final = _addressed(batch, torch.zeros(rows, dtype=torch.long), ROLE_FINAL)
+    assert torch.equal(out.output_token_ids[:, 0], inverse_cdf_sample(p[:, 0], u_final))
+
+
+def test_draft_probs_are_weights_normalised_inside():
+    """q times a power of two, in any float dtype that holds it exactly, verifies bit for bit the same."""
+    params = [SamplingParams(temperature=1.0, seed=r) for r in range(500)]
+    target_logits, ids, num_drafted, q = _random_round(500, 3, VOCAB, seed=19, params=params)
+    q = q.half()  # the wire dtype: values every float dtype below holds exactly
+    outs = [
+        rejection_sample(target_logits, ids, num_drafted, weights, SamplingBatch.from_params(params)).output_token_ids
+        for weights in (q, q.float() * 4, q.double() / 8)
+    ]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 def test_half_precision_target_logits_are_verified():
@@ -237,23 +258,51 @@ def test_half_precision_target_logits_are_verified():
     assert out.output_token_ids.shape == (10, 3)
 
 
-# --- mixed batches and seeds -------------------------------------------------------------
+# --- mixed batches and addressed randomness ----------------------------------------------
+#
+# Row b's acceptance test of drafted token i uses the uniform (seed_b, positions_b + i,
+# ROLE_ACCEPT); its recovered-or-bonus token uses (seed_b, positions_b + num_accepted_b,
+# ROLE_FINAL). So a seeded row's output depends on its own inputs, seed and position only.
 
 
-def _solo(target_logits, ids, num_drafted, q, params, seed):
-    """Verify one row alone with a fresh generator for `seed`."""
-    gens = [None if seed is None else torch.Generator().manual_seed(seed)]
-    return rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params([params], gens))
+def _seeded(params: SamplingParams, seed: int) -> SamplingParams:
+    return dataclasses.replace(params, seed=seed)
+
+
+def _solo(target_logits, ids, num_drafted, q, params, position=0):
+    """Verify one row alone."""
+    return rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params([params], [position]))
+
+
+def test_the_acceptance_and_final_draws_use_the_addressed_uniforms():
+    """Replays the algorithm with the documented uniforms and checks every row's outcome."""
+    rows, gamma = 400, 3
+    params = [SamplingParams(temperature=1.0, seed=1000 + r) for r in range(rows)]
+    target_logits, ids, num_drafted, q = _random_round(rows, gamma, VOCAB, seed=20, params=params)
+    batch = SamplingBatch.from_params(params, [r % 17 for r in range(rows)])
+    out = rejection_sample(target_logits, ids, num_drafted, q, batch)
+    p = logits_to_probs(target_logits, batch)  # [B, gamma + 1, V]
+    u_accept = _addressed(batch, torch.arange(gamma).expand(rows, gamma), ROLE_ACCEPT)  # [B, gamma]
+    p_x, q_x = p[:, :gamma].gather(-1, ids[..., None])[..., 0], q.gather(-1, ids[..., None])[..., 0]
+    expected_accepted = (u_accept * q_x < p_x).long().cumprod(-1).sum(-1)
+    assert torch.equal(out.num_accepted, expected_accepted)
+    u_final = _addressed(batch, expected_accepted, ROLE_FINAL)  # [B]
+    for r, emitted in enumerate(out.emitted()):
+        n = int(expected_accepted[r])
+        final_probs = p[r, n] if n == gamma else (p[r, n] - q[r, n]).clamp(min=0)  # bonus or residual
+        final = inverse_cdf_sample(final_probs[None], u_final[r : r + 1])
+        assert emitted == ids[r, :n].tolist() + final.tolist()
 
 
 def test_mixed_batch_gives_each_row_what_it_gets_alone():
     params = [GREEDY, SamplingParams(temperature=0.8, seed=1), GREEDY, SamplingParams(temperature=1.2, top_k=4, seed=2)]
     target_logits, ids, _, q = _random_round(4, 3, VOCAB, seed=11, params=params)
     num_drafted = torch.tensor([3, 2, 1, 3])
-    gens = [None if p.seed is None else torch.Generator().manual_seed(p.seed) for p in params]
-    together = rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params(params, gens))
+    positions = [5, 6, 7, 8]
+    together = rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params(params, positions))
     for r, p in enumerate(params):
-        alone = _solo(target_logits[r : r + 1], ids[r : r + 1], num_drafted[r : r + 1], q[r : r + 1], p, p.seed)
+        one = slice(r, r + 1)
+        alone = _solo(target_logits[one], ids[one], num_drafted[one], q[one], p, positions[r])
         assert together.emitted()[r] == alone.emitted()[0]
 
 
@@ -265,58 +314,46 @@ def test_mixed_batch_with_one_hot_targets_gives_the_same_tokens_on_both_paths():
     assert out.emitted() == [[1, 2, 3], [1, 2], [1, 2, 3], [1, 2]]
 
 
-def test_same_seed_gives_the_same_output():
+def test_same_seed_and_positions_give_the_same_output():
     params = [SamplingParams(temperature=1.0, seed=s) for s in range(300)]
     target_logits, ids, num_drafted, q = _random_round(300, 4, VOCAB, seed=12, params=params)
-    first = rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params(params))
-    second = rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params(params))
+    positions = list(range(300))
+    first = rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params(params, positions))
+    second = rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params(params, positions))
     assert torch.equal(first.output_token_ids, second.output_token_ids)
 
 
 def test_different_seeds_give_different_outputs():
     target_logits, ids, num_drafted, q = _random_round(1, 4, VOCAB, seed=13, params=[SAMPLED])
-    outputs = {
-        tuple(_solo(target_logits, ids, num_drafted, q, SAMPLED, seed).emitted()[0]) for seed in range(50)
-    }
-    assert len(outputs) > 1
+    outputs = [_solo(target_logits, ids, num_drafted, q, _seeded(SAMPLED, seed)).emitted()[0] for seed in range(50)]
+    assert len({tuple(o) for o in outputs}) > 1
 
 
-def test_a_seeded_rows_output_does_not_change_when_other_rows_join_the_batch():
+def test_the_same_round_at_other_positions_draws_new_numbers():
+    """Positions address the uniforms: replaying a round at the same position repeats it,
+    at later positions (the next rounds of a sequence) it does not."""
+    target_logits, ids, num_drafted, q = _random_round(1, 3, VOCAB, seed=17, params=[SAMPLED])
+    params = _seeded(SAMPLED, 5)
+    by_position = [_solo(target_logits, ids, num_drafted, q, params, t).emitted()[0] for t in range(30)]
+    again = [_solo(target_logits, ids, num_drafted, q, params, t).emitted()[0] for t in range(30)]
+    assert by_position == again
+    assert len({tuple(r) for r in by_position}) > 1
+
+
+def test_a_seeded_rows_output_does_not_depend_on_its_batch_gamma_or_row_order():
     params = SamplingParams(temperature=0.9, top_p=0.95)
     target_logits, ids, num_drafted, q = _random_round(1, 2, VOCAB, seed=14, params=[params])
-    # Join three other rows, and pad everything to a larger gamma of 5.
+    # Three other rows join, everything is padded to a gamma of 5, and the row moves to the end.
     others = [SAMPLED, GREEDY, SamplingParams(temperature=1.0, seed=99)]
     big_logits, big_ids, _, big_q = _random_round(4, 5, VOCAB, seed=15, params=[params, *others])
-    big_logits[0, :3], big_ids[0, :2], big_q[0, :2] = target_logits[0], ids[0], q[0]
-    big_num_drafted = torch.tensor([2, 5, 4, 3])
+    big_logits[3, :3], big_ids[3, :2], big_q[3, :2] = target_logits[0], ids[0], q[0]
+    big_num_drafted = torch.tensor([5, 4, 3, 2])
     for seed in range(20):
-        alone_batch = SamplingBatch.from_params([params], [torch.Generator().manual_seed(seed)])
-        gens = [torch.Generator().manual_seed(seed), None, None, torch.Generator().manual_seed(99)]
-        joined_batch = SamplingBatch.from_params([params, *others], gens)
-        for _ in range(2):  # the second round checks the generator was advanced the same way
-            alone = rejection_sample(target_logits, ids, num_drafted, q, alone_batch)
-            joined = rejection_sample(big_logits, big_ids, big_num_drafted, big_q, joined_batch)
-            assert joined.emitted()[0] == alone.emitted()[0]
-
-
-def test_a_seeded_row_draws_num_drafted_plus_one_uniforms_per_round():
-    target_logits, ids, _, q = _random_round(2, 4, VOCAB, seed=16, params=[SAMPLED] * 2)
-    gens = [torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)]
-    rejection_sample(target_logits, ids, torch.tensor([4, 1]), q, SamplingBatch.from_params([SAMPLED] * 2, gens))
-    assert torch.equal(gens[0].get_state(), _state_after(1, 5))
-    assert torch.equal(gens[1].get_state(), _state_after(2, 2))
-
-
-def test_generators_carry_on_across_rounds():
-    target_logits, ids, num_drafted, q = _random_round(1, 3, VOCAB, seed=17, params=[SAMPLED])
-
-    def thirty_rounds(batch: SamplingBatch) -> list[list[int]]:
-        return [rejection_sample(target_logits, ids, num_drafted, q, batch).emitted()[0] for _ in range(30)]
-
-    rounds = thirty_rounds(SamplingBatch.from_params([SAMPLED], [torch.Generator().manual_seed(5)]))
-    again = thirty_rounds(SamplingBatch.from_params([SAMPLED], [torch.Generator().manual_seed(5)]))
-    assert rounds == again
-    assert len({tuple(r) for r in rounds}) > 1
+        mine = _seeded(params, seed)
+        alone = _solo(target_logits, ids, num_drafted, q, mine, 40)
+        joined_batch = SamplingBatch.from_params([*others, mine], [40, 40, 0, 40])
+        joined = rejection_sample(big_logits, big_ids, big_num_drafted, big_q, joined_batch)
+        assert joined.emitted()[3] == alone.emitted()[0]
 
 
 # --- input validation --------------------------------------------------------------------

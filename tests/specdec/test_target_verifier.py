@@ -83,3 +83,61 @@ def test_rows_without_draft_probabilities_are_verified_as_one_hot(runner):
     assert ids.tolist() == [[7, 8], [9, -1]] and num_drafted.tolist() == [2, 1]
     assert q[1, 0, 9] == 1.0 and q[1, 0].sum() == 1.0 and q[1, 1].sum() == 0.0
     assert torch.allclose(q[0].sum(-1), torch.ones(2))
+
+
+# ---- the target trusts nothing it is sent ------------------------------------------------
+
+SAMPLED = SamplingParams(temperature=1.0, seed=3)
+
+
+def _q(rows: int, vocab: int) -> torch.Tensor:
+    return torch.full((rows, vocab), 1.0 / vocab)  # [rows, vocab], a valid q
+
+
+def _bad_q(kind: str, vocab: int) -> torch.Tensor:
+    q = _q(2, vocab)
+    if kind == "nan":
+        q[0, 5] = float("nan")
+    elif kind == "inf":
+        q[1, 0] = float("inf")
+    elif kind == "negative":
+        q[0, 1] = -0.5
+    elif kind == "unnormalised":
+        q *= 0.5
+    elif kind == "zero at the drafted token":
+        q[0, 7] = 0.0
+        q[0] /= q[0].sum()
+    elif kind == "wrong shape":
+        q = _q(3, vocab)
+    return q
+
+
+@pytest.mark.parametrize(
+    "kind", ["nan", "inf", "negative", "unnormalised", "zero at the drafted token", "wrong shape"]
+)
+def test_a_q_that_is_no_distribution_is_not_trusted_the_row_decodes_plainly(runner, prompt_ids, kind):
+    verifier = TargetVerifier(runner)
+    bad = VerifyRequest("bad", prompt_ids[0], [7, 9], SAMPLED, _bad_q(kind, runner.vocab_size))
+    good = VerifyRequest("good", prompt_ids[1], [7, 9], SAMPLED, _q(2, runner.vocab_size))
+    r_bad, r_good = verifier.verify([bad, good])
+    assert (r_bad.num_accepted, len(r_bad.emitted)) == (0, 1), "verified as if nothing was drafted"
+    assert verifier.rejected_proposals == 1
+    assert r_good.num_accepted <= 2 and len(r_good.emitted) == r_good.num_accepted + 1
+    for seq_id in ("bad", "good"):
+        verifier.release(seq_id)
+
+
+@pytest.mark.parametrize("drafted", [[4096], [-1], [3] * 300])
+def test_drafted_ids_outside_the_vocabulary_or_the_context_are_not_verified(runner, prompt_ids, drafted):
+    verifier = TargetVerifier(runner)
+    [r] = verifier.verify([VerifyRequest("a", prompt_ids[0], drafted, GREEDY)])
+    assert (r.num_accepted, verifier.rejected_proposals) == (0, 1)
+    assert runner.slot_length(verifier._states["a"].slot) == len(prompt_ids[0])
+    verifier.release("a")
+
+
+def test_a_valid_q_is_verified(runner, prompt_ids):
+    verifier = TargetVerifier(runner)
+    [r] = verifier.verify([VerifyRequest("a", prompt_ids[0], [7, 9], SAMPLED, _q(2, runner.vocab_size).half().float())])
+    assert verifier.rejected_proposals == 0 and len(r.emitted) == r.num_accepted + 1
+    verifier.release("a")

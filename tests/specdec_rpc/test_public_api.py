@@ -1,14 +1,15 @@
 """The public API's translation: GenerateRequest -> GenerationRequest (bad input names the
-field), results -> GenerateResponse, round outputs -> chunks whose texts add up to the result."""
+field), results -> GenerateResponse, round outputs -> chunks (their text is the engine's:
+held back and stop-cut by specdec.stop_conditions, whose tests cover it)."""
 
 import pytest
 
-from specdec.engine import GenerationResult
+from specdec.engine import GenerationResult, RoundOutput
 from specdec.stats import SpecStats
-from specdec_rpc.public_api import ChunkBuilder, ServerDefaults, to_generation_request, to_response
+from specdec_rpc.public_api import ServerDefaults, prompt_char_limit, to_chunk, to_generation_request, to_response
 from specdec_rpc.v1 import specdec_pb2 as pb
 
-DEFAULTS = ServerDefaults(max_new_tokens=32, gamma=4, proposers=("draft", "ngram"))
+DEFAULTS = ServerDefaults(max_new_tokens=32, gamma=4, proposers=("draft", "ngram"), max_prompt_chars=100)
 
 
 def encode(text: str) -> list[int]:
@@ -68,7 +69,9 @@ def test_speculation_settings_travel_to_the_engine(speculation, mode, gamma, pro
         ({"prompt": "x", "sampling": pb.SamplingParams(top_p=0.0)}, "top_p"),
         ({"prompt": "x", "sampling": pb.SamplingParams(top_p=1.5)}, "top_p"),
         ({"prompt": "x", "sampling": pb.SamplingParams(top_k=-1)}, "top_k"),
-        ({"prompt": "x", "sampling": pb.SamplingParams(seed=2**64 - 1)}, "seed"),
+        ({"prompt": "x", "sampling": pb.SamplingParams(temperature=float("inf"))}, "temperature"),
+        ({"prompt": "x", "sampling": pb.SamplingParams(temperature=float("nan"))}, "temperature"),
+        ({"prompt": "x", "sampling": pb.SamplingParams(top_p=float("nan"))}, "top_p"),
         ({"prompt": "x", "speculation": pb.SpeculationParams(gamma=-1)}, "gamma"),
         ({"prompt": "x", "speculation": pb.SpeculationParams(mode=pb.SPECULATION_MODE_OFF, gamma=-1)}, "gamma"),
         ({"prompt": "x", "speculation": pb.SpeculationParams(mode=7)}, "speculation.mode"),
@@ -102,28 +105,37 @@ def test_a_result_becomes_a_response_with_stats():
     assert not to_response(plain).stats.speculation_enabled
 
 
-def test_chunk_texts_add_up_to_the_final_text():
-    builder = ChunkBuilder(decode)
-    texts = [builder.chunk(encode(part)).text for part in ("def ", "f(x)", ":")]
-    last = builder.last_chunk(encode("\n"), result("def f(x):\n", encode("def f(x):\n")))
-    assert texts == ["def ", "f(x)", ":"] and last.text == "\n"
-    assert last.finish_reason == "length" and last.stats.rounds == 4
+def test_a_round_becomes_a_chunk_and_the_last_one_carries_the_outcome():
+    chunk = to_chunk(RoundOutput("seq-0", [100, 101], None, text="de"))
+    assert (chunk.text, list(chunk.token_ids), chunk.finish_reason) == ("de", [100, 101], "")
+    assert not chunk.HasField("stats")
+    last = to_chunk(RoundOutput("seq-0", [102], "length", text="f"), result("def", encode("def")))
+    assert (last.text, last.finish_reason, last.stats.rounds) == ("f", "length", 4)
 
 
-def test_an_incomplete_character_is_held_back():
-    def partial_decode(ids):  # 0 stands for the first byte of a two-byte character
-        text = decode([i for i in ids if i])
-        return text + "\ufffd" if ids[-1] == 0 else text.replace("\x01", "é")
-
-    builder = ChunkBuilder(partial_decode)
-    assert builder.chunk([97, 0]).text == "a"
-    assert builder.chunk([1]).text == "é"
+def test_seeds_are_any_uint64_and_stop_token_ids_travel():
+    request = translate(prompt="x", sampling=pb.SamplingParams(temperature=1.0, seed=2**64 - 1), stop_token_ids=[7, 9])
+    assert request.sampling.seed == 2**64 - 1 and request.stop_token_ids == (7, 9)
 
 
-def test_text_that_may_start_a_stop_string_is_held_back_and_the_stop_is_cut():
-    builder = ChunkBuilder(decode, stop=("END",))
-    assert builder.chunk(encode("abc E")).text == "abc "
-    assert builder.chunk(encode("x")).text == "Ex"
-    assert builder.chunk(encode(" EN")).text == " "
-    final = result("abc Ex ", encode("abc Ex END"), reason="stop")
-    assert builder.last_chunk(encode("D"), final).text == ""
+def test_an_over_long_prompt_is_refused_before_it_is_tokenised():
+    calls = []
+
+    def counting_encode(text):
+        calls.append(text)
+        return encode(text)
+
+    with pytest.raises(ValueError, match="prompt: 101 characters cannot fit the context"):
+        to_generation_request(pb.GenerateRequest(prompt="y" * 101), counting_encode, DEFAULTS)
+    assert calls == []
+    assert len(to_generation_request(pb.GenerateRequest(prompt="y" * 100), counting_encode, DEFAULTS).prompt_token_ids) == 100
+
+
+def test_the_prompt_character_bound_follows_the_longest_token(tokenizer):
+    """No text of more characters than the bound fits the context, whatever it says."""
+    limit = prompt_char_limit(64, tokenizer)
+    longest = max(len(t) for t in tokenizer.get_vocab())
+    assert limit == 2 * 64 * longest
+    for text in ("    " * 5000, "x" * 20000, "é" * 20000, "def f(x):\n" * 2000):
+        if len(text) > limit:
+            assert len(tokenizer(text, add_special_tokens=False)["input_ids"]) > 64

@@ -65,3 +65,12 @@ def test_health_and_not_ready():
 
 def test_a_loaded_service_is_serving(service):
     assert service.health() == service.health(SERVICE_NAME) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_stats_acceptance_rate_and_mean_accepted_length_come_from_the_same_counts(service, prompt_ids):
+    asyncio.run(service.generate(request(prompt_ids[1], 24, mode=pb.SPECULATION_MODE_ON)))
+    stats = service.stats()
+    assert stats.drafted > 0
+    assert stats.acceptance_rate == pytest.approx(stats.accepted / stats.drafted)
+    assert stats.window_mean_accepted_length == pytest.approx(stats.mean_accepted_length)
+    assert stats.mean_accepted_length == pytest.approx((stats.accepted + stats.rounds) / stats.rounds)

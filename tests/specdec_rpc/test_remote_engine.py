@@ -9,6 +9,7 @@ import torch
 
 from specdec.config import load_config
 from specdec.engine import SpeculativeEngine
+from specdec.errors import WorkerError
 from specdec.engine_builder import load_runner
 from specdec.proposers.base import ProposalRequest
 from specdec.proposers.composite_proposer import CompositeProposer
@@ -18,6 +19,7 @@ from specdec.sampling_params import SamplingParams
 from specdec.target_verifier import TargetVerifier
 from specdec.verifier import VerifyRequest
 from specdec_rpc.draft_servicer import DraftServicer
+from specdec_rpc.history_sync import HistorySender, sampling_to_proto
 from specdec_rpc.remote_proposer import RemoteProposer
 from specdec_rpc.remote_verifier import RemoteVerifier
 from specdec_rpc.target_servicer import TargetServicer
@@ -125,6 +127,64 @@ def test_restarted_workers_are_refilled_by_resync_without_changing_the_output(
     assert workers["draft"].servicer.stats.sequences >= 2, "the new draft worker drafted again"
 
 
+def restart(workers):
+    """Replace both workers by fresh ones on the same addresses (all their state is lost)."""
+    for name, make_servicer in (("target", target_servicer), ("draft", lambda: DraftServicer.from_config(CONFIG))):
+        old = workers[name]
+        old.stop()
+        host, port = old.address.rsplit(":", 1)
+        workers[name] = ServerThread(make_servicer(), host, int(port))
+
+
+def test_a_seeded_sampled_request_survives_worker_restarts_with_the_same_output(remote_engine, workers, prompt_ids):
+    """Random draws are keyed by (seed, position, role): a restarted worker draws what the
+    lost one would have drawn, and never replays a number it already used."""
+    request = GenerationRequest(prompt_ids[2], MAX_NEW, SamplingParams(temperature=1.0, top_p=0.9, seed=41))
+    [reference] = remote_engine("draft", 3).generate([request])
+    engine = remote_engine("draft", 3)
+    seq_id = engine.add_request(request)
+    for _ in range(3):
+        engine.step()
+    restart(workers)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.result(seq_id).token_ids == reference.token_ids
+
+
+def test_a_q_that_does_not_decode_is_not_trusted_and_fails_nothing(workers, prompt_ids, hf_greedy):
+    """A truncated distribution on the wire: that row decodes plainly, the call succeeds."""
+    before = target_info(workers).rejected_proposals
+    sampled = SamplingParams(temperature=1.0, seed=2)
+    broken = worker_pb2.TokenDistribution(dense_f16=b"\x00\x3c" * 10)  # 10 values for a 4096 vocabulary
+    with grpc.insecure_channel(workers["target"].address) as channel:
+        stub = worker_pb2_grpc.TargetWorkerStub(channel)
+        items = [
+            worker_pb2.VerifyItem(
+                history=worker_pb2.HistoryDelta(seq_id="corrupt", token_ids=prompt_ids[0], sampling=sampling_to_proto(sampled)),
+                draft_token_ids=[5], draft_probs=[broken],
+            ),
+            worker_pb2.VerifyItem(history=worker_pb2.HistoryDelta(seq_id="fine", token_ids=prompt_ids[1])),
+        ]
+        corrupt, fine = stub.Verify(worker_pb2.VerifyRequest(items=items)).outcomes
+        stub.Release(worker_pb2.ReleaseRequest(seq_ids=["corrupt", "fine"]))
+    assert (corrupt.num_accepted, len(corrupt.emitted_token_ids)) == (0, 1)
+    assert list(fine.emitted_token_ids) == hf_greedy(prompt_ids[1], 1)
+    assert target_info(workers).rejected_proposals == before + 1
+
+
+def test_an_unreachable_target_is_a_worker_error(prompt_ids):
+    """No row caused it: the engine fails the round's batch with UNAVAILABLE instead of
+    retrying row by row."""
+    verifier = RemoteVerifier.__new__(RemoteVerifier)  # skip the readiness wait of __init__
+    verifier.address, verifier.timeout_s = "127.0.0.1:1", 2.0
+    verifier._channel = grpc.insecure_channel(verifier.address)
+    verifier._stub = worker_pb2_grpc.TargetWorkerStub(verifier._channel)
+    verifier._sender, verifier._held, verifier._released = HistorySender(), set(), []
+    with pytest.raises(WorkerError, match="unavailable"):
+        verifier.verify([VerifyRequest("a", prompt_ids[0], [], SamplingParams())])
+    verifier._channel.close()
+
+
 def test_release_frees_the_slots_on_both_workers(remote_engine, workers, prompt_ids):
     engine = remote_engine("draft", 4)
     verifier, draft = engine.verifier, engine.proposer.proposers["draft"]
@@ -197,7 +257,7 @@ def test_the_draft_sends_float16_exact_q_that_the_target_decodes_bit_exactly(wor
     proposer = RemoteProposer(workers["draft"].address)
     try:
         sampling = SamplingParams(temperature=1.0, seed=1)
-        proposal = proposer.propose([ProposalRequest("q-check", list(prompt_ids[0]), sampling)], gamma=3)
+        proposal = proposer.propose([ProposalRequest("q-check", list(prompt_ids[0]), sampling, gamma=3)])
         assert proposal.probs.shape == (1, 3, 4096)
         assert torch.equal(proposal.probs, proposal.probs.half().float())
         assert proposal.probs[0].gather(-1, proposal.token_ids[0, :, None]).min() > 0

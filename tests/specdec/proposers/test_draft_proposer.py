@@ -1,6 +1,7 @@
 """The draft proposer follows the history: it rolls back rejected guesses and catches up on missed tokens."""
 
 import pytest
+import torch
 
 from specdec.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
@@ -17,7 +18,7 @@ def runner():
 
 
 def propose(proposer, history, gamma=4, seq_id="s", sampling=GREEDY):
-    return proposer.propose([ProposalRequest(seq_id, history, sampling)], gamma)
+    return proposer.propose([ProposalRequest(seq_id, history, sampling, gamma=gamma)])
 
 
 def fresh_proposal(runner, history, gamma=4):
@@ -64,6 +65,83 @@ def test_it_catches_up_on_tokens_it_never_saw(runner, prompt_ids):
     history = prompt_ids[2] + prompt_ids[3][:20]
     assert propose(proposer, history).token_ids[0].tolist() == fresh_proposal(runner, history)
     proposer.release("s")
+
+
+def test_each_row_drafts_exactly_its_own_gamma(runner, prompt_ids):
+    """A γ = 1 row next to a γ = 5 row drafts one token, the one it drafts alone."""
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    alone = fresh_proposal(runner, prompt_ids[1], gamma=1)
+    p = proposer.propose([
+        ProposalRequest("a", prompt_ids[0], GREEDY, gamma=5),
+        ProposalRequest("b", prompt_ids[1], GREEDY, gamma=1),
+    ])
+    assert p.num_drafted.tolist() == [5, 1]
+    assert p.token_ids[1].tolist() == alone + [-1] * 4
+    # the γ = 1 row fed no guess back: its cache holds exactly its history
+    assert runner.slot_length(proposer._states["b"].slot) == len(prompt_ids[1])
+    for seq_id in ("a", "b"):
+        proposer.release(seq_id)
+
+
+def test_a_seeded_rows_drafts_do_not_depend_on_its_neighbours(runner, prompt_ids):
+    sampling = SamplingParams(temperature=1.0, seed=5)
+    alone = DraftModelProposer(runner, runner.vocab_size)
+    mine = alone.propose([ProposalRequest("me", prompt_ids[0], sampling, gamma=2)])
+    alone.release("me")
+    crowded = DraftModelProposer(runner, runner.vocab_size)
+    other = SamplingParams(temperature=1.0, seed=6)
+    p = crowded.propose([
+        ProposalRequest("x", prompt_ids[2], other, gamma=6),
+        ProposalRequest("me", prompt_ids[0], sampling, gamma=2),
+    ])
+    assert p.token_ids[1, :2].tolist() == mine.token_ids[0].tolist()
+    # batching may change the forward's last bits (ragged padding), not the draws
+    assert torch.allclose(p.probs[1, :2], mine.probs[0], rtol=1e-4, atol=1e-7)
+    for seq_id in ("x", "me"):
+        crowded.release(seq_id)
+
+
+def test_gamma_is_clipped_to_the_drafts_context_down_to_zero(runner):
+    """History + γ - 1 fed guesses must fit a slot (max_seq_len 512)."""
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    near_full = [7] * 510  # room for 3 tokens: the history's 510 plus 2 fed guesses
+    too_long = [7] * 513
+    p = proposer.propose([
+        ProposalRequest("near", near_full, GREEDY, gamma=8),
+        ProposalRequest("over", too_long, GREEDY, gamma=4),
+        ProposalRequest("ok", [1, 2, 3], GREEDY, gamma=4),
+    ])
+    assert p.num_drafted.tolist() == [3, 0, 4]
+    assert "over" not in proposer._states, "a row that cannot draft changes no state"
+    for seq_id in ("near", "ok"):
+        proposer.release(seq_id)
+
+
+def test_a_failed_call_forgets_its_rows_and_the_next_call_rebuilds_them(runner, prompt_ids, monkeypatch):
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    propose(proposer, prompt_ids[0])
+    free = runner.num_free_slots
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(runner, "forward", broken)
+    with pytest.raises(RuntimeError, match="device lost"):
+        propose(proposer, prompt_ids[0] + [3])
+    assert "s" not in proposer._states and runner.num_free_slots == free + 1
+    monkeypatch.undo()
+    history = prompt_ids[0] + [3]
+    assert propose(proposer, history).token_ids[0].tolist() == fresh_proposal(runner, history)
+    proposer.release("s")
+
+
+def test_new_rows_beyond_the_free_slots_draft_nothing(runner):
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    requests = [ProposalRequest(f"r{i}", [1, 2, 3], GREEDY, gamma=2) for i in range(runner.num_free_slots + 2)]
+    p = proposer.propose(requests)
+    assert p.num_drafted.tolist() == [2] * (len(requests) - 2) + [0, 0]
+    for request in requests:
+        proposer.release(request.seq_id)
 
 
 def test_sampled_proposals_carry_q_and_are_seeded(runner, prompt_ids):

@@ -45,10 +45,10 @@ def test_single_token_context_proposes_nothing():
 def test_batch_proposal_pads_rows_that_found_nothing():
     proposer = NgramProposer(n_min=2, n_max=3)
     requests = [
-        ProposalRequest("a", [1, 2, 3, 1, 2], SamplingParams()),
-        ProposalRequest("b", [9, 8, 7], SamplingParams()),
+        ProposalRequest("a", [1, 2, 3, 1, 2], SamplingParams(), gamma=3),
+        ProposalRequest("b", [9, 8, 7], SamplingParams(), gamma=3),
     ]
-    proposal = proposer.propose(requests, gamma=3)
+    proposal = proposer.propose(requests)
     assert proposal.token_ids.tolist() == [[3, 1, 2], [-1, -1, -1]]
     assert proposal.num_drafted.tolist() == [3, 0]
     assert proposal.probs is None
@@ -57,3 +57,14 @@ def test_batch_proposal_pads_rows_that_found_nothing():
 def test_bad_ngram_sizes_are_rejected():
     with pytest.raises(ValueError, match="n_min"):
         NgramProposer(n_min=3, n_max=2)
+
+
+def test_each_row_proposes_at_most_its_own_gamma():
+    proposer = NgramProposer(n_min=2, n_max=3)
+    history = [1, 2, 3, 4, 5, 1, 2]
+    proposal = proposer.propose([
+        ProposalRequest("a", history, SamplingParams(), gamma=1),
+        ProposalRequest("b", history, SamplingParams(), gamma=3),
+    ])
+    assert proposal.token_ids.tolist() == [[3, -1, -1], [3, 4, 5]]
+    assert proposal.num_drafted.tolist() == [1, 3]

@@ -1,0 +1,8 @@
+"""Core exceptions that shells map to protocol status codes."""
+
+from __future__ import annotations
+
+
+class WorkerError(RuntimeError):
+    """A worker failed a whole call (unreachable, timed out, crashed): no single row of
+    the batch caused it, so the round fails every row it carried (UNAVAILABLE)."""

@@ -1,0 +1,53 @@
+"""Where a round's time goes: the proposer call, the verifier call and the engine's own
+bookkeeping, each call split into the worker's compute and the rest (serialisation,
+transfer, queueing: the "hop"). Summed over rounds; `means_ms` gives the per-round picture
+that GetStats and the serving benchmark report."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class RoundProfile:
+    """Seconds summed over `rounds` rounds.
+
+    propose_s / verify_s: wall time of the proposer / verifier call as the engine saw it.
+    propose_compute_s / verify_compute_s: what the worker itself spent (a remote worker
+        reports it; in-process the whole call is compute).
+    round_s: the whole round (the step), so bookkeeping = round - propose - verify.
+    """
+
+    rounds: int = 0
+    propose_s: float = 0.0
+    propose_compute_s: float = 0.0
+    verify_s: float = 0.0
+    verify_compute_s: float = 0.0
+    round_s: float = 0.0
+
+    def record(self, propose: tuple[float, float | None], verify: tuple[float, float | None], round_s: float) -> None:
+        """propose / verify: (wall, compute or None = all of it) of this round's calls."""
+        self.rounds += 1
+        self.propose_s += propose[0]
+        self.propose_compute_s += propose[0] if propose[1] is None else min(propose[1], propose[0])
+        self.verify_s += verify[0]
+        self.verify_compute_s += verify[0] if verify[1] is None else min(verify[1], verify[0])
+        self.round_s += round_s
+
+    def means_ms(self) -> dict[str, float]:
+        """Per-round means in milliseconds: draft and target compute, each call's hop, the
+        engine's bookkeeping and the whole round."""
+        if not self.rounds:
+            return {}
+        per = 1000.0 / self.rounds
+        return {
+            "draft_compute_ms": self.propose_compute_s * per,
+            "draft_hop_ms": (self.propose_s - self.propose_compute_s) * per,
+            "target_compute_ms": self.verify_compute_s * per,
+            "target_hop_ms": (self.verify_s - self.verify_compute_s) * per,
+            "bookkeeping_ms": (self.round_s - self.propose_s - self.verify_s) * per,
+            "round_ms": self.round_s * per,
+        }
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
