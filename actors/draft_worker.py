@@ -14,7 +14,7 @@ import ray
 
 from specdec.config import SpecdecConfig
 from specdec_rpc.draft_servicer import DraftServicer
-from actors.served_actor import ServedActor
+from actors.served_actor import ServedActor, own_cores
 
 
 @ray.remote
@@ -23,6 +23,7 @@ class DraftWorkerActor(ServedActor):
 
     async def start(self, config: SpecdecConfig, host: str = "0.0.0.0", port: int = 0) -> str:
         """Load the draft (with the tokenizer check) and serve; returns 'node_ip:port'."""
+        own_cores(config.serving.draft_num_cpus)
         servicer = await asyncio.get_running_loop().run_in_executor(None, DraftServicer.from_config, config)
         return await self._serve(servicer, host, port)
 

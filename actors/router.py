@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2
 from ray import serve
 
 from actors.router_metrics import RouterMetrics
+from actors.served_actor import own_cores
 from specdec_rpc.public_service import PublicService
 from specdec_rpc.router_backend import RouterBackend
 from specdec_rpc.status_codes import UnknownServiceError, status_for
@@ -68,6 +69,7 @@ class SpecdecRouter:
     METRICS_PERIOD_S = 1.0
 
     def __init__(self, backend_factory: Callable[[], RouterBackend]) -> None:
+        own_cores(1)  # the router only tokenises and does small tensor work: the models get the cores
         self.service = PublicService()
         self.metrics = RouterMetrics()
         self._closed = threading.Event()

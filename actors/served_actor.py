@@ -7,6 +7,14 @@ from typing import Any
 import ray
 
 from specdec_rpc.worker_runtime import info_as_dict
+
+
+def own_cores(num_cpus: float) -> None:
+    """Compute on as many torch threads as the actor reserved CPUs (at least one), so that
+    the draft, each target rank and the router do not fight over the same cores."""
+    import torch
+
+    torch.set_num_threads(max(1, int(num_cpus)))
 from specdec_rpc.worker_server import WorkerServer, start_worker_server
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from actors.mirrored_runner import MirroredRunner
 from actors.ports import free_port
-from actors.served_actor import ServedActor
+from actors.served_actor import ServedActor, own_cores
 from specdec.config import SpecdecConfig
 from specdec.model_paths import resolve_model_path
 from specdec.models.loader import load_model, read_config, resolve_checkpoint_dir
@@ -55,6 +55,7 @@ class _Shard:
         return ray.util.get_node_ip_address(), free_port("")
 
     def _setup(self, config: SpecdecConfig, rank: int, world_size: int, master: tuple[str, int]) -> None:
+        own_cores(config.serving.target_num_cpus)
         if world_size > 1:
             dist.init_process_group(
                 distributed_backend(config),

@@ -37,7 +37,8 @@ from specdec.request import GenerationRequest
 
 StreamFactory = Callable[[str, int], AsyncIterator[list[int]]]  # (prompt, max_new) -> token chunks
 ProfileReader = Callable[[], Awaitable[dict]]  # -> {"rounds": n, "<part>_ms": mean per round, ...} (cumulative)
-PROFILE_PARTS = ("draft_compute_ms", "draft_hop_ms", "target_compute_ms", "target_hop_ms", "bookkeeping_ms", "round_ms")
+PROFILE_PARTS = ("draft_compute_ms", "draft_hop_ms", "target_compute_ms", "target_hop_ms", "bookkeeping_ms",
+                 "overlapped_ms", "round_ms")
 
 
 def profile_delta(before: dict, after: dict) -> dict:
@@ -46,7 +47,10 @@ def profile_delta(before: dict, after: dict) -> dict:
     if rounds <= 0:
         return {}
     total = lambda reading, part: reading.get(part, 0.0) * reading.get("rounds", 0)  # noqa: E731
-    return {"rounds": rounds, **{p: (total(after, p) - total(before, p)) / rounds for p in PROFILE_PARTS}}
+    ahead = after.get("ahead", 0) - before.get("ahead", 0)
+    hits = after.get("ahead", 0) * after.get("hit_rate", 0.0) - before.get("ahead", 0) * before.get("hit_rate", 0.0)
+    return {"rounds": rounds, **{p: (total(after, p) - total(before, p)) / rounds for p in PROFILE_PARTS},
+            "hit_rate": hits / ahead if ahead > 0 else None}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -130,7 +134,9 @@ def in_process_rows(config: SpecdecConfig, prompts: list[str], max_new: int, lev
         loop.shutdown()
 
 
-def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels: list[int]) -> list[dict]:
+def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels: list[int], label: str,
+                modes: tuple[str, ...] = ("on",)) -> list[dict]:
+    """Start `specdec serve`'s stack on `config` and run every level once per speculation mode."""
     from actors.app import free_port, start_app
     from specdec_rpc.client import AsyncSpecdecClient
 
@@ -138,17 +144,22 @@ def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels:
     app = start_app(config, ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
 
     async def main() -> list[dict]:
+        rows = []
         async with AsyncSpecdecClient(app.address, timeout_s=600.0) as client:
-            async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
-                # mode ON: the configured γ, as in-process (AUTO would follow the load monitor)
-                async for chunk in client.generate_stream(prompt, max_new_tokens=n, mode="on"):
-                    yield list(chunk.token_ids)
-
             async def profile() -> dict:
                 p = (await client.stats()).round_profile
-                return {"rounds": p.rounds, **{part: getattr(p, part) for part in PROFILE_PARTS}}
+                return {"rounds": p.rounds, "ahead": p.rows_drafted_ahead, "hit_rate": p.look_ahead_hit_rate,
+                        **{part: getattr(p, part) for part in PROFILE_PARTS}}
 
-            return await run_all(stream, prompts, max_new, levels, "server (gRPC)", profile)
+            for mode in modes:
+                async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
+                    # mode ON: the configured γ, as in-process (AUTO would follow the load monitor)
+                    async for chunk in client.generate_stream(prompt, max_new_tokens=n, mode=mode):
+                        yield list(chunk.token_ids)
+
+                name = f"{label}, speculation {mode}"
+                rows += await run_all(stream, prompts, max_new, levels, name, profile)
+        return rows
 
     try:
         return asyncio.run(main())
@@ -172,14 +183,16 @@ def markdown(rows: list[dict]) -> str:
 def profile_markdown(rows: list[dict]) -> str:
     """Where a round's time went, per setup and concurrency (means per round, ms)."""
     lines = [
-        "| setup | streams | rounds | draft compute | draft hop | target compute | target hop | router | round |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| setup | streams | rounds | draft compute | draft hop | target compute | target hop | router "
+        "| overlapped | round | look-ahead hit rate |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         p = r.get("profile") or {}
         if p:
             parts = " | ".join(f"{p[part]:.2f}" for part in PROFILE_PARTS)
-            lines.append(f"| {r['setup']} | {r['streams']} | {p['rounds']} | {parts} |")
+            hit = "–" if p.get("hit_rate") is None else f"{p['hit_rate']:.0%}"
+            lines.append(f"| {r['setup']} | {r['streams']} | {p['rounds']} | {parts} | {hit} |")
     return "\n".join(lines)
 
 
@@ -194,7 +207,9 @@ def main() -> None:
     config = load_config(*args.config)
     prompts = bundled_prompts()[: args.prompts]
     rows = in_process_rows(config, prompts, args.max_new_tokens, args.concurrency)
-    rows += server_rows(config, prompts, args.max_new_tokens, args.concurrency)
+    rows += server_rows(config, prompts, args.max_new_tokens, args.concurrency, "server", ("on", "off"))
+    sequential = load_config(*args.config, overrides={"speculation": {"overlap": False}})
+    rows += server_rows(sequential, prompts, args.max_new_tokens, args.concurrency, "server, no drafting ahead")
     print(markdown(rows))
     print()
     print(profile_markdown(rows))

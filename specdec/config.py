@@ -56,6 +56,12 @@ class SpeculationConfig(StrictModel):
         16, ge=0, le=64, description="Largest γ a request may ask for; larger ones are refused (bad input)."
     )
     ngram: NgramConfig = Field(default_factory=NgramConfig, description="Settings of the n-gram proposer.")
+    overlap: bool = Field(
+        True, description="Draft round k+1 while the target verifies round k (only where the target is remote)."
+    )
+    overlap_min_acceptance: float = Field(
+        0.3, ge=0, le=1, description="A request drafts ahead only while its own acceptance rate is at least this."
+    )
 
     @model_validator(mode="after")
     def _gamma_within_cap(self) -> "SpeculationConfig":

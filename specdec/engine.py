@@ -20,11 +20,14 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+
+import torch
 from collections import deque
 from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
 
+from specdec.draft_ahead import DraftAhead, proposal_from_rows, spread
 from specdec.errors import WorkerError
 from specdec.load_stats import RoundSample
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
@@ -104,11 +107,14 @@ class SpeculativeEngine:
         gamma_max: int = 16,
         max_stop_strings: int = 16,
         max_stop_string_chars: int = 256,
+        draft_ahead: DraftAhead | None = None,
     ) -> None:
         """gamma: the server's γ (used when no policy decides, and for mode ON).
         eos_token_ids: every id that ends a sequence (generation_config's list, too).
         policy: decides γ per round from load and measured costs (None = always `gamma`).
-        gamma_max, max_stop_strings, max_stop_string_chars: per-request caps (RequestLimits)."""
+        gamma_max, max_stop_strings, max_stop_string_chars: per-request caps (RequestLimits).
+        draft_ahead: draft round k + 1 while the target verifies round k (pipelined rounds;
+        pays only when the verifier runs concurrently, e.g. on a remote target)."""
         if not 0 <= gamma <= gamma_max:
             raise ValueError(f"gamma must be in [0, gamma_max={gamma_max}], got {gamma}")
         self.verifier = verifier
@@ -125,6 +131,7 @@ class SpeculativeEngine:
         self.stats = SpecStats()
         self.proposer_failures = 0  # rounds that ran without drafts because the proposer failed
         self.profile = RoundProfile()  # where the rounds' time went
+        self.draft_ahead = draft_ahead
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._finished: dict[str, Sequence] = {}
@@ -199,7 +206,8 @@ class SpeculativeEngine:
     # ---- one round -------------------------------------------------------------------------
 
     def step(self) -> list[RoundOutput]:
-        """Admit waiting requests, then run one round for every running sequence."""
+        """Admit waiting requests, then run one round for the running sequences (all of them;
+        with micro-batches, the half whose drafts are ready)."""
         start = time.perf_counter()
         self._admit()
         if not self._running:
@@ -223,7 +231,7 @@ class SpeculativeEngine:
         the rows that fail on their own fail. A failed attempt changed no history (the
         verifier and proposer resynchronise to it), so a retry is safe."""
         try:
-            return self._round(batch)
+            return self._round(batch, overlap=len(batch) == len(self._running))  # retries run plainly
         except WorkerError:
             raise
         except Exception as exc:
@@ -233,35 +241,90 @@ class SpeculativeEngine:
             middle = len(batch) // 2
             return self._isolated_round(batch[:middle]) + self._isolated_round(batch[middle:])
 
-    def _round(self, batch: list[Sequence]) -> list[RoundOutput]:
+    def _round(self, batch: list[Sequence], overlap: bool = True) -> list[RoundOutput]:
+        """Propose, verify, apply. With draft_ahead (and overlap), the rows verified now
+        use drafts made during the previous step, and the proposer works while the target
+        verifies: for the other rows (two micro-batches), or ahead for these (look-ahead).
+        Returns the outputs of the rows verified in this step."""
         start = time.perf_counter()
-        proposal = self._propose(batch, [self._gamma_for(s) for s in batch])
+        gammas = {seq.seq_id: self._gamma_for(seq) for seq in batch}
+        ahead = self.draft_ahead if overlap else None
+        now, later = ahead.split(batch, gammas) if ahead is not None else (batch, [])
+        gamma_now = [gammas[seq.seq_id] for seq in now]
+        proposal = self._ready_drafts(now, gamma_now) if ahead is not None else self._propose(now, gamma_now)
         proposed = time.perf_counter()
-        requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(batch)]
-        verify_start = time.perf_counter()
-        results = self.verifier.verify(requests)
+        requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(now)]
+        pending = self.verifier.verify_async(requests)
+        meanwhile, ahead_s = self._during_verify(now, later, requests, gammas) if ahead is not None else (None, 0.0)
+        results = pending.result()
         verified = time.perf_counter()
-        if len(results) != len(batch):
-            raise WorkerError(f"the verifier answered {len(results)} results for {len(batch)} rows")
+        if len(results) != len(now):
+            raise WorkerError(f"the verifier answered {len(results)} results for {len(now)} rows")
+        if meanwhile is not None:  # before _apply extends the histories the requests share
+            ahead.after_verdict(later, requests, results, meanwhile)
         outputs, drafted, accepted = [], [], []
-        for seq, request, result in zip(batch, requests, results):
+        for seq, request, result in zip(now, requests, results):
             output, counts = self._apply(seq, request, result)
             outputs.append(output)
             drafted.append(counts[0])
             accepted.append(counts[1])
-        propose_s, verify_s = proposed - start, verified - verify_start
-        self.profile.record(
-            (propose_s, self._propose_compute_s),
-            (verify_s, getattr(self.verifier, "last_compute_s", None)),
-            time.perf_counter() - start,
-        )
-        if self.policy is not None:
-            self.policy.record(round_sample(drafted, accepted, propose_s, time.perf_counter() - proposed))
+        self._record(start, proposed, verified, ahead_s, drafted, accepted)
         return outputs
 
+    def _ready_drafts(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
+        """Each row's drafts made ahead when they continue its history; the other speculating
+        rows are proposed for now, before their verification."""
+        ready = [self.draft_ahead.take(seq.seq_id, seq.token_ids, g) for seq, g in zip(batch, gammas)]
+        missing = [i for i, (ids, _) in enumerate(ready) if not ids and gammas[i] > 0]
+        self._propose_compute_s = 0.0
+        if missing:
+            fresh = self._propose([batch[i] for i in missing], [gammas[i] for i in missing])
+            for j, i in enumerate(missing):
+                ids = fresh.drafted(j)
+                ready[i] = (ids, None if fresh.probs is None or not ids else fresh.probs[j, : len(ids)])
+        return proposal_from_rows(ready, max(gammas, default=0))
+
+    def _during_verify(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas):
+        """The proposer's work while the target verifies `now` (DraftAhead.asks). Returns
+        (the proposal, one row per ask, or None; seconds it took)."""
+        start = time.perf_counter()
+        asks = self.draft_ahead.asks(now, later, requests, gammas)
+        if not any(ask.gamma > 0 for ask in asks):
+            return None, 0.0
+        try:
+            part = self.proposer.propose([ask for ask in asks if ask.gamma > 0])
+        except Exception:
+            self.proposer_failures += 1
+            logger.exception("drafting ahead failed; the next round proposes as usual")
+            return None, time.perf_counter() - start
+        self._add_propose_compute(time.perf_counter() - start)
+        return spread(part, [ask.gamma > 0 for ask in asks]), time.perf_counter() - start
+
+    def _add_propose_compute(self, wall: float) -> None:
+        """Add a proposer call's compute (its wall time when the proposer reports none)."""
+        compute = getattr(self.proposer, "last_compute_s", None)
+        before = self._propose_compute_s
+        if before is None and compute is None:
+            return
+        self._propose_compute_s = (before or 0.0) + (wall if compute is None else compute)
+
+    def _record(self, start: float, proposed: float, verified: float, ahead_s: float, drafted, accepted) -> None:
+        """The round's profile and the policy's measurements."""
+        propose_s = proposed - start + ahead_s
+        self.profile.record(
+            (propose_s, self._propose_compute_s),
+            (verified - proposed, getattr(self.verifier, "last_compute_s", None)),
+            time.perf_counter() - start,
+            overlapped_s=ahead_s,
+        )
+        if self.policy is not None:
+            self.policy.record(round_sample(drafted, accepted, propose_s, verified - proposed))
+
     def _admit(self) -> None:
-        """Waiting requests join while the verifier has free slots (running ones hold theirs)."""
-        free = self.verifier.num_free_slots
+        """Waiting requests join while the verifier has free slots. A running request takes
+        its slot at its first verification, which may come a step later (micro-batches):
+        those are counted as taken already."""
+        free = self.verifier.num_free_slots - sum(1 for seq in self._running if seq.stats.rounds == 0)
         while self._waiting and free > 0:
             self._running.append(self._waiting.popleft())
             free -= 1
@@ -342,6 +405,8 @@ class SpeculativeEngine:
 
     def _retire(self, seq: Sequence) -> None:
         self._finished[seq.seq_id] = seq
+        if self.draft_ahead is not None:
+            self.draft_ahead.forget(seq.seq_id)
         if seq in self._waiting:
             self._waiting.remove(seq)
         if seq in self._running:
@@ -350,3 +415,4 @@ class SpeculativeEngine:
                 self.verifier.release(seq.seq_id)
             finally:  # a failing target must not leak the draft's slot
                 self.proposer.release(seq.seq_id)
+

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.config import CacheConfig, ModelsConfig, SpecdecConfig, SpeculationConfig
+from specdec.draft_ahead import DraftAhead
 from specdec.engine import RoundPolicy, SpeculativeEngine
 from specdec.model_paths import resolve_model_path
 from specdec.models.loader import resolve_checkpoint_dir
@@ -61,8 +62,10 @@ def server_gamma(config: SpecdecConfig) -> int:
 def make_engine(
     config: SpecdecConfig, verifier: Verifier, proposer: Proposer, tokenizer: Any, policy: RoundPolicy | None = None
 ) -> SpeculativeEngine:
-    """The engine for `config` over the given verifier and proposer (in-process or remote)."""
-    generation = config.generation
+    """The engine for `config` over the given verifier and proposer (in-process or remote).
+    It drafts ahead (pipelined rounds) when configured and the verifier runs concurrently."""
+    generation, speculation = config.generation, config.speculation
+    ahead = speculation.overlap and verifier.runs_concurrently
     return SpeculativeEngine(
         verifier,
         proposer,
@@ -71,9 +74,10 @@ def make_engine(
         decode=decoder(tokenizer),
         max_new_tokens_limit=generation.max_new_tokens_limit,
         policy=policy,
-        gamma_max=config.speculation.gamma_max,
+        gamma_max=speculation.gamma_max,
         max_stop_strings=generation.max_stop_strings,
         max_stop_string_chars=generation.max_stop_string_chars,
+        draft_ahead=DraftAhead(speculation.overlap_min_acceptance) if ahead else None,
     )
 
 

@@ -1,6 +1,7 @@
 """Where a round's time goes: the proposer call, the verifier call and the engine's own
 bookkeeping, each call split into the worker's compute and the rest (serialisation,
-transfer, queueing: the "hop"). Summed over rounds; `means_ms` gives the per-round picture
+transfer, queueing: the "hop"); with drafting ahead, how much proposer time overlapped
+the verify call. Summed over rounds; `means_ms` gives the per-round picture
 that GetStats and the serving benchmark report."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ class RoundProfile:
     propose_s / verify_s: wall time of the proposer / verifier call as the engine saw it.
     propose_compute_s / verify_compute_s: what the worker itself spent (a remote worker
         reports it; in-process the whole call is compute).
-    round_s: the whole round (the step), so bookkeeping = round - propose - verify.
+    overlap_s: proposer time that ran while the target verified (drafting ahead), so
+        bookkeeping = round - verify - (propose - overlap).
     """
 
     rounds: int = 0
@@ -24,10 +26,16 @@ class RoundProfile:
     verify_s: float = 0.0
     verify_compute_s: float = 0.0
     round_s: float = 0.0
+    overlap_s: float = 0.0
 
-    def record(self, propose: tuple[float, float | None], verify: tuple[float, float | None], round_s: float) -> None:
-        """propose / verify: (wall, compute or None = all of it) of this round's calls."""
+    def record(
+        self, propose: tuple[float, float | None], verify: tuple[float, float | None], round_s: float,
+        overlapped_s: float = 0.0,
+    ) -> None:
+        """propose / verify: (wall, compute or None = all of it) of this round's calls;
+        overlapped_s: the part of the propose wall time spent while the verify call ran."""
         self.rounds += 1
+        self.overlap_s += overlapped_s
         self.propose_s += propose[0]
         self.propose_compute_s += propose[0] if propose[1] is None else min(propose[1], propose[0])
         self.verify_s += verify[0]
@@ -45,7 +53,8 @@ class RoundProfile:
             "draft_hop_ms": (self.propose_s - self.propose_compute_s) * per,
             "target_compute_ms": self.verify_compute_s * per,
             "target_hop_ms": (self.verify_s - self.verify_compute_s) * per,
-            "bookkeeping_ms": (self.round_s - self.propose_s - self.verify_s) * per,
+            "bookkeeping_ms": (self.round_s - self.verify_s - self.propose_s + self.overlap_s) * per,
+            "overlapped_ms": self.overlap_s * per,
             "round_ms": self.round_s * per,
         }
 

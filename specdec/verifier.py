@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -44,11 +45,33 @@ class VerifyResult:
     num_accepted: int
 
 
+class PendingVerify(Protocol):
+    """A verify call in flight."""
+
+    def result(self) -> list["VerifyResult"]:
+        """Wait for the results (raises what the call raised)."""
+
+
+class _Done:
+    def __init__(self, results: list["VerifyResult"]) -> None:
+        self._results = results
+
+    def result(self) -> list["VerifyResult"]:
+        return self._results
+
+
 class Verifier(ABC):
     """Scores drafted tokens with the target and keeps the longest acceptable prefix."""
 
     vocab_size: int
     max_seq_len: int
+    #: True when verify_async returns while the target still works (a remote target), so
+    #: the caller can draft ahead meanwhile.
+    runs_concurrently: bool = False
+
+    def verify_async(self, requests: list["VerifyRequest"]) -> PendingVerify:
+        """Start verify(requests); the default runs it to completion first."""
+        return _Done(self.verify(requests))
 
     @property
     @abstractmethod

@@ -83,9 +83,7 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         )
 
     def _run(self, request: worker_pb2.ProposeRequest, applied: AppliedDeltas, rows: list[ProposalRequest]):
-        """On the worker thread: drop stale state of diverged sequences, draft, encode."""
-        for seq_id in applied.diverged_seq_ids:
-            self.proposer.release(seq_id)
+        """On the worker thread: draft (the proposer follows any history, diverged ones too), encode."""
         proposal = self.proposer.propose(rows) if rows else None
         return self._drafts(request, applied.histories, rows, proposal)
 

@@ -6,15 +6,18 @@ builds `HistoryDelta(offset, token_ids = history[offset:])` messages. The worker
 `HistoryStore` that rebuilds the full histories from them:
 
 * offset == known length: append (the usual round: the tokens emitted last round);
-* offset <  known length: truncate to offset and append (the router resent part of it);
+* offset <  known length: truncate to offset and append (the router resent part of it,
+  or the history changed after offset: a draft's look-ahead history, which ends with
+  drafts that the target may reject, is replaced from where it differs);
 * offset >  known length, or offset > 0 for an unknown sequence (the worker restarted or
   lost a message): nothing is applied and the sequence goes into ``resync_seq_ids``; the
   router then resets its sent length to 0 and sends the whole history.
 
-Histories only grow, so a replaced part normally repeats what the worker had. When the
-new history does not extend the old one (a seq_id reused for another sequence), the
-sequence is reported as *diverged* and the worker drops its state for it (cache slot,
-generator) before using it.
+The sender remembers what it sent, so each delta starts where the new history first
+differs from it. When a new history does not extend the old one, the sequence is reported
+as *diverged*; the target (whose histories only grow, so this means a seq_id reused for
+another sequence) drops its state for it before using it, while the draft's state follows
+any history by itself.
 
 A failed call leaves the router unsure what the worker applied, so it resets the sent
 lengths of that call's sequences too (a whole history is always a correct delta).
@@ -27,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from specdec.sequence import common_prefix_length
 from specdec.sampling_params import SamplingParams
 from specdec_rpc.v1 import specdec_pb2, worker_pb2
 
@@ -60,7 +64,7 @@ class HistorySender:
 
     def __init__(self, namespace: str = "") -> None:
         self.namespace = namespace
-        self._sent: dict[str, int] = {}  # seq_id -> tokens of its history sent so far
+        self._sent: dict[str, list[int]] = {}  # seq_id -> the history as last sent
 
     def wire_id(self, seq_id: str) -> str:
         """The seq_id as the worker knows it."""
@@ -80,17 +84,14 @@ class HistorySender:
 
     def sent_length(self, seq_id: str) -> int:
         """Tokens of the history this worker is believed to hold (0 = none)."""
-        return self._sent.get(seq_id, 0)
+        return len(self._sent.get(seq_id, ()))
 
     def delta(self, seq_id: str, token_ids: Sequence[int], sampling: SamplingParams) -> worker_pb2.HistoryDelta:
-        """The part of `token_ids` (the full history) not sent yet; records it as sent.
-
-        Histories only grow, so history[:sent] is unchanged; a history shorter than what
-        was sent is resent whole."""
-        offset = self._sent.get(seq_id, 0)
-        if offset > len(token_ids):
-            offset = 0
-        self._sent[seq_id] = len(token_ids)
+        """The part of `token_ids` (the full history) from where it first differs from what
+        was sent; records it as sent."""
+        token_ids = list(token_ids)
+        offset = common_prefix_length(self._sent.get(seq_id, []), token_ids)
+        self._sent[seq_id] = token_ids
         return worker_pb2.HistoryDelta(
             seq_id=self.wire_id(seq_id),
             offset=offset,

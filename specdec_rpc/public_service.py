@@ -79,6 +79,9 @@ class PublicService:
         response.round_profile.rounds = engine.profile.rounds
         for name, value in engine.profile.means_ms().items():
             setattr(response.round_profile, name, value)
+        if engine.draft_ahead is not None:
+            response.round_profile.rows_drafted_ahead = engine.draft_ahead.rows_ahead
+            response.round_profile.look_ahead_hit_rate = engine.draft_ahead.hit_rate
         if backend.monitor is not None:
             status = backend.monitor.status()
             response.speculation_enabled, response.gamma = status["speculation_enabled"], status["gamma"]

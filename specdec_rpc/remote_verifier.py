@@ -62,14 +62,25 @@ class RemoteVerifier(Verifier):
     def num_free_slots(self) -> int:
         return self.num_slots - len(self._held)
 
+    runs_concurrently = True  # the target works in its own process: verify_async returns at once
+
     def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
-        if not requests:
-            return []
+        return self.verify_async(requests).result()
+
+    def verify_async(self, requests: list[VerifyRequest]) -> "_PendingVerify":
+        """Send the Verify call and return at once; result() waits for the outcomes."""
         self.flush()
         self.last_compute_s = 0.0  # the target's compute in this call (RoundProfile)
         self._held.update(r.seq_id for r in requests)
         items = [self._item(r) for r in requests]
-        response = self._call(requests, items)
+        future = self._send(items) if requests else None
+        return _PendingVerify(self, requests, items, future)
+
+    def _finish(self, requests: list[VerifyRequest], items, future) -> list[VerifyResult]:
+        """The outcomes of a sent call (resyncing sequences the target did not know)."""
+        if not requests:
+            return []
+        response = self._receive(requests, items, future)
         outcomes = dict(zip((r.seq_id for r in requests), response.outcomes))
         if response.resync_seq_ids:
             resync = {self._sender.local_id(w) for w in response.resync_seq_ids}
@@ -85,10 +96,16 @@ class RemoteVerifier(Verifier):
             item.draft_probs.extend(encode_rows(request.draft_probs))  # [num_drafted, V]
         return item
 
+    def _send(self, items: list[worker_pb2.VerifyItem]) -> grpc.Future:
+        return self._stub.Verify.future(worker_pb2.VerifyRequest(items=items), timeout=self.timeout_s)
+
     def _call(self, requests: list[VerifyRequest], items: list[worker_pb2.VerifyItem]) -> worker_pb2.VerifyResponse:
-        """One Verify call; after a failure its sequences resend their whole history."""
+        return self._receive(requests, items, self._send(items))
+
+    def _receive(self, requests: list[VerifyRequest], items, future: grpc.Future) -> worker_pb2.VerifyResponse:
+        """Wait for one Verify call; after a failure its sequences resend their whole history."""
         try:
-            response = self._stub.Verify(worker_pb2.VerifyRequest(items=items), timeout=self.timeout_s)
+            response = future.result()
         except grpc.RpcError as exc:
             self._sender.reset(r.seq_id for r in requests)
             if exc.code() in WORKER_DOWN:
@@ -149,3 +166,13 @@ class RemoteVerifier(Verifier):
         except grpc.RpcError:
             pass
         self._channel.close()
+
+
+class _PendingVerify:
+    """A Verify call in flight (see RemoteVerifier.verify_async)."""
+
+    def __init__(self, owner: RemoteVerifier, requests: list[VerifyRequest], items, future) -> None:
+        self._owner, self._requests, self._items, self._future = owner, requests, items, future
+
+    def result(self) -> list[VerifyResult]:
+        return self._owner._finish(self._requests, self._items, self._future)

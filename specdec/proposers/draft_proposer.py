@@ -1,7 +1,8 @@
 """Draft-model proposer: a small model with its own slot cache guesses γ tokens per sequence.
 
 The proposer is history-driven: per sequence it remembers which tokens its cache holds.
-Each round it rolls the cache back (O(1)) to the longest prefix the new history confirms —
+Each round it rolls the cache back (O(1)) to the longest prefix it shares with the new
+history —
 the accepted drafted tokens survive, the rejected ones are forgotten — feeds the tokens it
 has not seen (usually the recovered/bonus token; many after speculation was off or after a
 restart) and then drafts each row's own γ, feeding all but its last guess back. There is
@@ -22,21 +23,13 @@ from specdec.counter_rng import ROLE_DRAFT
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
 from specdec.sampling import SamplingBatch, logits_to_probs, sample_from_probs
+from specdec.sequence import common_prefix_length
 
 
 @dataclass
 class _DraftState:
     slot: int
     cached: list[int] = field(default_factory=list)  # tokens held by the slot, in order
-    confirmed: int = 0  # history[:confirmed] matched `cached` at the last round (histories only grow)
-
-
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class DraftModelProposer(Proposer):
@@ -149,11 +142,9 @@ class DraftModelProposer(Proposer):
         Returns next-token logits [batch, vocab]. The caller checked that every history fits."""
         chunks = []
         for request, state in zip(requests, states):
-            history = request.token_ids
-            start = min(state.confirmed, len(state.cached))
+            history = request.token_ids  # any history: it may roll back (drafting ahead)
             # the pending token (history[-1]) is always fed, so it is never kept
-            keep = start + common_prefix_length(state.cached[start:], history[start:-1])
-            state.confirmed = len(history)
+            keep = common_prefix_length(state.cached, history[:-1])
             self.runner.truncate(state.slot, keep)
             del state.cached[keep:]
             chunks.append(history[keep:])

@@ -41,11 +41,17 @@ def test_reset_makes_the_next_delta_the_whole_history():
     assert sender.delta("b", [7, 8], GREEDY).offset == 1
 
 
-def test_a_history_shorter_than_what_was_sent_is_resent_whole():
-    sender = HistorySender()
-    sender.delta("a", [1, 2, 3, 4], GREEDY)
-    short = sender.delta("a", [1, 2], GREEDY)
-    assert (short.offset, list(short.token_ids)) == (0, [1, 2])
+def test_a_changed_history_is_sent_from_where_it_first_differs():
+    """A draft's look-ahead history ends with drafts the target may reject: the next
+    history replaces it from the first difference, and the store rebuilds it exactly."""
+    sender, store = HistorySender(), HistoryStore()
+    store.apply(sender.delta("a", [1, 2, 3, 4], GREEDY))
+    rolled_back = sender.delta("a", [1, 2, 9], GREEDY)
+    assert (rolled_back.offset, list(rolled_back.token_ids)) == (2, [9])
+    assert store.apply(rolled_back) == [1, 2, 9]
+    shorter = sender.delta("a", [1, 2], GREEDY)
+    assert (shorter.offset, list(shorter.token_ids)) == (2, [])
+    assert store.apply(shorter) == [1, 2]
 
 
 def test_every_delta_carries_the_sampling_params():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec.config import load_config
+from specdec.draft_ahead import DraftAhead
 from specdec.engine import SpeculativeEngine
 from specdec.errors import WorkerError
 from specdec.engine_builder import load_runner
@@ -50,12 +51,14 @@ def remote_engine(workers, tokenizer):
     """make(proposer, gamma) -> an engine whose verifier and draft proposer are gRPC clients."""
     clients = []
 
-    def make(proposer: str = "draft", gamma: int = 4, draft_address: str | None = None, timeout_s: float = 30.0):
+    def make(proposer: str = "draft", gamma: int = 4, draft_address: str | None = None, timeout_s: float = 30.0,
+             draft_ahead: DraftAhead | None = None):
         verifier = RemoteVerifier(workers["target"].address, timeout_s)
         draft = RemoteProposer(draft_address or workers["draft"].address, timeout_s)
         clients.extend([verifier, draft])
         composite = CompositeProposer({"draft": draft, "ngram": NgramProposer()}, proposer)
-        return SpeculativeEngine(verifier, composite, gamma, eos_token_ids=[tokenizer.eos_token_id])
+        return SpeculativeEngine(verifier, composite, gamma, eos_token_ids=[tokenizer.eos_token_id],
+                                 draft_ahead=draft_ahead)
 
     yield make
     for client in clients:
@@ -106,6 +109,23 @@ def test_a_seeded_sampled_request_repeats_exactly_and_shares_rounds_with_greedy_
     assert sampled_1.token_ids == sampled_2.token_ids
     assert sampled_1.stats.accepted > 0, "draft tokens are accepted under sampling too"
     assert greedy_1.token_ids == hf_greedy(prompt_ids[1], MAX_NEW)
+
+
+@pytest.mark.parametrize("micro_batches, prompts", [(False, 1), (True, 4)], ids=["look-ahead", "micro-batches"])
+@pytest.mark.parametrize("proposer", ["draft", "ngram"])
+def test_drafting_ahead_while_the_remote_target_verifies_keeps_the_output(
+    remote_engine, prompt_ids, hf_greedy, proposer, micro_batches, prompts
+):
+    """The verify call runs while the draft worker drafts: greedy output is still the
+    target's, and a seeded sampled request repeats exactly."""
+    engine = remote_engine(proposer, 4, draft_ahead=DraftAhead(0.0, micro_batches))
+    greedy = [GenerationRequest(p, MAX_NEW) for p in prompt_ids[:prompts]]
+    assert [r.token_ids for r in engine.generate(greedy)] == [hf_greedy(p, MAX_NEW) for p in prompt_ids[:prompts]]
+    ahead = engine.draft_ahead
+    assert (ahead.stored > 0) if micro_batches else (0 < ahead.hits <= ahead.rows_ahead)
+    sampled = GenerationRequest(prompt_ids[2], MAX_NEW, SamplingParams(temperature=0.9, seed=12), ignore_eos=True)
+    runs = [remote_engine(proposer, 4, draft_ahead=DraftAhead(0.0, micro_batches)).generate([sampled]) for _ in range(2)]
+    assert runs[0][0].token_ids == runs[1][0].token_ids
 
 
 def test_restarted_workers_are_refilled_by_resync_without_changing_the_output(

@@ -1,0 +1,181 @@
+"""Drafting ahead: the proposer works while the target verifies.
+
+When verification runs elsewhere (a target worker), the proposer would idle while the
+target verifies and the target would idle while the proposer drafts. Two ways overlap them:
+
+* **Two micro-batches.** With several requests, the batch is split in two: while the
+  target verifies one half, the proposer drafts for the other half from its (final)
+  history; next step the halves swap. Every draft is used; nothing is speculative.
+* **Look-ahead** (PEARL's "post-verify", Liu et al., ICLR 2025), for a lone group: while
+  the target verifies a row's drafts d1..dγ, the proposer drafts γ + 1 more tokens
+  e0..eγ from the history *assuming every di is accepted*; e0 guesses the round's own
+  final (bonus) token.
+
+When the verdict arrives, the look-ahead is used only where the assumption held: every
+drafted token was accepted and the target's final token equals e0. Then e1..eγ continue
+exactly the history the sequence now has, and become the next round's drafts with the q
+they were drawn from. Anywhere else they are thrown away (the proposer rolls its cache back
+by itself at its next call) and the row's next round is proposed as usual, before its
+verification (while that verification runs, the proposer drafts ahead again).
+
+Losslessness: only the target decides what is emitted. The final token is sampled by the
+target as in any round; the look-ahead tokens are ordinary proposals, drawn from the
+draft's distribution given the very history they are verified against, so Leviathan's rule
+applies to them unchanged. Greedy output stays the target's greedy output, sampled output
+follows the target's distribution exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.proposers.base import Proposal, ProposalRequest
+from specdec.sequence import Sequence
+from specdec.verifier import VerifyRequest, VerifyResult
+
+MIN_ROUNDS_BEFORE_GATING = 4  # a row's own acceptance is trusted after this many rounds
+
+
+@dataclass
+class LookAhead:
+    """Tokens drafted ahead for one row.
+
+    base_length: the history length they continue (the round's history + its drafts + e0).
+    token_ids: e1.. (the next round's drafts); probs: their q weights [n, vocab] or None.
+    """
+
+    base_length: int
+    token_ids: list[int]
+    probs: torch.Tensor | None
+
+
+class DraftAhead:
+    """Keeps the drafts made ahead for each row between rounds, and counts how often a
+    look-ahead was usable.
+
+    min_acceptance: a row whose own acceptance rate (after a few rounds) is below this does
+        not look ahead: its look-ahead would mostly be thrown away (wasted draft work).
+    micro_batches: split a batch of several requests into two halves that take turns
+        (False: every step verifies the whole batch and looks ahead).
+    """
+
+    def __init__(self, min_acceptance: float = 0.3, micro_batches: bool = True) -> None:
+        self.min_acceptance = min_acceptance
+        self.micro_batches = micro_batches
+        self._ready: dict[str, LookAhead] = {}
+        self.rows_ahead = 0  # rows that looked ahead
+        self.hits = 0  # ... whose look-ahead became the next round's drafts
+        self.stored = 0  # drafts made for the other micro-batch while one was verified
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of look-aheads that were ready and right when the verdict arrived."""
+        return self.hits / self.rows_ahead if self.rows_ahead else 0.0
+
+    def is_ready(self, seq_id: str, history: list[int]) -> bool:
+        """Whether drafts made ahead continue this row's history."""
+        ahead = self._ready.get(seq_id)
+        return ahead is not None and ahead.base_length == len(history)
+
+    def store(self, seq_id: str, history: list[int], proposal: Proposal, row: int) -> None:
+        """Keep drafts proposed from the row's current history (the other micro-batch)."""
+        drafted = proposal.drafted(row)
+        probs = None if proposal.probs is None else proposal.probs[row, : len(drafted)]
+        self._ready[seq_id] = LookAhead(len(history), drafted, probs)
+        self.stored += 1
+
+    def take(self, seq_id: str, history: list[int], gamma: int) -> tuple[list[int], torch.Tensor | None]:
+        """This round's drafts for a row: its look-ahead, cut to γ, when it continues the
+        history; none otherwise. The look-ahead is used once."""
+        ahead = self._ready.pop(seq_id, None)
+        if ahead is None or ahead.base_length != len(history) or gamma <= 0:
+            return [], None
+        n = min(gamma, len(ahead.token_ids))
+        return ahead.token_ids[:n], None if ahead.probs is None else ahead.probs[:n]
+
+    def wants(self, drafted: int, accepted: int, rounds: int) -> bool:
+        """Whether a row with these statistics should draft ahead."""
+        if rounds < MIN_ROUNDS_BEFORE_GATING or drafted == 0:
+            return True
+        return accepted / drafted >= self.min_acceptance
+
+    def split(self, batch: list[Sequence], gammas: dict[str, int]) -> tuple[list[Sequence], list[Sequence]]:
+        """(rows verified now, speculating rows drafted for while they verify). Rows whose
+        drafts are ready go now; when none are, half of the speculating rows do."""
+        speculating = [seq for seq in batch if gammas[seq.seq_id] > 0]
+        if not self.micro_batches:
+            return batch, []
+        ready = [seq for seq in speculating if self.is_ready(seq.seq_id, seq.token_ids)]
+        if not ready:
+            ready = speculating[: (len(speculating) + 1) // 2]
+        later = {seq.seq_id for seq in speculating} - {seq.seq_id for seq in ready}
+        return [s for s in batch if s.seq_id not in later], [s for s in batch if s.seq_id in later]
+
+    def asks(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas) -> list:
+        """What to propose while the target verifies `now`: drafts for `later` from their
+        histories, or (no other rows) γ + 1 look-ahead tokens for each row of `now` from its
+        history plus this round's drafts (γ 0 = not this row)."""
+        if later:
+            return [ProposalRequest(seq.seq_id, seq.token_ids, seq.request.sampling, seq.request.proposer,
+                                    gammas[seq.seq_id]) for seq in later]
+        asks = []
+        for seq, request in zip(now, requests):
+            looks = gammas[seq.seq_id] > 0 and self.wants(seq.stats.drafted, seq.stats.accepted, seq.stats.rounds)
+            asks.append(ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids],
+                                        seq.request.sampling, seq.request.proposer,
+                                        gammas[seq.seq_id] + 1 if looks else 0))
+        self.rows_ahead += sum(1 for ask in asks if ask.gamma > 0)
+        return asks
+
+    def after_verdict(self, later: list[Sequence], requests, results, meanwhile: Proposal) -> None:
+        """Keep what was proposed during verification: the other half's drafts, or the
+        look-aheads that the verdict confirmed."""
+        if later:
+            for row, seq in enumerate(later):
+                self.store(seq.seq_id, seq.token_ids, meanwhile, row)
+            return
+        for row, (request, result) in enumerate(zip(requests, results)):
+            self.keep(request, result, meanwhile, row)
+
+    def keep(self, request: VerifyRequest, result: VerifyResult, proposal: Proposal, row: int) -> None:
+        """Store a row's look-ahead for the next round when the verdict confirms it."""
+        drafted = proposal.drafted(row)
+        all_accepted = result.num_accepted == len(request.draft_token_ids)
+        if len(drafted) < 2 or not all_accepted or result.emitted[-1] != drafted[0]:
+            return
+        probs = None if proposal.probs is None else proposal.probs[row, 1 : len(drafted)]
+        base = len(request.token_ids) + len(request.draft_token_ids) + 1
+        self._ready[request.seq_id] = LookAhead(base, drafted[1:], probs)
+        self.hits += 1
+
+    def forget(self, seq_id: str) -> None:
+        self._ready.pop(seq_id, None)
+
+
+def proposal_from_rows(rows: list[tuple[list[int], torch.Tensor | None]], width: int) -> Proposal:
+    """A Proposal from per-row (drafted ids, q weights [n, vocab] or None); rows without q
+    get a one-hot q when others have one."""
+    proposal = Proposal.empty(len(rows), width)
+    with_probs = {}
+    for i, (ids, probs) in enumerate(rows):
+        proposal.token_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        proposal.num_drafted[i] = len(ids)
+        if probs is not None:
+            with_probs[i] = probs
+    if with_probs:
+        proposal.set_probs(with_probs, next(iter(with_probs.values())).shape[-1])
+    return proposal
+
+
+def spread(part: Proposal, rows: list[bool]) -> Proposal:
+    """A proposal for the rows marked True, spread out to all rows (the others draft nothing)."""
+    index = [i for i, used in enumerate(rows) if used]
+    full = Proposal.empty(len(rows), part.token_ids.shape[1])
+    full.token_ids[index] = part.token_ids
+    full.num_drafted[index] = part.num_drafted
+    if part.probs is not None:
+        full.probs = part.probs.new_zeros(len(rows), *part.probs.shape[1:])
+        full.probs[index] = part.probs
+    return full
