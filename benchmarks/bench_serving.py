@@ -9,7 +9,13 @@ concurrent streams (N = 1, 4, 8), each stream taking the next prompt when it fin
 * in-process: AsyncEngine over the engine in this process (one torch thread per model,
   as each Ray worker actor gets), streaming RoundOutputs;
 * server: `specdec serve`'s stack started here (draft worker, target group, router behind
-  Serve's gRPC proxy), streaming GenerateChunks with AsyncSpecdecClient.
+  Serve's gRPC proxy), streaming GenerateChunks with AsyncSpecdecClient: rounds one after
+  the other, with speculation ON and OFF (plain decoding), then a second server that
+  drafts while the target verifies (speculation.overlap: two micro-batches / look-ahead).
+
+A second table shows where a round's time went (means per round, ms: draft and target
+compute, each call's hop, the router's bookkeeping, draft time hidden behind the verify
+call, the whole round) and the look-ahead hit rate.
 
 Columns: tokens/s = all generated tokens / wall time; TTFT = time to the first chunk;
 ITL = inter-token latency: each chunk's gap to the previous chunk of its stream, split
@@ -190,7 +196,7 @@ def profile_markdown(rows: list[dict]) -> str:
     for r in rows:
         p = r.get("profile") or {}
         if p:
-            parts = " | ".join(f"{p[part]:.2f}" for part in PROFILE_PARTS)
+            parts = " | ".join(f"{round(p[part], 2) or 0.0:.2f}" for part in PROFILE_PARTS)
             hit = "–" if p.get("hit_rate") is None else f"{p['hit_rate']:.0%}"
             lines.append(f"| {r['setup']} | {r['streams']} | {p['rounds']} | {parts} | {hit} |")
     return "\n".join(lines)
@@ -207,9 +213,10 @@ def main() -> None:
     config = load_config(*args.config)
     prompts = bundled_prompts()[: args.prompts]
     rows = in_process_rows(config, prompts, args.max_new_tokens, args.concurrency)
-    rows += server_rows(config, prompts, args.max_new_tokens, args.concurrency, "server", ("on", "off"))
     sequential = load_config(*args.config, overrides={"speculation": {"overlap": False}})
-    rows += server_rows(sequential, prompts, args.max_new_tokens, args.concurrency, "server, no drafting ahead")
+    rows += server_rows(sequential, prompts, args.max_new_tokens, args.concurrency, "server", ("on", "off"))
+    pipelined = load_config(*args.config, overrides={"speculation": {"overlap": True}})
+    rows += server_rows(pipelined, prompts, args.max_new_tokens, args.concurrency, "server, drafting ahead")
     print(markdown(rows))
     print()
     print(profile_markdown(rows))

@@ -57,7 +57,7 @@ class SpeculationConfig(StrictModel):
     )
     ngram: NgramConfig = Field(default_factory=NgramConfig, description="Settings of the n-gram proposer.")
     overlap: bool = Field(
-        True, description="Draft round k+1 while the target verifies round k (only where the target is remote)."
+        False, description="Draft while the target verifies (pipelined rounds; only where the target is remote)."
     )
     overlap_min_acceptance: float = Field(
         0.3, ge=0, le=1, description="A request drafts ahead only while its own acceptance rate is at least this."

@@ -1,6 +1,7 @@
 """The public gRPC API end to end: real Ray, the draft worker and the target group as actors,
 the SpecdecRouter behind Ray Serve's gRPC proxy on 127.0.0.1.
 
+Rounds are pipelined (speculation.overlap): the draft drafts while the target verifies.
 Greedy output through the server equals the in-process engine and transformers; concurrent
 streams are batched on the target and each equals its single-stream output; seeds
 reproduce; bad input gets INVALID_ARGUMENT naming the field; the admission limit gives
@@ -36,6 +37,7 @@ def app():
         overrides={
             "cache": {"num_slots": NUM_SLOTS, "max_seq_len": MAX_SEQ_LEN},
             "serving": {"port": free_port(), "max_concurrent_requests": MAX_CONCURRENT, "worker_timeout_s": 10.0},
+            "speculation": {"overlap": True},  # the whole API through pipelined rounds
         }
     )
     app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})

@@ -17,6 +17,7 @@ def app():
         overrides={
             "cache": {"num_slots": 4, "max_seq_len": 256},
             "serving": {"port": free_port(), "tensor_parallel_size": 2, "distributed_backend": "gloo"},
+            "speculation": {"overlap": True},  # pipelined rounds on the tensor-parallel target
         }
     )
     app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
