@@ -32,6 +32,23 @@ MAX_PENDING = 4  # held-back tokens before looking for a final boundary among th
 MAX_HELD = 32  # held-back tokens before returning the text whatever it ends in
 
 
+class TextPieces:
+    """Text built from pieces; joined only when read (so appending stays O(piece))."""
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []
+
+    def append(self, piece: str) -> None:
+        if piece:
+            self._pieces.append(piece)
+
+    @property
+    def text(self) -> str:
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text, decoding only a bounded window per call."""
 
@@ -41,15 +58,13 @@ class IncrementalDetokenizer:
         self._read = 0  # read offset, relative to the window
         self._prefix_text = ""  # decode(window[:read]): text already returned, kept as context
         self._pending = ""  # text of window[read:] that is held back (what flush() would return)
-        self._parts: list[str] = []  # every piece of text returned so far
+        self._returned = TextPieces()  # every piece of text returned so far
 
     @property
     def text(self) -> str:
         """All text returned so far (by push and flush). Joins the pieces on demand: O(length)
         when new text arrived since the last call, so read it at the end, not every token."""
-        if len(self._parts) > 1:
-            self._parts = ["".join(self._parts)]
-        return self._parts[0] if self._parts else ""
+        return self._returned.text
 
     @property
     def pending(self) -> str:
@@ -86,8 +101,7 @@ class IncrementalDetokenizer:
             self._pending = self._decode(self._window)[len(self._prefix_text) :]
         else:
             self._pending = ""
-        if new_text:
-            self._parts.append(new_text)
+        self._returned.append(new_text)
         return new_text
 
     def _split(self, decoded: str, force: bool) -> str:

@@ -83,15 +83,6 @@ class GenerationResult:
 FINISH_ERROR = "error"
 
 
-def round_sample(drafted: list[int], accepted: list[int], draft_s: float, verify_s: float) -> RoundSample:
-    """A batched round's measurements from each row's drafted and accepted counts."""
-    gamma = max(drafted, default=0)
-    per_drafted = [sum(1 for d in drafted if d > i) for i in range(gamma)]
-    per_accepted = [sum(1 for a in accepted if a > i) for i in range(gamma)]
-    return RoundSample(len(drafted), gamma, sum(drafted), sum(accepted), draft_s, verify_s,
-                       tuple(per_accepted), tuple(per_drafted))
-
-
 class SpeculativeEngine:
     """Runs speculative decoding for many sequences at once on one verifier and one proposer."""
 
@@ -318,7 +309,7 @@ class SpeculativeEngine:
             overlapped_s=ahead_s,
         )
         if self.policy is not None:
-            self.policy.record(round_sample(drafted, accepted, propose_s, verified - proposed))
+            self.policy.record(RoundSample.from_rows(drafted, accepted, propose_s, verified - proposed))
 
     def _admit(self) -> None:
         """Waiting requests join while the verifier has free slots. A running request takes

@@ -47,6 +47,15 @@ class RoundSample:
     accepted_per_position: tuple[int, ...] = ()
     drafted_per_position: tuple[int, ...] = ()
 
+    @classmethod
+    def from_rows(cls, drafted: list[int], accepted: list[int], draft_s: float, verify_s: float) -> "RoundSample":
+        """A batched round's measurements from each row's drafted and accepted counts."""
+        gamma = max(drafted, default=0)
+        per_drafted = [sum(1 for d in drafted if d > i) for i in range(gamma)]
+        per_accepted = [sum(1 for a in accepted if a > i) for i in range(gamma)]
+        return cls(len(drafted), gamma, sum(drafted), sum(accepted), draft_s, verify_s,
+                   tuple(per_accepted), tuple(per_drafted))
+
 
 @dataclass
 class StatsWindow:

@@ -14,7 +14,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specdec.detokenizer import IncrementalDetokenizer
+from specdec.detokenizer import IncrementalDetokenizer, TextPieces
 
 FINISH_LENGTH = "length"  # max_new_tokens reached
 FINISH_STOP = "stop"  # EOS token or a stop string
@@ -64,16 +64,14 @@ class StopChecker:
         self._tail = ""  # last `_context` chars of the stable text (no stop string in it)
         self._unreleased = ""  # stable text not handed out yet (held back at the last round)
         self._stable_len = 0  # chars of stable text so far
-        self._released: list[str] = []  # every piece handed out
+        self._released = TextPieces()  # every piece handed out
 
     @property
     def text(self) -> str:
         """All text handed out so far (after finishing: the final, stop-cut text). Joins the pieces
         on demand: O(length) when new text arrived since the last call; the per-round text is in
         StopDecision.text."""
-        if len(self._released) > 1:
-            self._released = ["".join(self._released)]
-        return self._released[0] if self._released else ""
+        return self._released.text
 
     @property
     def num_tokens(self) -> int:
@@ -146,8 +144,7 @@ class StopChecker:
     def _release(self, end: int) -> str:
         """Hand out `_unreleased[:end]`; keep the rest back."""
         piece, self._unreleased = self._unreleased[:end], self._unreleased[end:]
-        if piece:
-            self._released.append(piece)
+        self._released.append(piece)
         return piece
 
     def _finish(self, reason: str, num_kept: int, cut: int | None) -> StopDecision:
