@@ -30,6 +30,7 @@ class RemoteProposer(Proposer):
     """Drafts with a remote draft model; q arrives float16-exact, as the draft sampled it."""
 
     has_probs = True
+    names = ("draft",)
 
     def __init__(self, address: str, timeout_s: float = 30.0) -> None:
         """address: the DraftWorker's host:port; timeout_s: deadline of each call (keep it short)."""
@@ -42,8 +43,6 @@ class RemoteProposer(Proposer):
         self._released: list[str] = []  # wire ids whose Release is not sent yet
         self._vocab_size: int | None = None
         self.last_compute_s = 0.0
-
-    names = ("draft",)
 
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
         gamma = max((r.gamma for r in requests), default=0)
