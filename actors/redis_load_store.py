@@ -4,6 +4,7 @@ Keys (namespaced per deployment, all with TTLs so dead replicas age out):
   {prefix}:win:{bucket}  hash of additive sums for one time bucket (HINCRBYFLOAT), TTL ≈ window
   {prefix}:replicas      hash replica id -> "in_flight queued at"; stale entries are ignored
   {prefix}:switch        hash {enabled, since}: the shared load switch (compare-and-set)
+  {prefix}:push:{id}     marks a push as applied (TTL ≈ window): a retried push is a no-op
 Writes are atomic Lua scripts; reads are one pipeline. Timeouts are short (≤ 50 ms): the
 LoadMonitor calls this from a background thread and falls back to local measurements.
 """
@@ -17,6 +18,9 @@ from specdec.load_store import LoadStore, SwitchState
 from specdec.window_ring import bucket_start
 
 PUSH_SCRIPT = """
+if KEYS[3] ~= '' and not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[1]) then
+  return 0
+end
 for i = 5, #ARGV, 2 do
   redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
 end
@@ -68,13 +72,16 @@ class RedisLoadStore(LoadStore):
     def num_buckets(self) -> int:
         return max(1, round(self.window_s / self.bucket_s))
 
-    def push(self, replica_id: str, delta: StatsWindow, at: float, in_flight: int, queued: int) -> None:
+    def push(
+        self, replica_id: str, delta: StatsWindow, at: float, in_flight: int, queued: int, push_id: str | None = None
+    ) -> bool:
         key = f"{self.prefix}:win:{bucket_start(at, self.bucket_s)}"
         fields = [x for k, v in delta.sums.items() if v for x in (k, repr(float(v)))]
         ttl = int(self.window_s + 2 * self.bucket_s) + 1
         gauge = f"{in_flight} {queued} {at!r}"
-        self._push(keys=[key, f"{self.prefix}:replicas"],
-                   args=[ttl, replica_id, gauge, int(self.replica_ttl_s * 4) + 1, *fields])
+        marker = f"{self.prefix}:push:{push_id}" if push_id is not None else ""
+        return bool(self._push(keys=[key, f"{self.prefix}:replicas", marker],
+                               args=[ttl, replica_id, gauge, int(self.replica_ttl_s * 4) + 1, *fields]))
 
     def snapshot(self, now: float) -> LoadSnapshot:
         newest = bucket_start(now, self.bucket_s)

@@ -5,10 +5,13 @@ The engine thread only touches memory: `decide` reads a cached snapshot, `record
 delta to the store in one batch, refreshes the snapshot, and feeds the shared load switch.
 A circuit breaker stops calling a failing store; meanwhile decisions use this replica's own
 measurements (always kept locally), and the shared store is used again once it answers.
+Pushes are idempotent: each batch keeps its id and time, and a batch whose push failed (or
+timed out after the store had executed it) is retried as is, so it counts once.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -46,7 +49,8 @@ class LoadMonitor:
         self.clock = clock
         self._lock = threading.Lock()
         self._pending = StatsWindow()
-        self._unsent: tuple[StatsWindow, float] | None = None
+        self._unsent: list[tuple[str, StatsWindow, float]] = []  # (push id, delta, time) not yet acknowledged
+        self._push_ids = itertools.count()
         self._load = (0, 0)
         self._batch_size = 1
         self._snapshot: LoadSnapshot | None = None
@@ -84,25 +88,25 @@ class LoadMonitor:
             delta, self._pending = self._pending, StatsWindow()
         in_flight, queued = self._load
         self.local.push(self.replica_id, delta, now, in_flight, queued)
-        shared = self._tick_shared(delta, now, in_flight, queued) if self.store is not None else False
+        batch = (f"{self.replica_id}:{next(self._push_ids)}", delta, now)
+        shared = self._tick_shared(batch, now, in_flight, queued) if self.store is not None else False
         if not shared:
             self._update(self.local, self.local.snapshot(now), now)
 
-    def _tick_shared(self, delta: StatsWindow, now: float, in_flight: int, queued: int) -> bool:
-        if self._unsent is not None:
-            old, at = self._unsent
-            if now - at <= self.window_s:
-                delta.merge(old)
-            self._unsent = None
+    def _tick_shared(self, batch: tuple[str, StatsWindow, float], now: float, in_flight: int, queued: int) -> bool:
+        """Push the unacknowledged batches (oldest first, each with its own id and time, so a
+        retry counts once), then this tick's; refresh the snapshot from the store."""
+        self._unsent = [b for b in self._unsent if now - b[2] <= self.window_s] + [batch]
         if not self.breaker.allow(now):
-            self._unsent = (delta, now)
             return False
         try:
-            self.store.push(self.replica_id, delta, now, in_flight, queued)
+            while self._unsent:
+                push_id, delta, at = self._unsent[0]
+                self.store.push(self.replica_id, delta, at, in_flight, queued, push_id=push_id)
+                self._unsent.pop(0)
             self._update(self.store, self.store.snapshot(now), now)
         except Exception as exc:  # any store failure: fall back to local, retry later
             self.breaker.record_failure(now)
-            self._unsent = (delta, now)
             if self.source != "local":
                 log.warning("load store unreachable (%s); using local measurements", exc)
             self.source = "local"

@@ -26,8 +26,13 @@ class LoadStore(ABC):
     """Shared, additive load measurements plus the shared switch state."""
 
     @abstractmethod
-    def push(self, replica_id: str, delta: StatsWindow, at: float, in_flight: int, queued: int) -> None:
-        """Add a replica's measurements since its last push and report its current load."""
+    def push(
+        self, replica_id: str, delta: StatsWindow, at: float, in_flight: int, queued: int, push_id: str | None = None
+    ) -> bool:
+        """Add a replica's measurements since its last push and report its current load.
+        A push_id makes the push idempotent: a push whose id was applied already (a retry
+        after a timeout the store had in fact executed) changes nothing. Returns whether
+        it was applied."""
 
     @abstractmethod
     def snapshot(self, now: float) -> LoadSnapshot:
@@ -52,11 +57,20 @@ class InProcessLoadStore(LoadStore):
         self._replicas: dict[str, tuple[int, int, float]] = {}
         self._switch = SwitchState()
         self._lock = threading.Lock()
+        self._applied: dict[str, float] = {}  # push id -> when it was applied (kept one window)
 
-    def push(self, replica_id: str, delta: StatsWindow, at: float, in_flight: int, queued: int) -> None:
+    def push(
+        self, replica_id: str, delta: StatsWindow, at: float, in_flight: int, queued: int, push_id: str | None = None
+    ) -> bool:
         with self._lock:
+            if push_id is not None:
+                self._applied = {k: t for k, t in self._applied.items() if at - t <= self.window_s}
+                if push_id in self._applied:
+                    return False
+                self._applied[push_id] = at
             self._ring.add(delta, at)
             self._replicas[replica_id] = (in_flight, queued, at)
+            return True
 
     def snapshot(self, now: float) -> LoadSnapshot:
         with self._lock:

@@ -39,6 +39,16 @@ def test_two_replicas_add_up(store):
     assert (snap.in_flight, snap.queued) == (7, 1)
 
 
+def test_a_retried_push_is_applied_once(store):
+    """The monitor retries a batch whose reply timed out with the same id: Redis ignores it."""
+    now = time.time()
+    assert store.push("a", delta(arrivals=30), now, 1, 0, push_id="a:7")
+    assert not store.push("a", delta(arrivals=30), now, 1, 0, push_id="a:7")
+    assert store.push("a", delta(arrivals=10), now, 1, 0, push_id="a:8")
+    assert store.snapshot(now).qps == pytest.approx(4.0)
+    assert store.client.ttl(f"{store.prefix}:push:a:7") > 0, "push markers age out"
+
+
 def test_old_windows_and_dead_replicas_age_out(store):
     now = time.time()
     store.push("dead", delta(arrivals=100), now - 30, in_flight=9, queued=9)

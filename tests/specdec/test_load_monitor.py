@@ -1,5 +1,7 @@
 """The load monitor decides from shared measurements, off the request path, and survives store outages."""
 
+import pytest
+
 from specdec.load_monitor import LoadMonitor
 from specdec.load_stats import RoundSample
 from specdec.load_store import InProcessLoadStore
@@ -38,11 +40,25 @@ class FlakyStore(InProcessLoadStore):
         self.down = False
         self.calls = 0
 
-    def push(self, *args):
+    def push(self, *args, **kwargs):
         self.calls += 1
         if self.down:
             raise ConnectionError("redis down")
-        super().push(*args)
+        return super().push(*args, **kwargs)
+
+
+class SlowStore(InProcessLoadStore):
+    """Applies a push, then times out (the reply was lost) while `late` is set."""
+
+    def __init__(self):
+        super().__init__(window_s=10.0)
+        self.late = False
+
+    def push(self, *args, **kwargs):
+        applied = super().push(*args, **kwargs)
+        if self.late:
+            raise TimeoutError("Timeout reading from redis")
+        return applied
 
 
 def test_without_measurements_the_fallback_gamma_is_used():
@@ -131,3 +147,20 @@ def test_the_background_thread_ticks_until_stopped():
         time.sleep(0.01)
     m.stop()
     assert m.snapshot is not None and m.snapshot.alpha == 1.0
+
+
+def test_a_push_that_timed_out_after_the_store_applied_it_counts_once():
+    """A hung Redis that executed the push but answered too late: the monitor retries the
+    same batch (same id), which the store ignores, so QPS is not inflated."""
+    clock = Clock()
+    store = SlowStore()
+    m = monitor(store, clock)  # one failure does not open the breaker
+    m.on_arrival(10)
+    store.late = True
+    m.tick()  # applied, but the reply timed out
+    store.late = False
+    clock.now += 1.0
+    m.on_arrival(5)
+    m.tick()  # retries the first batch (ignored: already applied), then pushes the second
+    assert store.snapshot(clock.now).qps == pytest.approx(15 / 10.0)
+    assert m.source == "shared"
