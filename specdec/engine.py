@@ -244,6 +244,7 @@ class SpeculativeEngine:
         gamma_now = [gammas[seq.seq_id] for seq in now]
         proposal = self._ready_drafts(now, gamma_now) if ahead is not None else self._propose(now, gamma_now)
         proposed = time.perf_counter()
+        self._note_unavailable(now, gamma_now, proposal)
         requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(now)]
         pending = self.verifier.verify_async(requests)
         meanwhile, ahead_s = self._during_verify(now, later, requests, gammas) if ahead is not None else (None, 0.0)
@@ -261,6 +262,14 @@ class SpeculativeEngine:
             accepted.append(counts[1])
         self._record(start, proposed, verified, ahead_s, drafted, accepted)
         return outputs
+
+    def _note_unavailable(self, batch: list[Sequence], gammas: list[int], proposal: Proposal) -> None:
+        """Mark the rows that wanted drafts but got none because their proposer is down (a
+        row that wanted none this round, e.g. its last, keeps its mark)."""
+        for i, (seq, gamma) in enumerate(zip(batch, gammas)):
+            if gamma > 0:
+                missing = int(proposal.num_drafted[i]) == 0
+                seq.stats.speculation_unavailable = missing and self.proposer.unavailable(seq.request.proposer) is not None
 
     def _ready_drafts(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
         """Each row's drafts made ahead when they continue its history; the other speculating

@@ -21,6 +21,8 @@ class SpecStats:
         condition cut a round short).
     seconds: wall time spent in rounds.
     gamma: the γ the policy gave the last round (before a cut to the remaining budget).
+    speculation_unavailable: the last round wanted drafts but its proposer could not draft
+        (a draft worker down): it decoded plainly.
     """
 
     rounds: int = 0
@@ -29,6 +31,7 @@ class SpecStats:
     emitted: int = 0
     seconds: float = 0.0
     gamma: int = 0
+    speculation_unavailable: bool = False
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
 

@@ -136,7 +136,7 @@ def _speculation(message: specdec_pb2.SpeculationParams, defaults: ServerDefault
 def to_stats(stats: SpecStats) -> specdec_pb2.GenerationStats:
     """The public stats; gamma is the γ the policy gave the request's last round (before that
     round was cut to the remaining token budget), so speculation_enabled says whether the
-    request was still speculating when it finished."""
+    request was still speculating when it finished (false when its proposer was down)."""
     return specdec_pb2.GenerationStats(
         rounds=stats.rounds,
         drafted=stats.drafted,
@@ -144,7 +144,7 @@ def to_stats(stats: SpecStats) -> specdec_pb2.GenerationStats:
         acceptance_rate=stats.acceptance_rate,
         mean_accepted_length=stats.mean_accepted_length,
         gamma=stats.gamma,
-        speculation_enabled=stats.gamma > 0,
+        speculation_enabled=stats.gamma > 0 and not stats.speculation_unavailable,
     )
 
 

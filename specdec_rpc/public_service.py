@@ -91,6 +91,9 @@ class PublicService:
             response.draft_cost, response.verify_slope = status["draft_cost"], status["verify_slope"]
             response.qps, response.in_flight, response.queued = status["qps"], status["in_flight"], status["queued"]
             response.measurements_source, response.circuit_breaker = status["source"], status["breaker"]
+        unavailable = engine.proposer.unavailable_reason
+        if unavailable is not None:
+            response.speculation_enabled, response.reason = False, f"speculation unavailable: {unavailable}"
         return response
 
     def health(self, service: str = "") -> int:

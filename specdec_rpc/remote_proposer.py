@@ -52,10 +52,13 @@ class RemoteProposer(Proposer):
         try:
             self.flush()
             vocab_size = self._vocab()
-            return self._proposal(requests, gamma, self._drafts(requests), vocab_size)
+            proposal = self._proposal(requests, gamma, self._drafts(requests), vocab_size)
+            self.unavailable_reason = None
+            return proposal
         except (grpc.RpcError, ValueError) as exc:
             self._sender.reset(r.seq_id for r in requests)
             self.failures += 1
+            self.unavailable_reason = f"draft worker {self.address} failed: {_describe(exc)}"
             logger.warning(
                 "draft worker %s: Propose failed, no draft tokens this round: %s", self.address, _describe(exc)
             )

@@ -81,6 +81,12 @@ class Proposer(ABC):
     has_probs: bool = False
     #: the proposer names a request may ask for here (ProposalRequest.proposer)
     names: tuple[str, ...] = ()
+    #: why this proposer cannot draft right now (a remote draft worker is down), or None
+    unavailable_reason: str | None = None
+
+    def unavailable(self, name: str | None) -> str | None:
+        """Why the proposer a request names (None = the default) cannot draft now, or None."""
+        return self.unavailable_reason
 
     @abstractmethod
     def propose(self, requests: list[ProposalRequest]) -> Proposal:

@@ -54,6 +54,14 @@ class CompositeProposer(Proposer):
             full.set_probs(with_probs, next(iter(with_probs.values())).shape[-1])
         return full
 
+    @property
+    def unavailable_reason(self) -> str | None:
+        return next((p.unavailable_reason for p in self.proposers.values() if p.unavailable_reason), None)
+
+    def unavailable(self, name: str | None) -> str | None:
+        proposer = self.proposers.get(name or self.default)
+        return None if proposer is None else proposer.unavailable(name)
+
     def release(self, seq_id: str) -> None:
         for proposer in self.proposers.values():
             proposer.release(seq_id)

@@ -74,3 +74,27 @@ def test_stats_acceptance_rate_and_mean_accepted_length_come_from_the_same_count
     assert stats.acceptance_rate == pytest.approx(stats.accepted / stats.drafted)
     assert stats.window_mean_accepted_length == pytest.approx(stats.mean_accepted_length)
     assert stats.mean_accepted_length == pytest.approx((stats.accepted + stats.rounds) / stats.rounds)
+
+
+def test_a_draft_worker_that_is_down_is_reported_not_hidden(prompt_ids, hf_greedy, tokenizer):
+    """Requests still get the target's output; the request's stats and GetStats say that
+    speculation was unavailable, and why."""
+    from specdec.engine_builder import load_runner
+    from specdec.proposers.ngram_proposer import NgramProposer
+    from specdec.target_verifier import TargetVerifier
+    from specdec_rpc.remote_proposer import RemoteProposer
+    from specdec_rpc.router_backend import make_backend
+
+    config = load_config(overrides={"cache": {"num_slots": 2}})
+    draft = RemoteProposer("127.0.0.1:1", timeout_s=1.0)
+    target = TargetVerifier(load_runner(config.models.target, config.models, config.cache))
+    backend = make_backend(config, target, {"ngram": NgramProposer(), "draft": draft}, tokenizer)
+    try:
+        service = PublicService(backend)
+        response = asyncio.run(service.generate(request(prompt_ids[0], 8, mode=pb.SPECULATION_MODE_ON)))
+        assert list(response.token_ids) == hf_greedy(prompt_ids[0], 8)
+        assert not response.stats.speculation_enabled and response.stats.drafted == 0
+        stats = service.stats()
+        assert not stats.speculation_enabled and stats.reason.startswith("speculation unavailable: draft worker")
+    finally:
+        backend.close()

@@ -21,6 +21,7 @@ from specdec.target_verifier import TargetVerifier
 from specdec.verifier import VerifyRequest
 from specdec_rpc.draft_servicer import DraftServicer
 from specdec_rpc.history_sync import HistorySender, sampling_to_proto
+from specdec_rpc.public_api import to_stats
 from specdec_rpc.remote_proposer import RemoteProposer
 from specdec_rpc.remote_verifier import RemoteVerifier
 from specdec_rpc.target_servicer import TargetServicer
@@ -227,6 +228,9 @@ def test_an_unreachable_draft_worker_only_turns_speculation_off(remote_engine, p
     assert result.stats.drafted == 0
     rounds_that_could_speculate = result.stats.rounds - 1  # the last round has no room for drafted tokens
     assert engine.proposer.proposers["draft"].failures == rounds_that_could_speculate
+    # and says so: the request did not speculate, the proposer tells why
+    assert result.stats.speculation_unavailable and not to_stats(result.stats).speculation_enabled
+    assert "127.0.0.1:1" in engine.proposer.unavailable("draft") and engine.proposer.unavailable("ngram") is None
 
 
 def test_target_errors_propagate_with_their_status_code(remote_engine):
