@@ -1,6 +1,6 @@
 """The Verifier interface: the target side of a round.
 
-A verifier owns the target model's per-sequence state (cache slot, random generator). Each
+A verifier owns the target model's per-sequence state (its cache slot). Each
 round it receives every active sequence's history and drafted tokens, scores them in one
 batched target forward, runs the acceptance test and rolls its cache back to the accepted
 prefix. In-process this is `TargetVerifier`; in the distributed system it is a gRPC client

@@ -111,9 +111,9 @@ class AppliedDeltas:
 
     histories: the full history per delta (None = needs a resync, nothing applied).
     resync_seq_ids: the sequences to report in resync_seq_ids.
-    diverged_seq_ids: known sequences whose new history does not extend the old one (a
-        reused seq_id; histories only grow): their per-sequence state (cache slot,
-        generator) is stale and must be dropped before use.
+    diverged_seq_ids: known sequences whose new history does not extend the old one. For
+        the target (whose histories only grow) that is a reused seq_id: its cache slot is
+        stale and must be dropped before use; the draft follows any history by itself.
     """
 
     histories: list[list[int] | None] = field(default_factory=list)
