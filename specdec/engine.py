@@ -364,13 +364,8 @@ class SpeculativeEngine:
             self.proposer_failures += 1
             logger.exception("proposer failed; this round runs without drafts")
             return full
-        width = min(part.token_ids.shape[1], full.token_ids.shape[1])
-        for j, i in enumerate(rows):
-            full.token_ids[i, :width] = part.token_ids[j, :width]
-            full.num_drafted[i] = min(int(part.num_drafted[j]), gammas[i])
-        if part.probs is not None:
-            full.probs = part.probs.new_zeros(len(batch), full.token_ids.shape[1], part.probs.shape[-1])
-            full.probs[rows, :width] = part.probs[:, :width]
+        full = spread(part, [g > 0 for g in gammas])
+        full.num_drafted = torch.minimum(full.num_drafted, torch.tensor(gammas))  # never more than asked
         return full
 
     @staticmethod
