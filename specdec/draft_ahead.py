@@ -153,29 +153,3 @@ class DraftAhead:
     def forget(self, seq_id: str) -> None:
         self._ready.pop(seq_id, None)
 
-
-def proposal_from_rows(rows: list[tuple[list[int], torch.Tensor | None]], width: int) -> Proposal:
-    """A Proposal from per-row (drafted ids, q weights [n, vocab] or None); rows without q
-    get a one-hot q when others have one."""
-    proposal = Proposal.empty(len(rows), width)
-    with_probs = {}
-    for i, (ids, probs) in enumerate(rows):
-        proposal.token_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        proposal.num_drafted[i] = len(ids)
-        if probs is not None:
-            with_probs[i] = probs
-    if with_probs:
-        proposal.set_probs(with_probs, next(iter(with_probs.values())).shape[-1])
-    return proposal
-
-
-def spread(part: Proposal, rows: list[bool]) -> Proposal:
-    """A proposal for the rows marked True, spread out to all rows (the others draft nothing)."""
-    index = [i for i, used in enumerate(rows) if used]
-    full = Proposal.empty(len(rows), part.token_ids.shape[1])
-    full.token_ids[index] = part.token_ids
-    full.num_drafted[index] = part.num_drafted
-    if part.probs is not None:
-        full.probs = part.probs.new_zeros(len(rows), *part.probs.shape[1:])
-        full.probs[index] = part.probs
-    return full

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
 
-from specdec.draft_ahead import DraftAhead, proposal_from_rows, spread
+from specdec.draft_ahead import DraftAhead
 from specdec.errors import WorkerError
 from specdec.load_stats import RoundSample
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
@@ -282,7 +282,7 @@ class SpeculativeEngine:
             for j, i in enumerate(missing):
                 ids = fresh.drafted(j)
                 ready[i] = (ids, None if fresh.probs is None or not ids else fresh.probs[j, : len(ids)])
-        return proposal_from_rows(ready, max(gammas, default=0))
+        return Proposal.from_rows(ready, max(gammas, default=0))
 
     def _during_verify(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas):
         """The proposer's work while the target verifies `now` (DraftAhead.asks). Returns
@@ -298,7 +298,7 @@ class SpeculativeEngine:
             logger.exception("drafting ahead failed; the next round proposes as usual")
             return None, time.perf_counter() - start
         self._add_propose_compute(time.perf_counter() - start)
-        return spread(part, [ask.gamma > 0 for ask in asks]), time.perf_counter() - start
+        return part.spread([ask.gamma > 0 for ask in asks]), time.perf_counter() - start
 
     def _add_propose_compute(self, wall: float) -> None:
         """Add a proposer call's compute (its wall time when the proposer reports none)."""
@@ -364,7 +364,7 @@ class SpeculativeEngine:
             self.proposer_failures += 1
             logger.exception("proposer failed; this round runs without drafts")
             return full
-        full = spread(part, [g > 0 for g in gammas])
+        full = part.spread([g > 0 for g in gammas])
         full.num_drafted = torch.minimum(full.num_drafted, torch.tensor(gammas))  # never more than asked
         return full
 

@@ -66,7 +66,7 @@ class SamplingBatch:
         """Build the batch state from per-request params.
 
         positions: per row, the history position of the first token decided (default 0).
-        A request without a seed gets a fresh random one for this call.
+        A sampled request without a seed gets a fresh random one for this call.
         """
         positions = [0] * len(params) if positions is None else list(positions)
         assert len(positions) == len(params), "need one position per row"
@@ -76,7 +76,7 @@ class SamplingBatch:
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float64, device=device),
             greedy=temperature == 0,
-            seeds=as_seeds([random_seed() if p.seed is None else p.seed for p in params]),
+            seeds=as_seeds([_seed_of(p) for p in params]),
             positions=torch.tensor(positions, dtype=torch.int64),
         )
 
@@ -111,6 +111,14 @@ class SamplingBatch:
         assert offsets.shape[:1] == (self.batch_size,), "offsets must be [B] or [B, n]"
         positions = self.positions.reshape((-1,) + (1,) * (offsets.dim() - 1)) + offsets.cpu()
         return torch.from_numpy(uniforms(self.seeds, positions.numpy(), role)).to(device)
+
+
+def _seed_of(params: SamplingParams) -> int:
+    """The row's random key: its seed; a fresh one when unseeded; 0 for greedy rows, which
+    draw nothing (so the hot path makes no RNG call for them)."""
+    if params.seed is not None:
+        return params.seed
+    return 0 if params.is_greedy else random_seed()
 
 
 def random_seed() -> int:
@@ -183,16 +191,23 @@ def _mask_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     vocab = logits.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))  # [R]
     width = int(k.max())
-    top = logits.topk(width, dim=-1).values if width < vocab else logits.sort(dim=-1, descending=True).values
+    top = _largest(logits, width)  # [R, T, width], descending
     kth_index = (k - 1)[:, None, None].expand(-1, logits.shape[1], 1)  # [R, T, 1]
     threshold = top.gather(-1, kth_index)  # [R, T, 1]: the k-th largest logit
     if bool((top_p < 1.0).any()):
         # top-p over the whole top-k set, tokens tied with the k-th included
         kept = int((logits >= threshold).sum(dim=-1).max())
-        candidates = logits.topk(kept, dim=-1).values if kept < vocab else logits.sort(dim=-1, descending=True).values
+        candidates = _largest(logits, kept)  # [R, T, kept], descending
         candidates = candidates.masked_fill(candidates < threshold, float("-inf"))  # [R, T, kept]
         threshold = torch.maximum(threshold, _top_p_threshold(candidates, top_p))
     return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def _largest(logits: Tensor, n: int) -> Tensor:
+    """The n largest values on the last axis, descending (a full sort when n is all of it)."""
+    if n < logits.shape[-1]:
+        return logits.topk(n, dim=-1).values
+    return logits.sort(dim=-1, descending=True).values
 
 
 def _top_p_threshold(sorted_logits: Tensor, top_p: Tensor) -> Tensor:

@@ -57,6 +57,32 @@ class Proposal:
             num_drafted=torch.zeros(batch_size, dtype=torch.long),
         )
 
+    @classmethod
+    def from_rows(cls, rows: list[tuple[list[int], torch.Tensor | None]], width: int) -> "Proposal":
+        """A proposal from per-row (drafted ids, q weights [n, vocab] or None); rows without
+        q get a one-hot q when others have one."""
+        proposal = cls.empty(len(rows), width)
+        with_probs = {}
+        for i, (ids, probs) in enumerate(rows):
+            proposal.token_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            proposal.num_drafted[i] = len(ids)
+            if probs is not None:
+                with_probs[i] = probs
+        if with_probs:
+            proposal.set_probs(with_probs, next(iter(with_probs.values())).shape[-1])
+        return proposal
+
+    def spread(self, rows: list[bool]) -> "Proposal":
+        """This proposal (one row per True entry) spread out to all rows; the others draft nothing."""
+        index = [i for i, used in enumerate(rows) if used]
+        full = Proposal.empty(len(rows), self.token_ids.shape[1])
+        full.token_ids[index] = self.token_ids
+        full.num_drafted[index] = self.num_drafted
+        if self.probs is not None:
+            full.probs = self.probs.new_zeros(len(rows), *self.probs.shape[1:])
+            full.probs[index] = self.probs
+        return full
+
     def set_probs(self, rows: dict[int, torch.Tensor], vocab_size: int) -> None:
         """q for every row: the given [num_drafted, vocab] weights for `rows`, a one-hot q
         over the drafted tokens for the others (never a zero q, which would accept anything)."""
