@@ -97,6 +97,9 @@ class ServingConfig(StrictModel):
     )
     worker_timeout_s: float = Field(30.0, gt=0, description="Deadline of one router -> worker gRPC call, seconds.")
     router_replicas: int = Field(1, ge=1, description="Ray Serve replicas of the router deployment.")
+    lease_ttl_s: float = Field(
+        5.0, gt=0, description="A worker frees the slots of a router it has not heard from for this long, seconds."
+    )
 
 
 class LoadMonitorConfig(StrictModel):

@@ -3,7 +3,8 @@
 It only translates: deltas -> full histories (HistoryStore), one batched `propose` per
 call, drafted tokens and q (prob_codec) -> the reply. The proposer rounds q to float16
 before sampling (wire_dtype), so the q it sends is exactly the q it sampled from. Greedy
-rows send no q (their verification needs none).
+rows send no q (their verification needs none). Every sequence is held under its
+router's lease (LeaseReaper): a router that stops renewing it loses its slots.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from specdec.model_paths import resolve_model_path
 from specdec.proposers.base import Proposal, ProposalRequest
 from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_proto
+from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S, LeaseReaper
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with, run_serially
@@ -42,7 +44,7 @@ def load_wire_draft_proposer(config: SpecdecConfig) -> DraftModelProposer:
 class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
     """Serves one DraftModelProposer; calls run one at a time on a worker thread."""
 
-    def __init__(self, proposer: DraftModelProposer, model: str) -> None:
+    def __init__(self, proposer: DraftModelProposer, model: str, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
         if proposer.wire_dtype != WIRE_DTYPE:
             raise ValueError(
                 f"the draft proposer must round q to {WIRE_DTYPE} before sampling (wire_dtype), "
@@ -53,24 +55,31 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         self.histories = HistoryStore()
         self.stats = CallStats()
         self._work = SerialExecutor("draft-worker")
+        self.leases = LeaseReaper(lease_ttl_s, self._work, self._release)
 
     @classmethod
     def from_config(cls, config: SpecdecConfig) -> "DraftServicer":
-        return cls(load_wire_draft_proposer(config), config.models.draft)
+        return cls(load_wire_draft_proposer(config), config.models.draft, config.serving.lease_ttl_s)
+
+    def start(self) -> None:
+        """On the server's event loop: start freeing the slots of lapsed leases."""
+        self.leases.start()
 
     async def Propose(self, request: worker_pb2.ProposeRequest, context: grpc.aio.ServicerContext):
-        async with self._work.lock:
-            try:
-                return await self._propose(request)
-            except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
-                error = exc
-        await abort_with(context, "Propose", error)
+        with self.leases.call(request.lease_id):
+            async with self._work.lock:
+                try:
+                    return await self._propose(request)
+                except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+                    error = exc
+            await abort_with(context, "Propose", error)
 
     async def _propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
         start = time.perf_counter()
         if len(request.gammas) != len(request.sequences):
             raise ValueError(f"{len(request.gammas)} gammas for {len(request.sequences)} sequences")
         applied = self.histories.apply_all(request.sequences)
+        self.leases.hold(request.lease_id, applied.applied_seq_ids(request.sequences))
         rows = [
             ProposalRequest(delta.seq_id, history, sampling_from_proto(delta.sampling), gamma=gamma)
             for delta, history, gamma in zip(request.sequences, applied.histories, request.gammas)
@@ -103,7 +112,9 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         return drafts
 
     async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
-        await run_serially(self._work, context, "Release", self._release, list(request.seq_ids))
+        with self.leases.call(request.lease_id):
+            await run_serially(self._work, context, "Release", self._release, list(request.seq_ids))
+        self.leases.released(request.seq_ids)
         return worker_pb2.ReleaseResponse()
 
     def _release(self, seq_ids: list[str]) -> None:
@@ -113,6 +124,10 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
 
     async def GetInfo(self, request: worker_pb2.InfoRequest, context: grpc.aio.ServicerContext):
         return self.info()
+
+    async def KeepAlive(self, request: worker_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
+        held = self.leases.keep_alive(request.lease_id)
+        return worker_pb2.KeepAliveResponse(lease_ttl_s=self.leases.ttl_s, held_sequences=held)
 
     def info(self) -> worker_pb2.WorkerInfo:
         """vocab_size is the width of the q rows it sends: the target's vocabulary."""
@@ -127,7 +142,9 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
             calls=self.stats.calls,
             sequences=self.stats.sequences,
             max_batch_size=self.stats.max_batch_size,
+            **self.leases.info_fields(),
         )
 
     def close(self) -> None:
+        self.leases.stop()
         self._work.shutdown()

@@ -120,6 +120,10 @@ class AppliedDeltas:
     resync_seq_ids: list[str] = field(default_factory=list)
     diverged_seq_ids: list[str] = field(default_factory=list)
 
+    def applied_seq_ids(self, deltas: Iterable[worker_pb2.HistoryDelta]) -> list[str]:
+        """The seq_ids of the call's deltas (same order) that were applied (not resyncs)."""
+        return [delta.seq_id for delta, history in zip(deltas, self.histories) if history is not None]
+
 
 class HistoryStore:
     """Worker side: the full histories rebuilt from deltas."""

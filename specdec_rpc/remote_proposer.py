@@ -4,7 +4,8 @@ Speculation is only an optimisation, so the draft worker can never fail a round:
 call fails (unavailable, deadline, bad reply) the round goes on with no drafted tokens, the
 failure is logged and counted, and the next call sends whole histories again. Sequences
 the worker asks to resync (it restarted) are sent again at once with their whole history.
-Releases are buffered and sent before the next call (or by `flush()`).
+Releases are buffered and sent before the next call (or by `flush()`). Every call carries
+the router's lease id; a LeaseRenewer keeps the lease alive between calls (see worker.proto).
 
 Not thread-safe: one engine drives it.
 """
@@ -12,13 +13,14 @@ Not thread-safe: one engine drives it.
 from __future__ import annotations
 
 import logging
-import uuid
 
 import grpc
 import torch
 
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
 from specdec_rpc.history_sync import HistorySender
+from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
+from specdec_rpc.lease_renewer import LeaseRenewer, new_lease_id
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_server import CHANNEL_OPTIONS
@@ -32,14 +34,18 @@ class RemoteProposer(Proposer):
     has_probs = True
     names = ("draft",)
 
-    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
-        """address: the DraftWorker's host:port; timeout_s: deadline of each call (keep it short)."""
+    def __init__(
+        self, address: str, timeout_s: float = 30.0, lease_id: str | None = None, lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    ) -> None:
+        """address: the DraftWorker's host:port; timeout_s: deadline of each call (keep it short);
+        lease_id: the router's lease (None = a new one); lease_ttl_s: assumed until the worker says."""
         self.address = address
         self.timeout_s = timeout_s
         self.failures = 0  # calls that failed, so their round ran without draft proposals
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.DraftWorkerStub(self._channel)
-        self._sender = HistorySender(namespace=f"{uuid.uuid4().hex[:12]}/")  # see RemoteVerifier
+        self.lease = LeaseRenewer(lease_id or new_lease_id(), self._keep_alive, lease_ttl_s).start()
+        self._sender = HistorySender(namespace=f"{self.lease.lease_id}/")  # see RemoteVerifier
         self._released: list[str] = []  # wire ids whose Release is not sent yet
         self._vocab_size: int | None = None
         self.last_compute_s = 0.0
@@ -72,9 +78,12 @@ class RemoteProposer(Proposer):
 
     def _request(self, requests: list[ProposalRequest]) -> worker_pb2.ProposeRequest:
         deltas = [self._sender.delta(r.seq_id, r.token_ids, r.sampling) for r in requests]
-        return worker_pb2.ProposeRequest(sequences=deltas, gammas=[r.gamma for r in requests])
+        return worker_pb2.ProposeRequest(
+            sequences=deltas, gammas=[r.gamma for r in requests], lease_id=self.lease.lease_id
+        )
 
     def _call(self, requests: list[ProposalRequest]) -> worker_pb2.ProposeResponse:
+        self.lease.touch()
         response = self._stub.Propose(self._request(requests), timeout=self.timeout_s)
         self.last_compute_s += response.compute_seconds
         if len(response.drafts) != len(requests):
@@ -128,7 +137,9 @@ class RemoteProposer(Proposer):
         if not self._released:
             return True
         try:
-            self._stub.Release(worker_pb2.ReleaseRequest(seq_ids=self._released), timeout=self.timeout_s)
+            self.lease.touch()
+            release = worker_pb2.ReleaseRequest(seq_ids=self._released, lease_id=self.lease.lease_id)
+            self._stub.Release(release, timeout=self.timeout_s)
         except grpc.RpcError as exc:
             logger.warning("draft worker %s: Release failed (will retry): %s", self.address, _describe(exc))
             return False
@@ -140,9 +151,15 @@ class RemoteProposer(Proposer):
         self.flush()
         return self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=self.timeout_s)
 
+    def _keep_alive(self, lease_id: str) -> float:
+        """One KeepAlive (from the LeaseRenewer's thread); returns the worker's lease TTL."""
+        request = worker_pb2.KeepAliveRequest(lease_id=lease_id)
+        return self._stub.KeepAlive(request, timeout=min(self.timeout_s, self.lease.period_s)).lease_ttl_s
+
     def close(self) -> None:
-        """Send buffered releases (best effort) and close the channel."""
+        """Send buffered releases (best effort), stop renewing the lease, close the channel."""
         self.flush()
+        self.lease.close()
         self._channel.close()
 
 

@@ -6,20 +6,22 @@ no q). Sequences the target does not know any more (it restarted) come back in
 costs a prefill, never a wrong token. A target that is unreachable or timed out raises
 `WorkerError` (no row caused it: the round fails its batch, UNAVAILABLE); other errors
 propagate as grpc.RpcError, so the engine can isolate the row that caused them. The
-sequences of a failed call send their whole history next time. Releases are buffered and sent before the next call (or by `flush()`).
+sequences of a failed call send their whole history next time. Releases are buffered and
+sent before the next call (or by `flush()`). Every call carries the router's lease id; a
+LeaseRenewer keeps the lease alive between calls (see worker.proto).
 
 Not thread-safe: one engine drives it.
 """
 
 from __future__ import annotations
 
-import uuid
-
 import grpc
 
 from specdec.errors import WorkerError
 from specdec.verifier import Verifier, VerifyRequest, VerifyResult
 from specdec_rpc.history_sync import HistorySender
+from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
+from specdec_rpc.lease_renewer import LeaseRenewer, new_lease_id
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_server import CHANNEL_OPTIONS
@@ -36,20 +38,29 @@ class ResyncError(RuntimeError):
 class RemoteVerifier(Verifier):
     """Verifies on a remote (tensor-parallel) target; capacity is tracked on this side.
 
-    Sequence ids travel in a namespace of this client (a random prefix), so routers that
-    number their sequences alike never share target state.
+    Sequence ids travel in the namespace of this client's lease (its id is their prefix),
+    so routers that number their sequences alike never share target state.
     """
 
-    def __init__(self, address: str, timeout_s: float = 30.0, slot_budget: int | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = 30.0,
+        slot_budget: int | None = None,
+        lease_id: str | None = None,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+    ) -> None:
         """Connects and reads the target's WorkerInfo (waits up to timeout_s for it to be ready).
 
         slot_budget: the most target slots this client may hold (when several routers
-        share one target); None = all of them."""
+        share one target); None = all of them. lease_id: the router's lease (None = a new
+        one); lease_ttl_s: assumed until the target states its own."""
         self.address = address
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.TargetWorkerStub(self._channel)
-        self._sender = HistorySender(namespace=f"{uuid.uuid4().hex[:12]}/")
+        lease_id = lease_id or new_lease_id()
+        self._sender = HistorySender(namespace=f"{lease_id}/")
         self._held: set[str] = set()  # sequences holding a target slot
         self._released: list[str] = []  # wire ids whose Release is not sent yet
         self.last_compute_s = 0.0
@@ -57,6 +68,7 @@ class RemoteVerifier(Verifier):
         self.vocab_size = info.vocab_size
         self.max_seq_len = info.max_seq_len
         self.num_slots = info.num_slots if slot_budget is None else min(info.num_slots, slot_budget)
+        self.lease = LeaseRenewer(lease_id, self._keep_alive, info.lease_ttl_s or lease_ttl_s).start()
 
     @property
     def num_free_slots(self) -> int:
@@ -97,7 +109,9 @@ class RemoteVerifier(Verifier):
         return item
 
     def _send(self, items: list[worker_pb2.VerifyItem]) -> grpc.Future:
-        return self._stub.Verify.future(worker_pb2.VerifyRequest(items=items), timeout=self.timeout_s)
+        self.lease.touch()
+        request = worker_pb2.VerifyRequest(items=items, lease_id=self.lease.lease_id)
+        return self._stub.Verify.future(request, timeout=self.timeout_s)
 
     def _call(self, requests: list[VerifyRequest], items: list[worker_pb2.VerifyItem]) -> worker_pb2.VerifyResponse:
         return self._receive(requests, items, self._send(items))
@@ -151,7 +165,9 @@ class RemoteVerifier(Verifier):
     def flush(self) -> None:
         """Send buffered releases now (raises grpc.RpcError; the ids stay buffered then)."""
         if self._released:
-            self._stub.Release(worker_pb2.ReleaseRequest(seq_ids=self._released), timeout=self.timeout_s)
+            self.lease.touch()
+            release = worker_pb2.ReleaseRequest(seq_ids=self._released, lease_id=self.lease.lease_id)
+            self._stub.Release(release, timeout=self.timeout_s)
             self._released = []
 
     def info(self) -> worker_pb2.WorkerInfo:
@@ -159,12 +175,18 @@ class RemoteVerifier(Verifier):
         self.flush()
         return self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=self.timeout_s)
 
+    def _keep_alive(self, lease_id: str) -> float:
+        """One KeepAlive (from the LeaseRenewer's thread); returns the target's lease TTL."""
+        request = worker_pb2.KeepAliveRequest(lease_id=lease_id)
+        return self._stub.KeepAlive(request, timeout=min(self.timeout_s, self.lease.period_s)).lease_ttl_s
+
     def close(self) -> None:
-        """Send buffered releases (best effort) and close the channel."""
+        """Send buffered releases (best effort), stop renewing the lease, close the channel."""
         try:
             self.flush()
         except grpc.RpcError:
             pass
+        self.lease.close()
         self._channel.close()
 
 

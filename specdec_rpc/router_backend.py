@@ -79,13 +79,18 @@ def remote_backend(
     from specdec_rpc.remote_proposer import RemoteProposer
     from specdec_rpc.remote_verifier import RemoteVerifier
 
+    from specdec_rpc.lease_renewer import new_lease_id
+
     timeout_s = config.serving.worker_timeout_s
+    # one lease for this router on both workers: a new one per start, so a restarted
+    # replica never inherits (or keeps alive) the sequences of the one it replaces
+    lease = {"lease_id": new_lease_id(), "lease_ttl_s": config.serving.lease_ttl_s}
     # router replicas share the target's slots: each admits at most its share
     budget = max(1, config.cache.num_slots // config.serving.router_replicas)
-    verifier = RemoteVerifier(target_address, timeout_s=timeout_s, slot_budget=budget)
+    verifier = RemoteVerifier(target_address, timeout_s=timeout_s, slot_budget=budget, **lease)
     proposers: dict[str, Proposer] = {"ngram": NgramProposer(config.speculation.ngram.n_min, config.speculation.ngram.n_max)}
     if draft_address is not None:
-        draft = RemoteProposer(draft_address, timeout_s=timeout_s)
+        draft = RemoteProposer(draft_address, timeout_s=timeout_s, **lease)
         draft.info()  # the draft answers (and is loaded) before the router reports SERVING
         proposers["draft"] = draft
     backend = make_backend(config, verifier, proposers, load_tokenizer(config.models.target), policy)

@@ -3,7 +3,8 @@
 It only translates: deltas -> full histories (HistoryStore), draft q (prob_codec) ->
 weights, one batched `verify` per call, outcomes -> the reply. In the tensor-parallel group
 the leader's verifier runs on a runner that mirrors every cache operation to the other
-ranks; this servicer does not know the difference.
+ranks; this servicer does not know the difference. Every sequence is held under its
+router's lease (LeaseReaper): a router that stops renewing it loses its slots.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import grpc
 from specdec.target_verifier import TargetVerifier
 from specdec.verifier import VerifyRequest, VerifyResult
 from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_proto
+from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S, LeaseReaper
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with, run_serially
@@ -26,7 +28,14 @@ logger = logging.getLogger(__name__)
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
     """Serves one TargetVerifier; calls run one at a time on a worker thread."""
 
-    def __init__(self, verifier: TargetVerifier, model: str, num_slots: int, tensor_parallel_size: int = 1) -> None:
+    def __init__(
+        self,
+        verifier: TargetVerifier,
+        model: str,
+        num_slots: int,
+        tensor_parallel_size: int = 1,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+    ) -> None:
         self.verifier = verifier
         self.model = model
         self.num_slots = num_slots
@@ -34,18 +43,26 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         self.histories = HistoryStore()
         self.stats = CallStats()
         self._work = SerialExecutor("target-worker")
+        self.leases = LeaseReaper(lease_ttl_s, self._work, self._release)
+
+    def start(self) -> None:
+        """On the server's event loop: start freeing the slots of lapsed leases."""
+        self.leases.start()
 
     async def Verify(self, request: worker_pb2.VerifyRequest, context: grpc.aio.ServicerContext):
-        async with self._work.lock:
-            try:
-                return await self._verify(request)
-            except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
-                error = exc
-        await abort_with(context, "Verify", error)
+        with self.leases.call(request.lease_id):
+            async with self._work.lock:
+                try:
+                    return await self._verify(request)
+                except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+                    error = exc
+            await abort_with(context, "Verify", error)
 
     async def _verify(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         start = time.perf_counter()
-        applied = self.histories.apply_all(item.history for item in request.items)
+        deltas = [item.history for item in request.items]
+        applied = self.histories.apply_all(deltas)
+        self.leases.hold(request.lease_id, applied.applied_seq_ids(deltas))
         outcomes, batch_size = await self._work.run(self._run, request, applied)
         if batch_size:
             self.stats.record(batch_size)
@@ -99,7 +116,9 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         return outcomes
 
     async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
-        await run_serially(self._work, context, "Release", self._release, list(request.seq_ids))
+        with self.leases.call(request.lease_id):
+            await run_serially(self._work, context, "Release", self._release, list(request.seq_ids))
+        self.leases.released(request.seq_ids)
         return worker_pb2.ReleaseResponse()
 
     def _release(self, seq_ids: list[str]) -> None:
@@ -109,6 +128,10 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
 
     async def GetInfo(self, request: worker_pb2.InfoRequest, context: grpc.aio.ServicerContext):
         return self.info()
+
+    async def KeepAlive(self, request: worker_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
+        held = self.leases.keep_alive(request.lease_id)
+        return worker_pb2.KeepAliveResponse(lease_ttl_s=self.leases.ttl_s, held_sequences=held)
 
     def info(self) -> worker_pb2.WorkerInfo:
         return worker_pb2.WorkerInfo(
@@ -122,7 +145,9 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             sequences=self.stats.sequences,
             max_batch_size=self.stats.max_batch_size,
             rejected_proposals=self.verifier.rejected_proposals,
+            **self.leases.info_fields(),
         )
 
     def close(self) -> None:
+        self.leases.stop()
         self._work.shutdown()

@@ -39,9 +39,7 @@ class WorkerServer:
     async def stop(self, grace_s: float | None = 5.0) -> None:
         """Stop accepting calls, let running ones finish for up to grace_s, then close the servicer."""
         await self.server.stop(grace_s)
-        close = getattr(self.servicer, "close", None)
-        if close is not None:
-            close()
+        self.servicer.close()
 
 
 async def start_worker_server(servicer: object, host: str = "127.0.0.1", port: int = 0) -> WorkerServer:
@@ -57,6 +55,7 @@ async def start_worker_server(servicer: object, host: str = "127.0.0.1", port: i
     if bound == 0:
         raise OSError(f"cannot bind a gRPC server to {host}:{port}")
     await server.start()
+    servicer.start()  # background work on this loop (freeing the slots of lapsed leases)
     return WorkerServer(server, f"{host}:{bound}", servicer)
 
 

@@ -21,6 +21,7 @@ from specdec.target_verifier import TargetVerifier
 from specdec.verifier import VerifyRequest
 from specdec_rpc.draft_servicer import DraftServicer
 from specdec_rpc.history_sync import HistorySender, sampling_to_proto
+from specdec_rpc.lease_renewer import LeaseRenewer
 from specdec_rpc.public_api import to_stats
 from specdec_rpc.remote_proposer import RemoteProposer
 from specdec_rpc.remote_verifier import RemoteVerifier
@@ -201,6 +202,7 @@ def test_an_unreachable_target_is_a_worker_error(prompt_ids):
     verifier._channel = grpc.insecure_channel(verifier.address)
     verifier._stub = worker_pb2_grpc.TargetWorkerStub(verifier._channel)
     verifier._sender, verifier._held, verifier._released = HistorySender(), set(), []
+    verifier.lease = LeaseRenewer("test-lease", lambda lease_id: 0.0, ttl_s=5.0)  # not started
     with pytest.raises(WorkerError, match="unavailable"):
         verifier.verify([VerifyRequest("a", prompt_ids[0], [], SamplingParams())])
     verifier._channel.close()
