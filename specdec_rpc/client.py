@@ -3,7 +3,9 @@
 Every call has a deadline (`timeout_s`, per client and overridable per call; None = no
 deadline). Calls that fail with UNAVAILABLE (server starting, restarting, or briefly
 unreachable) are retried up to `retries` times with exponential backoff; no other code is
-retried, and a stream is retried only while it has not yielded anything.
+retried, and a stream is retried only while it has not yielded anything. A call whose
+router replica died reaches the client as INTERNAL from Ray Serve's proxy; the clients
+recognise it and raise (or retry) it as UNAVAILABLE (`replica_loss`).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specdec_rpc.replica_loss import as_unavailable
 from specdec_rpc.v1 import specdec_pb2, specdec_pb2_grpc
 
 _UNSET: Any = object()
@@ -70,8 +73,19 @@ def build_request(
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Only UNAVAILABLE is retried (the call did not reach a replica that could serve it)."""
-    return isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)) and exc.code() == grpc.StatusCode.UNAVAILABLE
+    """Only UNAVAILABLE is retried (no replica could serve the call: not ready, gone, or it
+    died serving it; Serve's INTERNAL for a dead replica counts, see replica_loss)."""
+    if not isinstance(exc, grpc.RpcError) or not callable(getattr(exc, "code", None)):
+        return False
+    return as_unavailable(exc).code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _raise(exc: grpc.RpcError) -> NoReturn:
+    """Raise a failed call's error; a dead replica's INTERNAL as UNAVAILABLE (ReplicaLostError)."""
+    error = as_unavailable(exc)
+    if error is exc:
+        raise exc
+    raise error from exc
 
 
 def _health_name(status: int) -> str:
@@ -111,7 +125,7 @@ class SpecdecClient(_Retrying):
                 return method(request, timeout=self._timeout(timeout_s))
             except grpc.RpcError as exc:
                 if attempt == self.retries or not is_retryable(exc):
-                    raise
+                    _raise(exc)
                 time.sleep(self._delay(attempt))
 
     def generate(self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any) -> specdec_pb2.GenerateResponse:
@@ -131,7 +145,7 @@ class SpecdecClient(_Retrying):
                 return
             except grpc.RpcError as exc:
                 if yielded or attempt == self.retries or not is_retryable(exc):
-                    raise
+                    _raise(exc)
             finally:
                 call.cancel()  # no-op once the call completed
             time.sleep(self._delay(attempt))
@@ -171,7 +185,7 @@ class AsyncSpecdecClient(_Retrying):
                 return await method(request, timeout=self._timeout(timeout_s))
             except grpc.RpcError as exc:
                 if attempt == self.retries or not is_retryable(exc):
-                    raise
+                    _raise(exc)
                 await asyncio.sleep(self._delay(attempt))
 
     async def generate(self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any) -> specdec_pb2.GenerateResponse:
@@ -191,7 +205,7 @@ class AsyncSpecdecClient(_Retrying):
                 return
             except grpc.RpcError as exc:
                 if yielded or attempt == self.retries or not is_retryable(exc):
-                    raise
+                    _raise(exc)
             finally:
                 call.cancel()
             await asyncio.sleep(self._delay(attempt))

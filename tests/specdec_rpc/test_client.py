@@ -1,5 +1,6 @@
 """The Python clients: requests built from keywords, deadlines, retry on UNAVAILABLE only
-(and never for a stream that already yielded), health as a status name."""
+(and never for a stream that already yielded), Ray Serve's INTERNAL for a dead router
+replica read as UNAVAILABLE, health as a status name."""
 
 import asyncio
 from concurrent import futures
@@ -14,19 +15,22 @@ from specdec_rpc.v1 import specdec_pb2_grpc
 
 
 class FlakyServicer(specdec_pb2_grpc.SpeculativeDecodingServicer, health_pb2_grpc.HealthServicer):
-    """Fails the first `failures` calls with `code`; streams fail after `fail_after` chunks."""
+    """Fails the first `failures` calls with (`code`, `details`); streams fail after
+    `fail_after` chunks with (`stream_code`, `stream_details`)."""
 
     def __init__(self) -> None:
-        self.failures = 0
-        self.code = grpc.StatusCode.UNAVAILABLE
-        self.fail_after: int | None = None
-        self.calls = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.failures, self.calls, self.fail_after = 0, 0, None
+        self.code, self.details = grpc.StatusCode.UNAVAILABLE, "not now"
+        self.stream_code, self.stream_details = grpc.StatusCode.UNAVAILABLE, "lost the worker"
 
     def _maybe_fail(self, context) -> None:
         self.calls += 1
         if self.failures:
             self.failures -= 1
-            context.abort(self.code, "not now")
+            context.abort(self.code, self.details)
 
     def Generate(self, request, context):
         self._maybe_fail(context)
@@ -36,7 +40,7 @@ class FlakyServicer(specdec_pb2_grpc.SpeculativeDecodingServicer, health_pb2_grp
         self._maybe_fail(context)
         for i, ch in enumerate(request.prompt):
             if self.fail_after is not None and i == self.fail_after:
-                context.abort(grpc.StatusCode.UNAVAILABLE, "lost the worker")
+                context.abort(self.stream_code, self.stream_details)
             yield pb.GenerateChunk(text=ch)
 
     def Check(self, request, context):
@@ -59,8 +63,16 @@ def server():
 @pytest.fixture
 def flaky(server):
     servicer, address = server
-    servicer.failures, servicer.code, servicer.fail_after, servicer.calls = 0, grpc.StatusCode.UNAVAILABLE, None, 0
+    servicer.reset()
     return servicer, address
+
+
+#: what Ray Serve's gRPC proxy sends (with INTERNAL) for a call whose replica was killed (Ray 2.60)
+REPLICA_DIED = (
+    "The actor died unexpectedly before finishing this task.\n\tclass_name: ServeReplica:specdec:SpecdecRouter\n"
+    "\tactor_id: 4b7fa6e25786e9e7f031b3e801000000\n\tpid: 29158\n\tname: SERVE_REPLICA::specdec#SpecdecRouter#24pwwv5v\n"
+    "\tnamespace: serve\n\tip: 192.0.2.2\nThe actor is dead because its worker process has died."
+)
 
 
 def test_build_request_fills_every_field():
@@ -135,3 +147,50 @@ def test_the_async_client_retries_and_streams(flaky):
 
     assert asyncio.run(main()) == ("XY", ["x", "y"], "SERVING")
     assert servicer.calls == 5
+
+
+def test_a_call_whose_replica_died_is_retried_as_unavailable(flaky):
+    servicer, address = flaky
+    servicer.failures, servicer.code, servicer.details = 1, grpc.StatusCode.INTERNAL, REPLICA_DIED
+    with SpecdecClient(address, retries=3, backoff_s=0.01) as client:
+        assert client.generate("abc").text == "ABC"
+    assert servicer.calls == 2
+
+
+def test_a_stream_whose_replica_died_after_yielding_fails_with_unavailable(flaky):
+    servicer, address = flaky
+    servicer.fail_after, servicer.stream_code, servicer.stream_details = 1, grpc.StatusCode.INTERNAL, REPLICA_DIED
+    chunks = []
+    with SpecdecClient(address, backoff_s=0.01) as client, pytest.raises(grpc.RpcError) as info:
+        for chunk in client.generate_stream("abc"):
+            chunks.append(chunk.text)
+    assert chunks == ["a"] and servicer.calls == 1
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "replica" in info.value.details()
+    assert info.value.original.code() == grpc.StatusCode.INTERNAL
+
+
+@pytest.mark.parametrize("details", ["KeyError: 'x'", "a model worker failed (INTERNAL: The actor died unexpectedly)"])
+def test_other_internal_errors_stay_internal_and_are_not_retried(flaky, details):
+    servicer, address = flaky
+    servicer.failures, servicer.code, servicer.details = 1, grpc.StatusCode.INTERNAL, details
+    with SpecdecClient(address, backoff_s=0.01) as client, pytest.raises(grpc.RpcError) as info:
+        client.generate("abc")
+    assert info.value.code() == grpc.StatusCode.INTERNAL and info.value.details() == details
+    assert servicer.calls == 1
+
+
+def test_the_async_client_reads_a_dead_replica_as_unavailable(flaky):
+    servicer, address = flaky
+
+    async def main():
+        async with AsyncSpecdecClient(address, backoff_s=0.01, retries=0) as client:
+            servicer.failures, servicer.code, servicer.details = 1, grpc.StatusCode.INTERNAL, REPLICA_DIED
+            with pytest.raises(grpc.RpcError) as info:
+                await client.generate("xy")
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        async with AsyncSpecdecClient(address, backoff_s=0.01) as client:
+            servicer.failures = 1
+            return [c.text async for c in client.generate_stream("xy")]
+
+    assert asyncio.run(main()) == ["x", "y"]
+    assert servicer.calls == 3
