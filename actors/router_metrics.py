@@ -5,8 +5,10 @@ Names follow vLLM's speculative-decoding metrics (Ray adds the `ray_` prefix on 
   specdec_spec_decode_num_draft_tokens            counter   drafted tokens
   specdec_spec_decode_num_accepted_tokens         counter   accepted tokens
   specdec_spec_decode_num_accepted_tokens_per_pos counter   accepted tokens by drafted position ("position" tag)
-  specdec_spec_decode_gamma                       gauge     γ for AUTO requests now
-  specdec_spec_decode_enabled                     gauge     1 while the load switch allows speculation
+  specdec_spec_decode_gamma                       gauge     largest γ the plan gave an AUTO request last round
+  specdec_spec_decode_enabled                     gauge     1 while speculation is on (the plan's or the override's state)
+  specdec_spec_decode_off_because_of_load         gauge     1 while it is off because of load
+  specdec_spec_decode_crossover_rows              gauge     rows per round beyond which speculation stops paying (0 unknown)
   specdec_spec_decode_acceptance_rate             gauge     α over the load monitor's window
   specdec_qps                                     gauge     cluster-wide arrivals per second
   specdec_num_requests_running / _waiting         gauge     this replica's requests
@@ -40,6 +42,8 @@ class RouterMetrics:
                                         tag_keys=("position",))
         self.gamma = gauge(f"{p}gamma", description="gamma for AUTO requests now")
         self.enabled = gauge(f"{p}enabled", description="1 while speculation is switched on")
+        self.off_for_load = gauge(f"{p}off_because_of_load", description="1 while speculation is off because of load")
+        self.crossover = gauge(f"{p}crossover_rows", description="Rows per round beyond which speculation stops paying")
         self.acceptance = gauge(f"{p}acceptance_rate", description="Acceptance rate over the window")
         self.qps = gauge("specdec_qps", description="Cluster-wide arrivals per second")
         self.running = gauge("specdec_num_requests_running", description="Requests running on this replica")
@@ -71,6 +75,9 @@ class RouterMetrics:
         status = monitor_status or {"gamma": engine.gamma, "speculation_enabled": engine.gamma > 0}
         self.gamma.set(status["gamma"])
         self.enabled.set(1.0 if status["speculation_enabled"] else 0.0)
+        self.off_for_load.set(1.0 if status.get("off_because_of_load") else 0.0)
+        crossover = status.get("crossover")
+        self.crossover.set(float(crossover.rows or 0) if crossover is not None else 0.0)
         if status.get("alpha") is not None:
             self.acceptance.set(status["alpha"])
         self.qps.set(status.get("qps", 0.0))

@@ -25,7 +25,8 @@ def add_generate_parser(subparsers: Any) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
     p.add_argument("--seed", type=int, default=None, help="uint64 seed keying the request's random draws")
     p.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None, help="override the config's")
-    p.add_argument("--gamma", type=int, default=None, help="γ, tokens proposed per round (override)")
+    p.add_argument("--gamma", type=int, default=None,
+                   help="a fixed γ, tokens proposed per round (default: the goodput policy chooses each round)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--stop-token-id", action="append", type=int, default=[], dest="stop_token_ids",
                    help="token id that ends generation like EOS (repeatable)")
@@ -50,8 +51,9 @@ def run_generate(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else config.generation.max_new_tokens
     built = build_engine(config)
+    mode = "auto" if args.gamma is None else "on"
     request = GenerationRequest(built.encode(args.prompt), max_new, sampling, stop=tuple(args.stop),
-                                stop_token_ids=tuple(args.stop_token_ids))
+                                stop_token_ids=tuple(args.stop_token_ids), gamma=args.gamma, mode=mode)
     start = time.perf_counter()
     [result] = built.engine.generate([request])
     elapsed = time.perf_counter() - start

@@ -103,7 +103,7 @@ class ServingConfig(StrictModel):
 
 
 class LoadMonitorConfig(StrictModel):
-    enabled: bool = Field(True, description="Adapt γ and switch speculation off under load (else: always config γ).")
+    enabled: bool = Field(True, description="Choose γ per request and round by goodput (else: always speculation.gamma).")
     redis_url: str = Field(
         "", description="Shared Redis, e.g. redis://host:6379/0 ('' = env SPECDEC_REDIS_URL, or local/in-process)."
     )
@@ -118,15 +118,38 @@ class LoadMonitorConfig(StrictModel):
     gamma_max: int = Field(8, ge=0, le=32, description="Largest γ the policy may choose.")
     fallback_gamma: int = Field(2, ge=0, description="γ when measurements are missing or stale (a safe default).")
     stale_after_s: float = Field(3.0, gt=0, description="Measurements older than this are ignored, seconds.")
-    min_gain: float = Field(0.05, ge=0, description="Speculate only if the model predicts >= this goodput gain.")
-    default_verify_slope: float = Field(
-        0.1, ge=0, description="Extra target time per verified token / one step, until measured at several γ."
+    min_gain: float = Field(
+        0.05, ge=0, description="Speculation comes back on only if the goodput plan predicts >= this gain (fraction)."
     )
-    disable_qps: float = Field(8.0, gt=0, description="Cluster-wide requests/s above which speculation turns off.")
-    enable_qps: float = Field(4.0, ge=0, description="Requests/s below which it turns on again (< disable_qps).")
-    disable_in_flight: float = Field(48, gt=0, description="Requests in flight + queued above which it turns off.")
-    enable_in_flight: float = Field(24, ge=0, description="In flight + queued below which it turns on again.")
-    min_dwell_s: float = Field(2.0, ge=0, description="Least time between two switches, seconds (no flapping).")
+    prior_tokens: float = Field(
+        16.0, ge=0, description="A request's own acceptance weighs against the cluster's as if the cluster had "
+        "drafted this many tokens for it (shrinkage; 0 = the request's own only)."
+    )
+    explore_every: int = Field(
+        16, ge=0, description="A request the plan gives γ = 0 still drafts every this many rounds, so acceptance "
+        "stays measured (0 = never)."
+    )
+    explore_gamma: int = Field(2, ge=1, description="γ of such an exploration round.")
+    disable_qps: float | None = Field(
+        None, gt=0, description="Operator override: cluster-wide requests/s above which speculation is forced off "
+        "(null = the goodput plan decides from measured costs)."
+    )
+    enable_qps: float | None = Field(
+        None, ge=0, description="With disable_qps: requests/s below which it may turn on again (< disable_qps)."
+    )
+    disable_in_flight: float = Field(
+        1e9, gt=0, description="With disable_qps: requests in flight + queued above which it is forced off."
+    )
+    enable_in_flight: float = Field(
+        1e9, ge=0, description="With disable_qps: in flight + queued below which it may turn on again."
+    )
+    min_dwell_s: float = Field(2.0, ge=0, description="Least time between two on/off changes, seconds (no flapping).")
+
+    @model_validator(mode="after")
+    def _override_complete(self) -> "LoadMonitorConfig":
+        if (self.disable_qps is None) != (self.enable_qps is None):
+            raise ValueError("load_monitor.disable_qps and load_monitor.enable_qps are set together (or neither)")
+        return self
 
 
 class SpecdecConfig(StrictModel):

@@ -34,7 +34,7 @@ from specdec.proposers.base import Proposal, ProposalRequest, Proposer
 from specdec.request import GenerationRequest, RequestLimits
 from specdec.round_profile import RoundProfile
 from specdec.sequence import Sequence
-from specdec.speculation_policy import Decision, SpeculationPolicy
+from specdec.speculation_policy import Decision, RowState, fixed_plan
 from specdec.stats import SpecStats
 from specdec.stop_conditions import StopChecker
 from specdec.verifier import Verifier, VerifyRequest
@@ -59,14 +59,14 @@ class RoundOutput:
 
 
 class RoundPolicy(Protocol):
-    """Decides each round's γ (e.g. a LoadMonitor over a SpeculationPolicy) and hears the load
-    and what each round cost."""
+    """Plans each round's γ per row (e.g. a LoadMonitor over a SpeculationPolicy) and hears
+    the load and what each round cost."""
 
     def on_arrival(self, count: int = 1) -> None: ...
 
     def set_load(self, in_flight: int, queued: int) -> None: ...
 
-    def decide(self, batch_size: int) -> Decision: ...
+    def plan(self, rows: list[RowState], default_gamma: int) -> Decision: ...
 
     def record(self, sample: RoundSample) -> None: ...
 
@@ -102,7 +102,7 @@ class SpeculativeEngine:
     ) -> None:
         """gamma: the server's γ (used when no policy decides, and for mode ON).
         eos_token_ids: every id that ends a sequence (generation_config's list, too).
-        policy: decides γ per round from load and measured costs (None = always `gamma`).
+        policy: plans each row's γ per round from measured costs (None = always `gamma`).
         gamma_max, max_stop_strings, max_stop_string_chars: per-request caps (RequestLimits).
         draft_ahead: draft round k + 1 while the target verifies round k (pipelined rounds;
         pays only when the verifier runs concurrently, e.g. on a remote target)."""
@@ -117,8 +117,9 @@ class SpeculativeEngine:
         self.gamma_max = gamma_max
         self._caps = (max_stop_strings, max_stop_string_chars)
         self.policy = policy
-        self._static_decision = Decision(gamma, gamma > 0, "static γ")
-        self.last_decision = self._static_decision
+        self.last_decision = Decision(gamma, gamma > 0, "static γ")
+        self._planned: dict[str, int] = {}  # seq id -> its γ this round
+        self._gamma_caps: dict[str, int] = {}  # seq id -> the most γ it could draft this round
         self.stats = SpecStats()
         self.proposer_failures = 0  # rounds that ran without drafts because the proposer failed
         self.profile = RoundProfile()  # where the rounds' time went
@@ -204,9 +205,7 @@ class SpeculativeEngine:
         if not self._running:
             return []
         batch = list(self._running)
-        if self.policy is not None:
-            self.policy.set_load(len(self._running), len(self._waiting))
-            self.last_decision = self.policy.decide(len(batch))
+        self._plan(batch)
         outputs = self._isolated_round(batch)
         elapsed = time.perf_counter() - start
         self.stats.seconds += elapsed
@@ -260,7 +259,7 @@ class SpeculativeEngine:
             outputs.append(output)
             drafted.append(counts[0])
             accepted.append(counts[1])
-        self._record(start, proposed, verified, ahead_s, drafted, accepted)
+        self._record(start, proposed, verified, ahead_s, (gamma_now, drafted, accepted))
         return outputs
 
     def _note_unavailable(self, batch: list[Sequence], gammas: list[int], proposal: Proposal) -> None:
@@ -308,17 +307,19 @@ class SpeculativeEngine:
             return
         self._propose_compute_s = (before or 0.0) + (wall if compute is None else compute)
 
-    def _record(self, start: float, proposed: float, verified: float, ahead_s: float, drafted, accepted) -> None:
-        """The round's profile and the policy's measurements."""
+    def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts) -> None:
+        """The round's profile and the policy's measurements. counts: each row's (asked γ,
+        drafted, accepted) as three lists."""
         propose_s = proposed - start + ahead_s
+        round_s = time.perf_counter() - start
         self.profile.record(
             (propose_s, self._propose_compute_s),
             (verified - proposed, getattr(self.verifier, "last_compute_s", None)),
-            time.perf_counter() - start,
+            round_s,
             overlapped_s=ahead_s,
         )
         if self.policy is not None:
-            self.policy.record(RoundSample.from_rows(drafted, accepted, propose_s, verified - proposed))
+            self.policy.record(RoundSample.from_rows(*counts, propose_s, verified - proposed, round_s))
 
     def _admit(self) -> None:
         """Waiting requests join while the verifier has free slots. A running request takes
@@ -332,20 +333,34 @@ class SpeculativeEngine:
     def _active(self) -> list[Sequence]:
         return [*self._waiting, *self._running]
 
-    def _policy_gamma(self, seq: Sequence) -> int:
-        """The γ the policy gives this sequence now. A seeded sampled request keeps the static
-        γ: its tokens depend on the speculation schedule, so the same seed must see the same one."""
-        request = seq.request
+    def _plan(self, batch: list[Sequence]) -> None:
+        """Each row's γ this round: the policy's plan (or the static γ), within the row's cap."""
+        rows = [self._row_state(seq) for seq in batch]
+        if self.policy is not None:
+            self.policy.set_load(len(self._running), len(self._waiting))
+            self.last_decision = self.policy.plan(rows, self.gamma)
+        else:
+            self.last_decision = fixed_plan(rows, self.gamma)
+        gammas = self.last_decision.gammas
+        if len(gammas) != len(batch):
+            raise ValueError(f"the policy planned {len(gammas)} rows for a batch of {len(batch)}")
+        self._planned = {seq.seq_id: max(0, min(g, row.cap)) for seq, row, g in zip(batch, rows, gammas)}
+        self._gamma_caps = {seq.seq_id: row.cap for seq, row in zip(batch, rows)}
+
+    def _row_state(self, seq: Sequence) -> RowState:
+        """What the policy sees of a row. Its cap keeps a round from drafting past
+        max_new_tokens or the target's context (down to 0: plain decoding for this row). A
+        seeded sampled request is pinned to the static γ: its tokens depend on the
+        speculation schedule, so the same seed must see the same one."""
+        request, stats = seq.request, seq.stats
+        room = self.verifier.max_seq_len - len(seq.token_ids)
+        cap = max(0, min(self.gamma_max, seq.remaining - 1, room))
         pinned = request.sampling.seed is not None and not request.sampling.is_greedy
-        decision = self._static_decision if pinned else self.last_decision
-        gamma = SpeculationPolicy.gamma_for_request(decision, request.mode, request.gamma, self.gamma)
-        return min(gamma, self.gamma_max)
+        return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id, stats.rounds)
 
     def _gamma_for(self, seq: Sequence) -> int:
-        """This round's γ: the policy's, cut so a round never drafts past max_new_tokens or
-        the target's context (down to 0: plain decoding for this row)."""
-        room = self.verifier.max_seq_len - len(seq.token_ids)
-        return max(0, min(self._policy_gamma(seq), seq.remaining - 1, room))
+        """This round's planned γ for a row of the batch."""
+        return self._planned.get(seq.seq_id, 0)
 
     def _propose(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
         """One proposer call for the rows that speculate, each with its own γ. A failing
@@ -387,7 +402,9 @@ class SpeculativeEngine:
         seq.token_ids.extend(kept)
         seq.finish_reason = decision.finish_reason
         drafted, accepted = SpecStats.kept_counts(len(request.draft_token_ids), result.num_accepted, len(kept))
-        gamma = self._policy_gamma(seq)  # reported uncut: the last round is usually cut short
+        gamma = self._gamma_for(seq)
+        if gamma == self._gamma_caps.get(seq.seq_id) < self.gamma_max:  # cut short (its last rounds): keep the last uncut
+            gamma = seq.stats.gamma
         for stats in (seq.stats, self.stats):
             stats.record_round(drafted, accepted, gamma)
             stats.emitted += len(kept)

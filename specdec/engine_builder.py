@@ -13,6 +13,7 @@ from typing import Any
 from specdec.config import CacheConfig, ModelsConfig, SpecdecConfig, SpeculationConfig
 from specdec.draft_ahead import DraftAhead
 from specdec.engine import RoundPolicy, SpeculativeEngine
+from specdec.load_monitor import build_load_monitor
 from specdec.model_paths import resolve_model_path
 from specdec.models.loader import resolve_checkpoint_dir
 from specdec.models.model_runner import ModelRunner
@@ -125,7 +126,10 @@ class BuiltEngine:
 
 
 def build_engine(config: SpecdecConfig) -> BuiltEngine:
+    """The in-process engine: the same goodput policy as the server (its measurements kept
+    in this process), unless load_monitor.enabled is false (then always speculation.gamma)."""
     tokenizer = load_tokenizer(config.models.target)
     target = load_runner(config.models.target, config.models, config.cache)
     proposer = build_proposer(config.speculation, config.models, config.cache, target, tokenizer)
-    return BuiltEngine(make_engine(config, TargetVerifier(target), proposer, tokenizer), tokenizer, config)
+    policy = build_load_monitor(config.load_monitor, None, "in-process") if config.load_monitor.enabled else None
+    return BuiltEngine(make_engine(config, TargetVerifier(target), proposer, tokenizer, policy), tokenizer, config)

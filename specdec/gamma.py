@@ -1,54 +1,35 @@
-"""Choosing γ: the goodput model of speculative decoding (Leviathan et al., 2023).
+"""γ per row, per round, by goodput: the batch's expected emitted tokens per second.
 
-With acceptance rate α (each drafted token accepted independently with probability α), a
-round that drafts γ tokens emits on average
+Row i drafting γ_i tokens emits on average E_i(γ_i) = 1 + Σ_{k ≤ γ_i} P_i(k) tokens, where
+P_i(k) is the probability that its first k drafted tokens are all accepted (the cluster's
+measured per-position acceptance, scaled by the row's own acceptance so far, shrunk towards
+the cluster's while the row has drafted little). A round costs `RoundCostModel.round_s(γ)`
+seconds. The plan maximises
 
-    E[tokens | α, γ] = (1 − α^(γ+1)) / (1 − α)          (γ + 1 when α = 1)
+    goodput(γ) = Σ_i E_i(γ_i) / round_s(γ)        over lo_i ≤ γ_i ≤ hi_i
 
-tokens, including the recovered/bonus token. Its cost, in units of one plain target step
-at the current batch size, is
-
-    cost(γ) = γ·c + 1 + s·γ
-
-where c is the draft step time over the target step time (measured) and s is the extra
-target time per additional verified token (measured; ≈ 0 when verification is memory-bound
-at small batches, → 1 when the target is compute-bound at large batches). A round that
-drafts also pays a fixed draft-call overhead o (a network hop, the catch-up feed), so
-cost(γ > 0) = 1 + o + γ·(c + s). γ* maximises goodput E[tokens] / cost over
-γ ∈ {0, …, γ_max}; γ = 0 is plain decoding (goodput 1).
-
-Acceptance is rarely independent across positions (easy stretches of text are easy for
-several tokens), so when the per-position acceptance is measured —
-P(the first i drafted tokens all accepted), i = 1, 2, … — E[tokens] uses it directly and
-extrapolates beyond the measured positions with the last measured conditional rate.
+Rows with a fixed γ (mode ON, an explicit γ, a seeded sampled request) have lo = hi: they
+are not chosen but still weigh in the cost. For each possible number of draft steps g (the
+largest γ), the cost is a constant plus a sum of per-row terms, so the ratio is maximised
+by Dinkelbach's iteration: with λ the current goodput, each row independently maximises
+E_i(γ) − λ · cost_i(γ), then λ is updated, until the choice repeats. γ = 0 for every row —
+plain decoding — is what the plan chooses when drafting costs more than it emits (a poor
+proposer, or a large batch whose verify forward is compute-bound).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 
-def expected_tokens_measured(prefix_acceptance: list[float] | tuple[float, ...], gamma: int) -> float:
-    """E[tokens | γ] = 1 + Σ_{i=1..γ} P(first i drafted tokens accepted), from measured
-    prefix acceptance; positions past the measured ones continue geometrically with the
-    last measured conditional acceptance P(i accepted | first i − 1 accepted)."""
-    if not prefix_acceptance:
-        raise ValueError("prefix_acceptance must not be empty")
-    if gamma < 0:
-        raise ValueError(f"gamma must be >= 0, got {gamma}")
-    probs = [min(1.0, max(0.0, p)) for p in prefix_acceptance]
-    last = probs[-1]
-    previous = probs[-2] if len(probs) > 1 else 1.0
-    tail = min(1.0, last / previous) if previous > 0 else 0.0
-    total, p = 1.0, 1.0
-    for i in range(gamma):
-        p = probs[i] if i < len(probs) else p * tail
-        total += p
-    return total
+from specdec.round_cost import RoundCostModel
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
-    """Mean tokens a round emits (accepted + the recovered/bonus token)."""
+    """Mean tokens a round emits (accepted + the recovered/bonus token) when each drafted
+    token is accepted independently with probability α (Leviathan et al., 2023):
+    (1 − α^(γ+1)) / (1 − α), γ + 1 when α = 1."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if gamma < 0:
@@ -58,51 +39,116 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
+def extend_prefix_acceptance(prefix: tuple[float, ...], length: int) -> np.ndarray:
+    """P(first k accepted) for k = 1 … length: the measured positions, then the last measured
+    conditional rate P(k | k − 1) onwards. # [length]"""
+    if not prefix:
+        raise ValueError("prefix acceptance must not be empty")
+    probs = np.clip(np.asarray(prefix[:length], dtype=np.float64), 0.0, 1.0)
+    if len(probs) >= length:
+        return probs
+    previous = probs[-2] if len(probs) > 1 else 1.0
+    tail = min(1.0, probs[-1] / previous) if previous > 0 else 0.0
+    extra = probs[-1] * tail ** np.arange(1, length - len(probs) + 1)
+    return np.concatenate([probs, extra])
+
+
+def row_prefix_acceptance(
+    cluster: np.ndarray, cluster_alpha: float, drafted: int, accepted: int, prior_tokens: float
+) -> np.ndarray:
+    """A row's P(first k accepted): the cluster's conditional rates, scaled by the row's own
+    acceptance α_i = (accepted + prior · α) / (drafted + prior) over the cluster's α. # [len(cluster)]"""
+    own = (accepted + prior_tokens * cluster_alpha) / (drafted + prior_tokens) if drafted + prior_tokens > 0 else 0.0
+    if cluster_alpha <= 0:
+        return own ** np.arange(1, len(cluster) + 1)
+    previous = np.concatenate([[1.0], cluster[:-1]])
+    conditional = np.divide(cluster, previous, out=np.zeros_like(cluster), where=previous > 0)
+    return np.cumprod(np.minimum(1.0, conditional * (own / cluster_alpha)))
+
+
 @dataclass(frozen=True)
-class CostModel:
-    """Per-round costs relative to one plain target step at the current batch size.
-
-    draft_cost: c, one draft step / one target step (>= 0).
-    verify_slope: s, extra target time per additional verified token / one target step (>= 0).
-    draft_overhead: o, fixed cost of a round's draft call / one target step (>= 0).
-    """
-
-    draft_cost: float
-    verify_slope: float
-    draft_overhead: float = 0.0
-
-    def __post_init__(self) -> None:
-        if min(self.draft_cost, self.verify_slope, self.draft_overhead) < 0:
-            raise ValueError(
-                f"costs must be >= 0, got c={self.draft_cost}, s={self.verify_slope}, o={self.draft_overhead}"
-            )
-
-    def round_cost(self, gamma: int) -> float:
-        if gamma == 0:
-            return 1.0
-        return 1.0 + self.draft_overhead + gamma * (self.draft_cost + self.verify_slope)
+class Plan:
+    gammas: tuple[int, ...]  # each row's γ this round
+    goodput: float  # predicted emitted tokens per second
+    plain_goodput: float  # the same with every free row at its least γ (speculation off)
 
 
-def goodput(alpha: float, gamma: int, costs: CostModel, prefix_acceptance: tuple[float, ...] = ()) -> float:
-    """Expected tokens per unit of target-step time; plain decoding has goodput 1.
-    prefix_acceptance: measured P(first i accepted), i = 1, 2, … (empty = independent α)."""
-    tokens = expected_tokens_measured(prefix_acceptance, gamma) if prefix_acceptance else expected_tokens(alpha, gamma)
-    return tokens / costs.round_cost(gamma)
+def plan_gammas(
+    curves: np.ndarray, lo: list[int], hi: list[int], cost: RoundCostModel, margin: float = 0.0
+) -> Plan:
+    """The goodput-maximising γ per row (ties go to fewer draft steps). A plan that speculates
+    more than the rows' least γ must beat that plain plan by `margin` (a fraction), so that
+    noise in the measurements does not switch speculation on for nothing.
+    curves: # [rows, gamma_max] P_i(k), k = 1 … gamma_max; lo, hi: each row's bounds."""
+    rows = len(lo)
+    assert curves.ndim == 2 and curves.shape[0] == rows == len(hi), (curves.shape, len(lo), len(hi))
+    if rows == 0:
+        return Plan((), 0.0, 0.0)
+    lo_a, hi_a = np.asarray(lo), np.minimum(np.asarray(hi), curves.shape[1])
+    if (lo_a > hi_a).any() or (lo_a < 0).any():
+        raise ValueError(f"need 0 <= lo <= hi <= {curves.shape[1]}, got lo={lo}, hi={hi}")
+    emitted = np.concatenate([np.ones((rows, 1)), 1.0 + np.cumsum(curves, axis=1)], axis=1)  # [rows, gamma_max + 1]
+    plain = tuple(int(x) for x in lo_a)
+    plain_goodput = _goodput(emitted, plain, cost)
+    best, best_goodput = plain, plain_goodput
+    previous, falling = 0.0, 0
+    for steps in range(int(lo_a.max()) + 1, int(hi_a.max()) + 1):
+        gammas = _plan_for_steps(emitted, lo_a, np.minimum(hi_a, steps), steps, cost)
+        value = _goodput(emitted, gammas, cost)
+        if value > best_goodput * (1.0 + 1e-12):
+            best, best_goodput = gammas, value
+        falling = falling + 1 if value < previous else 0
+        if falling >= 2:  # past the best number of draft steps: goodput only falls from here
+            break
+        previous = value
+    if best != plain and best_goodput < plain_goodput * (1.0 + margin):
+        best, best_goodput = plain, plain_goodput
+    return Plan(best, best_goodput, plain_goodput)
 
 
-def optimal_gamma(
-    alpha: float, costs: CostModel, gamma_max: int, min_gain: float = 0.0, prefix_acceptance: tuple[float, ...] = ()
-) -> int:
-    """γ* in {0, …, gamma_max} maximising goodput; ties go to the smaller γ.
+def _goodput(emitted: np.ndarray, gammas: tuple[int, ...], cost: RoundCostModel) -> float:
+    tokens = float(emitted[np.arange(len(gammas)), list(gammas)].sum())
+    seconds = cost.round_s(gammas)
+    return tokens / seconds if seconds > 0 else float("inf")
 
-    min_gain: a γ > 0 must beat plain decoding by this fraction (e.g. 0.05 = 5 %) to be
-    chosen, so that noise in the measurements does not switch speculation on for nothing.
-    """
-    if gamma_max < 0:
-        raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
-    best_gamma, best = 0, goodput(alpha, 0, costs) * (1.0 + min_gain)
-    for gamma in range(1, gamma_max + 1):
-        value = goodput(alpha, gamma, costs, prefix_acceptance)
-        if value > best + 1e-12:
-            best_gamma, best = gamma, value
-    return best_gamma
+
+def _plan_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: int,
+                    cost: RoundCostModel) -> tuple[int, ...]:
+    """Dinkelbach's iteration for a round of `steps` draft steps: per-row choices at price λ."""
+    rows, width = emitted.shape
+    g = np.arange(width)
+    allowed = (g[None, :] >= lo[:, None]) & (g[None, :] <= hi[:, None])  # [rows, gamma_max + 1]
+    _, v_row, v_token = cost.verify
+    d_fixed, d_step, d_row_step = cost.draft
+    fixed = cost.overhead_s + cost.verify[0] + (v_row + v_token) * rows + d_fixed + d_step * steps
+    row_cost = v_token * g + d_row_step * steps * (g > 0)  # [gamma_max + 1]
+    choice = lo.copy()
+    for _ in range(16):
+        taken = emitted[np.arange(rows), choice]
+        price = taken.sum() / (fixed + row_cost[choice].sum())
+        score = np.where(allowed, emitted - price * row_cost[None, :], -np.inf)
+        new = score.argmax(axis=1)  # the first maximum: ties go to the smaller γ
+        if (new == choice).all():
+            break
+        choice = new
+    return tuple(int(x) for x in choice)
+
+
+def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_rows: int = 256) -> int | None:
+    """The smallest batch of rows like `curve` (P(first k accepted)) at which speculating
+    no longer pays (every row plans γ = 0); None when it pays up to max_rows."""
+    lo_rows, hi_rows = 1, max_rows
+    if _pays(curve, cost, gamma_max, hi_rows):
+        return None
+    while lo_rows < hi_rows:  # goodput gain shrinks as rows grow: bisect
+        mid = (lo_rows + hi_rows) // 2
+        if _pays(curve, cost, gamma_max, mid):
+            lo_rows = mid + 1
+        else:
+            hi_rows = mid
+    return lo_rows
+
+
+def _pays(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, rows: int) -> bool:
+    curves = np.broadcast_to(curve[:gamma_max], (rows, min(gamma_max, len(curve))))
+    return any(plan_gammas(curves, [0] * rows, [gamma_max] * rows, cost).gammas)

@@ -1,8 +1,10 @@
 """LoadMonitor: the engine's round policy, backed by a shared LoadStore, never on the request path.
 
-The engine thread only touches memory: `decide` reads a cached snapshot, `record` and
+The engine thread only touches memory: `plan` reads a cached snapshot, `record` and
 `on_arrival` add to a pending delta. A background thread (`tick`, every ~100 ms) pushes the
-delta to the store in one batch, refreshes the snapshot, and feeds the shared load switch.
+delta to the store in one batch, refreshes the snapshot, and feeds the operator's load
+switch when one is configured (shared by all replicas). Without a store and without the
+thread (the in-process engine), `record` ticks inline: memory only, as cheap.
 A circuit breaker stops calling a failing store; meanwhile decisions use this replica's own
 measurements (always kept locally), and the shared store is used again once it answers.
 Pushes are idempotent: each batch keeps its id and time, and a batch whose push failed (or
@@ -22,7 +24,7 @@ from specdec.config import LoadMonitorConfig
 from specdec.load_stats import LoadSnapshot, RoundSample, StatsWindow
 from specdec.load_store import InProcessLoadStore, LoadStore, SwitchState
 from specdec.load_switch import LoadThresholds
-from specdec.speculation_policy import Decision, PolicySettings, SpeculationPolicy
+from specdec.speculation_policy import Crossover, Decision, PolicySettings, RowState, SpeculationPolicy
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,9 @@ class LoadMonitor:
         self._unsent: list[tuple[str, StatsWindow, float]] = []  # (push id, delta, time) not yet acknowledged
         self._push_ids = itertools.count()
         self._load = (0, 0)
-        self._batch_size = 1
         self._snapshot: LoadSnapshot | None = None
+        self._last_tick = float("-inf")
+        self.last_decision = Decision(policy.settings.fallback_gamma, True, "no round yet")
         self.source = "local" if store is None else "shared"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,13 +70,18 @@ class LoadMonitor:
     def set_load(self, in_flight: int, queued: int) -> None:
         self._load = (in_flight, queued)
 
-    def decide(self, batch_size: int) -> Decision:
-        self._batch_size = batch_size
-        return self.policy.decide(self._snapshot, batch_size, self.clock(), update_switch=False)
+    def plan(self, rows: list[RowState], default_gamma: int) -> Decision:
+        """Each row's γ for this round (the engine thread)."""
+        decision = self.policy.plan(self._snapshot, rows, self.clock(), default_gamma)
+        if rows:
+            self.last_decision = decision
+        return decision
 
     def record(self, sample: RoundSample) -> None:
         with self._lock:
             self._pending.add_round(sample)
+        if self.store is None and self._thread is None and self.clock() - self._last_tick >= self.refresh_s:
+            self.tick()  # in-process: no thread, memory only
 
     @property
     def snapshot(self) -> LoadSnapshot | None:
@@ -83,7 +91,7 @@ class LoadMonitor:
 
     def tick(self) -> None:
         """Push the pending delta, refresh the snapshot and update the shared switch."""
-        now = self.clock()
+        now = self._last_tick = self.clock()
         with self._lock:
             delta, self._pending = self._pending, StatsWindow()
         in_flight, queued = self._load
@@ -118,16 +126,19 @@ class LoadMonitor:
         return True
 
     def _update(self, store: LoadStore, snapshot: LoadSnapshot, now: float) -> None:
-        """Feed the shared switch from the fresh snapshot; one replica's change wins (CAS)."""
+        """Take the fresh snapshot; feed the operator's shared switch, where one replica's
+        change wins (CAS). Without thresholds the plan keeps each replica's own state."""
+        self._snapshot = snapshot
+        if self.policy.settings.thresholds is None:
+            return
         state = store.switch_state()
         switch = self.policy.switch
         switch.enabled, switch.since = state.enabled, state.since
-        self.policy.decide(snapshot, self._batch_size, now, update_switch=True)
+        self.policy.update_switch(snapshot, now)
         new = SwitchState(switch.enabled, switch.since)
         if new != state and not store.compare_and_set_switch(state, new):
             latest = store.switch_state()
             switch.enabled, switch.since = latest.enabled, latest.since
-        self._snapshot = snapshot
 
     def start(self) -> None:
         if self._thread is None:
@@ -148,18 +159,18 @@ class LoadMonitor:
             self._thread = None
 
     def status(self) -> dict:
-        """The live picture for GetStats / `specdec status`."""
-        snap = self._snapshot
-        decision = self.policy.decide(snap, self._batch_size, self.clock(), update_switch=False)
-        costs = snap.cost_model(self._batch_size, self.policy.settings.default_verify_slope) if snap else None
+        """The live picture for GetStats / `specdec status` and the metrics."""
+        snap, decision = self._snapshot, self.last_decision
+        crossover = self.policy.crossover(snap)
         return {
-            "draft_cost": costs.draft_cost if costs else 0.0,
-            "verify_slope": costs.verify_slope if costs else 0.0,
             "source": self.source,
             "breaker": self.breaker.state(self.clock()),
             "speculation_enabled": decision.enabled,
             "gamma": decision.gamma,
             "reason": decision.reason,
+            "off_because_of_load": self._off_because_of_load(decision, crossover),
+            "crossover": crossover,
+            "round_cost": snap.round_cost if snap else None,
             "qps": snap.qps if snap else 0.0,
             "in_flight": snap.in_flight if snap else 0.0,
             "queued": snap.queued if snap else 0.0,
@@ -168,22 +179,35 @@ class LoadMonitor:
             "alpha_per_position": list(snap.alpha_per_position) if snap else [],
         }
 
+    def _off_because_of_load(self, decision: Decision, crossover: Crossover) -> bool:
+        """Off while a lone request would speculate: the batch is past the crossover, or the
+        operator's load switch is off."""
+        if not decision.enabled and self.policy.settings.thresholds is not None:
+            return True
+        return decision.gamma == 0 and crossover.rows is not None and crossover.rows > 1 \
+            and len(decision.gammas) >= crossover.rows
+
 
 def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, replica_id: str) -> LoadMonitor:
-    """A LoadMonitor with the policy, thresholds and breaker that `config` describes."""
-    thresholds = LoadThresholds(
-        disable_qps=config.disable_qps,
-        enable_qps=config.enable_qps,
-        disable_in_flight=config.disable_in_flight,
-        enable_in_flight=config.enable_in_flight,
-        min_dwell_s=config.min_dwell_s,
-    )
+    """A LoadMonitor with the policy, switch and breaker that `config` describes."""
+    thresholds = None
+    if config.disable_qps is not None:
+        thresholds = LoadThresholds(
+            disable_qps=config.disable_qps,
+            enable_qps=config.enable_qps,
+            disable_in_flight=config.disable_in_flight,
+            enable_in_flight=config.enable_in_flight,
+            min_dwell_s=config.min_dwell_s,
+        )
     settings = PolicySettings(
         gamma_max=config.gamma_max,
         fallback_gamma=config.fallback_gamma,
         stale_after_s=config.stale_after_s,
         min_gain=config.min_gain,
-        default_verify_slope=config.default_verify_slope,
+        min_dwell_s=config.min_dwell_s,
+        prior_tokens=config.prior_tokens,
+        explore_every=config.explore_every,
+        explore_gamma=config.explore_gamma,
         thresholds=thresholds,
     )
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)

@@ -1,9 +1,11 @@
 """Switching speculation off under high load, with hysteresis so that it does not flap.
 
-Speculation buys latency at low load and costs throughput at high load. The switch turns
-speculation OFF when the cluster-wide arrival rate (QPS) or the requests in flight rise
-above the `disable_*` thresholds, and ON again only when both are below the lower
-`enable_*` thresholds — and never sooner than `min_dwell_s` after the last switch.
+Speculation buys latency at low load and costs throughput at high load. By default the
+goodput plan decides (`specdec.speculation_policy`) and this switch only records its
+on/off state with a dwell time. An operator may instead force it by load: OFF when the
+cluster-wide arrival rate (QPS) or the requests in flight rise above the `disable_*`
+thresholds, ON again only when both are below the lower `enable_*` thresholds — and never
+sooner than `min_dwell_s` after the last switch.
 """
 
 from __future__ import annotations
@@ -31,20 +33,30 @@ class LoadThresholds:
 
 
 class LoadSwitch:
-    """Speculation on/off as a function of load, with hysteresis and a minimum dwell time."""
+    """Speculation on/off with hysteresis and a minimum dwell time between changes.
 
-    def __init__(self, thresholds: LoadThresholds, enabled: bool = True, since: float = float("-inf")) -> None:
+    Fed either by load thresholds (`update`: the operator's QPS / in-flight switch) or by
+    the goodput plan (`set`: the policy changes it only after the dwell time)."""
+
+    def __init__(self, thresholds: LoadThresholds | None, min_dwell_s: float, enabled: bool = True,
+                 since: float = float("-inf")) -> None:
         self.thresholds = thresholds
+        self.min_dwell_s = min_dwell_s
         self.enabled = enabled
         self.since = since  # time of the last switch
 
     def update(self, qps: float, in_flight: float, now: float) -> bool:
-        """Feed the current load; returns whether speculation is enabled."""
+        """Feed the load to the operator's thresholds; returns whether speculation is enabled."""
         t = self.thresholds
-        if now - self.since < t.min_dwell_s:
-            return self.enabled
+        if t is None:
+            raise ValueError("this switch has no load thresholds: the goodput plan sets it")
         if self.enabled and (qps > t.disable_qps or in_flight > t.disable_in_flight):
-            self.enabled, self.since = False, now
+            self.set(False, now)
         elif not self.enabled and qps < t.enable_qps and in_flight < t.enable_in_flight:
-            self.enabled, self.since = True, now
+            self.set(True, now)
         return self.enabled
+
+    def set(self, enabled: bool, now: float) -> None:
+        """Change the state unless the last change was less than min_dwell_s ago."""
+        if enabled != self.enabled and now - self.since >= self.min_dwell_s:
+            self.enabled, self.since = enabled, now

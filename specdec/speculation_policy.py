@@ -1,15 +1,30 @@
-"""The speculation decision: load switch + goodput-optimal γ + per-request overrides.
+"""The speculation decision: each row's γ this round, by goodput, with per-request overrides.
 
 Pure code: it reads a `LoadSnapshot` (cluster-wide measurements, from any store) and the
-current batch size, and answers "speculate, and with which γ?". Stale or missing
-measurements fall back to a configured safe γ.
+rows of the round, and answers "which γ for each row?" (`specdec.gamma.plan_gammas`).
+Speculation turns off under load because the measured costs say so: at a large batch the
+verify forward grows with every drafted token, and γ = 0 for every row is the plan.
+
+On top of the plan:
+* requests that fix their γ (mode ON, an explicit γ, mode OFF, seeded sampled requests)
+  keep it, and weigh in the round's cost;
+* the on/off state has hysteresis and a dwell time: speculation comes back only when the
+  plan gains at least `min_gain`, and no sooner than `min_dwell_s` after it went off;
+* an operator may force the switch by load thresholds (`LoadThresholds`: QPS and requests
+  in flight, fed in the background by the monitor); otherwise the switch follows the plan;
+* rows the plan gives γ = 0 still draft now and then (`explore_every`), so acceptance and
+  the draft's cost stay measured and speculation comes back when it would pay;
+* stale or missing measurements fall back to a configured safe γ.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
-from specdec.gamma import optimal_gamma
+import numpy as np
+
+from specdec.gamma import crossover_rows, extend_prefix_acceptance, plan_gammas, row_prefix_acceptance
 from specdec.load_stats import LoadSnapshot
 from specdec.load_switch import LoadSwitch, LoadThresholds
 
@@ -21,20 +36,64 @@ class PolicySettings:
     gamma_max: int  # largest γ the policy may choose
     fallback_gamma: int  # γ when measurements are missing or stale
     stale_after_s: float  # a snapshot older than this is ignored
-    min_gain: float  # a γ > 0 must beat plain decoding by this fraction
-    default_verify_slope: float  # s assumed until verify timings at several γ exist
-    thresholds: LoadThresholds
+    min_gain: float  # speculation comes back on only if the plan gains this fraction
+    min_dwell_s: float  # least seconds between two on/off changes of the plan
+    prior_tokens: float = 16.0  # a row's acceptance counts as this many drafted tokens of the cluster's
+    explore_every: int = 16  # a row at γ = 0 drafts every this many rounds (0 = never)
+    explore_gamma: int = 2  # γ of such a round
+    thresholds: LoadThresholds | None = None  # an operator's forced load switch (None = follow the plan)
+
+
+@dataclass(frozen=True)
+class RowState:
+    """What the policy needs to know about one row of the round.
+
+    mode / requested_gamma: the request's speculation settings (None = not set); pinned: a
+    seeded sampled request (its tokens depend on the schedule: it keeps the server's γ);
+    cap: the most γ it may draft now (budget, context, caps); drafted / accepted: its own
+    counts so far; seq_id / rounds: pick its exploration rounds deterministically.
+    """
+
+    mode: str
+    requested_gamma: int | None
+    cap: int
+    drafted: int = 0
+    accepted: int = 0
+    pinned: bool = False
+    seq_id: str = ""
+    rounds: int = 0
 
 
 @dataclass(frozen=True)
 class Decision:
-    gamma: int  # γ for AUTO requests this round (0 = speculation off)
-    enabled: bool  # the load switch's state
+    gamma: int  # the largest γ a policy-chosen row got this round (0 = speculation off)
+    enabled: bool  # the on/off state (the operator's switch, or the plan's)
     reason: str  # why, for status displays and logs
+    gammas: tuple[int, ...] = ()  # each row's γ this round, in the order of the rows
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where speculation stops paying on this deployment (from the cost model)."""
+
+    rows: int | None  # rows per round at which the plan turns speculation off (None: never up to 256)
+    qps: float | None  # requests/s that keep that many rows in flight (Little's law; None unknown)
+
+
+def fixed_plan(rows: list[RowState], default_gamma: int) -> Decision:
+    """The plan without a policy: every row its own γ, else the server's (mode OFF or γ 0:
+    none; AUTO drafts only when the server's γ is not 0)."""
+    gammas = []
+    for row in rows:
+        if row.mode == MODE_OFF or row.requested_gamma == 0 or (row.mode == MODE_AUTO and default_gamma == 0):
+            gammas.append(0)
+        else:
+            gammas.append(row.requested_gamma or default_gamma)
+    return Decision(default_gamma, default_gamma > 0, "static γ", tuple(gammas))
 
 
 class SpeculationPolicy:
-    """Decides γ for each round from the latest snapshot; keeps the switch's hysteresis state."""
+    """Plans each round's γ from the latest snapshot; keeps the on/off state (hysteresis, dwell)."""
 
     def __init__(self, settings: PolicySettings) -> None:
         if not 0 <= settings.fallback_gamma <= settings.gamma_max:
@@ -42,37 +101,88 @@ class SpeculationPolicy:
                 f"fallback_gamma ({settings.fallback_gamma}) must be in [0, gamma_max={settings.gamma_max}]"
             )
         self.settings = settings
-        self.switch = LoadSwitch(settings.thresholds)
+        dwell = settings.thresholds.min_dwell_s if settings.thresholds else settings.min_dwell_s
+        self.switch = LoadSwitch(settings.thresholds, dwell)
 
-    def decide(self, snapshot: LoadSnapshot | None, batch_size: int, now: float, update_switch: bool = True) -> Decision:
-        """update_switch=False only reads the switch (the request path); a background task
-        feeds it the load."""
+    def update_switch(self, snapshot: LoadSnapshot | None, now: float) -> bool:
+        """Feed the operator's load switch (background; no-op when the plan decides)."""
+        if self.settings.thresholds is None or snapshot is None:
+            return self.switch.enabled
+        return self.switch.update(snapshot.qps, snapshot.in_flight + snapshot.queued, now)
+
+    def plan(self, snapshot: LoadSnapshot | None, rows: list[RowState], now: float, default_gamma: int) -> Decision:
+        """Each row's γ this round (request overrides, the switch, the goodput plan, exploration)."""
         s = self.settings
+        fixed = [self._fixed_gamma(row, default_gamma) for row in rows]
+        free = [i for i, f in enumerate(fixed) if f is None]
+        lo = [min(f, row.cap) if f is not None else 0 for f, row in zip(fixed, rows)]
+        hi = [min(s.gamma_max, row.cap) if f is None else lo_i for f, row, lo_i in zip(fixed, rows, lo)]
         if snapshot is None or now - snapshot.measured_at > s.stale_after_s:
-            return Decision(s.fallback_gamma, self.switch.enabled, "no fresh measurements: fallback γ")
-        load = snapshot.in_flight + snapshot.queued
-        enabled = self.switch.update(snapshot.qps, load, now) if update_switch else self.switch.enabled
-        if not enabled:
-            return Decision(0, False, f"load high (qps {snapshot.qps:.1f}, in flight {snapshot.in_flight:.0f})")
-        costs = snapshot.cost_model(max(1, batch_size), s.default_verify_slope)
-        if snapshot.alpha is None or costs is None:
-            return Decision(s.fallback_gamma, True, "acceptance or cost not measured yet: fallback γ")
-        gamma = optimal_gamma(snapshot.alpha, costs, s.gamma_max, s.min_gain, snapshot.alpha_per_position)
-        reason = (f"γ* for α {snapshot.alpha:.2f}, c {costs.draft_cost:.2f}, o {costs.draft_overhead:.2f}, "
-                  f"s {costs.verify_slope:.2f}")
-        return Decision(gamma, True, reason)
+            return self._fallback(lo, hi, free, "no fresh measurements: fallback γ")
+        if snapshot.alpha is None or snapshot.round_cost is None:
+            return self._fallback(lo, hi, free, "acceptance or cost not measured yet: fallback γ")
+        if s.thresholds is not None and not self.switch.enabled:
+            reason = f"load high (qps {snapshot.qps:.1f}, in flight {snapshot.in_flight:.0f}): switched off"
+            return self._decision(lo, free, rows, False, reason)
+        curves = self._curves(snapshot, rows)
+        if s.thresholds is None and not self.switch.enabled and now - self.switch.since < self.switch.min_dwell_s:
+            return self._decision(lo, free, rows, False, "off: dwell time after the plan turned speculation off")
+        margin = 0.0 if self.switch.enabled else s.min_gain
+        plan = plan_gammas(curves, lo, hi, snapshot.round_cost, margin)
+        speculating = any(plan.gammas[i] > 0 for i in free)
+        if s.thresholds is None and free and speculating != self.switch.enabled:
+            self.switch.set(speculating, now)
+        reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
+                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
+        return self._decision(list(plan.gammas), free, rows, self.switch.enabled, reason)
 
-    @staticmethod
-    def gamma_for_request(decision: Decision, mode: str, requested_gamma: int | None, default_gamma: int) -> int:
-        """A request's γ: OFF (or γ 0) -> 0; ON -> its γ, else the server's configured γ
-        (fixed, whatever the load); AUTO -> 0 while the policy says off, else its γ or the
-        policy's γ*."""
-        if mode not in (MODE_AUTO, MODE_ON, MODE_OFF):
-            raise ValueError(f"speculation mode must be auto, on or off, got {mode!r}")
-        if mode == MODE_OFF or requested_gamma == 0:
+    def crossover(self, snapshot: LoadSnapshot | None) -> Crossover:
+        """Rows per round (and requests/s) beyond which speculation does not pay, for a row
+        with the cluster's acceptance; unknown until acceptance and costs are measured."""
+        if snapshot is None or snapshot.alpha is None or snapshot.round_cost is None or not snapshot.alpha_per_position:
+            return Crossover(None, None)
+        curve = extend_prefix_acceptance(snapshot.alpha_per_position, self.settings.gamma_max)
+        rows = crossover_rows(curve, snapshot.round_cost, self.settings.gamma_max)
+        residence_s = snapshot.in_flight / snapshot.qps if snapshot.qps > 0 and snapshot.in_flight > 0 else None
+        return Crossover(rows, rows / residence_s if rows is not None and residence_s else None)
+
+    def _fixed_gamma(self, row: RowState, default_gamma: int) -> int | None:
+        """A request's own γ when it sets one (None: the policy chooses). AUTO with an explicit
+        γ follows the operator's switch."""
+        if row.mode not in (MODE_AUTO, MODE_ON, MODE_OFF):
+            raise ValueError(f"speculation mode must be auto, on or off, got {row.mode!r}")
+        if row.mode == MODE_OFF or row.requested_gamma == 0:
             return 0
-        if mode == MODE_ON:
-            return requested_gamma or default_gamma
-        if decision.gamma == 0:
-            return 0
-        return requested_gamma or decision.gamma
+        if row.mode == MODE_ON or row.pinned:
+            return row.requested_gamma or default_gamma
+        if row.requested_gamma is not None:
+            return row.requested_gamma if self.switch.enabled else 0
+        return None
+
+    def _curves(self, snapshot: LoadSnapshot, rows: list[RowState]) -> np.ndarray:
+        """P(first k accepted) per row, k = 1 … gamma_max. # [rows, gamma_max]"""
+        width = max(1, self.settings.gamma_max)
+        if snapshot.alpha_per_position:
+            cluster = extend_prefix_acceptance(snapshot.alpha_per_position, width)
+        else:
+            cluster = snapshot.alpha ** np.arange(1, width + 1)
+        prior = self.settings.prior_tokens
+        return np.stack([row_prefix_acceptance(cluster, snapshot.alpha, r.drafted, r.accepted, prior) for r in rows]) \
+            if rows else np.zeros((0, width))
+
+    def _fallback(self, lo: list[int], hi: list[int], free: list[int], reason: str) -> Decision:
+        gammas = list(lo)
+        for i in free:
+            gammas[i] = min(self.settings.fallback_gamma, hi[i])
+        return Decision(max((gammas[i] for i in free), default=0), self.switch.enabled, reason, tuple(gammas))
+
+    def _decision(self, gammas: list[int], free: list[int], rows: list[RowState], enabled: bool, reason: str) -> Decision:
+        """The decision, with exploration: a free row at γ = 0 drafts on its exploration rounds."""
+        s = self.settings
+        for i in free:
+            if gammas[i] == 0 and s.explore_every and rows[i].cap > 0 and self._explores(rows[i]):
+                gammas[i] = min(s.explore_gamma, rows[i].cap, s.gamma_max)
+        return Decision(max((gammas[i] for i in free), default=0), enabled, reason, tuple(gammas))
+
+    def _explores(self, row: RowState) -> bool:
+        return (zlib.crc32(row.seq_id.encode()) + row.rounds) % self.settings.explore_every == 0

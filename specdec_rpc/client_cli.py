@@ -45,7 +45,7 @@ def add_client_parser(subparsers: Any) -> None:
 
 def add_status_parser(subparsers: Any) -> None:
     """Adds `status`: the live speculation picture of a running server as a table."""
-    status = subparsers.add_parser("status", help="show γ, on/off, α, c and QPS of a running server")
+    status = subparsers.add_parser("status", help="show γ, on/off, α, round costs and QPS of a running server")
     _add_common(status)
     status.add_argument("--json", action="store_true", help="print the GetStats response as JSON")
     status.set_defaults(func=run_status)
@@ -60,8 +60,8 @@ def format_status(stats: Any) -> str:
         ("why", stats.reason),
         ("acceptance rate α", f"{stats.acceptance_rate:.3f}"),
         ("α per position", per_position),
-        ("draft cost c", f"{stats.draft_cost:.3f}"),
-        ("verify slope s", f"{stats.verify_slope:.3f}"),
+        ("round cost (ms)", _round_cost(stats)),
+        ("speculation pays below", _crossover(stats)),
         ("QPS (cluster)", f"{stats.qps:.2f}"),
         ("in flight / queued", f"{stats.in_flight:.0f} / {stats.queued:.0f}"),
         ("measurements", f"{stats.measurements_source} (Redis breaker {stats.circuit_breaker})"),
@@ -73,6 +73,23 @@ def format_status(stats: Any) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _round_cost(stats: Any) -> str:
+    if not stats.HasField("round_cost"):
+        return "not measured yet"
+    c = stats.round_cost
+    return (f"verify {c.verify_fixed_ms:.2f} + {c.verify_row_ms:.2f}/row + {c.verify_token_ms:.2f}/token, "
+            f"draft {c.draft_fixed_ms:.2f} + {c.draft_step_ms:.2f}/step + {c.draft_row_step_ms:.2f}/row/step, "
+            f"other {c.overhead_ms:.2f}")
+
+
+def _crossover(stats: Any) -> str:
+    if not stats.crossover_rows:
+        return "unknown (or at any batch up to 256 rows)" if stats.HasField("round_cost") else "unknown"
+    qps = f" ≈ {stats.crossover_qps:.1f} requests/s" if stats.crossover_qps else ""
+    load = "; off now because of load" if stats.off_because_of_load else ""
+    return f"~{stats.crossover_rows} rows per round{qps}{load}"
 
 
 def _profile(p: Any) -> str:

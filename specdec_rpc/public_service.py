@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 from grpc_health.v1 import health_pb2
 
@@ -88,7 +89,7 @@ class PublicService:
             response.reason, response.acceptance_rate = status["reason"], status["alpha"] or 0.0
             response.window_mean_accepted_length = status["mean_accepted_length"] or 0.0
             response.acceptance_per_position.extend(status["alpha_per_position"])
-            response.draft_cost, response.verify_slope = status["draft_cost"], status["verify_slope"]
+            _set_policy_view(response, status)
             response.qps, response.in_flight, response.queued = status["qps"], status["in_flight"], status["queued"]
             response.measurements_source, response.circuit_breaker = status["source"], status["breaker"]
         unavailable = engine.proposer.unavailable_reason
@@ -102,3 +103,17 @@ class PublicService:
             return health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
         ready = self.backend is not None and self.backend.loop.is_running
         return health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _set_policy_view(response: Any, status: dict) -> None:
+    """The goodput policy's cost model and crossover into a GetStatsResponse."""
+    cost, crossover = status["round_cost"], status["crossover"]
+    if cost is not None:
+        names = ("verify_fixed_ms", "verify_row_ms", "verify_token_ms", "draft_fixed_ms", "draft_step_ms",
+                 "draft_row_step_ms")
+        for name, seconds in zip(names, (*cost.verify, *cost.draft)):
+            setattr(response.round_cost, name, 1000.0 * seconds)
+        response.round_cost.overhead_ms = 1000.0 * cost.overhead_s
+    response.crossover_rows = crossover.rows or 0
+    response.crossover_qps = crossover.qps or 0.0
+    response.off_because_of_load = status["off_because_of_load"]

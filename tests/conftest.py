@@ -55,10 +55,12 @@ def hf_greedy(hf_target, tokenizer):
 
 @pytest.fixture(scope="session")
 def make_engine():
-    """Build an in-process engine on the bundled pair with config overrides."""
+    """Build an in-process engine on the bundled pair with config overrides. Its γ is fixed
+    (`gamma`) unless the overrides enable the load monitor (the goodput policy)."""
 
     def make(proposer: str = "draft", gamma: int = 4, num_slots: int = 8, **sections) -> BuiltEngine:
-        overrides = {"speculation": {"proposer": proposer, "gamma": gamma}, "cache": {"num_slots": num_slots}}
+        overrides = {"speculation": {"proposer": proposer, "gamma": gamma}, "cache": {"num_slots": num_slots},
+                     "load_monitor": {"enabled": False}}
         overrides.update(sections)
         return build_engine(load_config(overrides=overrides))
 

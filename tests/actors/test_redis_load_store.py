@@ -9,7 +9,7 @@ from specdec.load_monitor import LoadMonitor
 from specdec.load_stats import RoundSample, StatsWindow
 from specdec.load_store import SwitchState
 from specdec.load_switch import LoadThresholds
-from specdec.speculation_policy import PolicySettings, SpeculationPolicy
+from specdec.speculation_policy import PolicySettings, RowState, SpeculationPolicy
 
 from actors.redis_load_store import RedisLoadStore
 
@@ -73,11 +73,15 @@ def test_the_switch_is_compare_and_set(store):
     assert store.switch_state() == off
 
 
-def policy():
+def policy(override=True):
+    thresholds = LoadThresholds(disable_qps=3, enable_qps=1, disable_in_flight=100, enable_in_flight=50, min_dwell_s=0)
     return SpeculationPolicy(PolicySettings(
-        gamma_max=4, fallback_gamma=1, stale_after_s=30, min_gain=0, default_verify_slope=0.05,
-        thresholds=LoadThresholds(disable_qps=3, enable_qps=1, disable_in_flight=100, enable_in_flight=50,
-                                  min_dwell_s=0)))
+        gamma_max=4, fallback_gamma=1, stale_after_s=30, min_gain=0, min_dwell_s=0, explore_every=0,
+        thresholds=thresholds if override else None))
+
+
+def decide(monitor, rows=1):
+    return monitor.plan([RowState("auto", None, 8, seq_id=f"s{i}") for i in range(rows)], default_gamma=4)
 
 
 def test_two_monitors_see_one_shared_decision(redis_server, request):
@@ -86,8 +90,30 @@ def test_two_monitors_see_one_shared_decision(redis_server, request):
     a.on_arrival(50)
     a.tick()
     b.tick()
-    assert a.decide(1).enabled is False and b.decide(1).enabled is False
+    assert decide(a).enabled is False and decide(b).enabled is False
     assert stores[1].switch_state().enabled is False
+
+
+def test_two_replicas_share_one_cost_model_and_reach_the_same_plan(redis_server, request):
+    """Each replica measures part of the load; both fit the same round cost from the sum
+    in Redis, and plan the same γ for the same batch."""
+    stores = [RedisLoadStore(redis_server.url, deployment=request.node.name) for _ in range(2)]
+    a, b = (LoadMonitor(s, policy(override=False), name) for s, name in zip(stores, "ab"))
+    for monitor, batches in ((a, (1, 2)), (b, (4, 8))):
+        for rows in batches:
+            for gamma in (0, 2, 4):
+                verify, draft = 0.010 + 0.001 * rows + 0.002 * rows * (gamma + 1), 0.001 + 0.003 * gamma
+                accepted = [min(gamma, i % 2) for i in range(rows)]  # half the first drafts accepted
+                monitor.record(RoundSample.from_rows([gamma] * rows, [gamma] * rows, accepted, draft, verify))
+    a.tick()
+    b.tick()
+    a.tick()
+    cost_a, cost_b = a.snapshot.round_cost, b.snapshot.round_cost
+    assert cost_a.verify == pytest.approx(cost_b.verify) and cost_a.verify[2] == pytest.approx(0.002, rel=1e-3)
+    assert cost_a.draft == pytest.approx(cost_b.draft)
+    for rows in (1, 6):
+        assert decide(a, rows).gammas == decide(b, rows).gammas
+    assert max(decide(a, 1).gammas) > 0 and max(decide(a, 6).gammas) == 0  # speculation pays only at small batches
 
 
 def test_redis_killed_and_restarted_the_monitor_reconnects():
@@ -100,7 +126,7 @@ def test_redis_killed_and_restarted_the_monitor_reconnects():
     for _ in range(4):
         monitor.record(RoundSample(1, 4, 4, 4, 0.001, 0.01, (1, 1, 1, 1), (1, 1, 1, 1)))
         monitor.tick()
-    assert monitor.source == "local" and monitor.decide(1).gamma > 0
+    assert monitor.source == "local" and decide(monitor).gamma > 0
     restarted = RedisServer(port=server.port).start()
     try:
         deadline = time.time() + 10

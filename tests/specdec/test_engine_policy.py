@@ -2,11 +2,12 @@
 
 from specdec.load_stats import RoundSample
 from specdec.request import GenerationRequest
-from specdec.speculation_policy import Decision
+from specdec.speculation_policy import Decision, RowState
 
 
 class TogglingPolicy:
-    """Speculation on for `period` rounds, off for `period` rounds, and so on."""
+    """Speculation on for `period` rounds, off for `period` rounds, and so on (a pinned row —
+    a seeded sampled request — keeps the server's γ, as the real policy does)."""
 
     def __init__(self, period: int, gamma: int = 4):
         self.period, self.gamma, self.rounds = period, gamma, 0
@@ -18,10 +19,11 @@ class TogglingPolicy:
     def set_load(self, in_flight: int, queued: int) -> None:
         pass
 
-    def decide(self, batch_size: int) -> Decision:
+    def plan(self, rows: list[RowState], default_gamma: int) -> Decision:
         on = (self.rounds // self.period) % 2 == 0
         self.rounds += 1
-        return Decision(self.gamma if on else 0, on, "toggle")
+        gamma = self.gamma if on else 0
+        return Decision(gamma, on, "toggle", tuple(default_gamma if r.pinned else gamma for r in rows))
 
     def record(self, sample: RoundSample) -> None:
         self.samples.append(sample)

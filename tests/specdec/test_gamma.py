@@ -1,13 +1,40 @@
-"""γ* maximises the seed's expected goodput; speculation is chosen only when it pays."""
+"""The goodput plan: each row's γ maximises the batch's emitted tokens per second."""
 
+import itertools
+import random
+
+import numpy as np
 import pytest
 
-from specdec.gamma import CostModel, expected_tokens, expected_tokens_measured, goodput, optimal_gamma
+from specdec.gamma import (crossover_rows, expected_tokens, extend_prefix_acceptance, plan_gammas,
+                           row_prefix_acceptance)
+from specdec.round_cost import RoundCostModel
 
-FREE = CostModel(draft_cost=0.0, verify_slope=0.0)
-GPU_SMALL_BATCH = CostModel(draft_cost=0.05, verify_slope=0.02)
-CPU_TINY_PAIR = CostModel(draft_cost=0.31, verify_slope=0.05)
-COMPUTE_BOUND = CostModel(draft_cost=0.05, verify_slope=1.0)
+# seconds: (fixed, per row, per token) for the target; (fixed, per step, per row-step) for the draft
+CPU_TINY_PAIR = RoundCostModel(verify=(0.010, 0.0009, 0.0009), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
+FREE_DRAFTS = RoundCostModel(verify=(0.010, 0.0, 0.0), draft=(0.0, 0.0, 0.0))
+COMPUTE_BOUND = RoundCostModel(verify=(0.001, 0.0, 0.010), draft=(0.0, 0.0005, 0.0))  # every token costs a step
+
+
+def geometric(alpha: float, width: int = 8) -> np.ndarray:
+    return alpha ** np.arange(1, width + 1)
+
+
+def plan(alphas, cost, gamma_max=8, lo=None, hi=None, margin=0.0):
+    curves = np.stack([geometric(a, gamma_max) for a in alphas])
+    rows = len(alphas)
+    return plan_gammas(curves, lo or [0] * rows, hi or [gamma_max] * rows, cost, margin)
+
+
+def brute_force(alphas, cost, gamma_max):
+    """The best goodput over every combination (ties: fewer tokens drafted)."""
+    best, best_value = None, -1.0
+    for gammas in itertools.product(range(gamma_max + 1), repeat=len(alphas)):
+        tokens = sum(expected_tokens(a, g) for a, g in zip(alphas, gammas))
+        value = tokens / cost.round_s(gammas)
+        if value > best_value * (1 + 1e-12):
+            best, best_value = gammas, value
+    return best, best_value
 
 
 @pytest.mark.parametrize(
@@ -18,84 +45,96 @@ def test_expected_tokens_per_round(alpha, gamma, tokens):
     assert expected_tokens(alpha, gamma) == pytest.approx(tokens)
 
 
-def test_plain_decoding_has_goodput_one():
-    assert goodput(0.9, 0, CPU_TINY_PAIR) == 1.0
+def test_nothing_accepted_means_plain_decoding():
+    assert plan([0.0], CPU_TINY_PAIR).gammas == (0,)
+    assert plan([0.0] * 4, FREE_DRAFTS).gammas == (0,) * 4
 
 
-@pytest.mark.parametrize(
-    "alpha, costs, gamma_max, expected",
-    [
-        (0.0, GPU_SMALL_BATCH, 8, 0),  # nothing is ever accepted: do not draft
-        (0.02, GPU_SMALL_BATCH, 8, 0),
-        (0.05, FREE, 8, 8),  # free drafting and verification: every extra token is a free lottery ticket
-        (0.999, FREE, 8, 8),  # near-perfect draft: γ_max
-        (0.99, GPU_SMALL_BATCH, 8, 8),
-        (0.8, GPU_SMALL_BATCH, 8, 7),  # goodput 2.793 at γ = 7 vs 2.775 at 8
-        (0.7, GPU_SMALL_BATCH, 16, 5),  # interior optimum, well below γ_max
-        (0.56, CPU_TINY_PAIR, 8, 1),  # 1.56 tokens / 1.36 cost = 1.147 beats γ = 2 (1.089)
-        (0.8, CPU_TINY_PAIR, 8, 3),
-        (0.3, CPU_TINY_PAIR, 8, 0),
-        (0.8, COMPUTE_BOUND, 8, 0),  # large batches: verification is not free, speculation costs throughput
-        (0.98, COMPUTE_BOUND, 8, 0),
-    ],
-)
-def test_policy_table(alpha, costs, gamma_max, expected):
-    assert optimal_gamma(alpha, costs, gamma_max) == expected
+def test_everything_accepted_with_affordable_drafts_means_gamma_max():
+    assert plan([1.0], CPU_TINY_PAIR).gammas == (8,)
+    assert plan([1.0], CPU_TINY_PAIR, gamma_max=3).gammas == (3,)
 
 
-def test_gamma_star_never_exceeds_gamma_max_and_grows_with_alpha():
-    previous = 0
-    for i in range(101):
-        g = optimal_gamma(i / 100, GPU_SMALL_BATCH, 6)
-        assert 0 <= g <= 6 and g >= previous
-        previous = g
+def test_a_compute_bound_batch_does_not_speculate_even_at_high_acceptance():
+    assert plan([0.9] * 8, COMPUTE_BOUND).gammas == (0,) * 8
 
 
-def test_chosen_gamma_is_at_least_as_good_as_every_other():
-    for alpha in (0.1, 0.4, 0.6, 0.75, 0.9):
-        g = optimal_gamma(alpha, CPU_TINY_PAIR, 8)
-        assert all(goodput(alpha, g, CPU_TINY_PAIR) >= goodput(alpha, k, CPU_TINY_PAIR) for k in range(9))
+def test_a_single_request_gets_the_best_gamma():
+    for alpha in (0.3, 0.5, 0.7, 0.85, 0.95):
+        chosen = plan([alpha], CPU_TINY_PAIR)
+        best, value = brute_force([alpha], CPU_TINY_PAIR, 8)
+        assert chosen.gammas == best and chosen.goodput == pytest.approx(value)
 
 
-def test_min_gain_keeps_marginal_speculation_off():
-    alpha, costs = 0.45, CPU_TINY_PAIR
-    assert optimal_gamma(alpha, costs, 8) > 0
-    assert goodput(alpha, optimal_gamma(alpha, costs, 8), costs) < 1.2
-    assert optimal_gamma(alpha, costs, 8, min_gain=0.2) == 0
+def test_the_plan_is_the_best_over_every_combination_of_small_batches():
+    rng = random.Random(0)
+    costs = [CPU_TINY_PAIR, COMPUTE_BOUND, RoundCostModel((0.002, 0.0005, 0.0002), (0.003, 0.001, 0.0001), 0.001)]
+    for _ in range(100):
+        alphas = [rng.choice([0.0, 0.2, 0.5, 0.7, 0.9, 1.0]) for _ in range(rng.randint(1, 3))]
+        cost = rng.choice(costs)
+        chosen = plan(alphas, cost, gamma_max=5)
+        _, value = brute_force(alphas, cost, 5)
+        assert chosen.goodput == pytest.approx(value, rel=1e-9), (alphas, cost, chosen)
 
 
-@pytest.mark.parametrize("bad", [dict(alpha=1.5, gamma=1), dict(alpha=0.5, gamma=-1)])
-def test_bad_inputs_are_rejected(bad):
-    with pytest.raises(ValueError):
-        expected_tokens(**bad)
-    with pytest.raises(ValueError):
-        CostModel(draft_cost=-0.1, verify_slope=0)
+def test_rows_of_one_batch_get_their_own_gamma():
+    """A row whose drafts are usually accepted speculates; its poor neighbour does not."""
+    gammas = plan([0.95, 0.05], CPU_TINY_PAIR).gammas
+    assert gammas[0] >= 3 and gammas[1] == 0
 
 
-def test_measured_prefix_acceptance_gives_the_expected_tokens_directly():
-    assert expected_tokens_measured((0.6, 0.5, 0.45), 3) == pytest.approx(1 + 0.6 + 0.5 + 0.45)
-    assert expected_tokens_measured((0.6,), 0) == 1.0
+def test_growing_batches_speculate_less_and_then_not_at_all():
+    previous = 9
+    for rows in (1, 2, 4, 8, 16, 32, 64):
+        gammas = plan([0.7] * rows, CPU_TINY_PAIR).gammas
+        assert max(gammas) <= previous
+        previous = max(gammas)
+    heavy = RoundCostModel(verify=(0.010, 0.0009, 0.004), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
+    assert max(plan([0.7] * 64, heavy).gammas) == 0
 
 
-def test_positions_past_the_measured_ones_continue_with_the_last_conditional_rate():
-    # conditional rate of position 2 is 0.5 / 0.6; positions 3 and 4 keep it
+def test_fixed_rows_keep_their_gamma_and_weigh_in_the_cost():
+    chosen = plan([0.9, 0.9], CPU_TINY_PAIR, lo=[6, 0], hi=[6, 8])
+    assert chosen.gammas[0] == 6
+    assert plan([0.2, 0.0], CPU_TINY_PAIR, lo=[0, 4], hi=[0, 4]).gammas == (0, 4)
+
+
+def test_a_margin_keeps_marginal_speculation_off():
+    alpha = 0.45  # speculation barely pays here
+    assert plan([alpha], CPU_TINY_PAIR).gammas != (0,)
+    gain = plan([alpha], CPU_TINY_PAIR).goodput / plan([alpha], CPU_TINY_PAIR).plain_goodput - 1
+    assert 0 < gain < 0.2
+    assert plan([alpha], CPU_TINY_PAIR, margin=gain + 0.01).gammas == (0,)
+
+
+def test_crossover_rows_is_where_speculation_stops_paying():
+    curve = geometric(0.7)
+    rows = crossover_rows(curve, CPU_TINY_PAIR, 8)
+    heavy = RoundCostModel(verify=(0.010, 0.0009, 0.004), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
+    at = crossover_rows(curve, heavy, 8)
+    assert at is not None and max(plan([0.7] * at, heavy).gammas) == 0
+    assert at == 1 or max(plan([0.7] * (at - 1), heavy).gammas) > 0
+    assert rows is None or rows > at  # cheaper verification: speculation pays to larger batches
+    assert crossover_rows(geometric(0.0), CPU_TINY_PAIR, 8) == 1
+
+
+def test_measured_prefix_acceptance_continues_with_its_last_conditional_rate():
+    probs = extend_prefix_acceptance((0.6, 0.5), 4)
     r = 0.5 / 0.6
-    assert expected_tokens_measured((0.6, 0.5), 4) == pytest.approx(1 + 0.6 + 0.5 + 0.5 * r + 0.5 * r * r)
-    assert expected_tokens_measured((0.7,), 3) == pytest.approx(expected_tokens(0.7, 3))
+    assert probs == pytest.approx([0.6, 0.5, 0.5 * r, 0.5 * r * r])
+    assert extend_prefix_acceptance((0.7, 0.5, 0.4), 2) == pytest.approx([0.7, 0.5])
 
 
-def test_correlated_acceptance_favours_a_longer_gamma_than_independent_alpha():
-    # easy stretches: once the first token is accepted, the next ones usually are too
-    prefix = (0.62, 0.58, 0.55, 0.52)
-    alpha = sum(prefix) / (1 + 0.62 + 0.58 + 0.55)  # the per-token α such rounds report at γ = 4
-    costs = CostModel(draft_cost=0.3, verify_slope=0.05)
-    assert optimal_gamma(alpha, costs, 8, prefix_acceptance=prefix) > optimal_gamma(alpha, costs, 8)
+def test_a_row_without_history_follows_the_cluster():
+    cluster = np.array([0.8, 0.6, 0.45])
+    assert row_prefix_acceptance(cluster, 0.6, drafted=0, accepted=0, prior_tokens=16) == pytest.approx(cluster)
 
 
-def test_a_fixed_draft_call_overhead_makes_short_gammas_pay_less():
-    costs = CostModel(draft_cost=0.1, verify_slope=0.02, draft_overhead=0.5)
-    assert costs.round_cost(0) == 1.0 and costs.round_cost(2) == pytest.approx(1.74)
-    assert goodput(0.5, 1, costs) < 1.0 < goodput(0.5, 3, costs)  # 1.5 / 1.62 vs 1.875 / 1.86
-    assert optimal_gamma(0.4, costs, 8) == 0
-    assert optimal_gamma(0.4, CostModel(draft_cost=0.1, verify_slope=0.02), 8) > 0  # same, no overhead
-    assert optimal_gamma(0.85, costs, 8) >= 4
+def test_a_row_with_its_own_history_moves_away_from_the_cluster_as_it_drafts_more():
+    cluster = np.array([0.5, 0.25, 0.125])
+    few = row_prefix_acceptance(cluster, 0.5, drafted=4, accepted=4, prior_tokens=16)
+    many = row_prefix_acceptance(cluster, 0.5, drafted=400, accepted=396, prior_tokens=16)
+    assert cluster[0] < few[0] < many[0] <= 1.0
+    assert (np.diff(many) <= 0).all() and many[-1] > 0.9
+    poor = row_prefix_acceptance(cluster, 0.5, drafted=200, accepted=2, prior_tokens=16)
+    assert poor[0] < 0.1

@@ -6,7 +6,7 @@ from specdec.load_monitor import LoadMonitor
 from specdec.load_stats import RoundSample
 from specdec.load_store import InProcessLoadStore
 from specdec.load_switch import LoadThresholds
-from specdec.speculation_policy import PolicySettings, SpeculationPolicy
+from specdec.speculation_policy import PolicySettings, RowState, SpeculationPolicy
 
 
 class Clock:
@@ -18,7 +18,7 @@ class Clock:
 
 
 def settings(**kw):
-    base = dict(gamma_max=6, fallback_gamma=2, stale_after_s=3.0, min_gain=0.0, default_verify_slope=0.05,
+    base = dict(gamma_max=6, fallback_gamma=2, stale_after_s=3.0, min_gain=0.0, min_dwell_s=1.0, explore_every=0,
                 thresholds=LoadThresholds(disable_qps=5, enable_qps=2, disable_in_flight=100, enable_in_flight=50,
                                           min_dwell_s=1.0))
     base.update(kw)
@@ -28,6 +28,11 @@ def settings(**kw):
 def good_round():
     return RoundSample(1, 4, drafted=4, accepted=4, draft_seconds=0.002, verify_seconds=0.011,
                        accepted_per_position=(1, 1, 1, 1), drafted_per_position=(1, 1, 1, 1))
+
+
+def decide(m, rows=1):
+    """The monitor's plan for `rows` AUTO requests."""
+    return m.plan([RowState("auto", None, 8, seq_id=f"s{i}") for i in range(rows)], default_gamma=4)
 
 
 def monitor(store, clock, replica="r1", **kw):
@@ -62,7 +67,7 @@ class SlowStore(InProcessLoadStore):
 
 
 def test_without_measurements_the_fallback_gamma_is_used():
-    assert monitor(InProcessLoadStore(), Clock()).decide(1).gamma == 2
+    assert decide(monitor(InProcessLoadStore(), Clock())).gamma == 2
 
 
 def test_measured_acceptance_drives_gamma_after_a_tick():
@@ -70,7 +75,7 @@ def test_measured_acceptance_drives_gamma_after_a_tick():
     m = monitor(InProcessLoadStore(), clock)
     m.record(good_round())
     m.tick()
-    d = m.decide(1)
+    d = decide(m)
     assert d.enabled and d.gamma == 6
 
 
@@ -80,7 +85,7 @@ def test_decide_and_record_never_touch_the_store():
     for _ in range(100):
         m.on_arrival()
         m.record(good_round())
-        m.decide(1)
+        decide(m)
     assert store.calls == 0
     m.tick()
     assert store.calls == 1  # one batched push
@@ -95,12 +100,12 @@ def test_high_qps_switches_off_for_every_replica_sharing_the_store():
     a.tick()
     b.tick()
     a.tick()
-    assert not a.decide(1).enabled and not b.decide(1).enabled
-    assert a.decide(1).gamma == 0 and b.decide(1).gamma == 0
+    assert not decide(a).enabled and not decide(b).enabled
+    assert decide(a).gamma == 0 and decide(b).gamma == 0
     clock.now += 11  # the burst leaves the window
     a.tick()
     b.tick()
-    assert a.decide(1).enabled and b.decide(1).enabled
+    assert decide(a).enabled and decide(b).enabled
 
 
 def test_a_store_outage_falls_back_to_local_measurements_and_recovers():
@@ -115,7 +120,7 @@ def test_a_store_outage_falls_back_to_local_measurements_and_recovers():
         m.tick()
     assert m.source == "local"
     assert m.breaker.state(clock()) == "open"
-    assert m.decide(1).gamma == 6  # decisions continue from local measurements
+    assert decide(m).gamma == 6  # decisions continue from local measurements
     calls = store.calls
     clock.now += 0.1
     m.tick()
@@ -133,7 +138,7 @@ def test_stale_shared_measurements_fall_back():
     m.record(good_round())
     m.tick()
     clock.now += 5.0  # no tick for longer than stale_after_s
-    assert m.decide(1).gamma == 2
+    assert decide(m).gamma == 2
 
 
 def test_the_background_thread_ticks_until_stopped():
@@ -164,3 +169,35 @@ def test_a_push_that_timed_out_after_the_store_applied_it_counts_once():
     m.tick()  # retries the first batch (ignored: already applied), then pushes the second
     assert store.snapshot(clock.now).qps == pytest.approx(15 / 10.0)
     assert m.source == "shared"
+
+
+def test_without_a_store_or_thread_the_monitor_ticks_inline_on_record():
+    """The in-process engine's monitor: no thread, measurements refresh as rounds are recorded."""
+    clock = Clock()
+    m = LoadMonitor(None, SpeculationPolicy(settings(thresholds=None)), "in-process", refresh_s=0.1, clock=clock)
+    m.record(good_round())
+    first = m.snapshot
+    assert first is not None and first.alpha == 1.0 and first.round_cost is not None
+    m.record(RoundSample(1, 0, 0, 0, 0.0, 0.009))
+    assert m.snapshot is first  # not due yet
+    clock.now += 0.2
+    m.record(RoundSample(1, 0, 0, 0, 0.0, 0.009))
+    assert m.snapshot is not first and m.snapshot.mean_accepted_length == pytest.approx((4 + 3) / 3)
+
+
+def test_status_reports_the_cost_model_and_the_crossover():
+    clock = Clock()
+    m = monitor(InProcessLoadStore(), clock, thresholds=None)
+    for rows in (1, 2, 4):
+        for gamma in (0, 2, 4):
+            m.record(RoundSample(rows, gamma, rows * gamma, int(0.5 * rows * gamma), 0.001 + 0.003 * gamma,
+                                 0.010 + 0.003 * rows * (gamma + 1), accepted_per_position=(70, 49, 34, 24)[:gamma],
+                                 drafted_per_position=(100,) * gamma))
+    m.tick()
+    decide(m, rows=1)
+    status = m.status()
+    assert status["round_cost"].verify[2] == pytest.approx(0.003, rel=0.01)
+    assert status["crossover"].rows is not None and status["crossover"].rows > 1
+    assert status["speculation_enabled"] and status["gamma"] > 0 and not status["off_because_of_load"]
+    decide(m, rows=status["crossover"].rows)
+    assert m.status()["off_because_of_load"] and m.status()["gamma"] == 0

@@ -1,40 +1,40 @@
-"""Measurements add up across replicas and turn into QPS, α and measured cost ratios."""
+"""Measurements add up across replicas and turn into QPS, α and the measured round cost."""
 
 import pytest
 
-from specdec.load_stats import LoadSnapshot, RoundSample, StatsWindow, batch_bucket
+from specdec.load_stats import LoadSnapshot, RoundSample, StatsWindow
 
 
-@pytest.mark.parametrize("batch, bucket", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (9, 16)])
-def test_batch_buckets_are_powers_of_two(batch, bucket):
-    assert batch_bucket(batch) == bucket
-
-
-def verify_seconds(tokens_per_seq, step=0.010, slope=0.2):
-    return step * (1 + slope * (tokens_per_seq - 1))
+def verify_seconds(rows, tokens):
+    return 0.008 + 0.001 * rows + 0.0005 * tokens
 
 
 def window_with(gammas, batch=1, draft_step=0.003, draft_overhead=0.0):
     w = StatsWindow()
     for g in gammas:
         w.add_round(RoundSample(batch, g, drafted=g, accepted=g // 2, draft_seconds=draft_overhead + draft_step * g,
-                                verify_seconds=verify_seconds(g + 1), accepted_per_position=tuple([1] * (g // 2) + [0] * (g - g // 2)),
+                                verify_seconds=verify_seconds(batch, batch + g),
+                                accepted_per_position=tuple([1] * (g // 2) + [0] * (g - g // 2)),
                                 drafted_per_position=tuple([1] * g)))
     return w
 
 
-def test_cost_ratios_are_recovered_from_timings_at_several_gammas():
-    snap = LoadSnapshot.from_window(window_with([0, 2, 4, 4, 8]), 10.0, 0, 0, measured_at=0.0)
-    costs = snap.cost_model(1, default_slope=0.9)
-    assert costs.verify_slope == pytest.approx(0.2)
-    assert costs.draft_cost == pytest.approx(0.3)
+def test_the_snapshot_carries_the_round_cost_fitted_from_its_rounds():
+    w = StatsWindow()
+    for batch in (1, 2, 4):
+        for g in (0, 2, 4, 8):
+            w.merge(window_with([g], batch=batch, draft_overhead=0.002))
+    cost = LoadSnapshot.from_window(w, 10.0, 0, 0, measured_at=0.0).round_cost
+    assert cost.verify == pytest.approx((0.008, 0.001, 0.0005), rel=1e-4, abs=1e-9)
+    assert cost.draft_s(1, 4) == pytest.approx(0.002 + 0.003 * 4)
 
 
-def test_one_gamma_only_uses_the_default_slope_and_still_measures_c():
-    snap = LoadSnapshot.from_window(window_with([4, 4, 4]), 10.0, 0, 0, 0.0)
-    costs = snap.cost_model(1, default_slope=0.2)
-    assert costs.verify_slope == 0.2
-    assert costs.draft_cost == pytest.approx(0.3)
+def test_a_round_sample_from_rows_counts_what_was_asked_and_drafted():
+    sample = RoundSample.from_rows([4, 4, 0], [4, 2, 0], [3, 0, 0], 0.01, 0.02, 0.035)
+    assert (sample.batch_size, sample.gamma, sample.draft_rows) == (3, 4, 2)
+    assert (sample.drafted, sample.accepted) == (6, 3)
+    assert sample.drafted_per_position == (2, 2, 1, 1) and sample.accepted_per_position == (1, 1, 1, 0)
+    assert (sample.shape.rows, sample.shape.tokens, sample.shape.steps) == (3, 9, 4)
 
 
 def test_alpha_and_per_position_acceptance():
@@ -60,20 +60,7 @@ def test_windows_from_two_replicas_merge_by_addition():
 
 def test_nothing_drafted_means_alpha_unknown_and_no_costs_without_timings():
     snap = LoadSnapshot.from_window(StatsWindow(), 10.0, 0, 0, 0.0)
-    assert snap.alpha is None and snap.cost_model(4, 0.1) is None
-
-
-def test_the_nearest_measured_bucket_is_used():
-    snap = LoadSnapshot.from_window(window_with([0, 4], batch=8), 10.0, 0, 0, 0.0)
-    assert snap.cost_model(6, 0.5).verify_slope == pytest.approx(0.2)
-    assert snap.cost_model(1, 0.5) is not None
-
-
-def test_the_draft_calls_fixed_overhead_is_separated_from_its_per_step_cost():
-    snap = LoadSnapshot.from_window(window_with([0, 2, 4, 8], draft_overhead=0.004), 10.0, 0, 0, 0.0)
-    costs = snap.cost_model(1, default_slope=0.9)
-    assert costs.draft_cost == pytest.approx(0.3)
-    assert costs.draft_overhead == pytest.approx(0.4)
+    assert snap.alpha is None and snap.round_cost is None
 
 
 def test_mean_accepted_length_comes_from_the_same_window_as_alpha():

@@ -1,69 +1,160 @@
-"""The policy: fallback γ without fresh data, off under load, γ* otherwise, request overrides on top."""
+"""The policy: per-row γ by goodput from measured costs, request overrides, the on/off state
+(hysteresis, dwell, the operator's override), exploration, fallback without fresh data."""
+
+import random
 
 import pytest
 
 from specdec.load_stats import LoadSnapshot, RoundSample, StatsWindow
 from specdec.load_switch import LoadThresholds
-from specdec.speculation_policy import Decision, PolicySettings, SpeculationPolicy
+from specdec.round_cost import RoundCostModel
+from specdec.speculation_policy import PolicySettings, RowState, SpeculationPolicy, fixed_plan
 
-SETTINGS = PolicySettings(
-    gamma_max=8, fallback_gamma=2, stale_after_s=5.0, min_gain=0.0, default_verify_slope=0.05,
-    thresholds=LoadThresholds(disable_qps=10, enable_qps=5, disable_in_flight=64, enable_in_flight=32, min_dwell_s=0),
-)
+CHEAP_VERIFY = RoundCostModel(verify=(0.010, 0.0009, 0.0009), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
+HEAVY_VERIFY = RoundCostModel(verify=(0.010, 0.0009, 0.004), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
 
 
-def snapshot(qps=1.0, accepted_of_4=3, at=100.0, in_flight=1):
+def settings(**kw):
+    base = dict(gamma_max=8, fallback_gamma=2, stale_after_s=5.0, min_gain=0.05, min_dwell_s=1.0, explore_every=0)
+    base.update(kw)
+    return PolicySettings(**base)
+
+
+def snapshot(alpha=0.7, cost=CHEAP_VERIFY, at=100.0, qps=1.0, in_flight=1.0, noise=0.0, rng=None):
+    """A snapshot measured from rounds timed by `cost` (± noise), with acceptance α per token."""
+    rng = rng or random.Random(0)
     w = StatsWindow()
     w.add_arrival(int(qps * 10))
-    for g in (0, 4):
-        w.add_round(RoundSample(1, g, g, min(g, accepted_of_4), 0.0005 * g, 0.010 * (1 + 0.05 * g)))
+    for rows in (1, 2, 4, 8, 16):
+        for gamma in (0, 1, 2, 4):
+            gammas = [gamma] * rows
+            accepted = [_accepted(alpha, gamma, rng) for _ in range(rows)]
+            jitter = 1 + rng.uniform(-noise, noise)
+            verify = cost.verify_s(rows, rows * (gamma + 1)) * jitter
+            draft = cost.draft_s(rows, gamma) * jitter
+            w.add_round(RoundSample.from_rows(gammas, gammas, accepted, draft, verify, verify + draft + cost.overhead_s))
     return LoadSnapshot.from_window(w, 10.0, in_flight, 0, measured_at=at)
 
 
+def _accepted(alpha, gamma, rng):
+    n = 0
+    while n < gamma and rng.random() < alpha:
+        n += 1
+    return n
+
+
+def auto(n, cap=8, **kw):
+    return [RowState("auto", None, cap, seq_id=f"s{i}", **kw) for i in range(n)]
+
+
 def test_missing_or_stale_measurements_fall_back_to_the_safe_gamma():
-    policy = SpeculationPolicy(SETTINGS)
-    assert policy.decide(None, 1, now=100.0).gamma == 2
-    assert policy.decide(snapshot(at=90.0), 1, now=100.0).gamma == 2
+    policy = SpeculationPolicy(settings())
+    assert policy.plan(None, auto(2), 100.0, 4).gammas == (2, 2)
+    stale = policy.plan(snapshot(at=90.0), auto(1), 100.0, 4)
+    assert stale.gammas == (2,) and "no fresh measurements" in stale.reason
 
 
-def test_high_acceptance_and_cheap_drafts_choose_a_long_gamma():
-    d = SpeculationPolicy(SETTINGS).decide(snapshot(accepted_of_4=4), 1, now=100.0)
-    assert d.enabled and d.gamma == 8
+def test_good_acceptance_and_cheap_drafts_speculate():
+    d = SpeculationPolicy(settings()).plan(snapshot(alpha=0.9), auto(1), 100.0, 4)
+    assert d.enabled and d.gammas[0] >= 3 and "goodput plan" in d.reason
 
 
-def test_poor_acceptance_chooses_plain_decoding():
-    d = SpeculationPolicy(SETTINGS).decide(snapshot(accepted_of_4=0), 1, now=100.0)
-    assert d.enabled and d.gamma == 0
+def test_poor_acceptance_means_plain_decoding():
+    d = SpeculationPolicy(settings()).plan(snapshot(alpha=0.05), auto(4), 100.0, 4)
+    assert d.gammas == (0, 0, 0, 0) and d.gamma == 0
 
 
-def test_high_qps_switches_speculation_off_and_low_qps_back_on():
-    policy = SpeculationPolicy(SETTINGS)
-    off = policy.decide(snapshot(qps=20), 1, now=100.0)
-    assert (off.gamma, off.enabled) == (0, False) and "load high" in off.reason
-    assert policy.decide(snapshot(qps=7), 1, now=101.0).enabled is False  # hysteresis band
-    assert policy.decide(snapshot(qps=1), 1, now=102.0).enabled is True
+def test_a_large_batch_turns_speculation_off_from_the_measured_costs():
+    policy = SpeculationPolicy(settings())
+    snap = snapshot(alpha=0.7, cost=HEAVY_VERIFY)
+    assert max(policy.plan(snap, auto(1), 100.0, 4).gammas) > 0
+    assert policy.plan(snap, auto(16), 100.0, 4).gammas == (0,) * 16
+    assert policy.crossover(snap).rows is not None and 1 < policy.crossover(snap).rows <= 16
+
+
+def test_a_row_uses_its_own_acceptance_shrunk_towards_the_clusters():
+    snap = snapshot(alpha=0.5)
+    rows = [RowState("auto", None, 8, drafted=400, accepted=390, seq_id="easy"),
+            RowState("auto", None, 8, drafted=400, accepted=8, seq_id="hard")]
+    gammas = SpeculationPolicy(settings()).plan(snap, rows, 100.0, 4).gammas
+    assert gammas[0] >= 4 and gammas[1] == 0
 
 
 @pytest.mark.parametrize(
-    "decision_gamma, mode, requested, expected",
+    "mode, requested, pinned, enabled_gamma",
     [
-        (4, "off", 6, 0),
-        (0, "on", 6, 6),
-        (0, "on", None, 3),  # ON without a γ: the configured γ even when the policy says 0
-        (5, "on", None, 3),  # ... and whatever γ* the policy would choose
-
-        (4, "auto", None, 4),
-        (4, "auto", 6, 6),
-        (0, "auto", 6, 0),  # AUTO follows the load switch even with a fixed γ
-        (4, "auto", 0, 0),  # γ 0 means no speculation in any mode
-        (4, "on", 0, 0),
+        ("off", 6, False, 0),
+        ("on", 6, False, 6),
+        ("on", None, False, 3),  # ON without a γ: the server's γ, whatever the plan says
+        ("auto", 5, False, 5),  # an explicit γ overrides the plan
+        ("auto", 0, False, 0),  # γ 0 means no speculation in any mode
+        ("on", 0, False, 0),
+        ("auto", None, True, 3),  # seeded sampled: the server's γ, so the seed sees one schedule
     ],
 )
-def test_request_overrides(decision_gamma, mode, requested, expected):
-    decision = Decision(decision_gamma, decision_gamma > 0, "")
-    assert SpeculationPolicy.gamma_for_request(decision, mode, requested, default_gamma=3) == expected
+def test_request_overrides_beat_the_plan(mode, requested, pinned, enabled_gamma):
+    row = RowState(mode, requested, 8, pinned=pinned)
+    for alpha in (0.0, 0.95):  # whatever the plan would say
+        assert SpeculationPolicy(settings()).plan(snapshot(alpha=alpha), [row], 100.0, 3).gammas == (enabled_gamma,)
+
+
+def test_overrides_are_cut_to_the_rows_cap():
+    assert SpeculationPolicy(settings()).plan(snapshot(), [RowState("on", 6, 2)], 100.0, 3).gammas == (2,)
 
 
 def test_an_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="mode"):
-        SpeculationPolicy.gamma_for_request(Decision(1, True, ""), "sometimes", None, 3)
+        SpeculationPolicy(settings()).plan(snapshot(), [RowState("sometimes", None, 8)], 100.0, 3)
+
+
+def test_without_a_policy_rows_get_their_own_or_the_servers_gamma():
+    rows = [RowState("auto", None, 8), RowState("on", 5, 8), RowState("off", None, 8), RowState("auto", 0, 8)]
+    assert fixed_plan(rows, 4).gammas == (4, 5, 0, 0)
+    assert fixed_plan(rows, 0).gammas == (0, 5, 0, 0)  # a server without speculation: AUTO stays plain
+
+
+def test_the_operators_load_override_forces_speculation_off_with_hysteresis():
+    t = LoadThresholds(disable_qps=10, enable_qps=5, disable_in_flight=64, enable_in_flight=32, min_dwell_s=0)
+    policy = SpeculationPolicy(settings(thresholds=t))
+    rows = [*auto(1), RowState("auto", 4, 8)]
+    assert policy.update_switch(snapshot(qps=20), 100.0) is False
+    off = policy.plan(snapshot(alpha=0.95, qps=20), rows, 100.0, 4)
+    assert off.gammas == (0, 0) and not off.enabled and "load high" in off.reason
+    assert policy.update_switch(snapshot(qps=7), 101.0) is False  # hysteresis band
+    assert policy.update_switch(snapshot(qps=1), 102.0) is True
+    assert policy.plan(snapshot(alpha=0.95, qps=1), rows, 102.0, 4).gammas[1] == 4
+
+
+def test_after_the_plan_turns_speculation_off_it_waits_the_dwell_time_and_a_clear_gain():
+    policy = SpeculationPolicy(settings(min_dwell_s=2.0))
+    good, heavy = snapshot(alpha=0.8), snapshot(alpha=0.8, cost=HEAVY_VERIFY)
+    assert max(policy.plan(good, auto(1), 100.0, 4).gammas) > 0
+    off = policy.plan(heavy, auto(16), 100.5, 4)
+    assert off.gammas == (0,) * 16 and not off.enabled
+    assert policy.plan(good, auto(1), 101.0, 4).gammas == (0,)  # within the dwell time
+    assert max(policy.plan(good, auto(1), 102.6, 4).gammas) > 0
+
+
+def test_noisy_measurements_near_the_crossover_do_not_flap():
+    """Timings ±15 % around a batch where speculation barely pays: over 20 s of rounds every
+    50 ms, the state changes at most once per dwell time."""
+    policy = SpeculationPolicy(settings(min_dwell_s=2.0))
+    snap = snapshot(alpha=0.7, cost=HEAVY_VERIFY)
+    rows = policy.crossover(snap).rows
+    rng = random.Random(3)
+    states = []
+    for k in range(400):
+        now = 100.0 + 0.05 * k
+        noisy = snapshot(alpha=0.7, cost=HEAVY_VERIFY, at=now, noise=0.15, rng=rng)
+        states.append(policy.plan(noisy, auto(rows - 1), now, 4).enabled)
+    changes = sum(a != b for a, b in zip(states, states[1:]))
+    assert changes <= 20 / 2.0
+
+
+def test_rows_at_gamma_zero_explore_now_and_then():
+    policy = SpeculationPolicy(settings(explore_every=4, explore_gamma=2))
+    snap = snapshot(alpha=0.05)
+    drafted = [policy.plan(snap, [RowState("auto", None, 8, seq_id="a", rounds=r)], 100.0, 4).gammas[0]
+               for r in range(16)]
+    assert drafted.count(2) == 4 and drafted.count(0) == 12
+    assert policy.plan(snap, [RowState("off", None, 8, seq_id="a", rounds=0)], 100.0, 4).gammas == (0,)

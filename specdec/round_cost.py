@@ -1,0 +1,139 @@
+"""What a round costs at the current batch: a linear model learnt online from round timings.
+
+A round runs one proposer call (γ draft steps for the rows that draft) and one target
+forward over every row's verified tokens, plus fixed bookkeeping. Measured in seconds:
+
+    verify_s ≈ v_fixed + v_row · rows + v_token · tokens       tokens = Σ (drafted_i + 1)
+    draft_s  ≈ d_fixed + d_step · steps + d_row_step · draft_rows · steps
+    round_s  ≈ verify_s + draft_s (0 when nobody drafts) + overhead_s
+
+(SmartSpec, "Optimizing Speculative Decoding for Serving LLMs Using Goodput", 2024, fits a
+batch's time as a linear function of its tokens in the same way.) On a GPU at small
+batches v_token is small (verification is memory-bound) and grows with the batch; on a
+CPU every token costs. d_fixed holds the proposer call's fixed cost (a network hop);
+d_step one draft step whatever the batch; d_row_step one more row in a step.
+
+Each coefficient is fitted by non-negative least squares over additive sums (Σ x·xᵀ,
+Σ x·y, n), so that the sums of any number of router replicas and time buckets merge by
+adding (`StatsWindow` in Redis). Rounds at one γ only cannot separate a row's cost from
+its tokens' cost; a tiny ridge term then splits them, which predicts the rounds
+measured exactly and corrects itself once other γs are seen (the policy's exploration).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+VERIFY, DRAFT = "verify", "draft"
+RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features, biases nothing else
+
+
+@dataclass(frozen=True)
+class RoundShape:
+    """What a round's cost depends on.
+
+    rows: sequences verified; tokens: Σ (drafted_i + 1) over them; draft_rows: rows the
+    proposer was asked to draft for; steps: the largest γ asked (draft steps run in turn).
+    """
+
+    rows: int
+    tokens: int
+    draft_rows: int
+    steps: int
+
+    def verify_features(self) -> tuple[float, float, float]:
+        return (1.0, float(self.rows), float(self.tokens))
+
+    def draft_features(self) -> tuple[float, float, float]:
+        return (1.0, float(self.steps), float(self.draft_rows * self.steps))
+
+
+def add_point(add: Callable[[str, float], None], prefix: str, x: tuple[float, ...], y: float) -> None:
+    """Add one observation y ≈ w · x to the least-squares sums under `prefix`."""
+    add(f"{prefix}:n", 1.0)
+    for i, xi in enumerate(x):
+        add(f"{prefix}:xy:{i}", xi * y)
+        for j in range(i, len(x)):
+            add(f"{prefix}:xx:{i}:{j}", xi * x[j])
+
+
+def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int) -> tuple[float, ...] | None:
+    """w ≥ 0 minimising Σ (y − w · x)² from the sums under `prefix` (None without data).
+    Active set: solve, drop the most negative coefficient, solve again."""
+    if sums.get(f"{prefix}:n", 0.0) <= 0:
+        return None
+    a = np.zeros((k, k))
+    b = np.array([sums.get(f"{prefix}:xy:{i}", 0.0) for i in range(k)])
+    for i in range(k):
+        for j in range(i, k):
+            a[i, j] = a[j, i] = sums.get(f"{prefix}:xx:{i}:{j}", 0.0)
+    a += np.diag(np.maximum(np.diag(a), 1e-12) * RIDGE)
+    active = list(range(k))
+    w = np.zeros(k)
+    while active:
+        sub = np.linalg.solve(a[np.ix_(active, active)], b[active])
+        if (sub >= 0).all():
+            w[:] = 0.0
+            w[active] = sub
+            break
+        active.pop(int(np.argmin(sub)))
+    return tuple(float(v) for v in w)
+
+
+@dataclass(frozen=True)
+class RoundCostModel:
+    """Predicted seconds of a round's parts (coefficients in seconds, all ≥ 0).
+
+    verify: (v_fixed, v_row, v_token); draft: (d_fixed, d_step, d_row_step);
+    overhead_s: the rest of a round (router bookkeeping, streaming), per round.
+    """
+
+    verify: tuple[float, float, float]
+    draft: tuple[float, float, float]
+    overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(*self.verify, *self.draft, self.overhead_s) < 0:
+            raise ValueError(f"round cost coefficients must be >= 0, got {self}")
+
+    @classmethod
+    def from_sums(cls, sums: Mapping[str, float]) -> "RoundCostModel | None":
+        """The model fitted from `add_round_timing` sums; None until both the target and
+        the proposer were timed (speculation's cost is unknown before)."""
+        verify, draft = fit_nonnegative(sums, VERIFY, 3), fit_nonnegative(sums, DRAFT, 3)
+        if verify is None or draft is None or sum(verify) <= 0:
+            return None
+        rounds = sums.get("cost_rounds", 0.0)
+        overhead = sums.get("overhead_seconds", 0.0) / rounds if rounds > 0 else 0.0
+        return cls(verify, draft, max(0.0, overhead))
+
+    def verify_s(self, rows: float, tokens: float) -> float:
+        v = self.verify
+        return v[0] + v[1] * rows + v[2] * tokens
+
+    def draft_s(self, draft_rows: float, steps: float) -> float:
+        if draft_rows <= 0 or steps <= 0:
+            return 0.0
+        d = self.draft
+        return d[0] + d[1] * steps + d[2] * draft_rows * steps
+
+    def round_s(self, gammas: list[int] | tuple[int, ...]) -> float:
+        """Predicted seconds of a round in which row i drafts gammas[i] tokens."""
+        drafting = [g for g in gammas if g > 0]
+        tokens = sum(gammas) + len(gammas)
+        return self.overhead_s + self.verify_s(len(gammas), tokens) + self.draft_s(len(drafting), max(drafting, default=0))
+
+
+def add_round_timing(add: Callable[[str, float], None], shape: RoundShape, verify_s: float, draft_s: float,
+                     round_s: float) -> None:
+    """Add one round's timings to the sums `RoundCostModel.from_sums` reads."""
+    if shape.rows <= 0:
+        return
+    add_point(add, VERIFY, shape.verify_features(), verify_s)
+    if shape.draft_rows > 0 and shape.steps > 0:
+        add_point(add, DRAFT, shape.draft_features(), draft_s)
+    add("cost_rounds", 1.0)
+    add("overhead_seconds", max(0.0, round_s - verify_s - draft_s))

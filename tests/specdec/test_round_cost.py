@@ -1,0 +1,84 @@
+"""The round cost model recovers what a round costs from its timings, and merges by addition."""
+
+import random
+
+import pytest
+
+from specdec.round_cost import RoundCostModel, RoundShape, add_round_timing
+from specdec.load_stats import StatsWindow
+
+TRUE = RoundCostModel(verify=(0.010, 0.0009, 0.0007), draft=(0.0015, 0.003, 0.0004), overhead_s=0.0005)
+
+
+def timed_rounds(n=200, noise=0.0, seed=0, gammas=(0, 1, 2, 4, 6), model=TRUE):
+    """Rounds of varied shapes timed by `model` (± a relative noise)."""
+    rng = random.Random(seed)
+    window = StatsWindow()
+    for _ in range(n):
+        rows = rng.randint(1, 16)
+        row_gammas = [rng.choice(gammas) for _ in range(rows)]
+        drafting = [g for g in row_gammas if g > 0]
+        shape = RoundShape(rows, sum(row_gammas) + rows, len(drafting), max(drafting, default=0))
+        jitter = lambda x: x * (1 + rng.uniform(-noise, noise))  # noqa: E731
+        verify = jitter(model.verify_s(shape.rows, shape.tokens))
+        draft = jitter(model.draft_s(shape.draft_rows, shape.steps))
+        add_round_timing(window.add, shape, verify, draft, verify + draft + model.overhead_s)
+    return window
+
+
+def test_known_coefficients_are_recovered_from_exact_timings():
+    fitted = RoundCostModel.from_sums(timed_rounds().sums)
+    assert fitted.verify == pytest.approx(TRUE.verify, rel=1e-4)
+    assert fitted.draft == pytest.approx(TRUE.draft, rel=1e-4)
+    assert fitted.overhead_s == pytest.approx(TRUE.overhead_s)
+
+
+def test_noisy_timings_give_close_predictions():
+    fitted = RoundCostModel.from_sums(timed_rounds(n=2000, noise=0.2).sums)
+    for gammas in ([0], [4], [2] * 8, [0, 3, 5, 1] * 4):
+        assert fitted.round_s(gammas) == pytest.approx(TRUE.round_s(gammas), rel=0.05)
+
+
+def test_coefficients_are_never_negative():
+    """A part that costs nothing (here: no per-row cost) is fitted as 0 under noise, never below."""
+    free_rows = RoundCostModel(verify=(0.010, 0.0, 0.001), draft=(0.0, 0.003, 0.0), overhead_s=0.0)
+    fitted = RoundCostModel.from_sums(timed_rounds(n=500, noise=0.3, model=free_rows).sums)
+    assert min(*fitted.verify, *fitted.draft) >= 0.0
+    assert fitted.verify[2] == pytest.approx(0.001, rel=0.15)
+
+
+def test_sums_from_two_replicas_merge_into_the_same_model():
+    a, b = timed_rounds(seed=1), timed_rounds(seed=2)
+    merged = StatsWindow()
+    merged.merge(a)
+    merged.merge(dict(b.sums))
+    fitted = RoundCostModel.from_sums(merged.sums)
+    assert fitted.verify == pytest.approx(TRUE.verify, rel=1e-4)
+
+
+def test_rounds_at_one_gamma_still_predict_those_rounds():
+    """Rows and tokens move together at one γ: the split is arbitrary, the prediction is not."""
+    window = StatsWindow()
+    for rows in (1, 2, 4, 8):
+        shape = RoundShape(rows, 5 * rows, rows, 4)
+        add_round_timing(window.add, shape, TRUE.verify_s(rows, 5 * rows), TRUE.draft_s(rows, 4), 0.0)
+    fitted = RoundCostModel.from_sums(window.sums)
+    for rows in (1, 3, 8):
+        assert fitted.verify_s(rows, 5 * rows) == pytest.approx(TRUE.verify_s(rows, 5 * rows), rel=1e-3)
+
+
+def test_no_model_until_the_proposer_was_timed():
+    window = StatsWindow()
+    add_round_timing(window.add, RoundShape(4, 4, 0, 0), 0.02, 0.0, 0.021)
+    assert RoundCostModel.from_sums(window.sums) is None
+    assert RoundCostModel.from_sums({}) is None
+
+
+def test_a_round_without_drafts_pays_no_draft_cost():
+    assert TRUE.round_s([0, 0]) == pytest.approx(TRUE.overhead_s + TRUE.verify_s(2, 2))
+    assert TRUE.round_s([0, 3]) == pytest.approx(TRUE.overhead_s + TRUE.verify_s(2, 5) + TRUE.draft_s(1, 3))
+
+
+def test_negative_coefficients_are_refused():
+    with pytest.raises(ValueError, match=">= 0"):
+        RoundCostModel(verify=(0.01, -0.001, 0.0), draft=(0.0, 0.0, 0.0))
