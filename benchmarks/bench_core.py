@@ -2,8 +2,10 @@
 
 Workload: greedy, 128 new tokens (EOS ignored so every run does the same work) for each of
 a fixed set of held-out code prompts, one request at a time. Rows: target-only decoding,
-draft-model speculation and n-gram speculation at γ ∈ {1, 2, 4, 6, 8}, and transformers'
-own assisted generation (`generate(assistant_model=draft)`) on the same pair as a peer.
+draft-model speculation and n-gram speculation at fixed γ ∈ {1, 2, 4, 6, 8} and with the
+goodput policy choosing γ each round (the default of `specdec generate`; γ column "auto"),
+and transformers' own assisted generation (`generate(assistant_model=draft)`) on the same
+pair as a peer.
 
 Columns: tokens/s; α (acceptance rate); mean accepted length (tokens per round, incl. the
 bonus); c = draft step time / target step time (measured here, 0 for n-gram); the
@@ -101,6 +103,10 @@ def run_hf(prompts: list[list[int]], max_new: int, assistant: bool, repeats: int
     return best
 
 
+def _num(x: float) -> str:
+    return "–" if x != x else f"{x:.2f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=8)
@@ -110,7 +116,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
-    base = build_engine(load_config(overrides={"speculation": {"proposer": "none", "gamma": 0}}))
+    fixed = {"enabled": False}  # no policy: every round uses speculation.gamma
+    base = build_engine(load_config(overrides={"speculation": {"proposer": "none", "gamma": 0}, "load_monitor": fixed}))
     prompts = [base.encode(p) for p in bundled_prompts()[: args.prompts]]
     draft_runner = ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=1, max_seq_len=512)
     ctx = prompts[0]
@@ -122,12 +129,15 @@ def main() -> None:
     baseline = run_engine(base, prompts, args.max_new_tokens, args.repeats)
     rows.append({"method": "target only", "gamma": 0, **baseline, "c": 0.0})
     for proposer in ("draft", "ngram"):
-        for gamma in GAMMAS:
-            built = build_engine(load_config(overrides={"speculation": {"proposer": proposer, "gamma": gamma}}))
-            r = run_engine(built, prompts, args.max_new_tokens, args.repeats)
+        for gamma in (*GAMMAS, "auto"):
+            policy = {} if gamma == "auto" else fixed
+            overrides = {"speculation": {"proposer": proposer, "gamma": 4 if gamma == "auto" else gamma},
+                         "load_monitor": policy}
+            r = run_engine(build_engine(load_config(overrides=overrides)), prompts, args.max_new_tokens, args.repeats)
             rows.append({"method": f"{proposer} speculation", "gamma": gamma, **r, "c": c if proposer == "draft" else 0.0})
     for row in rows:
-        row["theoretical"] = theoretical_speedup(row["alpha"], row["gamma"], row["c"])
+        auto = row["gamma"] == "auto"  # the policy's γ varies: no closed form
+        row["theoretical"] = float("nan") if auto else theoretical_speedup(row["alpha"], row["gamma"], row["c"])
         row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         row["ratio"] = row["speedup"] / row["theoretical"]
     hf_plain = run_hf(prompts, args.max_new_tokens, assistant=False, repeats=args.repeats)
@@ -140,7 +150,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['method']} | {r['gamma']} | {r['tokens_per_s']:.1f} | {r['alpha']:.3f} | "
-              f"{r['mean_accepted_length']:.2f} | {r['c']:.3f} | {r['theoretical']:.2f} | {r['speedup']:.2f} | {r['ratio']:.2f} |")
+              f"{r['mean_accepted_length']:.2f} | {r['c']:.3f} | {_num(r['theoretical'])} | {r['speedup']:.2f} | {_num(r['ratio'])} |")
     print(f"| transformers generate (target only) | 0 | {hf_plain:.1f} | | | | | {hf_plain / baseline['tokens_per_s']:.2f} | |")
     print(f"| transformers generate(assistant_model=draft) | dyn. | {hf_assisted:.1f} | | | | | "
           f"{hf_assisted / baseline['tokens_per_s']:.2f} | |")

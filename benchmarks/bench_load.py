@@ -1,4 +1,4 @@
-"""Load benchmark: speculation always ON vs always OFF vs AUTO (the load monitor decides) over a QPS sweep.
+"""Load benchmark: speculation always ON vs always OFF vs AUTO (the goodput policy) over a QPS sweep.
 
 One server (`specdec serve`'s stack: draft worker, target group, router behind Serve's gRPC
 proxy, in-process load store) on the bundled pair. For each offered QPS the same seeded
@@ -7,29 +7,28 @@ policy, selected per request with the gRPC speculation mode:
 
 * on   -- mode ON with a fixed γ (--on-gamma, default the config's γ = 4): always speculate;
 * off  -- mode OFF: plain batched decoding, no draft calls;
-* auto -- mode AUTO: the load monitor picks γ and switches speculation off when QPS or
-          requests in flight exceed its thresholds (with hysteresis and a dwell time).
+* auto -- mode AUTO: the goodput policy chooses every request's γ each round from the
+          measured round costs and acceptance (γ = 0 for all under load); --disable-qps /
+          --enable-qps add the operator's QPS override on top (off by default).
 
 Each run lasts warm-up + duration seconds of arrivals; requests arriving in the warm-up
-(while AUTO's switch settles) are sent but not measured. Between runs the benchmark waits
-until the server is idle and the load window has emptied, so every run starts from the
-same state (speculation on).
+are sent but not measured. Between runs the benchmark waits until the server is idle and
+the load window has emptied, so every run starts from the same state.
 
 Per (QPS, policy): requests measured / completed / rejected (RESOURCE_EXHAUSTED),
 throughput = tokens streamed during the measurement interval / its length (all requests),
 TTFT p50, ITL p50 / p99 (each chunk's gap to the previous chunk of its stream, split evenly
 over the chunk's tokens), acceptance α = accepted / drafted (final-chunk stats), and the
 fraction of requests that speculated (drafted > 0). Then, per QPS, how close AUTO is to
-the better fixed policy: AUTO tokens/s / max(ON, OFF) and AUTO ITL p50 / min(ON, OFF).
+the better fixed policy: AUTO tokens/s / max(ON, OFF), AUTO ITL p50 and p99 / min(ON, OFF)
+(goals: ≥ 0.95 and ≤ 1.10), and a second plot of AUTO's γ and on/off state over time.
 
-Defaults fit 2 CPU cores (~6 minutes). There, with 48 new tokens per request, the server
-keeps up with about 8 requests/s with speculation off and 12 with it on (less when other
-work shares the cores), so the sweep covers light load, OFF's saturation and beyond, and
-AUTO's switch (off above 6.5 requests/s or 24 in flight, on again below 3 / 12) changes
-inside it. The thresholds, window and dwell time are flags.
+Defaults fit 2 CPU cores (~10 minutes): sampled requests (temperature 1, where the bundled
+draft's acceptance is lower than greedy), 32 cache slots so that batches grow large
+enough for the verify forward to dominate, loads from light to past saturation.
 
-Usage: python benchmarks/bench_load.py [--qps 2 4 8 12] [--duration 15] [--warmup 6]
-       [--max-new-tokens 48] [--disable-qps 6.5] [--enable-qps 3] [--plot PNG] [--json FILE]
+Usage: python benchmarks/bench_load.py [--qps 1 4 8 16] [--duration 15] [--warmup 6]
+       [--max-new-tokens 48] [--temperature 1.0] [--num-slots 32] [--plot PNG] [--json FILE]
 """
 
 from __future__ import annotations
@@ -85,11 +84,11 @@ def poisson_schedule(qps: float, seconds: float, n_prompts: int, seed: int) -> l
 
 
 async def one_request(client, prompt: str, mode: str, max_new: int, start: float, res: RequestResult,
-                      timeout_s: float, gamma: int = 0) -> None:
+                      timeout_s: float, gamma: int = 0, temperature: float = 0.0) -> None:
     sent = last = time.perf_counter()
     try:
         async for chunk in client.generate_stream(prompt, max_new_tokens=max_new, mode=mode, gamma=gamma,
-                                                  timeout_s=timeout_s):
+                                                  temperature=temperature, timeout_s=timeout_s):
             now = time.perf_counter()
             n = len(chunk.token_ids)
             if n:
@@ -111,8 +110,8 @@ async def one_request(client, prompt: str, mode: str, max_new: int, start: float
         res.error = "cancelled"
 
 
-async def poll_switch(client, start: float, samples: list[tuple[float, bool, int, float]]) -> None:
-    """Best effort: (t, switch on, γ, QPS estimate) from GetStats every 0.5 s; gives up at
+async def poll_switch(client, start: float, samples: list[tuple[float, bool, int, float, int]]) -> None:
+    """Best effort: (t, on, γ, QPS estimate, requests running) from GetStats every 0.25 s; gives up at
     once when the server does not answer it (an older server without GetStats)."""
     from specdec_rpc.v1 import specdec_pb2
 
@@ -124,18 +123,18 @@ async def poll_switch(client, start: float, samples: list[tuple[float, bool, int
     while True:
         try:
             r = await stats()
-            samples.append((time.perf_counter() - start, r.speculation_enabled, r.gamma, r.qps))
+            samples.append((time.perf_counter() - start, r.speculation_enabled, r.gamma, r.qps, r.requests_running))
         except grpc.RpcError:
             if not samples:
                 return
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.25)
 
 
 async def run_point(client, prompts: list[str], schedule: list[tuple[float, int]], mode: str, gamma: int,
-                    max_new: int, warmup: float, duration: float,
-                    drain_s: float) -> tuple[list[RequestResult], list, float]:
+                    args: argparse.Namespace) -> tuple[list[RequestResult], list, float]:
     """Play the schedule with one policy; returns the requests, the switch timeline and the
     time at which the run started (perf_counter)."""
+    warmup, duration, drain_s = args.warmup, args.duration, args.drain_s
     start = time.perf_counter() + 0.05
     timeout_s = warmup + duration + drain_s + 30
     results, tasks, switch = [], [], []
@@ -147,7 +146,8 @@ async def run_point(client, prompts: list[str], schedule: list[tuple[float, int]
                 await asyncio.sleep(delay)
             res = RequestResult(arrival=arrival, measured=arrival >= warmup)
             results.append(res)
-            tasks.append(asyncio.create_task(one_request(client, prompts[idx], mode, max_new, start, res, timeout_s, gamma)))
+            tasks.append(asyncio.create_task(one_request(client, prompts[idx], mode, args.max_new_tokens, start, res,
+                                                         timeout_s, gamma, args.temperature)))
         end_of_arrivals = start + warmup + duration
         await asyncio.sleep(max(0.0, end_of_arrivals - time.perf_counter()))
         if tasks:
@@ -191,7 +191,8 @@ def summarize(qps: float, policy: str, results: list[RequestResult], warmup: flo
         "mean_gamma": statistics.mean(r.gamma for r in speculated) if speculated else 0.0,
         # from GetStats (when the server has it): share of the measured time the switch was on
         "switch_on_fraction": (sum(s[1] for s in measured_switch) / len(measured_switch)) if measured_switch else None,
-        "switch_timeline": [{"t": round(t, 2), "on": on, "gamma": g, "qps": round(q, 2)} for t, on, g, q in switch],
+        "switch_timeline": [{"t": round(t, 2), "on": on, "gamma": g, "qps": round(q, 2), "running": n}
+                            for t, on, g, q, n in switch],
     }
 
 
@@ -213,41 +214,74 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+GOALS = {"tokens_per_s": 0.95, "itl_p50_ms": 1.10, "itl_p99_ms": 1.10}  # AUTO / the better fixed policy
+
+
 def closeness(rows: list[dict]) -> tuple[str, list[dict]]:
-    """Per QPS: AUTO vs the better fixed policy (throughput: higher is better; ITL: lower)."""
+    """Per QPS: AUTO vs the better fixed policy (throughput: higher is better, goal ≥ 0.95;
+    ITL p50 and p99: lower is better, goal ≤ 1.10)."""
     by = {(r["qps"], r["policy"]): r for r in rows}
     lines = [
-        "| QPS | better tokens/s | AUTO / best tokens/s | better ITL p50 | AUTO / best ITL p50 | better TTFT p50 "
-        "| AUTO / best TTFT p50 | AUTO requests speculated | AUTO switch on |",
-        "|---:|---|---:|---|---:|---|---:|---:|---:|",
+        "| QPS | ON / OFF tokens/s | better | AUTO / best tokens/s (≥ 0.95) | AUTO / best ITL p50 (≤ 1.10) "
+        "| AUTO / best ITL p99 (≤ 1.10) | AUTO requests speculated | goals met |",
+        "|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     out = []
     for qps in sorted({r["qps"] for r in rows}):
         on, off, auto = (by.get((qps, p)) for p in POLICIES)
         if not (on and off and auto):
             continue
-        best_tput = max((on, off), key=lambda r: r["tokens_per_s"])
-        best_itl = min((on, off), key=lambda r: r["itl_p50_ms"])
-        best_ttft = min((on, off), key=lambda r: r["ttft_p50_ms"])
-        c = {
-            "qps": qps,
-            "best_tokens_per_s": best_tput["policy"],
-            "auto_tokens_per_s_ratio": auto["tokens_per_s"] / best_tput["tokens_per_s"] if best_tput["tokens_per_s"] else float("nan"),
-            "best_itl": best_itl["policy"],
-            "auto_itl_p50_ratio": auto["itl_p50_ms"] / best_itl["itl_p50_ms"],
-            "best_ttft": best_ttft["policy"],
-            "auto_ttft_p50_ratio": auto["ttft_p50_ms"] / best_ttft["ttft_p50_ms"],
-            "auto_speculated_fraction": auto["speculated_fraction"],
-            "auto_switch_on_fraction": auto["switch_on_fraction"],
-        }
+        best = max((on, off), key=lambda r: r["tokens_per_s"])
+        c = {"qps": qps, "better": best["policy"], "on_over_off": on["tokens_per_s"] / off["tokens_per_s"]}
+        for key, goal in GOALS.items():
+            pick = max if key == "tokens_per_s" else min
+            reference = pick(on[key], off[key])
+            c[f"auto_{key}_ratio"] = auto[key] / reference if reference else float("nan")
+        c["auto_speculated_fraction"] = auto["speculated_fraction"]
+        c["goals_met"] = (c["auto_tokens_per_s_ratio"] >= GOALS["tokens_per_s"]
+                          and c["auto_itl_p50_ms_ratio"] <= GOALS["itl_p50_ms"]
+                          and c["auto_itl_p99_ms_ratio"] <= GOALS["itl_p99_ms"])
         out.append(c)
         lines.append(
-            f"| {qps:g} | {c['best_tokens_per_s']} | {fmt(c['auto_tokens_per_s_ratio'], '.2f')} | {c['best_itl']} "
-            f"| {fmt(c['auto_itl_p50_ratio'], '.2f')} | {c['best_ttft']} | {fmt(c['auto_ttft_p50_ratio'], '.2f')} "
-            f"| {fmt(100 * c['auto_speculated_fraction'], '.0f')}% "
-            f"| {fmt(None if c['auto_switch_on_fraction'] is None else 100 * c['auto_switch_on_fraction'], '.0f')}% |"
+            f"| {qps:g} | {c['on_over_off']:.2f} | {c['better']} | {fmt(c['auto_tokens_per_s_ratio'], '.2f')} "
+            f"| {fmt(c['auto_itl_p50_ms_ratio'], '.2f')} | {fmt(c['auto_itl_p99_ms_ratio'], '.2f')} "
+            f"| {fmt(100 * c['auto_speculated_fraction'], '.0f')}% | {'yes' if c['goals_met'] else 'no'} |"
         )
     return "\n".join(lines), out
+
+
+def plot_timeline(rows: list[dict], path: Path, warmup: float, duration: float) -> None:
+    """AUTO's γ (largest given in the last round), on/off state and requests running over
+    each run, one panel per QPS."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    autos = [r for r in rows if r["policy"] == "auto" and r["switch_timeline"]]
+    if not autos:
+        return
+    fig, axes = plt.subplots(1, len(autos), figsize=(4.2 * len(autos), 3.6), squeeze=False)
+    for ax, r in zip(axes[0], autos):
+        tl = r["switch_timeline"]
+        t = [s["t"] for s in tl]
+        ax.step(t, [s["gamma"] for s in tl], where="post", color="tab:green", label="γ (largest this round)")
+        ax.fill_between(t, 0, [8 if s["on"] else 0 for s in tl], step="post", color="tab:green", alpha=0.1,
+                        label="speculation on")
+        twin = ax.twinx()
+        twin.plot(t, [s.get("running", 0) for s in tl], color="tab:gray", linewidth=1, label="requests running")
+        twin.set_ylabel("requests running")
+        ax.axvspan(0, warmup, color="k", alpha=0.05)
+        ax.set_xlim(0, warmup + duration + 2)
+        ax.set_ylim(0, 8.5)
+        ax.set_title(f"{r['qps']:g} requests/s")
+        ax.set_xlabel("seconds since the run started (grey: warm-up)")
+        ax.set_ylabel("γ")
+    axes[0][0].legend(loc="upper left", fontsize=8)
+    fig.suptitle("AUTO: the goodput policy's γ and on/off state follow the load")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
@@ -296,10 +330,8 @@ def server_config(args: argparse.Namespace) -> SpecdecConfig:
             "window_s": args.window_s,
             "bucket_s": min(1.0, args.window_s / 4),
             "stale_after_s": max(3.0, args.window_s),
-            "disable_qps": args.disable_qps,
+            "disable_qps": args.disable_qps,  # the operator's override: None = the goodput plan alone
             "enable_qps": args.enable_qps,
-            "disable_in_flight": args.disable_in_flight,
-            "enable_in_flight": args.enable_in_flight,
             "min_dwell_s": args.min_dwell_s,
         },
     })
@@ -317,8 +349,7 @@ async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> l
             schedule = poisson_schedule(qps, args.warmup + args.duration, len(prompts), args.seed * 1000 + k)
             for policy in args.policies:
                 gamma = args.on_gamma if policy == "on" else 0
-                results, switch, start = await run_point(client, prompts, schedule, policy, gamma,
-                                                         args.max_new_tokens, args.warmup, args.duration, args.drain_s)
+                results, switch, start = await run_point(client, prompts, schedule, policy, gamma, args)
                 row = summarize(qps, policy, results, args.warmup, args.duration, switch)
                 rows.append(row)
                 print(f"  qps {qps:g} {policy:>4}: {row['completed']}/{row['sent']} done, "
@@ -349,7 +380,7 @@ def _shutdown(app) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--qps", type=float, nargs="+", default=[2.0, 4.0, 8.0, 12.0], help="offered loads (requests/s)")
+    parser.add_argument("--qps", type=float, nargs="+", default=[1.0, 4.0, 8.0, 16.0], help="offered loads (requests/s)")
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds of arrivals per run")
     parser.add_argument("--warmup", type=float, default=6.0, help="unmeasured seconds of arrivals first (policy settles)")
     parser.add_argument("--drain-s", type=float, default=30.0, help="most seconds to wait for a run's last requests")
@@ -358,14 +389,13 @@ def main() -> None:
                         help="γ of the ON policy (default: the config's speculation.gamma; 0 = the server's policy)")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     parser.add_argument("--seed", type=int, default=0, help="seeds the arrival schedules and prompt choice")
-    parser.add_argument("--num-slots", type=int, default=16, help="cache.num_slots (sequences decoded at once)")
+    parser.add_argument("--num-slots", type=int, default=32, help="cache.num_slots (sequences decoded at once)")
     parser.add_argument("--max-concurrent", type=int, default=64, help="serving.max_concurrent_requests")
     parser.add_argument("--window-s", type=float, default=4.0, help="load_monitor.window_s")
     parser.add_argument("--min-dwell-s", type=float, default=1.0, help="load_monitor.min_dwell_s")
-    parser.add_argument("--disable-qps", type=float, default=6.5, help="load_monitor.disable_qps")
-    parser.add_argument("--enable-qps", type=float, default=3.0, help="load_monitor.enable_qps")
-    parser.add_argument("--disable-in-flight", type=float, default=24, help="load_monitor.disable_in_flight")
-    parser.add_argument("--enable-in-flight", type=float, default=12, help="load_monitor.enable_in_flight")
+    parser.add_argument("--disable-qps", type=float, default=None, help="load_monitor.disable_qps (override; default none)")
+    parser.add_argument("--enable-qps", type=float, default=None, help="load_monitor.enable_qps (with --disable-qps)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of every request (0 = greedy)")
     parser.add_argument("--config", action="append", default=[], help="YAML override file(s) under the above")
     parser.add_argument("--plot", type=Path, default=RESULTS_DIR / "load_sweep.png", help="PNG output")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw rows to this JSON file")
@@ -401,14 +431,18 @@ def main() -> None:
     table, close = closeness(rows)
     if close:
         print("AUTO vs the better fixed policy at each QPS (tokens/s ratio: higher is better, 1.00 = as good; "
-              "ITL/TTFT ratio: lower is better, 1.00 = as good):")
+              "ITL ratios: lower is better, 1.00 = as good):")
         print()
         print(table)
     lm = config.load_monitor
-    title = (f"bundled pair, greedy, {args.max_new_tokens} new tokens, {args.duration:g}s per point; AUTO off above "
-             f"{lm.disable_qps:g} req/s or {lm.disable_in_flight:g} in flight (on below {lm.enable_qps:g} / {lm.enable_in_flight:g})")
+    override = f"; operator override off above {lm.disable_qps:g} req/s" if lm.disable_qps is not None else ""
+    sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"
+    title = (f"bundled pair, {sampling}, {args.max_new_tokens} new tokens, {args.num_slots} slots, "
+             f"{args.duration:g}s per point; AUTO = goodput plan{override}")
     plot(rows, args.plot, title)
-    print(f"\nplot: {args.plot}")
+    timeline_path = args.plot.with_name(args.plot.stem + "_timeline.png")
+    plot_timeline(rows, timeline_path, args.warmup, args.duration)
+    print(f"\nplots: {args.plot}, {timeline_path}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

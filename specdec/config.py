@@ -129,7 +129,7 @@ class LoadMonitorConfig(StrictModel):
         16, ge=0, description="A request the plan gives γ = 0 still drafts every this many rounds, so acceptance "
         "stays measured (0 = never)."
     )
-    explore_gamma: int = Field(2, ge=1, description="γ of such an exploration round.")
+    explore_gamma: int = Field(4, ge=1, description="Exploration rounds draft 1, 2, … this many tokens in turn.")
     disable_qps: float | None = Field(
         None, gt=0, description="Operator override: cluster-wide requests/s above which speculation is forced off "
         "(null = the goodput plan decides from measured costs)."

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from specdec.round_cost import RoundCostModel, RoundShape, add_round_timing
 
 
+MIN_POSITION_SAMPLES = 8  # drafted tokens a position needs before its acceptance is reported
+
+
 @dataclass(frozen=True)
 class RoundSample:
     """What one batched round cost and yielded.
@@ -94,7 +97,7 @@ class LoadSnapshot:
     in_flight: float
     queued: float
     alpha: float | None  # None when nothing was drafted recently
-    alpha_per_position: tuple[float, ...]
+    alpha_per_position: tuple[float, ...]  # P(first i + 1 accepted), positions drafted >= MIN_POSITION_SAMPLES times
     mean_accepted_length: float | None  # (accepted + sequence rounds) / sequence rounds; None = no rounds
     round_cost: RoundCostModel | None  # None until both target and proposer were timed
     measured_at: float
@@ -106,7 +109,7 @@ class LoadSnapshot:
         drafted = window.get("drafted")
         positions = []
         i = 0
-        while window.get(f"drafted_pos:{i}") > 0:
+        while window.get(f"drafted_pos:{i}") >= MIN_POSITION_SAMPLES:  # rarer positions: extrapolated
             positions.append(window.get(f"accepted_pos:{i}") / window.get(f"drafted_pos:{i}"))
             i += 1
         return cls(

@@ -40,7 +40,7 @@ class PolicySettings:
     min_dwell_s: float  # least seconds between two on/off changes of the plan
     prior_tokens: float = 16.0  # a row's acceptance counts as this many drafted tokens of the cluster's
     explore_every: int = 16  # a row at γ = 0 drafts every this many rounds (0 = never)
-    explore_gamma: int = 2  # γ of such a round
+    explore_gamma: int = 4  # such rounds draft 1, 2, … explore_gamma tokens in turn
     thresholds: LoadThresholds | None = None  # an operator's forced load switch (None = follow the plan)
 
 
@@ -139,10 +139,9 @@ class SpeculationPolicy:
     def crossover(self, snapshot: LoadSnapshot | None) -> Crossover:
         """Rows per round (and requests/s) beyond which speculation does not pay, for a row
         with the cluster's acceptance; unknown until acceptance and costs are measured."""
-        if snapshot is None or snapshot.alpha is None or snapshot.round_cost is None or not snapshot.alpha_per_position:
+        if snapshot is None or snapshot.alpha is None or snapshot.round_cost is None or not self.settings.gamma_max:
             return Crossover(None, None)
-        curve = extend_prefix_acceptance(snapshot.alpha_per_position, self.settings.gamma_max)
-        rows = crossover_rows(curve, snapshot.round_cost, self.settings.gamma_max)
+        rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max)
         residence_s = snapshot.in_flight / snapshot.qps if snapshot.qps > 0 and snapshot.in_flight > 0 else None
         return Crossover(rows, rows / residence_s if rows is not None and residence_s else None)
 
@@ -161,14 +160,18 @@ class SpeculationPolicy:
 
     def _curves(self, snapshot: LoadSnapshot, rows: list[RowState]) -> np.ndarray:
         """P(first k accepted) per row, k = 1 … gamma_max. # [rows, gamma_max]"""
+        cluster, prior = self._cluster_curve(snapshot), self.settings.prior_tokens
+        if not rows:
+            return np.zeros((0, len(cluster)))
+        return np.stack([row_prefix_acceptance(cluster, snapshot.alpha, r.drafted, r.accepted, prior) for r in rows])
+
+    def _cluster_curve(self, snapshot: LoadSnapshot) -> np.ndarray:
+        """The cluster's P(first k accepted), k = 1 … gamma_max (geometric in α where no
+        position was drafted often enough). # [gamma_max]"""
         width = max(1, self.settings.gamma_max)
         if snapshot.alpha_per_position:
-            cluster = extend_prefix_acceptance(snapshot.alpha_per_position, width)
-        else:
-            cluster = snapshot.alpha ** np.arange(1, width + 1)
-        prior = self.settings.prior_tokens
-        return np.stack([row_prefix_acceptance(cluster, snapshot.alpha, r.drafted, r.accepted, prior) for r in rows]) \
-            if rows else np.zeros((0, width))
+            return extend_prefix_acceptance(snapshot.alpha_per_position, width)
+        return snapshot.alpha ** np.arange(1, width + 1)
 
     def _fallback(self, lo: list[int], hi: list[int], free: list[int], reason: str) -> Decision:
         gammas = list(lo)
@@ -180,9 +183,12 @@ class SpeculationPolicy:
         """The decision, with exploration: a free row at γ = 0 drafts on its exploration rounds."""
         s = self.settings
         for i in free:
-            if gammas[i] == 0 and s.explore_every and rows[i].cap > 0 and self._explores(rows[i]):
-                gammas[i] = min(s.explore_gamma, rows[i].cap, s.gamma_max)
+            if gammas[i] == 0 and s.explore_every and rows[i].cap > 0:
+                gammas[i] = min(self._exploration_gamma(rows[i]), rows[i].cap, s.gamma_max)
         return Decision(max((gammas[i] for i in free), default=0), enabled, reason, tuple(gammas))
 
-    def _explores(self, row: RowState) -> bool:
-        return (zlib.crc32(row.seq_id.encode()) + row.rounds) % self.settings.explore_every == 0
+    def _exploration_gamma(self, row: RowState) -> int:
+        """γ on a row's exploration rounds (every explore_every-th, cycling 1 … explore_gamma
+        so that the draft's cost is measured at several γ), else 0."""
+        k, offset = divmod(zlib.crc32(row.seq_id.encode()) + row.rounds, self.settings.explore_every)
+        return 0 if offset else 1 + k % self.settings.explore_gamma

@@ -38,9 +38,17 @@ def test_a_round_sample_from_rows_counts_what_was_asked_and_drafted():
 
 
 def test_alpha_and_per_position_acceptance():
-    snap = LoadSnapshot.from_window(window_with([4, 2]), 10.0, 0, 0, 0.0)
+    snap = LoadSnapshot.from_window(window_with([4, 2] * 8), 10.0, 0, 0, 0.0)
     assert snap.alpha == pytest.approx(3 / 6)
     assert snap.alpha_per_position == pytest.approx((1.0, 0.5, 0.0, 0.0))
+
+
+def test_positions_drafted_too_rarely_are_left_to_extrapolation():
+    """One unlucky draft at a rare position must not zero every longer γ."""
+    snap = LoadSnapshot.from_window(window_with([2] * 8 + [4]), 10.0, 0, 0, 0.0)
+    assert snap.alpha_per_position == pytest.approx((1.0, 1 / 9))  # position 3 drafted once only
+    snap = LoadSnapshot.from_window(window_with([1] * 7), 10.0, 0, 0, 0.0)
+    assert snap.alpha_per_position == () and snap.alpha == 0.0
 
 
 def test_qps_is_arrivals_over_the_window():
