@@ -105,5 +105,8 @@ class TargetLeader(ServedActor, _Shard):
     async def serve(self, followers: list[Any], host: str = "0.0.0.0", port: int = 0) -> str:
         """Start the gRPC server; returns 'node_ip:port'."""
         verifier = TargetVerifier(MirroredRunner(self.runner, followers))
-        servicer = TargetServicer(verifier, self._config.models.target, self._config.cache.num_slots, self._world_size)
+        config = self._config
+        servicer = TargetServicer(
+            verifier, config.models.target, config.cache.num_slots, self._world_size, config.serving.lease_ttl_s
+        )
         return await self._serve(servicer, host, port)
