@@ -70,7 +70,7 @@ class LeaseRenewer:
             ttl_s = self._keep_alive(self.lease_id)
         except Exception as exc:  # noqa: BLE001 - any failure: try again on the next tick
             if not self._failing:
-                logger.warning("lease %s: keep-alive failed (will retry): %s", self.lease_id, exc)
+                logger.warning("lease %s: keep-alive failed (will retry): %s", self.lease_id, _describe(exc))
             self._failing = True
             return False
         self._failing = False
@@ -95,3 +95,11 @@ class LeaseRenewer:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+
+
+def _describe(exc: Exception) -> str:
+    """One line: a gRPC error's code and details, else the exception's type and text."""
+    code = getattr(exc, "code", None)
+    if callable(code):
+        return f"{code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"

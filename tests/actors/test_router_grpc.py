@@ -231,57 +231,62 @@ def test_a_client_killed_mid_stream_leaves_no_slot_allocated(app, workers, promp
 LEAK_REQUESTS = 99
 
 
-def test_no_slot_leaks_after_many_completed_cancelled_and_timed_out_requests(app, workers, prompt_ids, hf_greedy):
-    """A third complete, a third are cancelled after their first chunk, a third hit a short
-    deadline (queued, prefilling or generating); afterwards every slot is free (released by
-    the router, not by a lapsed lease) and num_slots concurrent requests all succeed."""
-    expired = [w.info().expired_sequences for w in workers]
+async def leak_request(aclient: AsyncSpecdecClient, prompt: list[int], i: int) -> str:
+    """Request i: completes (i % 3 == 0), is cancelled after its first chunk (1), or runs
+    into a deadline of 50-250 ms: queued, prefilling or generating (2). Returns the outcome."""
+    try:
+        if i % 3 == 0:
+            await aclient.generate(prompt_token_ids=prompt, max_new_tokens=6)
+        elif i % 3 == 1:
+            stream = aclient.generate_stream(prompt_token_ids=prompt, max_new_tokens=100)
+            await stream.__anext__()
+            await stream.aclose()  # cancels the call
+            return "CANCELLED"
+        else:
+            await aclient.generate(prompt_token_ids=prompt, max_new_tokens=100, timeout_s=0.05 * (1 + i % 5))
+        return "OK"
+    except grpc.RpcError as error:
+        return error.code().name
 
-    async def attempt(aclient, i):
-        prompt = prompt_ids[i % len(prompt_ids)]
-        try:
-            if i % 3 == 0:
-                await aclient.generate(prompt_token_ids=prompt, max_new_tokens=6)
-            elif i % 3 == 1:
-                stream = aclient.generate_stream(prompt_token_ids=prompt, max_new_tokens=100)
-                await stream.__anext__()
-                await stream.aclose()  # cancels the call
-                return "CANCELLED"
-            else:
-                await aclient.generate(prompt_token_ids=prompt, max_new_tokens=100, timeout_s=0.05 * (1 + i % 5))
-            return "OK"
-        except grpc.RpcError as error:
-            return error.code().name
 
-    async def one(aclient, gate, i):
-        """Cancelled requests count against the admission limit until the router's loop
-        drops them (at its next round): RESOURCE_EXHAUSTED is retried, as clients should."""
+async def leak_requests(address: str, prompts: list[list[int]], count: int, concurrency: int) -> list[str]:
+    """`count` leak_requests, `concurrency` at a time. A cancelled request counts against the
+    admission limit until the router's loop drops it (next round): RESOURCE_EXHAUSTED is
+    retried after 100 ms, as a client should."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(aclient, i):
         async with gate:
             for _ in range(100):
-                outcome = await attempt(aclient, i)
+                outcome = await leak_request(aclient, prompts[i % len(prompts)], i)
                 if outcome != "RESOURCE_EXHAUSTED":
-                    return outcome
+                    break
                 await asyncio.sleep(0.1)
             return outcome
 
-    async def run(jobs, concurrency):
-        async with AsyncSpecdecClient(app.address, timeout_s=120.0, retries=0) as aclient:
-            gate = asyncio.Semaphore(concurrency)
-            return await asyncio.gather(*(one(aclient, gate, i) for i in jobs))
+    async with AsyncSpecdecClient(address, timeout_s=120.0, retries=0) as aclient:
+        return await asyncio.gather(*(one(aclient, i) for i in range(count)))
 
-    outcomes = asyncio.run(run(range(LEAK_REQUESTS), MAX_CONCURRENT // 2))
+
+async def generate_all(address: str, jobs: list[tuple[list[int], int]]) -> list[list[int]]:
+    """All jobs (prompt, max_new_tokens) at once; their token ids."""
+    async with AsyncSpecdecClient(address, timeout_s=120.0, retries=0) as aclient:
+        responses = await asyncio.gather(*(aclient.generate(prompt_token_ids=p, max_new_tokens=n) for p, n in jobs))
+    return [list(r.token_ids) for r in responses]
+
+
+def test_no_slot_leaks_after_many_completed_cancelled_and_timed_out_requests(app, workers, prompt_ids, hf_greedy):
+    """A third complete, a third are cancelled mid-stream, a third hit a short deadline;
+    afterwards every slot is free (released by the router, not by a lapsed lease) and
+    num_slots concurrent requests all succeed with their greedy output."""
+    expired = [w.info().expired_sequences for w in workers]
+    outcomes = asyncio.run(leak_requests(app.address, prompt_ids, LEAK_REQUESTS, MAX_CONCURRENT // 2))
     assert set(outcomes[0::3]) == {"OK"} and set(outcomes[1::3]) == {"CANCELLED"}
     assert set(outcomes[2::3]) <= {"DEADLINE_EXCEEDED", "OK"} and "DEADLINE_EXCEEDED" in outcomes[2::3]
     assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
     assert [w.info().expired_sequences for w in workers] == expired
-    # every slot can be used again: num_slots requests at once, each with its greedy output
     jobs = [(prompt_ids[i % len(prompt_ids)], 12) for i in range(NUM_SLOTS)]
-
-    async def all_slots():
-        async with AsyncSpecdecClient(app.address, timeout_s=120.0, retries=0) as aclient:
-            return await asyncio.gather(*(aclient.generate(prompt_token_ids=p, max_new_tokens=n) for p, n in jobs))
-
-    assert [list(r.token_ids) for r in asyncio.run(all_slots())] == [hf_greedy(p, n) for p, n in jobs]
+    assert asyncio.run(generate_all(app.address, jobs)) == [hf_greedy(p, n) for p, n in jobs]
     assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
 
 
