@@ -336,14 +336,18 @@ class SpeculativeEngine:
     def _plan(self, batch: list[Sequence]) -> None:
         """Each row's γ this round: the policy's plan (or the static γ), within the row's cap."""
         rows = [self._row_state(seq) for seq in batch]
+        decision = fixed_plan(rows, self.gamma)
         if self.policy is not None:
-            self.policy.set_load(len(self._running), len(self._waiting))
-            self.last_decision = self.policy.plan(rows, self.gamma)
-        else:
-            self.last_decision = fixed_plan(rows, self.gamma)
-        gammas = self.last_decision.gammas
-        if len(gammas) != len(batch):
-            raise ValueError(f"the policy planned {len(gammas)} rows for a batch of {len(batch)}")
+            try:  # a failing policy costs the round its plan (the static γ), never a request
+                self.policy.set_load(len(self._running), len(self._waiting))
+                planned = self.policy.plan(rows, self.gamma)
+                if len(planned.gammas) != len(batch):
+                    raise ValueError(f"the policy planned {len(planned.gammas)} rows for a batch of {len(batch)}")
+                decision = planned
+            except Exception:
+                logger.exception("the round policy failed; this round uses the static γ")
+        self.last_decision = decision
+        gammas = decision.gammas
         self._planned = {seq.seq_id: max(0, min(g, row.cap)) for seq, row, g in zip(batch, rows, gammas)}
         self._gamma_caps = {seq.seq_id: row.cap for seq, row in zip(batch, rows)}
 

@@ -93,3 +93,60 @@ def test_seeded_sampled_requests_keep_the_static_gamma_so_seeds_stay_reproducibl
         outputs.append(r.token_ids)
         assert r.stats.drafted > 0
     assert outputs[0] == outputs[1]
+
+
+class BrokenPolicy(TogglingPolicy):
+    def plan(self, rows, default_gamma):
+        raise RuntimeError("policy bug")
+
+
+def test_a_failing_policy_costs_the_round_its_plan_not_the_requests(make_engine, prompt_ids, hf_greedy):
+    built = make_engine("draft", gamma=3)
+    built.engine.policy = BrokenPolicy(period=1)
+    [r] = built.engine.generate([GenerationRequest(prompt_ids[0], 24)])
+    assert r.token_ids == hf_greedy(prompt_ids[0], 24)
+    assert r.stats.drafted > 0  # the static γ was used
+
+
+class PoorProposer:
+    """Drafts tokens the target almost never picks, slowly (like an untrained draft)."""
+
+    names, has_probs, unavailable_reason = ("draft",), False, None
+
+    def __init__(self):
+        self.drafted = 0
+
+    def unavailable(self, name):
+        return None
+
+    def propose(self, requests):
+        import time
+
+        import torch
+
+        from specdec.proposers.base import Proposal
+
+        width = max(r.gamma for r in requests)
+        time.sleep(0.002 * width)
+        ids = [[(r.token_ids[-1] * 7 + 13 + k) % 50 for k in range(r.gamma)] for r in requests]
+        self.drafted += sum(len(i) for i in ids)
+        return Proposal.from_rows([(i, None) for i in ids], width)
+
+    def release(self, seq_id):
+        pass
+
+
+def test_the_in_process_engine_plans_gamma_by_goodput_by_default(make_engine, prompt_ids, hf_greedy):
+    """With a poor proposer the policy mostly decodes plainly (exploring now and then); with
+    the bundled draft it speculates. Either way the output is the target's."""
+    from specdec.load_monitor import LoadMonitor
+
+    poor = make_engine("draft", gamma=4, load_monitor={"enabled": True})
+    assert isinstance(poor.engine.policy, LoadMonitor)
+    poor.engine.proposer = PoorProposer()
+    [r] = poor.engine.generate([GenerationRequest(prompt_ids[0], 96, ignore_eos=True)])
+    assert r.token_ids == hf_greedy(prompt_ids[0], 96)
+    assert r.stats.drafted < 0.25 * 4 * r.stats.rounds, "mostly plain rounds"
+    good = make_engine("draft", gamma=4, load_monitor={"enabled": True})
+    [g] = good.engine.generate([GenerationRequest(prompt_ids[0], 96, ignore_eos=True)])
+    assert g.token_ids == r.token_ids and g.stats.mean_accepted_length > 1.5
