@@ -24,7 +24,8 @@ from specdec.config import LoadMonitorConfig
 from specdec.load_stats import LoadSnapshot, RoundSample, StatsWindow
 from specdec.load_store import InProcessLoadStore, LoadStore, SwitchState
 from specdec.load_switch import LoadThresholds
-from specdec.speculation_policy import Crossover, Decision, PolicySettings, RowState, SpeculationPolicy
+from specdec.speculation_policy import (MODE_AUTO, Crossover, Decision, PolicySettings, RowState,
+                                        SpeculationPolicy)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class LoadMonitor:
         self._load = (0, 0)
         self._snapshot: LoadSnapshot | None = None
         self._last_tick = float("-inf")
-        self.last_decision = Decision(policy.settings.fallback_gamma, True, "no round yet")
+        self._default_gamma = policy.settings.fallback_gamma  # the server's γ, as the engine last said
         self.source = "local" if store is None else "shared"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -72,10 +73,8 @@ class LoadMonitor:
 
     def plan(self, rows: list[RowState], default_gamma: int) -> Decision:
         """Each row's γ for this round (the engine thread)."""
-        decision = self.policy.plan(self._snapshot, rows, self.clock(), default_gamma)
-        if rows:
-            self.last_decision = decision
-        return decision
+        self._default_gamma = default_gamma
+        return self.policy.plan(self._snapshot, rows, self.clock(), default_gamma)
 
     def record(self, sample: RoundSample) -> None:
         with self._lock:
@@ -160,8 +159,8 @@ class LoadMonitor:
 
     def status(self) -> dict:
         """The live picture for GetStats / `specdec status` and the metrics."""
-        snap, decision = self._snapshot, self.last_decision
-        crossover = self.policy.crossover(snap)
+        snap, crossover = self._snapshot, self.policy.crossover(self._snapshot)
+        decision = self.preview()
         return {
             "source": self.source,
             "breaker": self.breaker.state(self.clock()),
@@ -178,6 +177,13 @@ class LoadMonitor:
             "mean_accepted_length": snap.mean_accepted_length if snap else None,
             "alpha_per_position": list(snap.alpha_per_position) if snap else [],
         }
+
+    def preview(self) -> Decision:
+        """What the plan gives AUTO requests now, at the current number of running requests
+        (at least one), without moving the on/off state."""
+        rows = [RowState(MODE_AUTO, None, self.policy.settings.gamma_max, seq_id=f"preview-{i}")
+                for i in range(max(1, self._load[0]))]
+        return self.policy.plan(self._snapshot, rows, self.clock(), self._default_gamma, update_state=False)
 
     def _off_because_of_load(self, decision: Decision, crossover: Crossover) -> bool:
         """Off while a lone request would speculate: the batch is past the crossover, or the

@@ -66,7 +66,7 @@ class RowState:
 
 @dataclass(frozen=True)
 class Decision:
-    gamma: int  # the largest γ a policy-chosen row got this round (0 = speculation off)
+    gamma: int  # the largest γ the plan gave a policy-chosen row (0 = speculation off; exploration not counted)
     enabled: bool  # the on/off state (the operator's switch, or the plan's)
     reason: str  # why, for status displays and logs
     gammas: tuple[int, ...] = ()  # each row's γ this round, in the order of the rows
@@ -110,8 +110,10 @@ class SpeculationPolicy:
             return self.switch.enabled
         return self.switch.update(snapshot.qps, snapshot.in_flight + snapshot.queued, now)
 
-    def plan(self, snapshot: LoadSnapshot | None, rows: list[RowState], now: float, default_gamma: int) -> Decision:
-        """Each row's γ this round (request overrides, the switch, the goodput plan, exploration)."""
+    def plan(self, snapshot: LoadSnapshot | None, rows: list[RowState], now: float, default_gamma: int,
+             update_state: bool = True) -> Decision:
+        """Each row's γ this round (request overrides, the switch, the goodput plan, exploration).
+        update_state=False previews the plan without moving the on/off state (status displays)."""
         s = self.settings
         fixed = [self._fixed_gamma(row, default_gamma) for row in rows]
         free = [i for i, f in enumerate(fixed) if f is None]
@@ -130,7 +132,7 @@ class SpeculationPolicy:
         margin = 0.0 if self.switch.enabled else s.min_gain
         plan = plan_gammas(curves, lo, hi, snapshot.round_cost, margin)
         speculating = any(plan.gammas[i] > 0 for i in free)
-        if s.thresholds is None and free and speculating != self.switch.enabled:
+        if update_state and s.thresholds is None and free and speculating != self.switch.enabled:
             self.switch.set(speculating, now)
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
@@ -182,10 +184,11 @@ class SpeculationPolicy:
     def _decision(self, gammas: list[int], free: list[int], rows: list[RowState], enabled: bool, reason: str) -> Decision:
         """The decision, with exploration: a free row at γ = 0 drafts on its exploration rounds."""
         s = self.settings
+        planned = max((gammas[i] for i in free), default=0)
         for i in free:
             if gammas[i] == 0 and s.explore_every and rows[i].cap > 0:
                 gammas[i] = min(self._exploration_gamma(rows[i]), rows[i].cap, s.gamma_max)
-        return Decision(max((gammas[i] for i in free), default=0), enabled, reason, tuple(gammas))
+        return Decision(planned, enabled, reason, tuple(gammas))
 
     def _exploration_gamma(self, row: RowState) -> int:
         """γ on a row's exploration rounds (every explore_every-th, cycling 1 … explore_gamma

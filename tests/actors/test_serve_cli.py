@@ -71,7 +71,7 @@ def test_status_shows_the_live_speculation_picture(server, capsys):
     _, port, _ = server
     assert main(["status", "--server", f"127.0.0.1:{port}"]) == 0
     table = capsys.readouterr().out
-    for row in ("speculation", "gamma (AUTO requests)", "acceptance rate α", "draft cost c", "QPS (cluster)"):
+    for row in ("speculation", "gamma (AUTO requests)", "acceptance rate α", "round cost (ms)", "speculation pays below", "QPS (cluster)"):
         assert row in table
     assert main(["status", "--server", f"127.0.0.1:{port}", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)

@@ -194,10 +194,10 @@ def test_status_reports_the_cost_model_and_the_crossover():
                                  0.010 + 0.003 * rows * (gamma + 1), accepted_per_position=(70, 49, 34, 24)[:gamma],
                                  drafted_per_position=(100,) * gamma))
     m.tick()
-    decide(m, rows=1)
+    m.set_load(1, 0)
     status = m.status()
     assert status["round_cost"].verify[2] == pytest.approx(0.003, rel=0.01)
     assert status["crossover"].rows is not None and status["crossover"].rows > 1
     assert status["speculation_enabled"] and status["gamma"] > 0 and not status["off_because_of_load"]
-    decide(m, rows=status["crossover"].rows)
+    m.set_load(status["crossover"].rows, 0)  # the status previews the plan at the current load
     assert m.status()["off_because_of_load"] and m.status()["gamma"] == 0
