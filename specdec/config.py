@@ -126,10 +126,11 @@ class LoadMonitorConfig(StrictModel):
         "drafted this many tokens for it (shrinkage; 0 = the request's own only)."
     )
     explore_every: int = Field(
-        16, ge=0, description="A request the plan gives γ = 0 still drafts every this many rounds, so acceptance "
-        "stays measured (0 = never)."
+        16, ge=0, description="Every this many rounds a few requests the plan gives γ = 0 draft anyway, so "
+        "acceptance and the draft's cost stay measured (0 = never)."
     )
     explore_gamma: int = Field(4, ge=1, description="Exploration rounds draft 1, 2, … this many tokens in turn.")
+    explore_rows: int = Field(2, ge=1, description="At most this many requests draft in an exploration round.")
     disable_qps: float | None = Field(
         None, gt=0, description="Operator override: cluster-wide requests/s above which speculation is forced off "
         "(null = the goodput plan decides from measured costs)."
@@ -143,7 +144,7 @@ class LoadMonitorConfig(StrictModel):
     enable_in_flight: float = Field(
         1e9, ge=0, description="With disable_qps: in flight + queued below which it may turn on again."
     )
-    min_dwell_s: float = Field(2.0, ge=0, description="Least time between two on/off changes, seconds (no flapping).")
+    min_dwell_s: float = Field(1.0, ge=0, description="Least time between two on/off changes, seconds (no flapping).")
 
     @model_validator(mode="after")
     def _override_complete(self) -> "LoadMonitorConfig":

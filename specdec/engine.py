@@ -245,6 +245,7 @@ class SpeculativeEngine:
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
         requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(now)]
+        prefill = any(seq.stats.rounds == 0 for seq in now)  # a prompt goes through the target
         pending = self.verifier.verify_async(requests)
         meanwhile, ahead_s = self._during_verify(now, later, requests, gammas) if ahead is not None else (None, 0.0)
         results = pending.result()
@@ -259,7 +260,7 @@ class SpeculativeEngine:
             outputs.append(output)
             drafted.append(counts[0])
             accepted.append(counts[1])
-        self._record(start, proposed, verified, ahead_s, (gamma_now, drafted, accepted))
+        self._record(start, proposed, verified, ahead_s, (gamma_now, drafted, accepted), prefill)
         return outputs
 
     def _note_unavailable(self, batch: list[Sequence], gammas: list[int], proposal: Proposal) -> None:
@@ -307,9 +308,9 @@ class SpeculativeEngine:
             return
         self._propose_compute_s = (before or 0.0) + (wall if compute is None else compute)
 
-    def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts) -> None:
+    def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts, prefill: bool) -> None:
         """The round's profile and the policy's measurements. counts: each row's (asked γ,
-        drafted, accepted) as three lists."""
+        drafted, accepted) as three lists; prefill: a row had its first round."""
         propose_s = proposed - start + ahead_s
         round_s = time.perf_counter() - start
         self.profile.record(
@@ -319,7 +320,7 @@ class SpeculativeEngine:
             overlapped_s=ahead_s,
         )
         if self.policy is not None:
-            self.policy.record(RoundSample.from_rows(*counts, propose_s, verified - proposed, round_s))
+            self.policy.record(RoundSample.from_rows(*counts, propose_s, verified - proposed, round_s, prefill))
 
     def _admit(self) -> None:
         """Waiting requests join while the verifier has free slots. A running request takes
@@ -360,7 +361,7 @@ class SpeculativeEngine:
         room = self.verifier.max_seq_len - len(seq.token_ids)
         cap = max(0, min(self.gamma_max, seq.remaining - 1, room))
         pinned = request.sampling.seed is not None and not request.sampling.is_greedy
-        return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id, stats.rounds)
+        return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id)
 
     def _gamma_for(self, seq: Sequence) -> int:
         """This round's planned γ for a row of the batch."""

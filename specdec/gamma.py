@@ -92,8 +92,10 @@ def plan_gammas(
     plain_goodput = _goodput(emitted, plain, cost)
     best, best_goodput = plain, plain_goodput
     previous, falling = 0.0, 0
+    budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
     for steps in range(int(lo_a.max()) + 1, int(hi_a.max()) + 1):
-        gammas = _plan_for_steps(emitted, lo_a, np.minimum(hi_a, steps), steps, cost)
+        gammas = _within_budget(emitted, _plan_for_steps(emitted, lo_a, np.minimum(hi_a, steps), steps, cost),
+                                lo_a, budget)
         value = _goodput(emitted, gammas, cost)
         if value > best_goodput * (1.0 + 1e-12):
             best, best_goodput = gammas, value
@@ -104,6 +106,21 @@ def plan_gammas(
     if best != plain and best_goodput < plain_goodput * (1.0 + margin):
         best, best_goodput = plain, plain_goodput
     return Plan(best, best_goodput, plain_goodput)
+
+
+def _within_budget(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray, budget: float) -> tuple[int, ...]:
+    """Trim the plan to at most `budget` drafted tokens in all (the cost model's trust
+    region), taking back the drafts least likely to be accepted (each row's last ones:
+    P_i(k) does not grow with k)."""
+    chosen = np.asarray(gammas)
+    if chosen.sum() <= budget:
+        return gammas
+    excess = int(np.ceil(chosen.sum() - budget))
+    rows, ks = np.nonzero((np.arange(emitted.shape[1])[None, :] > lo[:, None])
+                          & (np.arange(emitted.shape[1])[None, :] <= chosen[:, None]))
+    gain = emitted[rows, ks] - emitted[rows, ks - 1]
+    drop = np.argsort(gain, kind="stable")[:excess]
+    return tuple(int(x) for x in chosen - np.bincount(rows[drop], minlength=len(chosen)))
 
 
 def _goodput(emitted: np.ndarray, gammas: tuple[int, ...], cost: RoundCostModel) -> float:
@@ -118,9 +135,9 @@ def _plan_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: 
     rows, width = emitted.shape
     g = np.arange(width)
     allowed = (g[None, :] >= lo[:, None]) & (g[None, :] <= hi[:, None])  # [rows, gamma_max + 1]
-    _, v_row, v_token = cost.verify
+    v_fixed, v_token = cost.verify
     d_fixed, d_step, d_row_step = cost.draft
-    fixed = cost.overhead_s + cost.verify[0] + (v_row + v_token) * rows + d_fixed + d_step * steps
+    fixed = cost.overhead_s + v_fixed + v_token * rows + d_fixed + d_step * steps
     row_cost = v_token * g + d_row_step * steps * (g > 0)  # [gamma_max + 1]
     choice = lo.copy()
     for _ in range(16):

@@ -125,15 +125,17 @@ class LoadMonitor:
         return True
 
     def _update(self, store: LoadStore, snapshot: LoadSnapshot, now: float) -> None:
-        """Take the fresh snapshot; feed the operator's shared switch, where one replica's
-        change wins (CAS). Without thresholds the plan keeps each replica's own state."""
+        """Take the fresh snapshot and move the on/off state. The operator's switch is shared
+        by all replicas (one replica's change wins: CAS); the plan's is each replica's own
+        (it depends on the replica's batch)."""
         self._snapshot = snapshot
+        switch = self.policy.switch
         if self.policy.settings.thresholds is None:
+            self.policy.update_switch(snapshot, self._load[0], now)
             return
         state = store.switch_state()
-        switch = self.policy.switch
         switch.enabled, switch.since = state.enabled, state.since
-        self.policy.update_switch(snapshot, now)
+        self.policy.update_switch(snapshot, self._load[0], now)
         new = SwitchState(switch.enabled, switch.since)
         if new != state and not store.compare_and_set_switch(state, new):
             latest = store.switch_state()
@@ -214,6 +216,7 @@ def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, repli
         prior_tokens=config.prior_tokens,
         explore_every=config.explore_every,
         explore_gamma=config.explore_gamma,
+        explore_rows=config.explore_rows,
         thresholds=thresholds,
     )
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)

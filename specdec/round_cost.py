@@ -3,21 +3,30 @@
 A round runs one proposer call (γ draft steps for the rows that draft) and one target
 forward over every row's verified tokens, plus fixed bookkeeping. Measured in seconds:
 
-    verify_s ≈ v_fixed + v_row · rows + v_token · tokens       tokens = Σ (drafted_i + 1)
+    verify_s ≈ v_fixed + v_token · tokens                        tokens = Σ (drafted_i + 1)
     draft_s  ≈ d_fixed + d_step · steps + d_row_step · draft_rows · steps
     round_s  ≈ verify_s + draft_s (0 when nobody drafts) + overhead_s
 
 (SmartSpec, "Optimizing Speculative Decoding for Serving LLMs Using Goodput", 2024, fits a
 batch's time as a linear function of its tokens in the same way.) On a GPU at small
 batches v_token is small (verification is memory-bound) and grows with the batch; on a
-CPU every token costs. d_fixed holds the proposer call's fixed cost (a network hop);
-d_step one draft step whatever the batch; d_row_step one more row in a step.
+CPU every token costs, a drafted token as much as a row's pending one (each attends over
+its row's context), so the target's cost is not split by rows: rows and tokens move
+together whenever rows draft alike, and a per-row term could not be told apart from the
+per-token one. d_fixed holds the proposer call's fixed cost (a network hop); d_step one
+draft step whatever the batch; d_row_step one more row in a step.
 
 Each coefficient is fitted by non-negative least squares over additive sums (Σ x·xᵀ,
 Σ x·y, n), so that the sums of any number of router replicas and time buckets merge by
-adding (`StatsWindow` in Redis). Rounds at one γ only cannot separate a row's cost from
-its tokens' cost; a tiny ridge term then splits them, which predicts the rounds
+adding (`StatsWindow` in Redis). Draft calls at one γ only cannot separate the call's
+fixed cost from its steps' cost; a tiny ridge term then splits them, which predicts the rounds
 measured exactly and corrects itself once other γs are seen (the policy's exploration).
+
+A linear fit is trusted only near the rounds it was fitted on: fitted on batches of 32
+plain rows, its slope says little about 32 rows drafting 8 tokens each. `drafted_limit`
+is the trust region: the most drafted tokens a round may plan, from the mean and spread
+of the verified and drafted tokens measured (additive sums too). Plans stay inside it,
+their rounds widen it, so speculation grows into a new regime step by step.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 VERIFY, DRAFT = "verify", "draft"
+MIN_ROUNDS, MIN_DRAFT_CALLS = 16, 4  # timings needed before the model is trusted at all
 RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features, biases nothing else
 
 
@@ -44,8 +54,8 @@ class RoundShape:
     draft_rows: int
     steps: int
 
-    def verify_features(self) -> tuple[float, float, float]:
-        return (1.0, float(self.rows), float(self.tokens))
+    def verify_features(self) -> tuple[float, float]:
+        return (1.0, float(self.tokens))
 
     def draft_features(self) -> tuple[float, float, float]:
         return (1.0, float(self.steps), float(self.draft_rows * self.steps))
@@ -87,13 +97,15 @@ def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int) -> tuple[flo
 class RoundCostModel:
     """Predicted seconds of a round's parts (coefficients in seconds, all ≥ 0).
 
-    verify: (v_fixed, v_row, v_token); draft: (d_fixed, d_step, d_row_step);
+    verify: (v_fixed, v_token); draft: (d_fixed, d_step, d_row_step);
     overhead_s: the rest of a round (router bookkeeping, streaming), per round.
     """
 
-    verify: tuple[float, float, float]
+    verify: tuple[float, float]
     draft: tuple[float, float, float]
     overhead_s: float = 0.0
+    verify_tokens_high: float = float("inf")  # trust region: verified tokens per round measured up to about this
+    draft_tokens_high: float = float("inf")  # ... and drafted tokens (draft rows × γ) per call
 
     def __post_init__(self) -> None:
         if min(*self.verify, *self.draft, self.overhead_s) < 0:
@@ -101,18 +113,24 @@ class RoundCostModel:
 
     @classmethod
     def from_sums(cls, sums: Mapping[str, float]) -> "RoundCostModel | None":
-        """The model fitted from `add_round_timing` sums; None until both the target and
-        the proposer were timed (speculation's cost is unknown before)."""
-        verify, draft = fit_nonnegative(sums, VERIFY, 3), fit_nonnegative(sums, DRAFT, 3)
+        """The model fitted from `add_round_timing` sums; None until the target was timed in
+        MIN_ROUNDS rounds and the proposer in MIN_DRAFT_CALLS calls (a fit on a handful of
+        rounds is noise, and speculation's cost is unknown before the proposer ran)."""
+        if sums.get(f"{VERIFY}:n", 0.0) < MIN_ROUNDS or sums.get(f"{DRAFT}:n", 0.0) < MIN_DRAFT_CALLS:
+            return None
+        verify, draft = fit_nonnegative(sums, VERIFY, 2), fit_nonnegative(sums, DRAFT, 3)
         if verify is None or draft is None or sum(verify) <= 0:
             return None
         rounds = sums.get("cost_rounds", 0.0)
         overhead = sums.get("overhead_seconds", 0.0) / rounds if rounds > 0 else 0.0
-        return cls(verify, draft, max(0.0, overhead))
+        return cls(verify, draft, max(0.0, overhead), _high(sums, VERIFY, 1), _high(sums, DRAFT, 2))
 
-    def verify_s(self, rows: float, tokens: float) -> float:
-        v = self.verify
-        return v[0] + v[1] * rows + v[2] * tokens
+    def drafted_limit(self, rows: int) -> float:
+        """The most tokens a round of `rows` rows may draft in all (the trust region)."""
+        return max(0.0, min(self.verify_tokens_high - rows, self.draft_tokens_high))
+
+    def verify_s(self, tokens: float) -> float:
+        return self.verify[0] + self.verify[1] * tokens
 
     def draft_s(self, draft_rows: float, steps: float) -> float:
         if draft_rows <= 0 or steps <= 0:
@@ -124,7 +142,18 @@ class RoundCostModel:
         """Predicted seconds of a round in which row i drafts gammas[i] tokens."""
         drafting = [g for g in gammas if g > 0]
         tokens = sum(gammas) + len(gammas)
-        return self.overhead_s + self.verify_s(len(gammas), tokens) + self.draft_s(len(drafting), max(drafting, default=0))
+        return self.overhead_s + self.verify_s(tokens) + self.draft_s(len(drafting), max(drafting, default=0))
+
+
+def _high(sums: Mapping[str, float], prefix: str, i: int) -> float:
+    """The top of the trust region for feature i: its mean + 2 standard deviations, plus a
+    quarter of the mean (at least 2 tokens) to grow into."""
+    n = sums.get(f"{prefix}:n", 0.0)
+    if n <= 0:
+        return 0.0
+    mean = sums.get(f"{prefix}:xx:0:{i}", 0.0) / n
+    spread = max(0.0, sums.get(f"{prefix}:xx:{i}:{i}", 0.0) / n - mean * mean) ** 0.5
+    return mean + 2.0 * spread + max(2.0, 0.25 * mean)
 
 
 def add_round_timing(add: Callable[[str, float], None], shape: RoundShape, verify_s: float, draft_s: float,

@@ -8,18 +8,19 @@ verify forward grows with every drafted token, and γ = 0 for every row is the p
 On top of the plan:
 * requests that fix their γ (mode ON, an explicit γ, mode OFF, seeded sampled requests)
   keep it, and weigh in the round's cost;
-* the on/off state has hysteresis and a dwell time: speculation comes back only when the
-  plan gains at least `min_gain`, and no sooner than `min_dwell_s` after it went off;
-* an operator may force the switch by load thresholds (`LoadThresholds`: QPS and requests
-  in flight, fed in the background by the monitor); otherwise the switch follows the plan;
-* rows the plan gives γ = 0 still draft now and then (`explore_every`), so acceptance and
-  the draft's cost stay measured and speculation comes back when it would pay;
+* an on/off state, moved in the background (`update_switch`), not per round: it follows
+  the plan for fresh requests at the current batch size, with hysteresis (speculation
+  comes back only when it gains at least `min_gain`) and a dwell time (`min_dwell_s`); an
+  operator may instead force it by load thresholds (`LoadThresholds`: QPS and requests in
+  flight). While it is off, requests the policy chooses for decode plainly;
+* every `explore_every` rounds a few rows the plan gives γ = 0 draft anyway (one shared
+  draft call, γ cycling 1 … explore_gamma), so acceptance and the draft's cost stay
+  measured and speculation comes back when it would pay;
 * stale or missing measurements fall back to a configured safe γ.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,8 +40,9 @@ class PolicySettings:
     min_gain: float  # speculation comes back on only if the plan gains this fraction
     min_dwell_s: float  # least seconds between two on/off changes of the plan
     prior_tokens: float = 16.0  # a row's acceptance counts as this many drafted tokens of the cluster's
-    explore_every: int = 16  # a row at γ = 0 drafts every this many rounds (0 = never)
-    explore_gamma: int = 4  # such rounds draft 1, 2, … explore_gamma tokens in turn
+    explore_every: int = 16  # every this many rounds, rows at γ = 0 explore (0 = never)
+    explore_gamma: int = 4  # exploration rounds draft 1, 2, … explore_gamma tokens in turn
+    explore_rows: int = 2  # at most this many rows explore in such a round
     thresholds: LoadThresholds | None = None  # an operator's forced load switch (None = follow the plan)
 
 
@@ -51,7 +53,7 @@ class RowState:
     mode / requested_gamma: the request's speculation settings (None = not set); pinned: a
     seeded sampled request (its tokens depend on the schedule: it keeps the server's γ);
     cap: the most γ it may draft now (budget, context, caps); drafted / accepted: its own
-    counts so far; seq_id / rounds: pick its exploration rounds deterministically.
+    counts so far; seq_id: names it in logs and previews.
     """
 
     mode: str
@@ -61,7 +63,6 @@ class RowState:
     accepted: int = 0
     pinned: bool = False
     seq_id: str = ""
-    rounds: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,17 +104,32 @@ class SpeculationPolicy:
         self.settings = settings
         dwell = settings.thresholds.min_dwell_s if settings.thresholds else settings.min_dwell_s
         self.switch = LoadSwitch(settings.thresholds, dwell)
+        self.rounds = 0  # rounds planned (exploration rounds are every explore_every-th)
 
-    def update_switch(self, snapshot: LoadSnapshot | None, now: float) -> bool:
-        """Feed the operator's load switch (background; no-op when the plan decides)."""
-        if self.settings.thresholds is None or snapshot is None:
+    def update_switch(self, snapshot: LoadSnapshot | None, running: int, now: float) -> bool:
+        """Move the on/off state (in the background, not per round). The operator's override
+        follows its QPS / in-flight thresholds; otherwise the state follows the plan for
+        `running` fresh requests (at least one): on while speculating pays at the current
+        batch, back on only when it gains min_gain (hysteresis), never sooner than
+        min_dwell_s after the last change."""
+        if snapshot is None:
             return self.switch.enabled
-        return self.switch.update(snapshot.qps, snapshot.in_flight + snapshot.queued, now)
+        if self.settings.thresholds is not None:
+            return self.switch.update(snapshot.qps, snapshot.in_flight + snapshot.queued, now)
+        if snapshot.alpha is None or snapshot.round_cost is None:
+            return self.switch.enabled
+        rows = max(1, running)
+        margin = 0.0 if self.switch.enabled else self.settings.min_gain
+        width = max(1, self.settings.gamma_max)
+        curves = np.broadcast_to(self._cluster_curve(snapshot), (rows, width))
+        reference = plan_gammas(curves, [0] * rows, [self.settings.gamma_max] * rows, snapshot.round_cost, margin)
+        self.switch.set(any(reference.gammas), now)
+        return self.switch.enabled
 
     def plan(self, snapshot: LoadSnapshot | None, rows: list[RowState], now: float, default_gamma: int,
              update_state: bool = True) -> Decision:
-        """Each row's γ this round (request overrides, the switch, the goodput plan, exploration).
-        update_state=False previews the plan without moving the on/off state (status displays)."""
+        """Each row's γ this round (request overrides, the on/off state, the goodput plan,
+        exploration). update_state=False previews it without counting a round (status)."""
         s = self.settings
         fixed = [self._fixed_gamma(row, default_gamma) for row in rows]
         free = [i for i, f in enumerate(fixed) if f is None]
@@ -123,20 +139,17 @@ class SpeculationPolicy:
             return self._fallback(lo, hi, free, "no fresh measurements: fallback γ")
         if snapshot.alpha is None or snapshot.round_cost is None:
             return self._fallback(lo, hi, free, "acceptance or cost not measured yet: fallback γ")
-        if s.thresholds is not None and not self.switch.enabled:
-            reason = f"load high (qps {snapshot.qps:.1f}, in flight {snapshot.in_flight:.0f}): switched off"
-            return self._decision(lo, free, rows, False, reason)
-        curves = self._curves(snapshot, rows)
-        if s.thresholds is None and not self.switch.enabled and now - self.switch.since < self.switch.min_dwell_s:
-            return self._decision(lo, free, rows, False, "off: dwell time after the plan turned speculation off")
-        margin = 0.0 if self.switch.enabled else s.min_gain
-        plan = plan_gammas(curves, lo, hi, snapshot.round_cost, margin)
-        speculating = any(plan.gammas[i] > 0 for i in free)
-        if update_state and s.thresholds is None and free and speculating != self.switch.enabled:
-            self.switch.set(speculating, now)
+        explore = update_state and self._count_round()
+        if not self.switch.enabled:
+            if s.thresholds is not None:
+                reason = f"load high (qps {snapshot.qps:.1f}, in flight {snapshot.in_flight:.0f}): switched off"
+            else:
+                reason = f"off: speculating does not pay at {len(rows)} rows (α {snapshot.alpha:.2f})"
+            return self._decision(lo, free, rows, False, reason, explore)
+        plan = plan_gammas(self._curves(snapshot, rows), lo, hi, snapshot.round_cost)
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
-        return self._decision(list(plan.gammas), free, rows, self.switch.enabled, reason)
+        return self._decision(list(plan.gammas), free, rows, True, reason, explore)
 
     def crossover(self, snapshot: LoadSnapshot | None) -> Crossover:
         """Rows per round (and requests/s) beyond which speculation does not pay, for a row
@@ -181,17 +194,22 @@ class SpeculationPolicy:
             gammas[i] = min(self.settings.fallback_gamma, hi[i])
         return Decision(max((gammas[i] for i in free), default=0), self.switch.enabled, reason, tuple(gammas))
 
-    def _decision(self, gammas: list[int], free: list[int], rows: list[RowState], enabled: bool, reason: str) -> Decision:
-        """The decision, with exploration: a free row at γ = 0 drafts on its exploration rounds."""
+    def _count_round(self) -> bool:
+        """Count a planned round; True on exploration rounds."""
+        self.rounds += 1
+        return bool(self.settings.explore_every) and self.rounds % self.settings.explore_every == 0
+
+    def _decision(self, gammas: list[int], free: list[int], rows: list[RowState], enabled: bool, reason: str,
+                  explore: bool = False) -> Decision:
+        """The decision; on exploration rounds a few free rows at γ = 0 draft anyway (taking
+        turns), with γ cycling 1 … explore_gamma so the draft's cost is measured at several γ."""
         s = self.settings
         planned = max((gammas[i] for i in free), default=0)
-        for i in free:
-            if gammas[i] == 0 and s.explore_every and rows[i].cap > 0:
-                gammas[i] = min(self._exploration_gamma(rows[i]), rows[i].cap, s.gamma_max)
+        if explore:
+            idle = [i for i in free if gammas[i] == 0 and rows[i].cap > 0]
+            turn = self.rounds // s.explore_every
+            gamma = 1 + turn % s.explore_gamma
+            for k in range(min(s.explore_rows, len(idle))):
+                i = idle[(turn * s.explore_rows + k) % len(idle)]
+                gammas[i] = min(gamma, rows[i].cap, s.gamma_max)
         return Decision(planned, enabled, reason, tuple(gammas))
-
-    def _exploration_gamma(self, row: RowState) -> int:
-        """γ on a row's exploration rounds (every explore_every-th, cycling 1 … explore_gamma
-        so that the draft's cost is measured at several γ), else 0."""
-        k, offset = divmod(zlib.crc32(row.seq_id.encode()) + row.rounds, self.settings.explore_every)
-        return 0 if offset else 1 + k % self.settings.explore_gamma

@@ -10,10 +10,10 @@ from specdec.gamma import (crossover_rows, expected_tokens, extend_prefix_accept
                            row_prefix_acceptance)
 from specdec.round_cost import RoundCostModel
 
-# seconds: (fixed, per row, per token) for the target; (fixed, per step, per row-step) for the draft
-CPU_TINY_PAIR = RoundCostModel(verify=(0.010, 0.0009, 0.0009), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
-FREE_DRAFTS = RoundCostModel(verify=(0.010, 0.0, 0.0), draft=(0.0, 0.0, 0.0))
-COMPUTE_BOUND = RoundCostModel(verify=(0.001, 0.0, 0.010), draft=(0.0, 0.0005, 0.0))  # every token costs a step
+# seconds: (fixed, per token) for the target; (fixed, per step, per row-step) for the draft
+CPU_TINY_PAIR = RoundCostModel(verify=(0.010, 0.0018), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
+FREE_DRAFTS = RoundCostModel(verify=(0.010, 0.0), draft=(0.0, 0.0, 0.0))
+COMPUTE_BOUND = RoundCostModel(verify=(0.001, 0.010), draft=(0.0, 0.0005, 0.0))  # every token costs a step
 
 
 def geometric(alpha: float, width: int = 8) -> np.ndarray:
@@ -68,7 +68,7 @@ def test_a_single_request_gets_the_best_gamma():
 
 def test_the_plan_is_the_best_over_every_combination_of_small_batches():
     rng = random.Random(0)
-    costs = [CPU_TINY_PAIR, COMPUTE_BOUND, RoundCostModel((0.002, 0.0005, 0.0002), (0.003, 0.001, 0.0001), 0.001)]
+    costs = [CPU_TINY_PAIR, COMPUTE_BOUND, RoundCostModel((0.002, 0.0007), (0.003, 0.001, 0.0001), 0.001)]
     for _ in range(100):
         alphas = [rng.choice([0.0, 0.2, 0.5, 0.7, 0.9, 1.0]) for _ in range(rng.randint(1, 3))]
         cost = rng.choice(costs)
@@ -89,7 +89,7 @@ def test_growing_batches_speculate_less_and_then_not_at_all():
         gammas = plan([0.7] * rows, CPU_TINY_PAIR).gammas
         assert max(gammas) <= previous
         previous = max(gammas)
-    heavy = RoundCostModel(verify=(0.010, 0.0009, 0.004), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
+    heavy = RoundCostModel(verify=(0.010, 0.0049), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
     assert max(plan([0.7] * 64, heavy).gammas) == 0
 
 
@@ -100,7 +100,7 @@ def test_fixed_rows_keep_their_gamma_and_weigh_in_the_cost():
 
 
 def test_a_margin_keeps_marginal_speculation_off():
-    alpha = 0.45  # speculation barely pays here
+    alpha = 0.55  # speculation barely pays here
     assert plan([alpha], CPU_TINY_PAIR).gammas != (0,)
     gain = plan([alpha], CPU_TINY_PAIR).goodput / plan([alpha], CPU_TINY_PAIR).plain_goodput - 1
     assert 0 < gain < 0.2
@@ -110,7 +110,7 @@ def test_a_margin_keeps_marginal_speculation_off():
 def test_crossover_rows_is_where_speculation_stops_paying():
     curve = geometric(0.7)
     rows = crossover_rows(curve, CPU_TINY_PAIR, 8)
-    heavy = RoundCostModel(verify=(0.010, 0.0009, 0.004), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
+    heavy = RoundCostModel(verify=(0.010, 0.0049), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
     at = crossover_rows(curve, heavy, 8)
     assert at is not None and max(plan([0.7] * at, heavy).gammas) == 0
     assert at == 1 or max(plan([0.7] * (at - 1), heavy).gammas) > 0
@@ -138,3 +138,17 @@ def test_a_row_with_its_own_history_moves_away_from_the_cluster_as_it_drafts_mor
     assert (np.diff(many) <= 0).all() and many[-1] > 0.9
     poor = row_prefix_acceptance(cluster, 0.5, drafted=200, accepted=2, prior_tokens=16)
     assert poor[0] < 0.1
+
+
+def test_plans_stay_inside_the_cost_models_trust_region():
+    """A model fitted on plain rounds of 32 rows does not know what 32 rows drafting 8 each
+    cost: the plan drafts at most what the measurements cover, least likely drafts first cut."""
+    from dataclasses import replace
+
+    narrow = replace(FREE_DRAFTS, verify_tokens_high=40.0)
+    alphas = [0.9] * 16 + [0.5] * 16
+    chosen = plan(alphas, narrow)
+    assert sum(chosen.gammas) <= 40 - 32
+    assert sum(chosen.gammas[:16]) >= sum(chosen.gammas[16:])
+    assert narrow.drafted_limit(32) == 8 and narrow.drafted_limit(50) == 0
+    assert plan(alphas, FREE_DRAFTS).gammas == (8,) * 32  # unbounded: everything

@@ -25,6 +25,12 @@ def settings(**kw):
     return PolicySettings(**base)
 
 
+def record_good_rounds(m, n=16):
+    """Enough rounds for the cost model (MIN_ROUNDS) at once."""
+    for _ in range(n):
+        m.record(good_round())
+
+
 def good_round():
     return RoundSample(1, 4, drafted=4, accepted=4, draft_seconds=0.002, verify_seconds=0.011,
                        accepted_per_position=(1, 1, 1, 1), drafted_per_position=(1, 1, 1, 1))
@@ -73,7 +79,7 @@ def test_without_measurements_the_fallback_gamma_is_used():
 def test_measured_acceptance_drives_gamma_after_a_tick():
     clock = Clock()
     m = monitor(InProcessLoadStore(), clock)
-    m.record(good_round())
+    record_good_rounds(m)
     m.tick()
     d = decide(m)
     assert d.enabled and d.gamma == 6
@@ -94,7 +100,7 @@ def test_decide_and_record_never_touch_the_store():
 def test_high_qps_switches_off_for_every_replica_sharing_the_store():
     store, clock = InProcessLoadStore(), Clock()
     a, b = monitor(store, clock, "a"), monitor(store, clock, "b")
-    a.record(good_round())
+    record_good_rounds(a)
     a.on_arrival(40)  # 4 qps over the 10 s window ...
     b.on_arrival(40)  # ... plus 4 from the other replica: 8 > 5
     a.tick()
@@ -115,7 +121,7 @@ def test_a_store_outage_falls_back_to_local_measurements_and_recovers():
     assert m.source == "shared"
     store.down = True
     for _ in range(5):
-        m.record(good_round())
+        record_good_rounds(m, 4)
         clock.now += 0.1
         m.tick()
     assert m.source == "local"
@@ -175,20 +181,22 @@ def test_without_a_store_or_thread_the_monitor_ticks_inline_on_record():
     """The in-process engine's monitor: no thread, measurements refresh as rounds are recorded."""
     clock = Clock()
     m = LoadMonitor(None, SpeculationPolicy(settings(thresholds=None)), "in-process", refresh_s=0.1, clock=clock)
-    m.record(good_round())
+    record_good_rounds(m, 15)
+    clock.now += 0.2
+    m.record(good_round())  # due: the 16th round ticks
     first = m.snapshot
     assert first is not None and first.alpha == 1.0 and first.round_cost is not None
     m.record(RoundSample(1, 0, 0, 0, 0.0, 0.009))
     assert m.snapshot is first  # not due yet
     clock.now += 0.2
     m.record(RoundSample(1, 0, 0, 0, 0.0, 0.009))
-    assert m.snapshot is not first and m.snapshot.mean_accepted_length == pytest.approx((4 + 3) / 3)
+    assert m.snapshot is not first and m.snapshot.mean_accepted_length == pytest.approx((16 * 5 + 2) / 18)
 
 
 def test_status_reports_the_cost_model_and_the_crossover():
     clock = Clock()
     m = monitor(InProcessLoadStore(), clock, thresholds=None)
-    for rows in (1, 2, 4):
+    for rows in (1, 2, 4, 1, 2, 4):
         for gamma in (0, 2, 4):
             m.record(RoundSample(rows, gamma, rows * gamma, int(0.5 * rows * gamma), 0.001 + 0.003 * gamma,
                                  0.010 + 0.003 * rows * (gamma + 1), accepted_per_position=(70, 49, 34, 24)[:gamma],
@@ -196,7 +204,7 @@ def test_status_reports_the_cost_model_and_the_crossover():
     m.tick()
     m.set_load(1, 0)
     status = m.status()
-    assert status["round_cost"].verify[2] == pytest.approx(0.003, rel=0.01)
+    assert status["round_cost"].verify[1] == pytest.approx(0.003, rel=0.01)
     assert status["crossover"].rows is not None and status["crossover"].rows > 1
     assert status["speculation_enabled"] and status["gamma"] > 0 and not status["off_because_of_load"]
     m.set_load(status["crossover"].rows, 0)  # the status previews the plan at the current load

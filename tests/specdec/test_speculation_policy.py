@@ -10,8 +10,8 @@ from specdec.load_switch import LoadThresholds
 from specdec.round_cost import RoundCostModel
 from specdec.speculation_policy import PolicySettings, RowState, SpeculationPolicy, fixed_plan
 
-CHEAP_VERIFY = RoundCostModel(verify=(0.010, 0.0009, 0.0009), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
-HEAVY_VERIFY = RoundCostModel(verify=(0.010, 0.0009, 0.004), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
+CHEAP_VERIFY = RoundCostModel(verify=(0.010, 0.0018), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
+HEAVY_VERIFY = RoundCostModel(verify=(0.010, 0.0049), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
 
 
 def settings(**kw):
@@ -30,7 +30,7 @@ def snapshot(alpha=0.7, cost=CHEAP_VERIFY, at=100.0, qps=1.0, in_flight=1.0, noi
             gammas = [gamma] * rows
             accepted = [_accepted(alpha, gamma, rng) for _ in range(rows)]
             jitter = 1 + rng.uniform(-noise, noise)
-            verify = cost.verify_s(rows, rows * (gamma + 1)) * jitter
+            verify = cost.verify_s(rows * (gamma + 1)) * jitter
             draft = cost.draft_s(rows, gamma) * jitter
             w.add_round(RoundSample.from_rows(gammas, gammas, accepted, draft, verify, verify + draft + cost.overhead_s))
     return LoadSnapshot.from_window(w, 10.0, in_flight, 0, measured_at=at)
@@ -117,44 +117,52 @@ def test_the_operators_load_override_forces_speculation_off_with_hysteresis():
     t = LoadThresholds(disable_qps=10, enable_qps=5, disable_in_flight=64, enable_in_flight=32, min_dwell_s=0)
     policy = SpeculationPolicy(settings(thresholds=t))
     rows = [*auto(1), RowState("auto", 4, 8)]
-    assert policy.update_switch(snapshot(qps=20), 100.0) is False
+    assert policy.update_switch(snapshot(qps=20), 1, 100.0) is False
     off = policy.plan(snapshot(alpha=0.95, qps=20), rows, 100.0, 4)
     assert off.gammas == (0, 0) and not off.enabled and "load high" in off.reason
-    assert policy.update_switch(snapshot(qps=7), 101.0) is False  # hysteresis band
-    assert policy.update_switch(snapshot(qps=1), 102.0) is True
+    assert policy.update_switch(snapshot(qps=7), 1, 101.0) is False  # hysteresis band
+    assert policy.update_switch(snapshot(qps=1), 1, 102.0) is True
     assert policy.plan(snapshot(alpha=0.95, qps=1), rows, 102.0, 4).gammas[1] == 4
 
 
-def test_after_the_plan_turns_speculation_off_it_waits_the_dwell_time_and_a_clear_gain():
+def test_the_on_off_state_follows_the_plan_at_the_current_batch_with_dwell_and_hysteresis():
     policy = SpeculationPolicy(settings(min_dwell_s=2.0))
-    good, heavy = snapshot(alpha=0.8), snapshot(alpha=0.8, cost=HEAVY_VERIFY)
-    assert max(policy.plan(good, auto(1), 100.0, 4).gammas) > 0
-    off = policy.plan(heavy, auto(16), 100.5, 4)
-    assert off.gammas == (0,) * 16 and not off.enabled
-    assert policy.plan(good, auto(1), 101.0, 4).gammas == (0,)  # within the dwell time
-    assert max(policy.plan(good, auto(1), 102.6, 4).gammas) > 0
+    snap = snapshot(alpha=0.8, cost=HEAVY_VERIFY)
+    rows = policy.crossover(snap).rows
+    assert policy.update_switch(snap, 1, 100.0) is True
+    assert policy.update_switch(snap, rows, 100.5) is False  # the batch grew past the crossover
+    off = policy.plan(snap, auto(1), 100.6, 4)
+    assert off.gammas == (0,) and not off.enabled and "does not pay" in off.reason
+    assert policy.update_switch(snap, 1, 101.0) is False  # within the dwell time
+    assert policy.update_switch(snap, 1, 102.6) is True
+    assert max(policy.plan(snap, auto(1), 102.7, 4).gammas) > 0
 
 
 def test_noisy_measurements_near_the_crossover_do_not_flap():
-    """Timings ±15 % around a batch where speculation barely pays: over 20 s of rounds every
-    50 ms, the state changes at most once per dwell time."""
+    """Timings ±15 % around a batch where speculation barely pays: over 20 s of updates
+    every 100 ms, the state changes at most once per dwell time."""
     policy = SpeculationPolicy(settings(min_dwell_s=2.0))
-    snap = snapshot(alpha=0.7, cost=HEAVY_VERIFY)
-    rows = policy.crossover(snap).rows
+    rows = policy.crossover(snapshot(alpha=0.7, cost=HEAVY_VERIFY)).rows - 1
     rng = random.Random(3)
     states = []
-    for k in range(400):
-        now = 100.0 + 0.05 * k
-        noisy = snapshot(alpha=0.7, cost=HEAVY_VERIFY, at=now, noise=0.15, rng=rng)
-        states.append(policy.plan(noisy, auto(rows - 1), now, 4).enabled)
+    for k in range(200):
+        now = 100.0 + 0.1 * k
+        states.append(policy.update_switch(snapshot(alpha=0.7, cost=HEAVY_VERIFY, at=now, noise=0.15, rng=rng), rows, now))
     changes = sum(a != b for a, b in zip(states, states[1:]))
     assert changes <= 20 / 2.0
 
 
-def test_rows_at_gamma_zero_explore_now_and_then_at_several_gammas():
-    policy = SpeculationPolicy(settings(explore_every=4, explore_gamma=2))
+def test_every_few_rounds_a_few_rows_at_gamma_zero_explore_in_turn_at_several_gammas():
+    policy = SpeculationPolicy(settings(explore_every=4, explore_gamma=2, explore_rows=2))
     snap = snapshot(alpha=0.05)
-    drafted = [policy.plan(snap, [RowState("auto", None, 8, seq_id="a", rounds=r)], 100.0, 4).gammas[0]
-               for r in range(16)]
-    assert drafted.count(0) == 12 and sorted(g for g in drafted if g) == [1, 1, 2, 2]
-    assert policy.plan(snap, [RowState("off", None, 8, seq_id="a", rounds=0)], 100.0, 4).gammas == (0,)
+    rows = auto(3)
+    plans = [policy.plan(snap, rows, 100.0, 4).gammas for _ in range(16)]
+    exploring = [k for k, g in enumerate(plans) if any(g)]
+    assert exploring == [3, 7, 11, 15]  # one round in four
+    assert all(sum(1 for x in plans[k] if x) == 2 for k in exploring)  # two rows each
+    assert sorted({max(plans[k]) for k in exploring}) == [1, 2]  # γ cycles
+    assert {i for k in exploring for i, x in enumerate(plans[k]) if x} == {0, 1, 2}  # rows take turns
+    assert policy.plan(snap, rows, 100.0, 4).gamma == 0  # the reported γ does not count exploration
+    preview = [policy.plan(snap, rows, 100.0, 4, update_state=False).gammas for _ in range(8)]
+    assert not any(any(g) for g in preview)  # previews neither explore nor count rounds
+    assert policy.plan(snap, [RowState("off", None, 8)] * 3, 100.0, 4).gammas == (0, 0, 0)
