@@ -245,7 +245,7 @@ class SpeculativeEngine:
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
         requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(now)]
-        prefill = any(seq.stats.rounds == 0 for seq in now)  # a prompt goes through the target
+        prefill = sum(len(seq.token_ids) - 1 for seq in now if seq.stats.rounds == 0)  # prompts the target reads
         pending = self.verifier.verify_async(requests)
         meanwhile, ahead_s = self._during_verify(now, later, requests, gammas) if ahead is not None else (None, 0.0)
         results = pending.result()
@@ -308,9 +308,9 @@ class SpeculativeEngine:
             return
         self._propose_compute_s = (before or 0.0) + (wall if compute is None else compute)
 
-    def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts, prefill: bool) -> None:
+    def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts, prefill: int) -> None:
         """The round's profile and the policy's measurements. counts: each row's (asked γ,
-        drafted, accepted) as three lists; prefill: a row had its first round."""
+        drafted, accepted) as three lists; prefill: prompt tokens the target read besides."""
         propose_s = proposed - start + ahead_s
         round_s = time.perf_counter() - start
         self.profile.record(

@@ -28,8 +28,8 @@ class RoundSample:
     i-th drafted token was accepted; drafted_per_position likewise for offered ones;
     draft_seconds: the proposer call; verify_seconds: the target call; draft_rows: rows the
     proposer was asked to draft for; round_seconds: the whole round (0 = not measured);
-    prefill: a row had its first round (its prompt went through the target): such a
-    round's timings say nothing about decoding and are left out of the cost model.
+    prefill_tokens: prompt tokens the target read this round besides each row's pending
+    token (rows in their first round), which its verify time includes.
     """
 
     batch_size: int
@@ -42,22 +42,22 @@ class RoundSample:
     drafted_per_position: tuple[int, ...] = ()
     draft_rows: int = 0
     round_seconds: float = 0.0
-    prefill: bool = False
+    prefill_tokens: int = 0
 
     @classmethod
     def from_rows(cls, asked: list[int], drafted: list[int], accepted: list[int], draft_s: float,
-                  verify_s: float, round_s: float = 0.0, prefill: bool = False) -> "RoundSample":
+                  verify_s: float, round_s: float = 0.0, prefill_tokens: int = 0) -> "RoundSample":
         """A batched round's measurements from each row's asked γ, drafted and accepted counts."""
         longest = max(drafted, default=0)
         per_drafted = [sum(1 for d in drafted if d > i) for i in range(longest)]
         per_accepted = [sum(1 for a in accepted if a > i) for i in range(longest)]
         return cls(len(drafted), max(asked, default=0), sum(drafted), sum(accepted), draft_s, verify_s,
-                   tuple(per_accepted), tuple(per_drafted), sum(1 for g in asked if g > 0), round_s, prefill)
+                   tuple(per_accepted), tuple(per_drafted), sum(1 for g in asked if g > 0), round_s, prefill_tokens)
 
     @property
     def shape(self) -> RoundShape:
         draft_rows = self.draft_rows if self.draft_rows or not self.gamma else self.batch_size
-        return RoundShape(self.batch_size, self.drafted + self.batch_size, draft_rows, self.gamma)
+        return RoundShape(self.batch_size, self.drafted + self.batch_size + self.prefill_tokens, draft_rows, self.gamma)
 
 
 @dataclass
@@ -80,9 +80,8 @@ class StatsWindow:
         for i, (d, a) in enumerate(zip(sample.drafted_per_position, sample.accepted_per_position)):
             self.add(f"drafted_pos:{i}", d)
             self.add(f"accepted_pos:{i}", a)
-        if not sample.prefill:
-            round_s = sample.round_seconds or sample.draft_seconds + sample.verify_seconds
-            add_round_timing(self.add, sample.shape, sample.verify_seconds, sample.draft_seconds, round_s)
+        round_s = sample.round_seconds or sample.draft_seconds + sample.verify_seconds
+        add_round_timing(self.add, sample.shape, sample.verify_seconds, sample.draft_seconds, round_s)
 
     def merge(self, other: "StatsWindow | dict[str, float]") -> None:
         items = other.sums.items() if isinstance(other, StatsWindow) else other.items()

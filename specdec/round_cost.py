@@ -3,7 +3,7 @@
 A round runs one proposer call (γ draft steps for the rows that draft) and one target
 forward over every row's verified tokens, plus fixed bookkeeping. Measured in seconds:
 
-    verify_s ≈ v_fixed + v_token · tokens                        tokens = Σ (drafted_i + 1)
+    verify_s ≈ v_fixed + v_token · tokens            tokens = Σ (drafted_i + 1) + prompt tokens
     draft_s  ≈ d_fixed + d_step · steps + d_row_step · draft_rows · steps
     round_s  ≈ verify_s + draft_s (0 when nobody drafts) + overhead_s
 
@@ -45,8 +45,9 @@ RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features
 class RoundShape:
     """What a round's cost depends on.
 
-    rows: sequences verified; tokens: Σ (drafted_i + 1) over them; draft_rows: rows the
-    proposer was asked to draft for; steps: the largest γ asked (draft steps run in turn).
+    rows: sequences verified; tokens: Σ (drafted_i + 1) over them, plus the prompt tokens of
+    rows in their first round; draft_rows: rows the proposer was asked to draft for; steps:
+    the largest γ asked (draft steps run in turn).
     """
 
     rows: int

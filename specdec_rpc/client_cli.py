@@ -79,7 +79,7 @@ def _round_cost(stats: Any) -> str:
     if not stats.HasField("round_cost"):
         return "not measured yet"
     c = stats.round_cost
-    return (f"verify {c.verify_fixed_ms:.2f} + {c.verify_row_ms:.2f}/row + {c.verify_token_ms:.2f}/token, "
+    return (f"verify {c.verify_fixed_ms:.2f} + {c.verify_token_ms:.2f}/token, "
             f"draft {c.draft_fixed_ms:.2f} + {c.draft_step_ms:.2f}/step + {c.draft_row_step_ms:.2f}/row/step, "
             f"other {c.overhead_ms:.2f}")
 

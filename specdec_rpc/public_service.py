@@ -109,8 +109,7 @@ def _set_policy_view(response: Any, status: dict) -> None:
     """The goodput policy's cost model and crossover into a GetStatsResponse."""
     cost, crossover = status["round_cost"], status["crossover"]
     if cost is not None:
-        names = ("verify_fixed_ms", "verify_row_ms", "verify_token_ms", "draft_fixed_ms", "draft_step_ms",
-                 "draft_row_step_ms")
+        names = ("verify_fixed_ms", "verify_token_ms", "draft_fixed_ms", "draft_step_ms", "draft_row_step_ms")
         for name, seconds in zip(names, (*cost.verify, *cost.draft)):
             setattr(response.round_cost, name, 1000.0 * seconds)
         response.round_cost.overhead_ms = 1000.0 * cost.overhead_s

@@ -80,8 +80,6 @@ def test_mean_accepted_length_comes_from_the_same_window_as_alpha():
     assert snap.mean_accepted_length == pytest.approx((6 + 6) / 6), "6 sequence-rounds emitted 12 tokens"
 
 
-def test_rounds_with_a_prefill_count_for_acceptance_but_not_for_the_cost_model():
-    w = StatsWindow()
-    w.add_round(RoundSample.from_rows([4], [4], [2], 0.01, 0.5, 0.52, prefill=True))  # a 300-token prompt
-    snap = LoadSnapshot.from_window(w, 10.0, 0, 0, 0.0)
-    assert snap.round_cost is None and w.get("drafted") == 4 and w.get("accepted") == 2
+def test_prompt_tokens_read_in_a_round_count_as_verified_tokens():
+    sample = RoundSample.from_rows([4, 0], [4, 0], [2, 0], 0.01, 0.5, 0.52, prefill_tokens=300)
+    assert sample.shape.tokens == 4 + 2 + 300
