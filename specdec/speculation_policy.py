@@ -137,14 +137,15 @@ class SpeculationPolicy:
         hi = [min(s.gamma_max, row.cap) if f is None else lo_i for f, row, lo_i in zip(fixed, rows, lo)]
         if snapshot is None or now - snapshot.measured_at > s.stale_after_s:
             return self._fallback(lo, hi, free, "no fresh measurements: fallback γ")
-        if snapshot.alpha is None or snapshot.round_cost is None:
-            return self._fallback(lo, hi, free, "acceptance or cost not measured yet: fallback γ")
         explore = update_state and self._count_round()
-        if not self.switch.enabled:
+        measured = snapshot.alpha is not None and snapshot.round_cost is not None
+        if self.switch.enabled and not measured:
+            return self._fallback(lo, hi, free, "acceptance or cost not measured yet: fallback γ")
+        if not self.switch.enabled:  # stays off while measurements thin out (exploration only)
             if s.thresholds is not None:
                 reason = f"load high (qps {snapshot.qps:.1f}, in flight {snapshot.in_flight:.0f}): switched off"
             else:
-                reason = f"off: speculating does not pay at {len(rows)} rows (α {snapshot.alpha:.2f})"
+                reason = f"off: speculating does not pay at {len(rows)} rows"
             return self._decision(lo, free, rows, False, reason, explore)
         plan = plan_gammas(self._curves(snapshot, rows), lo, hi, snapshot.round_cost)
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "

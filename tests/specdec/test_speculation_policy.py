@@ -166,3 +166,16 @@ def test_every_few_rounds_a_few_rows_at_gamma_zero_explore_in_turn_at_several_ga
     preview = [policy.plan(snap, rows, 100.0, 4, update_state=False).gammas for _ in range(8)]
     assert not any(any(g) for g in preview)  # previews neither explore nor count rounds
     assert policy.plan(snap, [RowState("off", None, 8)] * 3, 100.0, 4).gammas == (0, 0, 0)
+
+
+def test_once_off_it_stays_off_while_measurements_thin_out():
+    """Off at a large batch, few draft calls remain in the window (exploration only): too
+    few for a cost model, but that is no reason to fall back to speculating."""
+    from dataclasses import replace
+
+    policy = SpeculationPolicy(settings())
+    snap = snapshot(alpha=0.8, cost=HEAVY_VERIFY)
+    assert policy.update_switch(snap, 32, 100.0) is False
+    thin = replace(snap, round_cost=None)
+    assert policy.plan(thin, auto(32), 100.5, 4).gammas == (0,) * 32
+    assert SpeculationPolicy(settings()).plan(thin, auto(2), 100.5, 4).gammas == (2, 2)  # on: the fallback γ
