@@ -104,6 +104,8 @@ class LoadSnapshot:
     mean_accepted_length: float | None  # (accepted + sequence rounds) / sequence rounds; None = no rounds
     round_cost: RoundCostModel | None  # None until both target and proposer were timed
     measured_at: float
+    drafted: float = 0.0  # tokens drafted in the window (all replicas)
+    draft_calls: float = 0.0  # proposer calls timed in the window
 
     @classmethod
     def from_window(
@@ -124,4 +126,6 @@ class LoadSnapshot:
             mean_accepted_length=(window.get("accepted") + rows) / rows if (rows := window.get("sequence_rounds")) else None,
             round_cost=RoundCostModel.from_sums(window.sums),
             measured_at=measured_at,
+            drafted=drafted,
+            draft_calls=window.get("draft:n"),
         )

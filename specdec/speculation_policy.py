@@ -13,9 +13,10 @@ On top of the plan:
   comes back only when it gains at least `min_gain`) and a dwell time (`min_dwell_s`); an
   operator may instead force it by load thresholds (`LoadThresholds`: QPS and requests in
   flight). While it is off, requests the policy chooses for decode plainly;
-* every `explore_every` rounds a few rows the plan gives γ = 0 draft anyway (one shared
-  draft call, γ cycling 1 … explore_gamma), so acceptance and the draft's cost stay
-  measured and speculation comes back when it would pay;
+* while the window holds too few drafts to measure acceptance and the draft's cost
+  (speculation off, or at γ = 0 for most rows), every `explore_every` rounds a few rows
+  draft anyway (one shared draft call, γ cycling 1 … explore_gamma), so speculation comes
+  back when it would pay; with enough measurements nobody explores;
 * stale or missing measurements fall back to a configured safe γ.
 """
 
@@ -30,6 +31,7 @@ from specdec.load_stats import LoadSnapshot
 from specdec.load_switch import LoadSwitch, LoadThresholds
 
 MODE_AUTO, MODE_ON, MODE_OFF = "auto", "on", "off"
+ENOUGH_DRAFT_CALLS, ENOUGH_DRAFTED = 8, 64  # a window with fewer needs exploration
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ class SpeculationPolicy:
         hi = [min(s.gamma_max, row.cap) if f is None else lo_i for f, row, lo_i in zip(fixed, rows, lo)]
         if snapshot is None or now - snapshot.measured_at > s.stale_after_s:
             return self._fallback(lo, hi, free, "no fresh measurements: fallback γ")
-        explore = update_state and self._count_round()
+        explore = update_state and self._count_round() and self._needs_measurements(snapshot)
         measured = snapshot.alpha is not None and snapshot.round_cost is not None
         if self.switch.enabled and not measured:
             return self._fallback(lo, hi, free, "acceptance or cost not measured yet: fallback γ")
@@ -194,6 +196,11 @@ class SpeculationPolicy:
         for i in free:
             gammas[i] = min(self.settings.fallback_gamma, hi[i])
         return Decision(max((gammas[i] for i in free), default=0), self.switch.enabled, reason, tuple(gammas))
+
+    @staticmethod
+    def _needs_measurements(snapshot: LoadSnapshot) -> bool:
+        """Too few drafts in the window to keep acceptance and the draft's cost measured."""
+        return snapshot.draft_calls < ENOUGH_DRAFT_CALLS or snapshot.drafted < ENOUGH_DRAFTED
 
     def _count_round(self) -> bool:
         """Count a planned round; True on exploration rounds."""

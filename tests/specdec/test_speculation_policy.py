@@ -153,8 +153,13 @@ def test_noisy_measurements_near_the_crossover_do_not_flap():
 
 
 def test_every_few_rounds_a_few_rows_at_gamma_zero_explore_in_turn_at_several_gammas():
+    from dataclasses import replace
+
     policy = SpeculationPolicy(settings(explore_every=4, explore_gamma=2, explore_rows=2))
-    snap = snapshot(alpha=0.05)
+    measured = snapshot(alpha=0.05)
+    assert not any(any(policy.plan(measured, auto(3), 100.0, 4).gammas) for _ in range(8))  # enough data
+    policy = SpeculationPolicy(settings(explore_every=4, explore_gamma=2, explore_rows=2))
+    snap = replace(measured, drafted=10, draft_calls=3)  # a window short of drafts
     rows = auto(3)
     plans = [policy.plan(snap, rows, 100.0, 4).gammas for _ in range(16)]
     exploring = [k for k, g in enumerate(plans) if any(g)]
