@@ -39,6 +39,10 @@ import numpy as np
 VERIFY, DRAFT = "verify", "draft"
 MIN_ROUNDS, MIN_DRAFT_CALLS = 16, 4  # timings needed before the model is trusted at all
 RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features, biases nothing else
+# The draft's per-row-step term is penalised more: while every call had the same number of
+# rows (one request at a time) it cannot be told from the per-step term, and a step's cost
+# is then taken as the batch's, not as growing with rows that were never measured.
+DRAFT_RIDGE = (RIDGE, RIDGE, 1e-4)
 
 
 @dataclass(frozen=True)
@@ -71,9 +75,11 @@ def add_point(add: Callable[[str, float], None], prefix: str, x: tuple[float, ..
             add(f"{prefix}:xx:{i}:{j}", xi * x[j])
 
 
-def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int) -> tuple[float, ...] | None:
-    """w ≥ 0 minimising Σ (y − w · x)² from the sums under `prefix` (None without data).
-    Active set: solve, drop the most negative coefficient, solve again."""
+def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
+                    ridge: tuple[float, ...] | None = None) -> tuple[float, ...] | None:
+    """w ≥ 0 minimising Σ (y − w · x)² + Σ ridge_i · Σx_i² · w_i² from the sums under
+    `prefix` (None without data). Active set: solve, drop the most negative coefficient,
+    solve again."""
     if sums.get(f"{prefix}:n", 0.0) <= 0:
         return None
     a = np.zeros((k, k))
@@ -81,7 +87,7 @@ def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int) -> tuple[flo
     for i in range(k):
         for j in range(i, k):
             a[i, j] = a[j, i] = sums.get(f"{prefix}:xx:{i}:{j}", 0.0)
-    a += np.diag(np.maximum(np.diag(a), 1e-12) * RIDGE)
+    a += np.diag(np.maximum(np.diag(a), 1e-12) * np.asarray(ridge or (RIDGE,) * k))
     active = list(range(k))
     w = np.zeros(k)
     while active:
@@ -119,7 +125,7 @@ class RoundCostModel:
         rounds is noise, and speculation's cost is unknown before the proposer ran)."""
         if sums.get(f"{VERIFY}:n", 0.0) < MIN_ROUNDS or sums.get(f"{DRAFT}:n", 0.0) < MIN_DRAFT_CALLS:
             return None
-        verify, draft = fit_nonnegative(sums, VERIFY, 2), fit_nonnegative(sums, DRAFT, 3)
+        verify, draft = fit_nonnegative(sums, VERIFY, 2), fit_nonnegative(sums, DRAFT, 3, DRAFT_RIDGE)
         if verify is None or draft is None or sum(verify) <= 0:
             return None
         rounds = sums.get("cost_rounds", 0.0)

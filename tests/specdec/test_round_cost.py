@@ -29,7 +29,7 @@ def timed_rounds(n=200, noise=0.0, seed=0, gammas=(0, 1, 2, 4, 6), model=TRUE):
 def test_known_coefficients_are_recovered_from_exact_timings():
     fitted = RoundCostModel.from_sums(timed_rounds().sums)
     assert fitted.verify == pytest.approx(TRUE.verify, rel=1e-4)
-    assert fitted.draft == pytest.approx(TRUE.draft, rel=1e-4)
+    assert fitted.draft == pytest.approx(TRUE.draft, rel=1e-2)  # the per-row-step term's penalty biases a little
     assert fitted.overhead_s == pytest.approx(TRUE.overhead_s)
 
 
@@ -100,3 +100,16 @@ def test_the_trust_region_covers_what_was_measured_and_a_little_more():
     assert 36 < fitted.verify_tokens_high < 50 and 4 < fitted.draft_tokens_high < 12
     assert 0 < fitted.drafted_limit(32) < 12  # 32 rows may draft a few tokens, not 32 × 8
     assert fitted.drafted_limit(64) == 0
+
+
+def test_one_request_at_a_time_does_not_make_drafting_for_more_rows_look_dearer():
+    """Calls of one row only: the per-row-step cost cannot be told from the per-step cost;
+    it is taken as the step's, so two rows are not predicted to cost twice as much."""
+    window = StatsWindow()
+    for k in range(40):
+        steps = 1 + k % 4
+        shape = RoundShape(1, 1 + steps, 1, steps)
+        add_round_timing(window.add, shape, TRUE.verify_s(shape.tokens), 0.002 + 0.003 * steps, 0.0)
+    fitted = RoundCostModel.from_sums(window.sums)
+    assert fitted.draft_s(1, 4) == pytest.approx(0.014, rel=1e-3)
+    assert fitted.draft[2] < 0.01 * fitted.draft[1]
