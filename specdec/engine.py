@@ -24,8 +24,6 @@ import time
 import torch
 from collections import deque
 from collections.abc import Callable, Sequence as Seq
-from dataclasses import dataclass
-from typing import Protocol
 
 from specdec.draft_ahead import DraftAhead
 from specdec.errors import WorkerError
@@ -34,53 +32,14 @@ from specdec.proposers.base import Proposal, ProposalRequest, Proposer
 from specdec.request import GenerationRequest, RequestLimits
 from specdec.round_profile import RoundProfile
 from specdec.sequence import Sequence
-from specdec.speculation_policy import Decision, RowState, fixed_plan
+from specdec.round_output import FINISH_ERROR, GenerationResult, RoundOutput
+from specdec.speculation_policy import Decision, RoundPolicy, RowState, fixed_plan
 from specdec.stats import SpecStats
 from specdec.stop_conditions import StopChecker
 from specdec.verifier import Verifier, VerifyRequest
 
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RoundOutput:
-    """What one round confirmed for one sequence (what a stream sends to the client).
-
-    text: the new text (stable, cut before a stop string; "" without a tokenizer).
-    error: set when this request failed (finish_reason "error"); the others go on.
-    """
-
-    seq_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None
-    text: str = ""
-    error: BaseException | None = None
-
-
-class RoundPolicy(Protocol):
-    """Plans each round's γ per row (e.g. a LoadMonitor over a SpeculationPolicy) and hears
-    the load and what each round cost."""
-
-    def on_arrival(self, count: int = 1) -> None: ...
-
-    def set_load(self, in_flight: int, queued: int) -> None: ...
-
-    def plan(self, rows: list[RowState], default_gamma: int) -> Decision: ...
-
-    def record(self, sample: RoundSample) -> None: ...
-
-
-@dataclass
-class GenerationResult:
-    seq_id: str
-    token_ids: list[int]  # generated tokens only
-    text: str
-    finish_reason: str
-    stats: SpecStats
-
-
-FINISH_ERROR = "error"
 
 
 class SpeculativeEngine:

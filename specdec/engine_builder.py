@@ -12,8 +12,9 @@ from typing import Any
 
 from specdec.config import CacheConfig, ModelsConfig, SpecdecConfig, SpeculationConfig
 from specdec.draft_ahead import DraftAhead
-from specdec.engine import RoundPolicy, SpeculativeEngine
+from specdec.engine import SpeculativeEngine
 from specdec.load_monitor import build_load_monitor
+from specdec.speculation_policy import RoundPolicy
 from specdec.model_paths import resolve_model_path
 from specdec.models.loader import resolve_checkpoint_dir
 from specdec.models.model_runner import ModelRunner

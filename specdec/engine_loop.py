@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.engine import GenerationResult, RoundOutput, SpeculativeEngine
+from specdec.engine import SpeculativeEngine
+from specdec.round_output import GenerationResult, RoundOutput
 from specdec.request import GenerationRequest
 
 logger = logging.getLogger(__name__)

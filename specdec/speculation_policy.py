@@ -23,11 +23,12 @@ On top of the plan:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from specdec.gamma import crossover_rows, extend_prefix_acceptance, plan_gammas, row_prefix_acceptance
-from specdec.load_stats import LoadSnapshot
+from specdec.load_stats import LoadSnapshot, RoundSample
 from specdec.load_switch import LoadSwitch, LoadThresholds
 
 MODE_AUTO, MODE_ON, MODE_OFF = "auto", "on", "off"
@@ -93,6 +94,19 @@ def fixed_plan(rows: list[RowState], default_gamma: int) -> Decision:
         else:
             gammas.append(row.requested_gamma or default_gamma)
     return Decision(default_gamma, default_gamma > 0, "static γ", tuple(gammas))
+
+
+class RoundPolicy(Protocol):
+    """Plans each round's γ per row (e.g. a LoadMonitor over a SpeculationPolicy) and hears
+    the load and what each round cost."""
+
+    def on_arrival(self, count: int = 1) -> None: ...
+
+    def set_load(self, in_flight: int, queued: int) -> None: ...
+
+    def plan(self, rows: list[RowState], default_gamma: int) -> Decision: ...
+
+    def record(self, sample: RoundSample) -> None: ...
 
 
 class SpeculationPolicy:

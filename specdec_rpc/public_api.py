@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.engine import GenerationResult, RoundOutput
+from specdec.round_output import GenerationResult, RoundOutput
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
 from specdec.stats import SpecStats

@@ -16,7 +16,7 @@ from typing import Any
 from grpc_health.v1 import health_pb2
 
 from specdec.request import GenerationRequest
-from specdec.engine import RoundOutput
+from specdec.round_output import RoundOutput
 from specdec_rpc.public_api import to_chunk, to_generation_request, to_response
 from specdec_rpc.router_backend import RouterBackend
 from specdec_rpc.status_codes import NotReadyError

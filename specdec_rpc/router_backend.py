@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.config import SpecdecConfig
-from specdec.engine import RoundPolicy
+from specdec.speculation_policy import RoundPolicy
 from specdec.engine_builder import make_engine, server_gamma
 from specdec.engine_loop import AsyncEngine
 from specdec.proposers.base import Proposer

@@ -4,7 +4,7 @@ held back and stop-cut by specdec.stop_conditions, whose tests cover it)."""
 
 import pytest
 
-from specdec.engine import GenerationResult, RoundOutput
+from specdec.round_output import GenerationResult, RoundOutput
 from specdec.stats import SpecStats
 from specdec_rpc.public_api import ServerDefaults, prompt_char_limit, to_chunk, to_generation_request, to_response
 from specdec_rpc.v1 import specdec_pb2 as pb

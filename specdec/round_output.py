@@ -1,0 +1,34 @@
+"""What the engine hands out: each round's confirmed tokens per request, and a finished
+request's result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.stats import SpecStats
+
+FINISH_ERROR = "error"  # finish_reason of a request that failed alone
+
+
+@dataclass
+class RoundOutput:
+    """What one round confirmed for one sequence (what a stream sends to the client).
+
+    text: the new text (stable, cut before a stop string; "" without a tokenizer).
+    error: set when this request failed (finish_reason "error"); the others go on.
+    """
+
+    seq_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None
+    text: str = ""
+    error: BaseException | None = None
+
+
+@dataclass
+class GenerationResult:
+    seq_id: str
+    token_ids: list[int]  # generated tokens only
+    text: str
+    finish_reason: str
+    stats: SpecStats
