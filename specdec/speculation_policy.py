@@ -223,15 +223,15 @@ class SpeculationPolicy:
 
     def _decision(self, gammas: list[int], free: list[int], rows: list[RowState], enabled: bool, reason: str,
                   explore: bool = False) -> Decision:
-        """The decision; on exploration rounds a few free rows at γ = 0 draft anyway (taking
-        turns), with γ cycling 1 … explore_gamma so the draft's cost is measured at several γ."""
+        """The decision; on exploration rounds the first few free rows at γ = 0 (the oldest:
+        the same ones each time, so the draft only catches up on the tokens since their last
+        exploration, not on whole histories) draft anyway, with γ cycling 1 … explore_gamma
+        so the draft's cost is measured at several γ."""
         s = self.settings
         planned = max((gammas[i] for i in free), default=0)
         if explore:
             idle = [i for i in free if gammas[i] == 0 and rows[i].cap > 0]
-            turn = self.rounds // s.explore_every
-            gamma = 1 + turn % s.explore_gamma
-            for k in range(min(s.explore_rows, len(idle))):
-                i = idle[(turn * s.explore_rows + k) % len(idle)]
+            gamma = 1 + (self.rounds // s.explore_every) % s.explore_gamma
+            for i in idle[: s.explore_rows]:
                 gammas[i] = min(gamma, rows[i].cap, s.gamma_max)
         return Decision(planned, enabled, reason, tuple(gammas))
