@@ -28,6 +28,7 @@ from specdec.speculation_policy import (MODE_AUTO, Crossover, Decision, PolicySe
                                         SpeculationPolicy)
 
 log = logging.getLogger(__name__)
+CROSSOVER_REFRESH_S = 1.0
 
 
 class LoadMonitor:
@@ -58,6 +59,7 @@ class LoadMonitor:
         self._snapshot: LoadSnapshot | None = None
         self._last_tick = float("-inf")
         self._default_gamma = policy.settings.fallback_gamma  # the server's γ, as the engine last said
+        self._crossover: tuple[float, Crossover] | None = None  # (when, value): ~10 ms to compute
         self.source = "local" if store is None else "shared"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -161,7 +163,7 @@ class LoadMonitor:
 
     def status(self) -> dict:
         """The live picture for GetStats / `specdec status` and the metrics."""
-        snap, crossover = self._snapshot, self.policy.crossover(self._snapshot)
+        snap, crossover = self._snapshot, self.crossover()
         decision = self.preview()
         return {
             "source": self.source,
@@ -186,6 +188,14 @@ class LoadMonitor:
         rows = [RowState(MODE_AUTO, None, self.policy.settings.gamma_max, seq_id=f"preview-{i}")
                 for i in range(max(1, self._load[0]))]
         return self.policy.plan(self._snapshot, rows, self.clock(), self._default_gamma, update_state=False)
+
+    def crossover(self) -> Crossover:
+        """The policy's crossover, recomputed at most once per second (it plans batches of
+        up to 256 rows: in a router process that would hold the GIL from the rounds)."""
+        now = self.clock()
+        if self._crossover is None or now - self._crossover[0] >= CROSSOVER_REFRESH_S:
+            self._crossover = (now, self.policy.crossover(self._snapshot))
+        return self._crossover[1]
 
     def _off_because_of_load(self, decision: Decision, crossover: Crossover) -> bool:
         """Off while a lone request would speculate: the batch is past the crossover, or the

@@ -209,3 +209,16 @@ def test_status_reports_the_cost_model_and_the_crossover():
     assert status["speculation_enabled"] and status["gamma"] > 0 and not status["off_because_of_load"]
     m.set_load(status["crossover"].rows, 0)  # the status previews the plan at the current load
     assert m.status()["off_because_of_load"] and m.status()["gamma"] == 0
+
+
+def test_the_crossover_is_recomputed_at_most_once_a_second():
+    clock = Clock()
+    m = monitor(InProcessLoadStore(), clock, thresholds=None)
+    calls = []
+    real = m.policy.crossover
+    m.policy.crossover = lambda snap: calls.append(snap) or real(snap)
+    for _ in range(10):
+        m.status()
+    clock.now += 1.0
+    m.status()
+    assert len(calls) == 2
