@@ -155,17 +155,19 @@ def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_
     """The smallest batch of rows like `curve` (P(first k accepted)) at which speculating
     no longer pays (every row plans γ = 0); None when it pays up to max_rows."""
     lo_rows, hi_rows = 1, max_rows
-    if _pays(curve, cost, gamma_max, hi_rows):
+    if speculation_pays(curve, cost, gamma_max, hi_rows):
         return None
     while lo_rows < hi_rows:  # goodput gain shrinks as rows grow: bisect
         mid = (lo_rows + hi_rows) // 2
-        if _pays(curve, cost, gamma_max, mid):
+        if speculation_pays(curve, cost, gamma_max, mid):
             lo_rows = mid + 1
         else:
             hi_rows = mid
     return lo_rows
 
 
-def _pays(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, rows: int) -> bool:
+def speculation_pays(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, rows: int, margin: float = 0.0) -> bool:
+    """Whether a batch of `rows` rows like `curve` (P(first k accepted)) plans any γ > 0,
+    gaining at least `margin` over plain decoding."""
     curves = np.broadcast_to(curve[:gamma_max], (rows, min(gamma_max, len(curve))))
-    return any(plan_gammas(curves, [0] * rows, [gamma_max] * rows, cost).gammas)
+    return any(plan_gammas(curves, [0] * rows, [gamma_max] * rows, cost, margin).gammas)

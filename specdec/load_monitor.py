@@ -131,13 +131,13 @@ class LoadMonitor:
         by all replicas (one replica's change wins: CAS); the plan's is each replica's own
         (it depends on the replica's batch)."""
         self._snapshot = snapshot
-        switch = self.policy.switch
-        if self.policy.settings.thresholds is None:
-            self.policy.update_switch(snapshot, self._load[0], now)
-            return
-        state = store.switch_state()
-        switch.enabled, switch.since = state.enabled, state.since
+        switch, shared = self.policy.switch, self.policy.settings.thresholds is not None
+        if shared:
+            state = store.switch_state()
+            switch.enabled, switch.since = state.enabled, state.since
         self.policy.update_switch(snapshot, self._load[0], now)
+        if not shared:
+            return
         new = SwitchState(switch.enabled, switch.since)
         if new != state and not store.compare_and_set_switch(state, new):
             latest = store.switch_state()

@@ -27,7 +27,8 @@ from typing import Protocol
 
 import numpy as np
 
-from specdec.gamma import crossover_rows, extend_prefix_acceptance, plan_gammas, row_prefix_acceptance
+from specdec.gamma import (crossover_rows, extend_prefix_acceptance, plan_gammas, row_prefix_acceptance,
+                           speculation_pays)
 from specdec.load_stats import LoadSnapshot, RoundSample
 from specdec.load_switch import LoadSwitch, LoadThresholds
 
@@ -134,12 +135,10 @@ class SpeculationPolicy:
             return self.switch.update(snapshot.qps, snapshot.in_flight + snapshot.queued, now)
         if snapshot.alpha is None or snapshot.round_cost is None:
             return self.switch.enabled
-        rows = max(1, running)
         margin = 0.0 if self.switch.enabled else self.settings.min_gain
-        width = max(1, self.settings.gamma_max)
-        curves = np.broadcast_to(self._cluster_curve(snapshot), (rows, width))
-        reference = plan_gammas(curves, [0] * rows, [self.settings.gamma_max] * rows, snapshot.round_cost, margin)
-        self.switch.set(any(reference.gammas), now)
+        pays = speculation_pays(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
+                                max(1, running), margin)
+        self.switch.set(pays, now)
         return self.switch.enabled
 
     def plan(self, snapshot: LoadSnapshot | None, rows: list[RowState], now: float, default_gamma: int,

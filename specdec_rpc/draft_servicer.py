@@ -24,7 +24,7 @@ from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S, LeaseReaper
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
-from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with, run_serially
+from specdec_rpc.worker_runtime import CallStats, SerialExecutor, run_locked, run_serially
 
 WIRE_DTYPE = torch.float16  # q travels as binary16 (see prob_codec)
 
@@ -67,12 +67,7 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
 
     async def Propose(self, request: worker_pb2.ProposeRequest, context: grpc.aio.ServicerContext):
         with self.leases.call(request.lease_id):
-            async with self._work.lock:
-                try:
-                    return await self._propose(request)
-                except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
-                    error = exc
-            await abort_with(context, "Propose", error)
+            return await run_locked(self._work, context, "Propose", self._propose, request)
 
     async def _propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
         start = time.perf_counter()

@@ -20,7 +20,7 @@ from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S, LeaseReaper
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
-from specdec_rpc.worker_runtime import CallStats, SerialExecutor, abort_with, run_serially
+from specdec_rpc.worker_runtime import CallStats, SerialExecutor, run_locked, run_serially
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
 
     async def Verify(self, request: worker_pb2.VerifyRequest, context: grpc.aio.ServicerContext):
         with self.leases.call(request.lease_id):
-            async with self._work.lock:
-                try:
-                    return await self._verify(request)
-                except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
-                    error = exc
-            await abort_with(context, "Verify", error)
+            return await run_locked(self._work, context, "Verify", self._verify, request)
 
     async def _verify(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         start = time.perf_counter()

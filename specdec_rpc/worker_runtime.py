@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -72,17 +72,24 @@ def status_code_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-async def run_serially(
-    work: SerialExecutor, context: grpc.aio.ServicerContext, method: str, fn: Callable[..., T], *args: Any
+async def run_locked(
+    work: SerialExecutor, context: grpc.aio.ServicerContext, method: str, fn: Callable[..., Awaitable[T]], *args: Any
 ) -> T:
-    """Run fn(*args) under the worker's lock on its thread; a failure ends the call with its status."""
+    """Await fn(*args) under the worker's lock; a failure ends the call with its status."""
     async with work.lock:
         try:
-            return await work.run(fn, *args)
+            return await fn(*args)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
             error = exc
     await abort_with(context, method, error)
     raise AssertionError("unreachable: abort_with raises")
+
+
+async def run_serially(
+    work: SerialExecutor, context: grpc.aio.ServicerContext, method: str, fn: Callable[..., T], *args: Any
+) -> T:
+    """Run fn(*args) under the worker's lock on its thread; a failure ends the call with its status."""
+    return await run_locked(work, context, method, work.run, fn, *args)
 
 
 async def abort_with(context: grpc.aio.ServicerContext, method: str, exc: BaseException) -> None:
