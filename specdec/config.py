@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specdec.proposer_registry import ProposerName
+
 
 class StrictModel(BaseModel):
     """Base: unknown keys are errors, values are immutable once validated."""
@@ -48,7 +50,7 @@ class NgramConfig(StrictModel):
 
 
 class SpeculationConfig(StrictModel):
-    proposer: Literal["draft", "ngram", "none"] = Field(
+    proposer: ProposerName = Field(
         "draft", description="Who guesses tokens: a draft model, n-gram prompt lookup, or none (plain decoding)."
     )
     gamma: int = Field(4, ge=0, le=64, description="γ: tokens proposed per round (0 = plain decoding).")
@@ -125,12 +127,13 @@ class LoadMonitorConfig(StrictModel):
         16.0, ge=0, description="A request's own acceptance weighs against the cluster's as if the cluster had "
         "drafted this many tokens for it (shrinkage; 0 = the request's own only)."
     )
-    explore_every: int = Field(
-        16, ge=0, description="Every this many rounds a few requests the plan gives γ = 0 draft anyway, so "
-        "acceptance and the draft's cost stay measured (0 = never)."
+    explore_interval_s: float = Field(
+        5.0, ge=0, description="While few drafts are measured (speculation off), at most one round per this many "
+        "seconds lets a few requests the plan gives γ = 0 draft anyway, so acceptance and the draft's cost stay "
+        "measured (0 = never)."
     )
     explore_gamma: int = Field(4, ge=1, description="Exploration rounds draft 1, 2, … this many tokens in turn.")
-    explore_rows: int = Field(2, ge=1, description="At most this many requests draft in an exploration round.")
+    explore_rows: int = Field(1, ge=1, description="At most this many requests draft in an exploration round.")
     disable_qps: float | None = Field(
         None, gt=0, description="Operator override: cluster-wide requests/s above which speculation is forced off "
         "(null = the goodput plan decides from measured costs)."

@@ -224,7 +224,7 @@ def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, repli
         min_gain=config.min_gain,
         min_dwell_s=config.min_dwell_s,
         prior_tokens=config.prior_tokens,
-        explore_every=config.explore_every,
+        explore_interval_s=config.explore_interval_s,
         explore_gamma=config.explore_gamma,
         explore_rows=config.explore_rows,
         thresholds=thresholds,

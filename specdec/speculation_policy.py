@@ -13,16 +13,20 @@ On top of the plan:
   comes back only when it gains at least `min_gain`) and a dwell time (`min_dwell_s`); an
   operator may instead force it by load thresholds (`LoadThresholds`: QPS and requests in
   flight). While it is off, requests the policy chooses for decode plainly;
-* while the window holds too few drafts to measure acceptance and the draft's cost
-  (speculation off, or at γ = 0 for most rows), every `explore_every` rounds a few rows
-  draft anyway (one shared draft call, γ cycling 1 … explore_gamma), so speculation comes
-  back when it would pay; with enough measurements nobody explores;
-* stale or missing measurements fall back to a configured safe γ.
+* acceptance and the draft's cost, once measured, are remembered: while speculation is
+  off the window holds few drafts, and the on/off state and the crossover then use the
+  last measured values (the models did not change) instead of forgetting them;
+* while the window holds too few drafts, at most once every `explore_interval_s` seconds
+  a few rows draft anyway (one shared draft call, γ cycling 1 … explore_gamma), so those
+  values stay fresh. Paced by time, not rounds: an exploration round is slower than a
+  plain one (the draft catches up on the rows' histories), and under load rounds are
+  many, so a per-round share of them would show in every request's tail latency;
+* stale or missing measurements (nothing measured yet) fall back to a configured safe γ.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -44,9 +48,9 @@ class PolicySettings:
     min_gain: float  # speculation comes back on only if the plan gains this fraction
     min_dwell_s: float  # least seconds between two on/off changes of the plan
     prior_tokens: float = 16.0  # a row's acceptance counts as this many drafted tokens of the cluster's
-    explore_every: int = 16  # every this many rounds, rows at γ = 0 explore (0 = never)
+    explore_interval_s: float = 5.0  # at most one exploration round per this many seconds (0 = never)
     explore_gamma: int = 4  # exploration rounds draft 1, 2, … explore_gamma tokens in turn
-    explore_rows: int = 2  # at most this many rows explore in such a round
+    explore_rows: int = 1  # at most this many rows explore in such a round
     thresholds: LoadThresholds | None = None  # an operator's forced load switch (None = follow the plan)
 
 
@@ -121,7 +125,9 @@ class SpeculationPolicy:
         self.settings = settings
         dwell = settings.thresholds.min_dwell_s if settings.thresholds else settings.min_dwell_s
         self.switch = LoadSwitch(settings.thresholds, dwell)
-        self.rounds = 0  # rounds planned (exploration rounds are every explore_every-th)
+        self.explorations = 0  # exploration rounds so far (γ cycles with them)
+        self._explored_at: float | None = None
+        self._measured: LoadSnapshot | None = None  # the last snapshot with acceptance and a cost model
 
     def update_switch(self, snapshot: LoadSnapshot | None, running: int, now: float) -> bool:
         """Move the on/off state (in the background, not per round). The operator's override
@@ -133,6 +139,7 @@ class SpeculationPolicy:
             return self.switch.enabled
         if self.settings.thresholds is not None:
             return self.switch.update(snapshot.qps, snapshot.in_flight + snapshot.queued, now)
+        snapshot = self.remembered(snapshot)
         if snapshot.alpha is None or snapshot.round_cost is None:
             return self.switch.enabled
         margin = 0.0 if self.switch.enabled else self.settings.min_gain
@@ -152,7 +159,8 @@ class SpeculationPolicy:
         hi = [min(s.gamma_max, row.cap) if f is None else lo_i for f, row, lo_i in zip(fixed, rows, lo)]
         if snapshot is None or now - snapshot.measured_at > s.stale_after_s:
             return self._fallback(lo, hi, free, "no fresh measurements: fallback γ")
-        explore = update_state and self._count_round() and self._needs_measurements(snapshot)
+        explore = update_state and self._explore_now(snapshot, now)
+        snapshot = self.remembered(snapshot)
         measured = snapshot.alpha is not None and snapshot.round_cost is not None
         if self.switch.enabled and not measured:
             return self._fallback(lo, hi, free, "acceptance or cost not measured yet: fallback γ")
@@ -170,11 +178,27 @@ class SpeculationPolicy:
     def crossover(self, snapshot: LoadSnapshot | None) -> Crossover:
         """Rows per round (and requests/s) beyond which speculation does not pay, for a row
         with the cluster's acceptance; unknown until acceptance and costs are measured."""
+        snapshot = self.remembered(snapshot) if snapshot is not None else None
         if snapshot is None or snapshot.alpha is None or snapshot.round_cost is None or not self.settings.gamma_max:
             return Crossover(None, None)
         rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max)
         residence_s = snapshot.in_flight / snapshot.qps if snapshot.qps > 0 and snapshot.in_flight > 0 else None
         return Crossover(rows, rows / residence_s if rows is not None and residence_s else None)
+
+    def remembered(self, snapshot: LoadSnapshot) -> LoadSnapshot:
+        """The snapshot, with acceptance and the cost model from the last one that measured
+        them where its window holds too few drafts (speculation off: exploration only)."""
+        if snapshot.alpha is not None and snapshot.round_cost is not None:
+            self._measured = snapshot
+            return snapshot
+        if self._measured is None:
+            return snapshot
+        last = self._measured
+        alpha, positions = snapshot.alpha, snapshot.alpha_per_position
+        if alpha is None:
+            alpha, positions = last.alpha, last.alpha_per_position
+        return replace(snapshot, alpha=alpha, alpha_per_position=positions,
+                       round_cost=snapshot.round_cost or last.round_cost)
 
     def _fixed_gamma(self, row: RowState, default_gamma: int) -> int | None:
         """A request's own γ when it sets one (None: the policy chooses). AUTO with an explicit
@@ -215,10 +239,17 @@ class SpeculationPolicy:
         """Too few drafts in the window to keep acceptance and the draft's cost measured."""
         return snapshot.draft_calls < ENOUGH_DRAFT_CALLS or snapshot.drafted < ENOUGH_DRAFTED
 
-    def _count_round(self) -> bool:
-        """Count a planned round; True on exploration rounds."""
-        self.rounds += 1
-        return bool(self.settings.explore_every) and self.rounds % self.settings.explore_every == 0
+    def _explore_now(self, snapshot: LoadSnapshot, now: float) -> bool:
+        """True when this round explores: the window is short of drafts and the last
+        exploration was at least explore_interval_s ago."""
+        interval = self.settings.explore_interval_s
+        if not interval or not self._needs_measurements(snapshot):
+            return False
+        if self._explored_at is not None and now - self._explored_at < interval:
+            return False
+        self._explored_at = now
+        self.explorations += 1
+        return True
 
     def _decision(self, gammas: list[int], free: list[int], rows: list[RowState], enabled: bool, reason: str,
                   explore: bool = False) -> Decision:
@@ -230,7 +261,7 @@ class SpeculationPolicy:
         planned = max((gammas[i] for i in free), default=0)
         if explore:
             idle = [i for i in free if gammas[i] == 0 and rows[i].cap > 0]
-            gamma = 1 + (self.rounds // s.explore_every) % s.explore_gamma
+            gamma = 1 + (self.explorations - 1) % s.explore_gamma
             for i in idle[: s.explore_rows]:
                 gammas[i] = min(gamma, rows[i].cap, s.gamma_max)
         return Decision(planned, enabled, reason, tuple(gammas))

@@ -34,7 +34,7 @@ def app(redis):
             "redis_url": redis.url, "deployment": "switch-test", "window_s": 3.0, "bucket_s": 0.5,
             "disable_qps": 4.0, "enable_qps": 1.0, "disable_in_flight": 1000, "enable_in_flight": 500,
             "min_dwell_s": 0.5, "stale_after_s": 2.0,
-            "explore_every": 0,  # no exploration rounds: while off, nothing is drafted at all
+            "explore_interval_s": 0,  # no exploration rounds: while off, nothing is drafted at all
         },
     })
     app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})

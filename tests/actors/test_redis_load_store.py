@@ -76,7 +76,7 @@ def test_the_switch_is_compare_and_set(store):
 def policy(override=True):
     thresholds = LoadThresholds(disable_qps=3, enable_qps=1, disable_in_flight=100, enable_in_flight=50, min_dwell_s=0)
     return SpeculationPolicy(PolicySettings(
-        gamma_max=4, fallback_gamma=1, stale_after_s=30, min_gain=0, min_dwell_s=0, explore_every=0,
+        gamma_max=4, fallback_gamma=1, stale_after_s=30, min_gain=0, min_dwell_s=0, explore_interval_s=0,
         thresholds=thresholds if override else None))
 
 

@@ -18,7 +18,7 @@ class Clock:
 
 
 def settings(**kw):
-    base = dict(gamma_max=6, fallback_gamma=2, stale_after_s=3.0, min_gain=0.0, min_dwell_s=1.0, explore_every=0,
+    base = dict(gamma_max=6, fallback_gamma=2, stale_after_s=3.0, min_gain=0.0, min_dwell_s=1.0, explore_interval_s=0,
                 thresholds=LoadThresholds(disable_qps=5, enable_qps=2, disable_in_flight=100, enable_in_flight=50,
                                           min_dwell_s=1.0))
     base.update(kw)

@@ -15,7 +15,7 @@ HEAVY_VERIFY = RoundCostModel(verify=(0.010, 0.0049), draft=(0.001, 0.003, 0.000
 
 
 def settings(**kw):
-    base = dict(gamma_max=8, fallback_gamma=2, stale_after_s=5.0, min_gain=0.05, min_dwell_s=1.0, explore_every=0)
+    base = dict(gamma_max=8, fallback_gamma=2, stale_after_s=5.0, min_gain=0.05, min_dwell_s=1.0, explore_interval_s=0)
     base.update(kw)
     return PolicySettings(**base)
 
@@ -152,25 +152,44 @@ def test_noisy_measurements_near_the_crossover_do_not_flap():
     assert changes <= 20 / 2.0
 
 
-def test_every_few_rounds_a_few_rows_at_gamma_zero_explore_in_turn_at_several_gammas():
+def test_while_drafts_are_few_one_round_per_interval_explores_at_several_gammas():
     from dataclasses import replace
 
-    policy = SpeculationPolicy(settings(explore_every=4, explore_gamma=2, explore_rows=2))
     measured = snapshot(alpha=0.05)
-    assert not any(any(policy.plan(measured, auto(3), 100.0, 4).gammas) for _ in range(8))  # enough data
-    policy = SpeculationPolicy(settings(explore_every=4, explore_gamma=2, explore_rows=2))
+    policy = SpeculationPolicy(settings(explore_interval_s=2.0, explore_gamma=2, explore_rows=2))
+    assert not any(any(policy.plan(measured, auto(3), 100.0 + 0.5 * t, 4).gammas) for t in range(8))  # enough data
+    policy = SpeculationPolicy(settings(explore_interval_s=2.0, explore_gamma=2, explore_rows=2))
     snap = replace(measured, drafted=10, draft_calls=3)  # a window short of drafts
     rows = auto(3)
-    plans = [policy.plan(snap, rows, 100.0, 4).gammas for _ in range(16)]
-    exploring = [k for k, g in enumerate(plans) if any(g)]
-    assert exploring == [3, 7, 11, 15]  # one round in four
-    assert all(sum(1 for x in plans[k] if x) == 2 for k in exploring)  # two rows each
-    assert sorted({max(plans[k]) for k in exploring}) == [1, 2]  # γ cycles
-    assert {i for k in exploring for i, x in enumerate(plans[k]) if x} == {0, 1}  # the same (oldest) rows
-    assert policy.plan(snap, rows, 100.0, 4).gamma == 0  # the reported γ does not count exploration
-    preview = [policy.plan(snap, rows, 100.0, 4, update_state=False).gammas for _ in range(8)]
-    assert not any(any(g) for g in preview)  # previews neither explore nor count rounds
-    assert policy.plan(snap, [RowState("off", None, 8)] * 3, 100.0, 4).gammas == (0, 0, 0)
+    times = [98.0 + 0.25 * k for k in range(24)]  # 6 s of rounds, 4 per second
+    plans = [policy.plan(replace(snap, measured_at=t), rows, t, 4).gammas for t in times]
+    exploring = [times[k] for k, g in enumerate(plans) if any(g)]
+    assert exploring == [98.0, 100.0, 102.0]  # one round per 2 s, however many rounds
+    assert all(sum(1 for x in g if x) == 2 for g in plans if any(g))  # two rows each
+    assert [max(g) for g in plans if any(g)] == [1, 2, 1]  # γ cycles
+    assert {i for g in plans for i, x in enumerate(g) if x} == {0, 1}  # the oldest rows
+    assert policy.plan(snap, rows, 104.0, 4).gamma == 0  # the reported γ does not count exploration
+    later = replace(snap, measured_at=110.0)
+    preview = [policy.plan(later, rows, 108.0 + t, 4, update_state=False).gammas for t in range(4)]
+    assert not any(any(g) for g in preview)  # previews do not explore
+    assert policy.plan(later, [RowState("off", None, 8)] * 3, 110.0, 4).gammas == (0, 0, 0)
+
+
+def test_acceptance_and_costs_are_remembered_while_the_window_has_no_drafts():
+    """Off under load, the window soon holds no drafts: the last measured acceptance and
+    cost model still decide, so speculation comes back when the load drops."""
+    from dataclasses import replace
+
+    policy = SpeculationPolicy(settings(min_dwell_s=0.0))
+    snap = snapshot(alpha=0.8, cost=HEAVY_VERIFY)
+    assert policy.update_switch(snap, 32, 100.0) is False  # off at 32 rows
+    empty = replace(snap, alpha=None, alpha_per_position=(), round_cost=None, measured_at=110.0)
+    assert policy.crossover(empty).rows is not None
+    assert policy.update_switch(empty, 1, 110.0) is True  # a lone request: speculating pays again
+    assert policy.plan(empty, auto(1), 110.0, 4).gammas[0] > 0
+    forgetful = SpeculationPolicy(settings(min_dwell_s=0.0))  # never measured: nothing to remember
+    assert forgetful.crossover(empty).rows is None
+    assert forgetful.plan(empty, auto(1), 110.0, 4).gammas == (2,)  # the fallback γ
 
 
 def test_once_off_it_stays_off_while_measurements_thin_out():
