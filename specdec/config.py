@@ -156,6 +156,30 @@ class LoadMonitorConfig(StrictModel):
         return self
 
 
+class SecurityConfig(StrictModel):
+    tls_cert_file: str = Field(
+        "", description="PEM certificate chain of the public endpoints (gRPC and HTTP); empty = plaintext."
+    )
+    tls_key_file: str = Field("", description="PEM private key for tls_cert_file; set both or neither.")
+    api_tokens_file: str = Field(
+        "", description="File of bearer tokens, one per line ('#' comments); with env SPECDEC_API_TOKENS "
+        "(comma-separated) the accepted tokens. None from either = no authentication."
+    )
+    open_health: bool = Field(
+        True, description="Health checks (and gRPC reflection) answer without a token, for probes and load balancers."
+    )
+    internal_secret_file: str = Field(
+        "", description="File holding the shared secret router and workers present to each other; env "
+        "SPECDEC_INTERNAL_SECRET also works. Empty = a random secret per start (single cluster)."
+    )
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "SecurityConfig":
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("security.tls_cert_file and security.tls_key_file are set together (or neither)")
+        return self
+
+
 class SpecdecConfig(StrictModel):
     models: ModelsConfig = Field(default_factory=ModelsConfig, description="Which checkpoints to load and how.")
     cache: CacheConfig = Field(default_factory=CacheConfig, description="KV-cache sizing (target and draft).")
@@ -164,6 +188,9 @@ class SpecdecConfig(StrictModel):
     serving: ServingConfig = Field(default_factory=ServingConfig, description="Distributed serving (Ray + gRPC).")
     load_monitor: LoadMonitorConfig = Field(
         default_factory=LoadMonitorConfig, description="Cluster-wide load measurements and the γ / on-off policy."
+    )
+    security: SecurityConfig = Field(
+        default_factory=SecurityConfig, description="TLS and bearer tokens of the public API, the internal secret."
     )
 
     @model_validator(mode="after")
