@@ -12,7 +12,7 @@ import uuid
 
 import ray
 
-from actors.worker_hub import get_or_create_hub
+from actors.worker_hub import draft_resolver, get_or_create_hub
 from specdec.config import SpecdecConfig
 from specdec.load_monitor import LoadMonitor, build_load_monitor
 from specdec.load_store import LoadStore
@@ -49,7 +49,9 @@ def load_monitor(config: SpecdecConfig) -> LoadMonitor | None:
 def monitored_backend(config: SpecdecConfig, target_address: str, draft_address: str | None) -> RouterBackend:
     """remote_backend with the load monitor deciding γ and switching speculation under load."""
     monitor = load_monitor(config)
-    backend = remote_backend(config, target_address, draft_address, policy=monitor)
+    # a restarted draft worker may serve elsewhere: the hub knows where
+    resolve = draft_resolver(config, draft_address) if draft_address is not None else None
+    backend = remote_backend(config, target_address, draft_address, policy=monitor, resolve_draft=resolve)
     if monitor is not None:
         monitor.start()
         backend.closers.append(monitor.stop)

@@ -6,7 +6,9 @@ Names follow vLLM's speculative-decoding metrics (Ray adds the `ray_` prefix on 
   specdec_spec_decode_num_accepted_tokens         counter   accepted tokens
   specdec_spec_decode_num_accepted_tokens_per_pos counter   accepted tokens by drafted position ("position" tag)
   specdec_spec_decode_gamma                       gauge     largest γ the plan gave an AUTO request last round
-  specdec_spec_decode_enabled                     gauge     1 while speculation is on (the plan's or the override's state)
+  specdec_spec_decode_enabled                     gauge     1 while speculation is on (the plan's or the override's
+                                                            state) and the proposer can draft
+  specdec_spec_decode_unavailable                 gauge     1 while the default proposer cannot draft (draft worker down)
   specdec_spec_decode_off_because_of_load         gauge     1 while it is off because of load
   specdec_spec_decode_crossover_rows              gauge     rows per round beyond which speculation stops paying (0 unknown)
   specdec_spec_decode_acceptance_rate             gauge     α over the load monitor's window
@@ -42,6 +44,7 @@ class RouterMetrics:
                                         tag_keys=("position",))
         self.gamma = gauge(f"{p}gamma", description="gamma for AUTO requests now")
         self.enabled = gauge(f"{p}enabled", description="1 while speculation is switched on")
+        self.unavailable = gauge(f"{p}unavailable", description="1 while the proposer cannot draft (draft worker down)")
         self.off_for_load = gauge(f"{p}off_because_of_load", description="1 while speculation is off because of load")
         self.crossover = gauge(f"{p}crossover_rows", description="Rows per round beyond which speculation stops paying")
         self.acceptance = gauge(f"{p}acceptance_rate", description="Acceptance rate over the window")
@@ -74,7 +77,9 @@ class RouterMetrics:
         self.waiting.set(engine.num_waiting)
         status = monitor_status or {"gamma": engine.gamma, "speculation_enabled": engine.gamma > 0}
         self.gamma.set(status["gamma"])
-        self.enabled.set(1.0 if status["speculation_enabled"] else 0.0)
+        unavailable = getattr(getattr(engine, "proposer", None), "unavailable_reason", None) is not None
+        self.unavailable.set(1.0 if unavailable else 0.0)
+        self.enabled.set(1.0 if status["speculation_enabled"] and not unavailable else 0.0)
         self.off_for_load.set(1.0 if status.get("off_because_of_load") else 0.0)
         crossover = status.get("crossover")
         self.crossover.set(float(crossover.rows or 0) if crossover is not None else 0.0)

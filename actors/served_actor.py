@@ -23,6 +23,14 @@ class ServedActor:
 
     _server: WorkerServer | None = None
     _address: str = ""
+    _stopped: Any = None  # asyncio.Event, set by stop()
+
+    def _stopped_event(self) -> Any:
+        import asyncio
+
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
+        return self._stopped
 
     async def _serve(self, servicer: Any, host: str, port: int) -> str:
         """Start the gRPC server; returns 'node_ip:port' (reachable from other nodes)."""
@@ -34,7 +42,13 @@ class ServedActor:
         """The served WorkerInfo as a dict, plus the address."""
         return {"address": self._address, **info_as_dict(self._server.servicer.info())}
 
+    async def until_stopped(self) -> None:
+        """Returns once stop() ran; a caller waiting on it gets an error when the actor dies
+        instead (how a supervisor notices the death at once)."""
+        await self._stopped_event().wait()
+
     async def stop(self, grace_s: float = 2.0) -> None:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+        self._stopped_event().set()

@@ -99,6 +99,10 @@ class HistorySender:
             sampling=sampling_to_proto(sampling),
         )
 
+    def clear(self) -> None:
+        """Forget everything sent (a new, empty worker): every next delta is a whole history."""
+        self._sent.clear()
+
     def reset(self, seq_ids: Iterable[str]) -> None:
         """Forget what was sent (resync, failed call, released): the next delta is the whole history."""
         for seq_id in seq_ids:

@@ -7,12 +7,21 @@ the worker asks to resync (it restarted) are sent again at once with their whole
 Releases are buffered and sent before the next call (or by `flush()`). Every call carries
 the router's lease id; a LeaseRenewer keeps the lease alive between calls (see worker.proto).
 
+A worker that is down (UNAVAILABLE, DEADLINE_EXCEEDED) is not called again every round:
+rounds go on without drafts (`unavailable_reason` says why) while a WorkerReconnector asks
+`resolve()` for the worker's address (its supervisor restarts it, perhaps elsewhere) and
+probes it; once one answers, the client switches to it and every sequence sends its whole
+history (the new worker holds none), so speculation resumes by itself.
+
 Not thread-safe: one engine drives it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
 
 import grpc
 import torch
@@ -23,9 +32,14 @@ from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
 from specdec_rpc.lease_renewer import LeaseRenewer, new_lease_id
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+from specdec_rpc.worker_reconnector import WorkerReconnector
 from specdec_rpc.worker_server import CHANNEL_OPTIONS
 
 logger = logging.getLogger(__name__)
+
+#: call failures that mean the worker is down: stop calling it until it answers again
+WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+PROBE_TIMEOUT_S = 2.0  # one GetInfo while looking for the worker again
 
 
 class RemoteProposer(Proposer):
@@ -35,15 +49,27 @@ class RemoteProposer(Proposer):
     names = ("draft",)
 
     def __init__(
-        self, address: str, timeout_s: float = 30.0, lease_id: str | None = None, lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+        self,
+        address: str,
+        timeout_s: float = 30.0,
+        lease_id: str | None = None,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        resolve: Callable[[], str | None] | None = None,
     ) -> None:
         """address: the DraftWorker's host:port; timeout_s: deadline of each call (keep it short);
-        lease_id: the router's lease (None = a new one); lease_ttl_s: assumed until the worker says."""
+        lease_id: the router's lease (None = a new one); lease_ttl_s: assumed until the worker says;
+        resolve: the worker's current address after it went down (None = the same address)."""
         self.address = address
         self.timeout_s = timeout_s
-        self.failures = 0  # calls that failed, so their round ran without draft proposals
+        self.failures = 0  # rounds that ran without draft proposals because a call failed or the worker is down
+        self.reconnects = 0  # times the client found its worker again after it went down
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.DraftWorkerStub(self._channel)
+        self._lock = threading.Lock()  # the reconnector's thread swaps the channel
+        self._down: tuple[float, str] | None = None  # (since, why) while the worker is down
+        self._fresh_worker = False  # switched to a worker that holds no history yet
+        self._found: grpc.Channel | None = None
+        self.reconnector = WorkerReconnector(resolve or (lambda: self.address), self._probe, self._switch_to)
         self.lease = LeaseRenewer(lease_id or new_lease_id(), self._keep_alive, lease_ttl_s).start()
         self._sender = HistorySender(namespace=f"{self.lease.lease_id}/")  # see RemoteVerifier
         self._released: list[str] = []  # wire ids whose Release is not sent yet
@@ -55,6 +81,10 @@ class RemoteProposer(Proposer):
         if gamma == 0:
             return Proposal.empty(len(requests), gamma)
         self.last_compute_s = 0.0  # the worker's compute in this call (RoundProfile)
+        if self._is_down():
+            self.failures += 1
+            self.unavailable_reason = self._down_reason()
+            return Proposal.empty(len(requests), gamma)
         try:
             self.flush()
             vocab_size = self._vocab()
@@ -68,7 +98,55 @@ class RemoteProposer(Proposer):
             logger.warning(
                 "draft worker %s: Propose failed, no draft tokens this round: %s", self.address, _describe(exc)
             )
+            if isinstance(exc, grpc.RpcError) and exc.code() in WORKER_DOWN:
+                self._went_down(_describe(exc))
             return Proposal.empty(len(requests), gamma)
+
+    def _is_down(self) -> bool:
+        """True while the worker is down; after a switch to a fresh worker, forgets what was sent."""
+        with self._lock:
+            if self._down is None and self._fresh_worker:
+                self._sender.clear()  # the new worker holds no history: send whole histories
+                self._fresh_worker = False
+            return self._down is not None
+
+    def _went_down(self, why: str) -> None:
+        with self._lock:
+            if self._down is None:
+                self._down = (time.monotonic(), why)
+        self.reconnector.trigger()
+
+    def _down_reason(self) -> str:
+        down = self._down
+        if down is None:
+            return f"draft worker {self.address} failed"
+        since, why = down
+        last = self.reconnector.last_error
+        retry = f"; reconnecting (last try: {last})" if last else "; reconnecting"
+        return f"draft worker {self.address} is down for {time.monotonic() - since:.0f}s ({why}){retry}"
+
+    def _probe(self, address: str) -> None:
+        """The reconnector's probe: a GetInfo on a new channel; keeps the channel when it answers."""
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        try:
+            worker_pb2_grpc.DraftWorkerStub(channel).GetInfo(worker_pb2.InfoRequest(), timeout=PROBE_TIMEOUT_S)
+        except BaseException:
+            channel.close()
+            raise
+        self._found = channel
+
+    def _switch_to(self, address: str) -> None:
+        """A worker answers at `address` again (the reconnector's thread): use it from the next round."""
+        with self._lock:
+            old, self._channel = self._channel, self._found
+            self._stub = worker_pb2_grpc.DraftWorkerStub(self._channel)
+            since = self._down[0] if self._down else time.monotonic()
+            self.address, self._down, self._fresh_worker = address, None, True
+            self.unavailable_reason = None
+            self.reconnects += 1
+        logger.warning("draft worker back at %s after %.1fs: speculation resumes", address, time.monotonic() - since)
+        if old is not self._channel:
+            old.close()
 
     def _vocab(self) -> int:
         """Width of the q rows (the target's vocabulary), asked once."""
@@ -136,6 +214,8 @@ class RemoteProposer(Proposer):
         """Send buffered releases now; False (ids kept for the next try) when the call failed."""
         if not self._released:
             return True
+        if self._down is not None:
+            return False  # kept for the worker that answers next
         try:
             self.lease.touch()
             release = worker_pb2.ReleaseRequest(seq_ids=self._released, lease_id=self.lease.lease_id)
@@ -158,6 +238,7 @@ class RemoteProposer(Proposer):
 
     def close(self) -> None:
         """Send buffered releases (best effort), stop renewing the lease, close the channel."""
+        self.reconnector.close()
         self.flush()
         self.lease.close()
         self._channel.close()

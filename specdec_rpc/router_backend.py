@@ -71,10 +71,12 @@ def _flush(verifier: Verifier, proposers: dict[str, Proposer]) -> None:
 
 
 def remote_backend(
-    config: SpecdecConfig, target_address: str, draft_address: str | None, policy: RoundPolicy | None = None
+    config: SpecdecConfig, target_address: str, draft_address: str | None, policy: RoundPolicy | None = None,
+    resolve_draft: Callable[[], str | None] | None = None,
 ) -> RouterBackend:
     """The distributed router's backend: RemoteVerifier for the target group's leader,
-    RemoteProposer for the draft worker (when there is one) and in-process n-gram lookup."""
+    RemoteProposer for the draft worker (when there is one) and in-process n-gram lookup.
+    resolve_draft: the draft worker's address after it went down (None = the same address)."""
     from specdec.engine_builder import load_tokenizer
     from specdec_rpc.remote_proposer import RemoteProposer
     from specdec_rpc.remote_verifier import RemoteVerifier
@@ -90,7 +92,7 @@ def remote_backend(
     verifier = RemoteVerifier(target_address, timeout_s=timeout_s, slot_budget=budget, **lease)
     proposers: dict[str, Proposer] = {"ngram": NgramProposer(config.speculation.ngram.n_min, config.speculation.ngram.n_max)}
     if draft_address is not None:
-        draft = RemoteProposer(draft_address, timeout_s=timeout_s, **lease)
+        draft = RemoteProposer(draft_address, timeout_s=timeout_s, resolve=resolve_draft, **lease)
         draft.info()  # the draft answers (and is loaded) before the router reports SERVING
         proposers["draft"] = draft
     backend = make_backend(config, verifier, proposers, load_tokenizer(config.models.target), policy)

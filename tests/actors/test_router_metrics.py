@@ -48,6 +48,17 @@ def test_gauges_show_the_load_monitors_decision():
     assert (metrics.gamma.value, metrics.enabled.value, metrics.acceptance.value, metrics.qps.value) == (0, 0.0, 0.61, 12.5)
 
 
+def test_a_proposer_that_cannot_draft_shows_as_unavailable_and_not_enabled():
+    metrics = RouterMetrics((Fake, Fake, Fake))
+    engine = engine_with([])
+    engine.proposer = SimpleNamespace(unavailable_reason="draft worker 10.0.0.5:1 is down")
+    metrics.update(engine, {"gamma": 4, "speculation_enabled": True})
+    assert (metrics.enabled.value, metrics.unavailable.value) == (0.0, 1.0)
+    engine.proposer.unavailable_reason = None
+    metrics.update(engine, {"gamma": 4, "speculation_enabled": True})
+    assert (metrics.enabled.value, metrics.unavailable.value) == (1.0, 0.0)
+
+
 def test_streams_feed_the_latency_histograms():
     metrics = RouterMetrics((Fake, Fake, Fake))
     metrics.observe_stream(0.2, [(0.03, 3), (0.01, 1)])

@@ -3,6 +3,8 @@ exactly what the in-process engine generates, survives worker restarts and frees
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 import torch
@@ -233,6 +235,45 @@ def test_an_unreachable_draft_worker_only_turns_speculation_off(remote_engine, p
     # and says so: the request did not speculate, the proposer tells why
     assert result.stats.speculation_unavailable and not to_stats(result.stats).speculation_enabled
     assert "127.0.0.1:1" in engine.proposer.unavailable("draft") and engine.proposer.unavailable("ngram") is None
+
+
+def test_a_draft_worker_that_dies_is_found_again_elsewhere_and_speculation_resumes(
+    workers, remote_engine, prompt_ids, hf_greedy
+):
+    """The draft dies mid-generation: rounds go on without drafts (no call per round while it
+    is down, the reason says so); its replacement serves at another address, which the
+    resolver names; the client switches to it, resends whole histories, and drafts again."""
+    old = ServerThread(DraftServicer.from_config(CONFIG))
+    where = {"address": old.address}
+    engine = remote_engine("draft", 3, timeout_s=5.0)
+    draft = engine.proposer.proposers["draft"]
+    draft.close()
+    draft = RemoteProposer(old.address, timeout_s=5.0, resolve=lambda: where["address"])
+    engine.proposer.proposers["draft"] = draft
+    ids = [engine.add_request(GenerationRequest(p, MAX_NEW)) for p in prompt_ids[:2]]
+    engine.step()
+    old.stop()
+    where["address"] = None  # restarting
+    engine.step()
+    for _ in range(2):
+        engine.step()
+    assert "is down" in draft.unavailable_reason and draft.failures == 3
+    new = ServerThread(DraftServicer.from_config(CONFIG))
+    try:
+        where["address"] = new.address
+        deadline = time.monotonic() + 10
+        while draft.reconnects == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert draft.reconnects == 1 and draft.address == new.address and draft.unavailable_reason is None
+        drafted_before = engine.stats.drafted
+        while engine.has_unfinished():
+            engine.step()
+        assert [engine.result(i).token_ids for i in ids] == [hf_greedy(p, MAX_NEW) for p in prompt_ids[:2]]
+        assert engine.stats.drafted > drafted_before and new.servicer.stats.sequences >= 2
+        assert draft.reconnector.searches == 1, "one search found it; rounds while down made no calls"
+    finally:
+        draft.close()
+        new.stop()
 
 
 def test_target_errors_propagate_with_their_status_code(remote_engine):

@@ -1,0 +1,88 @@
+"""Fault injection with real Ray: the draft worker's process is SIGKILLed while greedy streams run.
+
+The streams finish with exactly the target's greedy output (they go on target-only while
+the draft is down); GetStats and the metrics say speculation is unavailable and why; the
+WorkerHub's DraftKeeper starts a new draft worker, the router finds it through the hub,
+rebuilds its sequences from the router's histories, and speculation resumes by itself.
+Health stays SERVING throughout (degraded, not down).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import ray
+
+from actors.app import free_port, start_app
+from specdec.config import load_config
+from specdec_rpc.client import SpecdecClient
+
+MAX_NEW = 40
+RECOVERY_LIMIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def app():
+    config = load_config(overrides={
+        "cache": {"num_slots": 8, "max_seq_len": 256},
+        "serving": {"port": free_port(), "max_concurrent_requests": 8, "worker_timeout_s": 10.0, "lease_ttl_s": 2.0},
+    })
+    app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
+    yield app
+    app.shutdown()
+
+
+def actor_pids(class_suffix: str) -> list[int]:
+    """PIDs of the live actors of a class, from Ray's actor table."""
+    from ray._private.state import actors
+
+    return [a["Pid"] for a in actors().values() if a["State"] == "ALIVE" and a["ActorClassName"].endswith(class_suffix)]
+
+
+def drafting(client: SpecdecClient, prompt: list[int]) -> bool:
+    """One short request that speculates: did it draft tokens?"""
+    response = client.generate(prompt_token_ids=prompt, max_new_tokens=8, mode="on")
+    return response.stats.drafted > 0
+
+
+def test_a_killed_draft_costs_no_request_is_reported_and_comes_back(app, prompt_ids, hf_greedy):
+    prompts = prompt_ids[:4]
+    with SpecdecClient(app.address, timeout_s=120.0, retries=0) as client:
+        assert drafting(client, prompts[0])
+        [pid] = actor_pids("DraftWorkerActor")
+        streams = [client.generate_stream(prompt_token_ids=p, max_new_tokens=MAX_NEW, mode="on") for p in prompts]
+        heads = [list(next(s).token_ids) for s in streams]  # admitted and generating
+        outputs: list[list[int]] = [[] for _ in prompts]
+
+        def drain(i: int) -> None:
+            outputs[i] = heads[i] + [t for chunk in streams[i] for t in chunk.token_ids]
+
+        threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(prompts))]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        for thread in threads:
+            thread.start()
+        reasons = []
+        while time.monotonic() - killed < 5.0 and not any("unavailable" in r for r in reasons):
+            stats = client.stats()
+            reasons.append(stats.reason if not stats.speculation_enabled else "")
+            time.sleep(0.05)
+        for thread in threads:
+            thread.join(timeout=120)
+        assert outputs == [hf_greedy(p, MAX_NEW) for p in prompts], "target-only rounds are lossless"
+        assert any(r.startswith("speculation unavailable: draft worker") for r in reasons), reasons
+        assert client.health() == "SERVING"  # degraded, not down
+        while not drafting(client, prompts[1]):
+            assert time.monotonic() - killed < RECOVERY_LIMIT_S, "speculation did not come back"
+            time.sleep(0.5)
+        recovered_s = time.monotonic() - killed
+        stats = client.stats()
+        assert stats.speculation_enabled and "unavailable" not in stats.reason
+        print(f"draft killed -> a request drafts again: {recovered_s:.1f}s")
+    status = ray.get(app.hub.draft_status.remote())
+    assert status["restarts"] == 1 and status["down_reason"] is None
+    assert actor_pids("DraftWorkerActor") not in ([], [pid])
