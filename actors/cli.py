@@ -17,6 +17,7 @@ from typing import Any
 from specdec import cli as core_cli
 from actors.local_redis import LocalRedis, redis_server_binary
 from specdec.config import SpecdecConfig, load_config
+from specdec.model_paths import check_model_paths
 from specdec_rpc.client_cli import add_client_parser, add_status_parser
 
 
@@ -71,9 +72,11 @@ def _with_load_store(config: SpecdecConfig) -> tuple[SpecdecConfig, LocalRedis |
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    config = _serve_config(args)
+    check_model_paths(config.models, draft_needed=config.speculation.proposer == "draft")  # before Ray starts
     from actors.app import start_app  # ray and serve only for this subcommand
 
-    config, local_redis, store = _with_load_store(_serve_config(args))
+    config, local_redis, store = _with_load_store(config)
     logging.getLogger("ray").setLevel(logging.WARNING)
     try:
         app = start_app(config, address=args.address,

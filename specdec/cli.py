@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
 from specdec.config import SpecdecConfig, load_config
+from specdec.model_paths import check_model_paths
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
 
@@ -48,6 +48,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from specdec.engine_builder import build_engine  # heavy imports only when needed
 
     config = _config_from_args(args)
+    check_model_paths(config.models, draft_needed=config.speculation.proposer == "draft")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else config.generation.max_new_tokens
     built = build_engine(config)
@@ -67,11 +68,24 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specdec")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser(extra_subcommands: Sequence[Callable[[Any], None]] = ()) -> argparse.ArgumentParser:
     """The `specdec` parser with `generate`; each of `extra_subcommands` adds more subcommands
     (it receives the subparsers object, like add_generate_parser) - the shells add `serve`
     and `client` this way without the core importing them."""
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--log-level", default="WARNING", type=str.upper,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                        help="how much specdec logs to stderr (default WARNING; INFO shows start-up progress)")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(subparsers)
     for add_subcommand in extra_subcommands:
@@ -82,9 +96,10 @@ def build_parser(extra_subcommands: Sequence[Callable[[Any], None]] = ()) -> arg
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
     """Run a subcommand; bad input exits 2 with a message naming the field."""
     args = (parser or build_parser()).parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, ValidationError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError) as exc:  # bad input: one line, no traceback
         print(f"specdec: error: {exc}", file=sys.stderr)
         return 2
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specdec.proposer_registry import ProposerName
 
@@ -84,8 +84,11 @@ class GenerationConfig(StrictModel):
 
 
 class ServingConfig(StrictModel):
-    host: str = Field("0.0.0.0", description="Interface the public gRPC port (Ray Serve's gRPC proxy) binds to.")
+    host: str = Field("0.0.0.0", description="Interface the public gRPC and HTTP ports (Ray Serve's proxies) bind to.")
     port: int = Field(50051, ge=1, le=65535, description="Public gRPC port (Ray Serve's gRPC proxy).")
+    http_port: int = Field(
+        8000, ge=1, le=65535, description="Public HTTP port: the OpenAI-compatible API (Ray Serve's HTTP proxy)."
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="Target shard actors (ranks); heads must divide evenly.")
     target_num_gpus: float = Field(0.0, ge=0, description="GPUs per target rank actor (1 in production, 0 on CPU).")
     draft_num_gpus: float = Field(0.0, ge=0, description="GPUs of the draft worker actor (1 in production, 0 on CPU).")
@@ -213,17 +216,59 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return merged
 
 
+class ConfigError(ValueError):
+    """A configuration that cannot be used, in one line naming the file and the key."""
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data
 
 
 def load_config(*paths: str | Path, overrides: dict[str, Any] | None = None) -> SpecdecConfig:
-    """Defaults, then each YAML file in order, then `overrides` (a nested dict) on top."""
+    """Defaults, then each YAML file in order, then `overrides` (a nested dict) on top.
+    Raises ConfigError naming the file (or the command line) and the key."""
+    sources: list[tuple[str, dict[str, Any]]] = [(str(path), read_yaml(path)) for path in paths]
+    sources.append(("command line", overrides or {}))
     data: dict[str, Any] = {}
-    for path in paths:
-        data = _deep_merge(data, read_yaml(path))
-    data = _deep_merge(data, overrides or {})
-    return SpecdecConfig.model_validate(data)
+    for _, layer in sources:
+        data = _deep_merge(data, layer)
+    try:
+        return SpecdecConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, sources)) from None
+
+
+def _explain(exc: ValidationError, sources: list[tuple[str, dict[str, Any]]]) -> str:
+    """The first problem in one line: where it was set, the key, what is wrong (no URL)."""
+    error = exc.errors(include_url=False)[0]
+    loc = tuple(str(part) for part in error["loc"])
+    key = ".".join(loc) or "(top level)"
+    origin = next((name for name, layer in reversed(sources) if _has_key(layer, loc)), "defaults")
+    if error["type"] == "extra_forbidden":
+        problem = "unknown key"
+    else:
+        problem = error["msg"].removeprefix("Value error, ")
+        if loc and not isinstance(error["input"], dict):
+            problem += f" (got {error['input']!r})"
+    more = len(exc.errors()) - 1
+    return f"{origin}: {key}: {problem}" + (f" (and {more} more)" if more else "")
+
+
+def _has_key(layer: dict[str, Any], loc: tuple[str, ...]) -> bool:
+    node: Any = layer
+    for part in loc:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return bool(loc)

@@ -68,3 +68,37 @@ def test_bad_input_exits_2_naming_the_field(capsys, args, field):
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--proposer" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "command", [[sys.executable, "-m", "specdec.cli", "generate", "--prompt", "x"],
+                [sys.executable, "-m", "actors.cli", "serve", "--port", "1"]],
+    ids=["generate", "serve"],
+)
+@pytest.mark.parametrize(
+    "yaml_text, expected",
+    [
+        ("speculation:\n  gama: 3\n", "{path}: speculation.gama: unknown key"),
+        ("serving:\n  port: [1\n", "{path}: not valid YAML at line 3, column 1"),
+        ("models:\n  target: /no/such/model\n", "models.target: model directory '/no/such/model' does not exist"),
+        ("models:\n  draft: {tmp}\n", "models.draft: '{tmp}' is not a model directory (no config.json in it)"),
+    ],
+    ids=["unknown key", "broken yaml", "missing model", "not a model"],
+)
+def test_a_bad_config_ends_the_command_in_seconds_with_one_line_and_exit_2(tmp_path, command, yaml_text, expected):
+    """Checked before Ray starts or any weights load: one line naming the file or the key."""
+    path = tmp_path / "bad.yaml"  # tmp_path itself: a directory without config.json
+    path.write_text(yaml_text.replace("{tmp}", str(tmp_path)))
+    out = subprocess.run([*command, "--config", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec: error: ")
+    assert expected.format(path=path, tmp=tmp_path) in lines[0]
+
+
+def test_version_and_log_level():
+    out = subprocess.run([sys.executable, "-m", "specdec.cli", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("specdec ")
+    out = subprocess.run([sys.executable, "-m", "specdec.cli", "--log-level", "chatty", "generate", "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--log-level" in out.stderr

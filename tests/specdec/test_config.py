@@ -3,9 +3,9 @@
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from specdec.config import SpecdecConfig, load_config, read_yaml
+from specdec.config import ConfigError, SpecdecConfig, load_config, read_yaml
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -36,11 +36,36 @@ def test_every_field_has_a_description():
     assert not missing
 
 
-def test_unknown_keys_are_errors(tmp_path):
+def test_unknown_keys_are_errors_in_one_line_naming_the_file_and_the_key(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("speculation:\n  gama: 3\n")
-    with pytest.raises(ValidationError, match="gama"):
-        load_config(bad)
+    with pytest.raises(ConfigError) as error:
+        load_config(CONFIGS / "ngram.yaml", bad)
+    assert str(error.value) == f"{bad}: speculation.gama: unknown key"
+
+
+def test_a_bad_value_names_the_file_that_set_it_and_what_it_got(tmp_path):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("serving:\n  port: 70000\n")
+    second.write_text("serving:\n  host: 127.0.0.1\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(first, second)
+    assert str(error.value) == f"{first}: serving.port: Input should be less than or equal to 65535 (got 70000)"
+    with pytest.raises(ConfigError, match=r"^command line: cache.num_slots: .* \(got 0\)$"):
+        load_config(first, overrides={"serving": {"port": 1}, "cache": {"num_slots": 0}})
+
+
+def test_broken_or_missing_yaml_is_one_line_with_the_position(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("serving:\n  port: [1\n")
+    with pytest.raises(ConfigError, match=rf"^{broken}: not valid YAML at line 3, column 1: expected"):
+        load_config(broken)
+    with pytest.raises(ConfigError, match=r"absent.yaml: cannot read: No such file"):
+        load_config(tmp_path / "absent.yaml")
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(listed)
 
 
 @pytest.mark.parametrize("name", ["ngram.yaml", "no-speculation.yaml"])
@@ -66,5 +91,6 @@ def test_later_overrides_win_and_nested_keys_merge():
     ],
 )
 def test_bad_values_are_rejected_naming_the_field(overrides, field):
-    with pytest.raises(ValidationError, match=field):
+    with pytest.raises(ConfigError, match=field) as error:
         load_config(overrides=overrides)
+    assert "\n" not in str(error.value) and "pydantic" not in str(error.value)
