@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from progress import Progress
 from specdec.config import load_config
 from specdec.engine_builder import BuiltEngine, build_engine
 from specdec.model_paths import bundled_prompts, resolve_model_path
@@ -126,15 +127,20 @@ def main() -> None:
     verify = {g: step_time(base.engine.verifier.runner, ctx, g + 1) / t_target for g in (4, 8)}
 
     rows = []
-    baseline = run_engine(base, prompts, args.max_new_tokens, args.repeats)
-    rows.append({"method": "target only", "gamma": 0, **baseline, "c": 0.0})
-    for proposer in ("draft", "ngram"):
-        for gamma in (*GAMMAS, "auto"):
-            policy = {} if gamma == "auto" else fixed
-            overrides = {"speculation": {"proposer": proposer, "gamma": 4 if gamma == "auto" else gamma},
-                         "load_monitor": policy}
-            r = run_engine(build_engine(load_config(overrides=overrides)), prompts, args.max_new_tokens, args.repeats)
-            rows.append({"method": f"{proposer} speculation", "gamma": gamma, **r, "c": c if proposer == "draft" else 0.0})
+    with Progress(1 + 2 * (len(GAMMAS) + 1), "bench_core") as progress:
+        progress.step("target only")
+        baseline = run_engine(base, prompts, args.max_new_tokens, args.repeats)
+        rows.append({"method": "target only", "gamma": 0, **baseline, "c": 0.0})
+        for proposer in ("draft", "ngram"):
+            for gamma in (*GAMMAS, "auto"):
+                progress.step(f"{proposer}, γ {gamma}")
+                policy = {} if gamma == "auto" else fixed
+                overrides = {"speculation": {"proposer": proposer, "gamma": 4 if gamma == "auto" else gamma},
+                             "load_monitor": policy}
+                built = build_engine(load_config(overrides=overrides))
+                r = run_engine(built, prompts, args.max_new_tokens, args.repeats)
+                rows.append({"method": f"{proposer} speculation", "gamma": gamma, **r,
+                             "c": c if proposer == "draft" else 0.0})
     for row in rows:
         auto = row["gamma"] == "auto"  # the policy's γ varies: no closed form
         row["theoretical"] = float("nan") if auto else theoretical_speedup(row["alpha"], row["gamma"], row["c"])

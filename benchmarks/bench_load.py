@@ -49,6 +49,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serving import percentile  # noqa: E402  (same percentile rule as the serving benchmark)
+from progress import Progress  # noqa: E402
 
 from specdec.config import SpecdecConfig, load_config  # noqa: E402
 from specdec.model_paths import bundled_prompts  # noqa: E402
@@ -345,22 +346,24 @@ async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> l
         # warm the whole path (draft, target, both modes) once; not measured
         await asyncio.gather(*(one_request(client, prompts[i], m, 8, time.perf_counter(), RequestResult(0, False), 60)
                                for i, m in enumerate(("on", "off"))))
-        for k, qps in enumerate(args.qps):
-            schedule = poisson_schedule(qps, args.warmup + args.duration, len(prompts), args.seed * 1000 + k)
-            for policy in args.policies:
-                gamma = args.on_gamma if policy == "on" else 0
-                results, switch, start = await run_point(client, prompts, schedule, policy, gamma, args)
-                row = summarize(qps, policy, results, args.warmup, args.duration, switch)
-                rows.append(row)
-                print(f"  qps {qps:g} {policy:>4}: {row['completed']}/{row['sent']} done, "
-                      f"{row['tokens_per_s']:.1f} tokens/s, ITL p50 {fmt(row['itl_p50_ms'])} ms, "
-                      f"TTFT p50 {fmt(row['ttft_p50_ms'])} ms, speculated {fmt(100 * row['speculated_fraction'], '.0f')}%",
-                      flush=True)
-                # the next run starts from the same state: idle and the load window empty
-                # (then the switch is back on after its dwell time)
-                settle = args.window_s + args.min_dwell_s + 0.5
-                last_arrival = start + (schedule[-1][0] if schedule else 0.0)
-                await asyncio.sleep(max(0.0, last_arrival + settle - time.perf_counter()))
+        with Progress(len(args.qps) * len(args.policies), "bench_load") as progress:
+            for k, qps in enumerate(args.qps):
+                schedule = poisson_schedule(qps, args.warmup + args.duration, len(prompts), args.seed * 1000 + k)
+                for policy in args.policies:
+                    progress.step(f"{qps:g} requests/s, policy {policy}")
+                    gamma = args.on_gamma if policy == "on" else 0
+                    results, switch, start = await run_point(client, prompts, schedule, policy, gamma, args)
+                    row = summarize(qps, policy, results, args.warmup, args.duration, switch)
+                    rows.append(row)
+                    print(f"  qps {qps:g} {policy:>4}: {row['completed']}/{row['sent']} done, "
+                          f"{row['tokens_per_s']:.1f} tokens/s, ITL p50 {fmt(row['itl_p50_ms'])} ms, "
+                          f"TTFT p50 {fmt(row['ttft_p50_ms'])} ms, speculated {fmt(100 * row['speculated_fraction'], '.0f')}%",
+                          flush=True)
+                    # the next run starts from the same state: idle and the load window empty
+                    # (then the switch is back on after its dwell time)
+                    settle = args.window_s + args.min_dwell_s + 0.5
+                    last_arrival = start + (schedule[-1][0] if schedule else 0.0)
+                    await asyncio.sleep(max(0.0, last_arrival + settle - time.perf_counter()))
     return rows
 
 

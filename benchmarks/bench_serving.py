@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import torch
 
+from progress import Progress
 from specdec.config import SpecdecConfig, load_config
 from specdec.engine_builder import build_engine
 from specdec.engine_loop import AsyncEngine
@@ -108,11 +109,13 @@ async def run_level(stream: StreamFactory, prompts: list[str], max_new: int, con
 
 
 async def run_all(
-    stream: StreamFactory, prompts: list[str], max_new: int, levels: list[int], label: str, profile: ProfileReader
+    stream: StreamFactory, prompts: list[str], max_new: int, levels: list[int], label: str, profile: ProfileReader,
+    progress: Progress,
 ) -> list[dict]:
     await run_level(stream, prompts[:1], 8, 1)  # warm-up
     rows = []
     for level in levels:
+        progress.step(f"{label}, {level} streams")
         before = await profile()
         row = {"setup": label, **await run_level(stream, prompts, max_new, level)}
         row["profile"] = profile_delta(before, await profile())
@@ -121,7 +124,8 @@ async def run_all(
     return rows
 
 
-def in_process_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels: list[int]) -> list[dict]:
+def in_process_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels: list[int],
+                    progress: Progress) -> list[dict]:
     torch.set_num_threads(1)
     built = build_engine(config)
     loop = AsyncEngine(built.engine, max_concurrent_requests=max(levels))
@@ -135,13 +139,13 @@ def in_process_rows(config: SpecdecConfig, prompts: list[str], max_new: int, lev
         return {"rounds": built.engine.profile.rounds, **built.engine.profile.means_ms()}
 
     try:
-        return asyncio.run(run_all(stream, prompts, max_new, levels, "in-process", profile))
+        return asyncio.run(run_all(stream, prompts, max_new, levels, "in-process", profile, progress))
     finally:
         loop.shutdown()
 
 
 def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels: list[int], label: str,
-                modes: tuple[str, ...] = ("on",)) -> list[dict]:
+                progress: Progress, modes: tuple[str, ...] = ("on",)) -> list[dict]:
     """Start `specdec serve`'s stack on `config` and run every level once per speculation mode."""
     from actors.app import free_port, start_app
     from specdec_rpc.client import AsyncSpecdecClient
@@ -164,7 +168,7 @@ def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels:
                         yield list(chunk.token_ids)
 
                 name = f"{label}, speculation {mode}"
-                rows += await run_all(stream, prompts, max_new, levels, name, profile)
+                rows += await run_all(stream, prompts, max_new, levels, name, profile, progress)
         return rows
 
     try:
@@ -212,11 +216,13 @@ def main() -> None:
     args = parser.parse_args()
     config = load_config(*args.config)
     prompts = bundled_prompts()[: args.prompts]
-    rows = in_process_rows(config, prompts, args.max_new_tokens, args.concurrency)
     sequential = load_config(*args.config, overrides={"speculation": {"overlap": False}})
-    rows += server_rows(sequential, prompts, args.max_new_tokens, args.concurrency, "server", ("on", "off"))
     pipelined = load_config(*args.config, overrides={"speculation": {"overlap": True}})
-    rows += server_rows(pipelined, prompts, args.max_new_tokens, args.concurrency, "server, drafting ahead")
+    levels = args.concurrency
+    with Progress(4 * len(levels), "bench_serving") as progress:  # in-process, server ON / OFF, drafting ahead
+        rows = in_process_rows(config, prompts, args.max_new_tokens, levels, progress)
+        rows += server_rows(sequential, prompts, args.max_new_tokens, levels, "server", progress, ("on", "off"))
+        rows += server_rows(pipelined, prompts, args.max_new_tokens, levels, "server, drafting ahead", progress)
     print(markdown(rows))
     print()
     print(profile_markdown(rows))
