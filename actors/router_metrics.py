@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from specdec.server_status import PolicyStatus, static_policy
+
 LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 
@@ -57,8 +59,9 @@ class RouterMetrics:
                              boundaries=LATENCY_BUCKETS)
         self._seen = {"rounds_with_drafts": 0, "drafted": 0, "accepted": 0, "per_pos": []}
 
-    def update(self, engine: Any, monitor_status: dict[str, Any] | None) -> None:
-        """Poll the engine's totals (add the increase to the counters) and set the gauges."""
+    def update(self, engine: Any, policy: PolicyStatus | dict[str, Any] | None) -> None:
+        """Poll the engine's totals (add the increase to the counters) and set the gauges from
+        the load monitor's typed status (None: no monitor, the engine's static γ)."""
         stats = engine.stats
         drafted_rounds = stats.drafted_per_position[0] if stats.drafted_per_position else 0
         for counter, key, total in ((self.num_drafts, "rounds_with_drafts", drafted_rounds),
@@ -75,17 +78,16 @@ class RouterMetrics:
         self._seen["per_pos"] = list(stats.accepted_per_position)
         self.running.set(engine.num_running)
         self.waiting.set(engine.num_waiting)
-        status = monitor_status or {"gamma": engine.gamma, "speculation_enabled": engine.gamma > 0}
-        self.gamma.set(status["gamma"])
+        policy = _as_policy(policy) or static_policy(engine.gamma)
         unavailable = getattr(getattr(engine, "proposer", None), "unavailable_reason", None) is not None
+        self.gamma.set(policy.gamma)
+        self.enabled.set(1.0 if policy.speculation_enabled and not unavailable else 0.0)
         self.unavailable.set(1.0 if unavailable else 0.0)
-        self.enabled.set(1.0 if status["speculation_enabled"] and not unavailable else 0.0)
-        self.off_for_load.set(1.0 if status.get("off_because_of_load") else 0.0)
-        crossover = status.get("crossover")
-        self.crossover.set(float(crossover.rows or 0) if crossover is not None else 0.0)
-        if status.get("alpha") is not None:
-            self.acceptance.set(status["alpha"])
-        self.qps.set(status.get("qps", 0.0))
+        self.off_for_load.set(1.0 if policy.off_because_of_load else 0.0)
+        self.crossover.set(float(policy.crossover.rows or 0))
+        if policy.alpha is not None:
+            self.acceptance.set(policy.alpha)
+        self.qps.set(policy.qps)
 
     def observe_stream(self, first_token_s: float | None, gaps: list[tuple[float, int]]) -> None:
         """first_token_s: call start -> first chunk with tokens; gaps: (seconds, tokens) per later chunk."""
@@ -95,3 +97,10 @@ class RouterMetrics:
             if tokens > 0:
                 for _ in range(tokens):
                     self.itl.observe(seconds / tokens)
+
+
+def _as_policy(status: PolicyStatus | dict[str, Any] | None) -> PolicyStatus | None:
+    """The typed status (a plain mapping of PolicyStatus fields is accepted too)."""
+    if status is None or isinstance(status, PolicyStatus):
+        return status
+    return PolicyStatus(**status)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from specdec import proposer_registry as registry
 from specdec.config import SpecdecConfig, load_config
 from specdec.model_paths import check_model_paths
 from specdec.request import GenerationRequest
@@ -24,7 +25,7 @@ def add_generate_parser(subparsers: Any) -> None:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
     p.add_argument("--seed", type=int, default=None, help="uint64 seed keying the request's random draws")
-    p.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None, help="override the config's")
+    p.add_argument("--proposer", choices=registry.NAMES, default=None, help="override the config's")
     p.add_argument("--gamma", type=int, default=None,
                    help="a fixed γ, tokens proposed per round (default: the goodput policy chooses each round)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")

@@ -1,7 +1,11 @@
-"""Assemble an engine from config: tokenizer, target runner, proposer (with the tokenizer check).
+"""Assemble an engine from config: tokenizer, target runner, proposers (with the tokenizer check).
 
-`make_engine` is the one place a SpeculativeEngine is put together from config, for the
-in-process engine and for the distributed router alike.
+`make_engine` is the one place a SpeculativeEngine is put together from config, and
+`build_served_engine` the one place a served engine (the engine loop, its tokenizer and
+defaults) is, for every backend: in-process models (`local_served_engine`), local worker
+actors and a Ray cluster (`specdec_rpc.router_backend.remote_backend` passes gRPC clients
+of the workers as the verifier and the draft proposer). Which proposers exist and which
+are loaded is `specdec.proposer_registry`'s.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from specdec import proposer_registry as registry
 from specdec.config import CacheConfig, ModelsConfig, SpecdecConfig, SpeculationConfig
 from specdec.draft_ahead import DraftAhead
 from specdec.engine import SpeculativeEngine
+from specdec.engine_loop import AsyncEngine
 from specdec.load_monitor import build_load_monitor
 from specdec.speculation_policy import RoundPolicy
 from specdec.model_paths import resolve_model_path
@@ -22,8 +28,8 @@ from specdec.verifier import Verifier
 from specdec.proposers.base import Proposer
 from specdec.proposers.composite_proposer import CompositeProposer
 from specdec.proposers.draft_proposer import DraftModelProposer
-from specdec.proposers.ngram_proposer import NgramProposer
 from specdec.proposers.no_proposer import NoProposer
+from specdec.served_engine import ServedEngine, ServerDefaults, prompt_char_limit
 from specdec.target_verifier import TargetVerifier
 from specdec.tokenizer_check import check_tokenizers_compatible
 
@@ -58,7 +64,7 @@ def decoder(tokenizer: Any):
 
 def server_gamma(config: SpecdecConfig) -> int:
     """The server's γ: the configured one, 0 when the configured proposer is 'none'."""
-    return 0 if config.speculation.proposer == "none" else config.speculation.gamma
+    return 0 if config.speculation.proposer == registry.NONE else config.speculation.gamma
 
 
 def make_engine(
@@ -98,11 +104,12 @@ def build_proposer(
 ) -> Proposer:
     """The configured proposer. N-gram lookup is always available (requests may pick it);
     a draft model is loaded only for the 'draft' proposer, after the tokenizer check."""
-    if speculation.proposer == "none":
+    if speculation.proposer == registry.NONE:
         return NoProposer()
-    proposers: dict[str, Proposer] = {"ngram": NgramProposer(speculation.ngram.n_min, speculation.ngram.n_max)}
-    if speculation.proposer == "draft":
-        proposers["draft"] = load_draft_proposer(models, cache, target.vocab_size, tokenizer)
+    proposers = registry.build_proposers(speculation.proposer, {
+        registry.NGRAM: registry.ngram_builder(speculation),
+        registry.DRAFT: lambda: load_draft_proposer(models, cache, target.vocab_size, tokenizer),
+    })
     return CompositeProposer(proposers, default=speculation.proposer)
 
 
@@ -134,3 +141,50 @@ def build_engine(config: SpecdecConfig) -> BuiltEngine:
     proposer = build_proposer(config.speculation, config.models, config.cache, target, tokenizer)
     policy = build_load_monitor(config.load_monitor, None, "in-process") if config.load_monitor.enabled else None
     return BuiltEngine(make_engine(config, TargetVerifier(target), proposer, tokenizer, policy), tokenizer, config)
+
+
+def build_served_engine(
+    config: SpecdecConfig,
+    verifier: Verifier,
+    proposers: dict[str, Proposer],
+    tokenizer: Any,
+    policy: RoundPolicy | None = None,
+) -> ServedEngine:
+    """The served engine for every backend: a CompositeProposer over `proposers` (the
+    configured one is the default), the engine loop with the admission limit, and the
+    server's defaults. policy: decides each round's γ for AUTO requests from the load
+    (None = the static γ)."""
+    default = config.speculation.proposer if config.speculation.proposer in proposers else next(iter(proposers))
+    engine = make_engine(config, verifier, CompositeProposer(proposers, default=default), tokenizer, policy)
+    loop = AsyncEngine(engine, config.serving.max_concurrent_requests, on_idle=lambda: _flush(verifier, proposers))
+    return ServedEngine(
+        loop=loop,
+        encode=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        decode=engine.decode,
+        defaults=ServerDefaults(
+            config.generation.max_new_tokens, server_gamma(config), tuple(sorted(proposers)),
+            prompt_char_limit(verifier.max_seq_len, tokenizer),
+        ),
+        model=config.models.target,
+        tokenizer=tokenizer,
+    )
+
+
+def _flush(verifier: Verifier, proposers: dict[str, Proposer]) -> None:
+    """Send releases that remote clients buffer until their next call."""
+    for part in (verifier, *proposers.values()):
+        flush = getattr(part, "flush", None)
+        if flush is not None:
+            flush()
+
+
+def local_served_engine(config: SpecdecConfig) -> ServedEngine:
+    """A served engine on in-process models (no workers, no network): every requestable
+    proposer loaded, so requests may pick either."""
+    tokenizer = load_tokenizer(config.models.target)
+    target = load_runner(config.models.target, config.models, config.cache)
+    proposers = registry.build_proposers(registry.DRAFT, {
+        registry.NGRAM: registry.ngram_builder(config.speculation),
+        registry.DRAFT: lambda: load_draft_proposer(config.models, config.cache, target.vocab_size, tokenizer),
+    })
+    return build_served_engine(config, TargetVerifier(target), proposers, tokenizer)

@@ -24,6 +24,7 @@ from specdec.config import LoadMonitorConfig
 from specdec.load_stats import LoadSnapshot, RoundSample, StatsWindow
 from specdec.load_store import InProcessLoadStore, LoadStore, SwitchState
 from specdec.load_switch import LoadThresholds
+from specdec.server_status import PolicyStatus
 from specdec.speculation_policy import (MODE_AUTO, Crossover, Decision, PolicySettings, RowState,
                                         SpeculationPolicy)
 
@@ -161,26 +162,26 @@ class LoadMonitor:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def status(self) -> dict:
+    def status(self) -> PolicyStatus:
         """The live picture for GetStats / `specdec status` and the metrics."""
         snap, crossover = self._snapshot, self.crossover()
         decision = self.preview()
-        return {
-            "source": self.source,
-            "breaker": self.breaker.state(self.clock()),
-            "speculation_enabled": decision.enabled,
-            "gamma": decision.gamma,
-            "reason": decision.reason,
-            "off_because_of_load": self._off_because_of_load(decision, crossover),
-            "crossover": crossover,
-            "round_cost": snap.round_cost if snap else None,
-            "qps": snap.qps if snap else 0.0,
-            "in_flight": snap.in_flight if snap else 0.0,
-            "queued": snap.queued if snap else 0.0,
-            "alpha": snap.alpha if snap else None,
-            "mean_accepted_length": snap.mean_accepted_length if snap else None,
-            "alpha_per_position": list(snap.alpha_per_position) if snap else [],
-        }
+        return PolicyStatus(
+            source=self.source,
+            breaker=self.breaker.state(self.clock()),
+            speculation_enabled=decision.enabled,
+            gamma=decision.gamma,
+            reason=decision.reason,
+            off_because_of_load=self._off_because_of_load(decision, crossover),
+            crossover=crossover,
+            round_cost=snap.round_cost if snap else None,
+            qps=snap.qps if snap else 0.0,
+            in_flight=snap.in_flight if snap else 0.0,
+            queued=snap.queued if snap else 0.0,
+            alpha=snap.alpha if snap else None,
+            mean_accepted_length=snap.mean_accepted_length if snap else None,
+            alpha_per_position=tuple(snap.alpha_per_position) if snap else (),
+        )
 
     def preview(self) -> Decision:
         """What the plan gives AUTO requests now, at the current number of running requests

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from specdec import proposer_registry as registry
 from specdec_rpc.client import SpecdecClient
 
 
@@ -31,7 +32,7 @@ def add_client_parser(subparsers: Any) -> None:
     gen.add_argument("--seed", type=int, default=None, help="uint64 seed keying the request's random draws")
     gen.add_argument("--mode", choices=["auto", "on", "off"], default="auto", help="speculation mode (default auto)")
     gen.add_argument("--gamma", type=int, default=0, help="γ, drafted tokens per round (0 = the server's)")
-    gen.add_argument("--proposer", choices=["draft", "ngram"], default=None, help="the server's proposer if unset")
+    gen.add_argument("--proposer", choices=registry.REQUESTABLE, default=None, help="the server's proposer if unset")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--stop-token-id", action="append", type=int, default=[], dest="stop_token_ids",
                      help="token id that ends generation like EOS (repeatable)")

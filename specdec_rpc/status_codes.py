@@ -1,5 +1,9 @@
 """Which gRPC status code a failure of a public call gets (and the message sent with it).
 
+The core says what kind of failure it is (`specdec.serving_errors.classify`); this maps
+the kind to gRPC, after recognising the one thing only gRPC knows: a model worker's own
+gRPC error (UNAVAILABLE when the worker is down, INTERNAL otherwise).
+
 INVALID_ARGUMENT: bad input (ValueError; the message names the field).
 RESOURCE_EXHAUSTED: the router's admission limit is reached (retry later).
 UNAVAILABLE: the server is not ready, shutting down, or a worker is unreachable (WorkerError).
@@ -10,38 +14,44 @@ INTERNAL: anything else.
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 
-from specdec.engine_loop import AdmissionError, EngineClosedError
-from specdec.errors import WorkerError
+from specdec.serving_errors import ErrorKind, NotFoundError, NotReadyError, classify
 from specdec_rpc.remote_verifier import WORKER_DOWN
 
+__all__ = ["NotReadyError", "UnknownServiceError", "error_kind", "status_for"]
 
-class NotReadyError(RuntimeError):
-    """The server's models are still loading."""
+CODES = {
+    ErrorKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
 
 
-class UnknownServiceError(LookupError):
+class UnknownServiceError(NotFoundError):
     """A health check asked about a service this server does not have."""
+
+
+def error_kind(exc: BaseException) -> tuple[ErrorKind, str]:
+    """The kind of failure and its message, a worker's gRPC error included (for every
+    protocol: the HTTP shim asks this too, since only this package knows gRPC errors)."""
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        code = exc.code()
+        if code in WORKER_DOWN:
+            return ErrorKind.UNAVAILABLE, f"a model worker is unavailable ({code.name}: {exc.details()})"
+        return ErrorKind.INTERNAL, f"a model worker failed ({code.name}: {exc.details()})"
+    kind = classify(exc)
+    if kind is ErrorKind.INTERNAL:
+        return kind, f"{type(exc).__name__}: {exc}"
+    if kind is ErrorKind.DEADLINE:
+        return kind, str(exc) or "deadline exceeded"
+    return kind, str(exc)
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The public status code and details for an exception raised while serving a call."""
-    if isinstance(exc, AdmissionError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
-    if isinstance(exc, UnknownServiceError):
-        return grpc.StatusCode.NOT_FOUND, str(exc)
-    if isinstance(exc, (NotReadyError, EngineClosedError, WorkerError)):
-        return grpc.StatusCode.UNAVAILABLE, str(exc)
-    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
-        code = exc.code()
-        if code in WORKER_DOWN:
-            return grpc.StatusCode.UNAVAILABLE, f"a model worker is unavailable ({code.name}: {exc.details()})"
-        return grpc.StatusCode.INTERNAL, f"a model worker failed ({code.name}: {exc.details()})"
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # the same class since 3.11
-        return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc) or "deadline exceeded"
-    if isinstance(exc, ValueError):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+    kind, message = error_kind(exc)
+    return CODES[kind], message

@@ -3,6 +3,8 @@
 from types import SimpleNamespace
 
 from actors.router_metrics import RouterMetrics
+from specdec.server_status import PolicyStatus
+from specdec.speculation_policy import Crossover
 from specdec.stats import SpecStats
 
 
@@ -43,9 +45,17 @@ def test_counters_add_only_the_increase_since_the_last_poll():
 
 def test_gauges_show_the_load_monitors_decision():
     metrics = RouterMetrics((Fake, Fake, Fake))
-    status = {"gamma": 0, "speculation_enabled": False, "alpha": 0.61, "qps": 12.5}
+    status = PolicyStatus(gamma=0, speculation_enabled=False, alpha=0.61, qps=12.5, off_because_of_load=True,
+                          crossover=Crossover(rows=6, qps=3.0))
     metrics.update(engine_with([]), status)
     assert (metrics.gamma.value, metrics.enabled.value, metrics.acceptance.value, metrics.qps.value) == (0, 0.0, 0.61, 12.5)
+    assert (metrics.off_for_load.value, metrics.crossover.value) == (1.0, 6.0)
+
+
+def test_without_a_load_monitor_the_gauges_show_the_static_gamma():
+    metrics = RouterMetrics((Fake, Fake, Fake))
+    metrics.update(engine_with([]), None)
+    assert (metrics.gamma.value, metrics.enabled.value, metrics.off_for_load.value) == (4, 1.0, 0.0)
 
 
 def test_a_proposer_that_cannot_draft_shows_as_unavailable_and_not_enabled():

@@ -204,11 +204,11 @@ def test_status_reports_the_cost_model_and_the_crossover():
     m.tick()
     m.set_load(1, 0)
     status = m.status()
-    assert status["round_cost"].verify[1] == pytest.approx(0.003, rel=0.01)
-    assert status["crossover"].rows is not None and status["crossover"].rows > 1
-    assert status["speculation_enabled"] and status["gamma"] > 0 and not status["off_because_of_load"]
-    m.set_load(status["crossover"].rows, 0)  # the status previews the plan at the current load
-    assert m.status()["off_because_of_load"] and m.status()["gamma"] == 0
+    assert status.round_cost.verify[1] == pytest.approx(0.003, rel=0.01)
+    assert status.crossover.rows is not None and status.crossover.rows > 1
+    assert status.speculation_enabled and status.gamma > 0 and not status.off_because_of_load
+    m.set_load(status.crossover.rows, 0)  # the status previews the plan at the current load
+    assert m.status().off_because_of_load and m.status().gamma == 0
 
 
 def test_the_crossover_is_recomputed_at_most_once_a_second():

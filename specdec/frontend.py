@@ -1,0 +1,193 @@
+"""The protocol-free frontend: what every public API does with a request.
+
+`Frontend` checks readiness, validates and tokenises a `TextRequest` off the event loop,
+admits it to the engine loop (the admission limit), enforces its deadline, and hands out
+`Delta`s (each round's new text and token ids; the engine already cut the text at stop
+strings and held back what may still change) and a `Completion` with the usage counts,
+the finish reason and the speculation statistics. Failures are the core's exceptions
+(`specdec.serving_errors`); the gRPC and HTTP shims only translate messages and map
+those exceptions to their status codes. Health and the typed server status live here
+too, so both protocols report the same thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from specdec.request import GenerationRequest
+from specdec.round_output import GenerationResult
+from specdec.served_engine import ServedEngine
+from specdec.server_status import ServerStatus, static_policy
+from specdec.serving_errors import DeadlineExceededError, NotReadyError
+from specdec.stats import SpecStats
+from specdec.text_request import TextRequest, to_generation_request
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one request (OpenAI's `usage`)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One round's new output; the last one of a stream carries the finish reason, the
+    statistics and the usage (its text and ids may be empty)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stats: SpecStats | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request: the generated text and ids, why it ended, its statistics."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: SpecStats
+    usage: Usage
+
+
+class Frontend:
+    """Serves TextRequests on a served engine that may still be loading."""
+
+    def __init__(self, served: ServedEngine | None = None) -> None:
+        self.served = served
+        self.load_error: BaseException | None = None
+
+    # ---- readiness ---------------------------------------------------------------------
+
+    def ready(self) -> ServedEngine:
+        """The served engine; NotReadyError while it loads (or when loading failed)."""
+        if self.served is None:
+            reason = f"failed to load: {self.load_error}" if self.load_error else "models are still loading"
+            raise NotReadyError(f"the server is not ready ({reason})")
+        return self.served
+
+    @property
+    def is_ready(self) -> bool:
+        """Loaded, the engine loop running and the target answering (what health checks
+        report as SERVING; a draft that is down only degrades speculation)."""
+        served = self.served
+        return served is not None and served.loop.is_running and served.loop.engine.verifier.unavailable_reason is None
+
+    def problems(self) -> list[str]:
+        """Why the server is not (fully) serving, for health reports ([] = all well). The one
+        place health asks the engine about itself."""
+        if self.served is None:
+            return [f"failed to load: {self.load_error}" if self.load_error else "models are still loading"]
+        found = [] if self.served.loop.is_running else ["the engine loop is not running"]
+        target = self.served.loop.engine.verifier.unavailable_reason
+        if target is not None:
+            found.append(target)
+        unavailable = self.served.loop.engine.proposer.unavailable_reason
+        if unavailable is not None:
+            found.append(f"speculation unavailable: {unavailable}")
+        return found
+
+    @property
+    def model(self) -> str:
+        return self.served.model if self.served is not None else "specdec"
+
+    # ---- requests ----------------------------------------------------------------------
+
+    async def prepare(self, request: TextRequest) -> GenerationRequest:
+        """The engine's request; tokenising (and a chat template) run on a worker thread."""
+        served = self.ready()
+        return await asyncio.to_thread(
+            to_generation_request, request, served.encode, served.defaults, served.tokenizer, served.model
+        )
+
+    async def generate(self, request: TextRequest) -> Completion:
+        """Run one request to completion (cancellation or its deadline abort it and free its slots)."""
+        served = self.ready()
+        core = await self.prepare(request)
+        deadline = _deadline(request)
+
+        async def run() -> GenerationResult:
+            async with served.loop.submit(core, seq_id=_seq_id(request)) as stream:
+                return await stream.result()
+
+        try:
+            result = await asyncio.wait_for(run(), _remaining(deadline))
+        except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
+            raise _deadline_error(request) from exc
+        return _completion(result, len(core.prompt_token_ids))
+
+    async def stream(self, request: TextRequest) -> AsyncIterator[Delta]:
+        """One Delta per round that confirmed tokens, then a last one with the finish reason,
+        statistics and usage. Closing the iterator early aborts the request (slots freed)."""
+        served = self.ready()
+        core = await self.prepare(request)
+        deadline = _deadline(request)
+        async with served.loop.submit(core, seq_id=_seq_id(request)) as stream:
+            last = Delta("", [])
+            while True:
+                try:
+                    output = await asyncio.wait_for(stream.__anext__(), _remaining(deadline))
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
+                    raise _deadline_error(request) from exc
+                if output.finish_reason is None:
+                    yield Delta(output.text, list(output.new_token_ids))
+                else:
+                    last = Delta(output.text, list(output.new_token_ids))
+            result = await stream.result()
+        usage = Usage(len(core.prompt_token_ids), len(result.token_ids))
+        yield Delta(last.text, last.token_ids, result.finish_reason, result.stats, usage)
+
+    # ---- status ------------------------------------------------------------------------
+
+    def status(self) -> ServerStatus:
+        """This replica's totals and the policy's view (the load monitor's, when there is one)."""
+        served = self.ready()
+        engine = served.loop.engine
+        totals, profile = engine.stats, engine.profile
+        ahead = engine.draft_ahead
+        return ServerStatus(
+            ready=self.is_ready, problems=tuple(self.problems()),
+            rounds=totals.rounds, drafted=totals.drafted, accepted=totals.accepted,
+            acceptance_rate=totals.acceptance_rate, mean_accepted_length=totals.mean_accepted_length,
+            requests_running=engine.num_running, requests_waiting=engine.num_waiting,
+            policy=served.monitor.status() if served.monitor is not None else static_policy(engine.gamma),
+            round_profile_ms=dict(profile.means_ms()), rounds_profiled=profile.rounds,
+            draft_ahead=(ahead.rows_ahead, ahead.hit_rate) if ahead is not None else None,
+            speculation_unavailable=engine.proposer.unavailable_reason,
+        )
+
+
+def _completion(result: GenerationResult, prompt_tokens: int) -> Completion:
+    usage = Usage(prompt_tokens, len(result.token_ids))
+    return Completion(result.seq_id, result.text, list(result.token_ids), result.finish_reason, result.stats, usage)
+
+
+def _seq_id(request: TextRequest) -> str | None:
+    """The engine's id for the request: the caller's, made unique (two callers may reuse one)."""
+    return None if request.request_id is None else f"{request.request_id}-{time.monotonic_ns()}"
+
+
+def _deadline(request: TextRequest) -> float | None:
+    return None if request.timeout_s is None else time.monotonic() + request.timeout_s
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _deadline_error(request: TextRequest) -> DeadlineExceededError:
+    return DeadlineExceededError(f"deadline exceeded: the request did not finish within {request.timeout_s}s")

@@ -1,0 +1,80 @@
+"""What can go wrong with a served request, in the core's terms; each protocol maps the kind
+to its own status (gRPC: `specdec_rpc.status_codes`, HTTP: `specdec_http.openai_api`).
+
+    kind          raised as                                    gRPC                HTTP
+    invalid       ValueError (InvalidRequestError names param)  INVALID_ARGUMENT    400
+    not_found     NotFoundError                                 NOT_FOUND           404
+    overloaded    AdmissionError (the admission limit)          RESOURCE_EXHAUSTED  429
+    unavailable   NotReadyError, EngineClosedError, WorkerError UNAVAILABLE         503
+    deadline      TimeoutError (DeadlineExceededError)          DEADLINE_EXCEEDED   504
+    internal      anything else                                 INTERNAL            500
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import re
+
+from specdec.engine_loop import AdmissionError, EngineClosedError
+from specdec.errors import WorkerError
+
+__all__ = ["AdmissionError", "DeadlineExceededError", "ErrorKind", "InvalidRequestError", "NotFoundError",
+           "NotReadyError", "classify", "param_of"]
+
+
+class ErrorKind(enum.Enum):
+    INVALID = "invalid"
+    NOT_FOUND = "not_found"
+    OVERLOADED = "overloaded"
+    UNAVAILABLE = "unavailable"
+    DEADLINE = "deadline"
+    INTERNAL = "internal"
+
+
+class InvalidRequestError(ValueError):
+    """Bad input; `param` names the field (the message starts with it too)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+class NotReadyError(RuntimeError):
+    """The server's models are still loading (or failed to load)."""
+
+
+class NotFoundError(LookupError):
+    """The request named something this server does not have (a model, a service, a route)."""
+
+
+class DeadlineExceededError(TimeoutError):
+    """The request's own deadline passed before it finished (its cache slots are freed)."""
+
+
+def classify(exc: BaseException) -> ErrorKind:
+    """The kind of a failure raised while serving a request (core exceptions only)."""
+    if isinstance(exc, AdmissionError):
+        return ErrorKind.OVERLOADED
+    if isinstance(exc, NotFoundError):
+        return ErrorKind.NOT_FOUND
+    if isinstance(exc, (NotReadyError, EngineClosedError, WorkerError)):
+        return ErrorKind.UNAVAILABLE
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # the same class since 3.11
+        return ErrorKind.DEADLINE
+    if isinstance(exc, ValueError):
+        return ErrorKind.INVALID
+    return ErrorKind.INTERNAL
+
+
+_LEADING_FIELD = re.compile(r"^([a-z_][a-z0-9_.]*)(?::| must| exceeds| \d)")
+
+
+def param_of(exc: BaseException) -> str | None:
+    """The field a bad-input error names: its `param`, else the field its message starts
+    with ("top_p must be ...", "stop: ..."), else None."""
+    param = getattr(exc, "param", None)
+    if param:
+        return param
+    match = _LEADING_FIELD.match(str(exc))
+    return match.group(1) if match else None

@@ -1,0 +1,111 @@
+"""A request as a client states it, in no protocol's terms, and how it becomes the engine's.
+
+`TextRequest` holds a text prompt, token ids or chat messages, the budget (None = the
+server's), sampling, stop conditions and the speculation settings; `to_generation_request`
+checks what needs only the server's defaults, renders chat messages with the tokenizer's
+template and tokenises (run it off the event loop). Checks that need the model (ids in
+range, prompt + budget within the context, the max_new_tokens limit) run when the engine
+admits the request (`GenerationRequest.check_limits`).
+
+A text prompt longer than `ServerDefaults.max_prompt_chars` is refused from its length
+alone: it could not fit the context, and tokenising it would cost every other request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec import proposer_registry as registry
+from specdec.chat_template import render_chat
+from specdec.request import MODES, GenerationRequest
+from specdec.sampling_params import SamplingParams
+from specdec.served_engine import ServerDefaults
+from specdec.serving_errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """What a client asks for (exactly one of prompt, prompt_token_ids, messages).
+
+    max_new_tokens: the budget (None = the server's default).
+    mode / gamma / proposer: speculation "auto" | "on" | "off"; γ (None = the server's);
+        a proposer name a request may pick (None = the server's).
+    timeout_s: the request's own deadline (None = none): past it, DeadlineExceededError.
+    request_id: the caller's id for the request (logs, responses); None = the engine's.
+    """
+
+    prompt: str = ""
+    prompt_token_ids: tuple[int, ...] = ()
+    messages: tuple[dict[str, str], ...] = ()
+    max_new_tokens: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    mode: str = "auto"
+    gamma: int | None = None
+    proposer: str | None = None
+    timeout_s: float | None = None
+    request_id: str | None = None
+
+
+def to_generation_request(
+    request: TextRequest, encode: Callable[[str], list[int]], defaults: ServerDefaults, tokenizer: Any = None,
+    model: str = "this model",
+) -> GenerationRequest:
+    """The engine's request; ValueError naming the field when bad. (Runs the tokenizer and
+    the chat template: call it off the event loop.)"""
+    prompt_ids = _prompt_ids(request, encode, defaults.max_prompt_chars, tokenizer, model)
+    if request.max_new_tokens is not None and request.max_new_tokens < 1:
+        raise InvalidRequestError("max_new_tokens", f"must be >= 1, got {request.max_new_tokens}")
+    _check_speculation(request, defaults)
+    if request.timeout_s is not None and not request.timeout_s > 0:
+        raise InvalidRequestError("timeout_s", f"must be > 0 seconds, got {request.timeout_s}")
+    return GenerationRequest(
+        prompt_token_ids=prompt_ids,
+        max_new_tokens=request.max_new_tokens or defaults.max_new_tokens,
+        sampling=request.sampling,
+        stop=tuple(request.stop),
+        stop_token_ids=tuple(request.stop_token_ids),
+        gamma=request.gamma,
+        proposer=request.proposer,
+        mode=request.mode,
+    )
+
+
+def _prompt_ids(request: TextRequest, encode: Callable[[str], list[int]], max_chars: int, tokenizer: Any,
+                model: str) -> list[int]:
+    given = [bool(request.prompt), bool(request.prompt_token_ids), bool(request.messages)]
+    if sum(given) > 1:
+        raise InvalidRequestError("prompt", "set exactly one of prompt and prompt_token_ids, not both")
+    if request.prompt_token_ids:
+        return list(request.prompt_token_ids)
+    text = request.prompt
+    if request.messages:
+        if sum(len(m["content"]) for m in request.messages) > max_chars:
+            raise InvalidRequestError("messages", f"more than {max_chars} characters cannot fit the context")
+        text = render_chat(tokenizer, request.messages, model)
+    elif not text:
+        raise InvalidRequestError("prompt", "must not be empty (set prompt or prompt_token_ids)")
+    if len(text) > max_chars:
+        raise InvalidRequestError(
+            "prompt", f"{len(text)} characters cannot fit the context (at most {max_chars} characters are even tokenised)"
+        )
+    ids = encode(text)
+    if not ids:
+        raise InvalidRequestError("prompt", "encodes to no tokens")
+    return ids
+
+
+def _check_speculation(request: TextRequest, defaults: ServerDefaults) -> None:
+    if request.gamma is not None and request.gamma < 0:
+        raise InvalidRequestError("speculation.gamma", f"must be >= 0, got {request.gamma}")
+    if request.mode not in MODES:
+        raise InvalidRequestError("speculation.mode", f"must be one of {', '.join(MODES)}, got {request.mode!r}")
+    if request.proposer is not None:
+        registry.check_name(request.proposer, "speculation.proposer", requestable=True)
+        if request.proposer not in defaults.proposers:
+            raise InvalidRequestError(
+                "speculation.proposer", f"{request.proposer!r} is not available here (have {list(defaults.proposers)})"
+            )
