@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from specdec_rpc.internal_auth import SecretInterceptor
 from specdec_rpc.v1 import worker_pb2_grpc
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
@@ -42,9 +43,13 @@ class WorkerServer:
         self.servicer.close()
 
 
-async def start_worker_server(servicer: object, host: str = "127.0.0.1", port: int = 0) -> WorkerServer:
-    """Serve `servicer` on host:port (port 0 = a free port); returns the bound 'host:port'."""
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+async def start_worker_server(
+    servicer: object, host: str = "127.0.0.1", port: int = 0, secret: str | None = None
+) -> WorkerServer:
+    """Serve `servicer` on host:port (port 0 = a free port); returns the bound 'host:port'.
+    With a secret, calls that do not present it are refused (UNAUTHENTICATED)."""
+    interceptors = [SecretInterceptor(secret)] if secret else []
+    server = grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=interceptors)
     for base, register in _REGISTRARS:
         if isinstance(servicer, base):
             register(servicer, server)
@@ -62,12 +67,12 @@ async def start_worker_server(servicer: object, host: str = "127.0.0.1", port: i
 class ServerThread:
     """A worker server on its own event loop in a daemon thread (for synchronous code)."""
 
-    def __init__(self, servicer: object, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, servicer: object, host: str = "127.0.0.1", port: int = 0, secret: str | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="worker-server", daemon=True)
         self._thread.start()
         try:
-            self._server = self._call(start_worker_server(servicer, host, port))
+            self._server = self._call(start_worker_server(servicer, host, port, secret))
         except BaseException:
             self._stop_loop()
             raise
