@@ -104,7 +104,10 @@ def _check_speculation(request: TextRequest, defaults: ServerDefaults) -> None:
     if request.mode not in MODES:
         raise InvalidRequestError("speculation.mode", f"must be one of {', '.join(MODES)}, got {request.mode!r}")
     if request.proposer is not None:
-        registry.check_name(request.proposer, "speculation.proposer", requestable=True)
+        if request.proposer not in registry.REQUESTABLE:
+            raise InvalidRequestError(
+                "speculation.proposer", f"unknown proposer {request.proposer!r} (one of {', '.join(registry.REQUESTABLE)})"
+            )
         if request.proposer not in defaults.proposers:
             raise InvalidRequestError(
                 "speculation.proposer", f"{request.proposer!r} is not available here (have {list(defaults.proposers)})"
