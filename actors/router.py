@@ -142,10 +142,17 @@ class SpecdecRouter:
                 return specdec_pb2.GetStatsResponse()
             raise CallFailed(status_for(exc)[1]) from None
 
+    def check_health(self) -> None:
+        """Serve's replica health check: fails while the backend failed to load, so that
+        `serve status` and KubeRay show it (Serve then replaces the replica: a new load)."""
+        if self.service.load_error is not None:
+            raise RuntimeError(f"the router's backend failed to load: {self.service.load_error}")
+
     async def Check(  # noqa: N802
         self, request: health_pb2.HealthCheckRequest, grpc_context: Any = None
     ) -> health_pb2.HealthCheckResponse:
-        """grpc.health.v1: SERVING once draft and target are loaded, NOT_SERVING before."""
+        """grpc.health.v1: SERVING while loaded and the target answers (a draft that is
+        down only degrades speculation, which GetStats reports), NOT_SERVING otherwise."""
         status = self.service.health(request.service)
         if status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN:
             _fail(UnknownServiceError(f"unknown service {request.service!r}"), grpc_context)

@@ -68,6 +68,9 @@ class Verifier(ABC):
     #: True when verify_async returns while the target still works (a remote target), so
     #: the caller can draft ahead meanwhile.
     runs_concurrently: bool = False
+    #: why the target cannot verify now (a remote target is unreachable), or None; health
+    #: reports NOT_SERVING while it is set
+    unavailable_reason: str | None = None
 
     def verify_async(self, requests: list["VerifyRequest"]) -> PendingVerify:
         """Start verify(requests); the default runs it to completion first."""

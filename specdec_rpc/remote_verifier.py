@@ -10,6 +10,10 @@ sequences of a failed call send their whole history next time. Releases are buff
 sent before the next call (or by `flush()`). Every call carries the router's lease id; a
 LeaseRenewer keeps the lease alive between calls (see worker.proto).
 
+`unavailable_reason` says whether the target answers: set when a call or a keep-alive finds
+it down (so an idle router notices within a keep-alive period, ttl / 3), cleared by the next
+call that succeeds. Health reports NOT_SERVING while it is set.
+
 Not thread-safe: one engine drives it.
 """
 
@@ -123,8 +127,10 @@ class RemoteVerifier(Verifier):
         except grpc.RpcError as exc:
             self._sender.reset(r.seq_id for r in requests)
             if exc.code() in WORKER_DOWN:
-                raise WorkerError(f"target {self.address} is unavailable ({exc.code().name}: {exc.details()})") from exc
+                self.unavailable_reason = f"target {self.address} is unavailable ({exc.code().name}: {exc.details()})"
+                raise WorkerError(self.unavailable_reason) from exc
             raise
+        self.unavailable_reason = None
         self.last_compute_s += response.compute_seconds
         if len(response.outcomes) != len(items):
             self._sender.reset(r.seq_id for r in requests)
@@ -178,7 +184,14 @@ class RemoteVerifier(Verifier):
     def _keep_alive(self, lease_id: str) -> float:
         """One KeepAlive (from the LeaseRenewer's thread); returns the target's lease TTL."""
         request = worker_pb2.KeepAliveRequest(lease_id=lease_id)
-        return self._stub.KeepAlive(request, timeout=min(self.timeout_s, self.lease.period_s)).lease_ttl_s
+        try:
+            ttl_s = self._stub.KeepAlive(request, timeout=min(self.timeout_s, self.lease.period_s)).lease_ttl_s
+        except grpc.RpcError as exc:
+            if exc.code() in WORKER_DOWN:
+                self.unavailable_reason = f"target {self.address} is unavailable ({exc.code().name}: {exc.details()})"
+            raise
+        self.unavailable_reason = None
+        return ttl_s
 
     def close(self) -> None:
         """Send buffered releases (best effort), stop renewing the lease, close the channel."""

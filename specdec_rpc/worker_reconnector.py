@@ -28,7 +28,7 @@ class WorkerReconnector:
         probe: Callable[[str], None],
         on_found: Callable[[str], None],
         backoff_s: float = 0.25,
-        max_backoff_s: float = 4.0,
+        max_backoff_s: float = 1.0,
     ) -> None:
         """resolve(): the worker's address now, or None when none is known (still restarting);
         probe(address): returns when a worker answers there, raises otherwise;

@@ -21,6 +21,11 @@ MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # a worker that restarts is back within seconds: retry connecting every 0.2-2 s, not
+    # gRPC's default up to 120 s (calls in between fail fast with UNAVAILABLE)
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 _REGISTRARS = [

@@ -1,10 +1,13 @@
-"""Fault injection with real Ray: the draft worker's process is SIGKILLed while greedy streams run.
+"""Fault injection with real Ray: worker processes are SIGKILLed (by PID, from Ray's actor table).
 
-The streams finish with exactly the target's greedy output (they go on target-only while
-the draft is down); GetStats and the metrics say speculation is unavailable and why; the
-WorkerHub's DraftKeeper starts a new draft worker, the router finds it through the hub,
-rebuilds its sequences from the router's histories, and speculation resumes by itself.
-Health stays SERVING throughout (degraded, not down).
+Draft death while greedy streams run: the streams finish with exactly the target's greedy
+output (they go on target-only while the draft is down) and their stats say they did not
+speculate; GetStats says speculation is unavailable and why; the WorkerHub's DraftKeeper
+starts a new draft worker, the router finds it through the hub, rebuilds its sequences
+from the router's histories, and speculation resumes by itself. Health stays SERVING
+throughout (degraded, not down). Target death (last: it ends the module's server): health
+turns NOT_SERVING within a keep-alive period, calls get UNAVAILABLE. A router whose backend
+failed to load fails Serve's replica health check.
 """
 
 from __future__ import annotations
@@ -57,9 +60,12 @@ def test_a_killed_draft_costs_no_request_is_reported_and_comes_back(app, prompt_
         streams = [client.generate_stream(prompt_token_ids=p, max_new_tokens=MAX_NEW, mode="on") for p in prompts]
         heads = [list(next(s).token_ids) for s in streams]  # admitted and generating
         outputs: list[list[int]] = [[] for _ in prompts]
+        finals: list = [None for _ in prompts]
 
         def drain(i: int) -> None:
-            outputs[i] = heads[i] + [t for chunk in streams[i] for t in chunk.token_ids]
+            chunks = list(streams[i])
+            outputs[i] = heads[i] + [t for chunk in chunks for t in chunk.token_ids]
+            finals[i] = chunks[-1].stats
 
         threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(prompts))]
         os.kill(pid, signal.SIGKILL)
@@ -75,6 +81,7 @@ def test_a_killed_draft_costs_no_request_is_reported_and_comes_back(app, prompt_
             thread.join(timeout=120)
         assert outputs == [hf_greedy(p, MAX_NEW) for p in prompts], "target-only rounds are lossless"
         assert any(r.startswith("speculation unavailable: draft worker") for r in reasons), reasons
+        assert any(not stats.speculation_enabled for stats in finals), "requests that ended without the draft say so"
         assert client.health() == "SERVING"  # degraded, not down
         while not drafting(client, prompts[1]):
             assert time.monotonic() - killed < RECOVERY_LIMIT_S, "speculation did not come back"
@@ -82,7 +89,38 @@ def test_a_killed_draft_costs_no_request_is_reported_and_comes_back(app, prompt_
         recovered_s = time.monotonic() - killed
         stats = client.stats()
         assert stats.speculation_enabled and "unavailable" not in stats.reason
-        print(f"draft killed -> a request drafts again: {recovered_s:.1f}s")
+        print(f"\ndraft killed -> a request drafts again: {recovered_s:.1f}s")
     status = ray.get(app.hub.draft_status.remote())
     assert status["restarts"] == 1 and status["down_reason"] is None
+    print(f"draft killed -> new draft worker serving: {status['last_recovery_s']:.1f}s")
     assert actor_pids("DraftWorkerActor") not in ([], [pid])
+
+
+def test_a_router_whose_backend_failed_to_load_fails_serves_health_check(app):
+    from actors.router import SpecdecRouter
+
+    def factory():
+        raise FileNotFoundError("no checkpoint at /models/missing")
+
+    router = SpecdecRouter.func_or_class(factory)
+    router._loader.join(timeout=10)
+    with pytest.raises(RuntimeError, match="failed to load: no checkpoint at /models/missing"):
+        router.check_health()
+
+
+def test_a_dead_target_turns_health_not_serving_and_calls_unavailable(app, prompt_ids):
+    """Runs last: it kills the target (an idle router notices through its keep-alives)."""
+    import grpc
+
+    with SpecdecClient(app.address, timeout_s=30.0, retries=0) as client:
+        assert client.health() == "SERVING"
+        [pid] = actor_pids("TargetLeader")
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while client.health() == "SERVING":
+            assert time.monotonic() - killed < 10.0, "health still says SERVING"
+            time.sleep(0.1)
+        print(f"\ntarget killed -> health NOT_SERVING: {time.monotonic() - killed:.1f}s")
+        with pytest.raises(grpc.RpcError) as error:
+            client.generate(prompt_token_ids=prompt_ids[0], max_new_tokens=8)
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE

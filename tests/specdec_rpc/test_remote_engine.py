@@ -210,6 +210,32 @@ def test_an_unreachable_target_is_a_worker_error(prompt_ids):
     verifier._channel.close()
 
 
+def test_the_verifier_says_when_its_target_is_down_even_when_idle_and_when_it_is_back(prompt_ids):
+    """Keep-alives (every ttl / 3 of silence) notice a dead target without any request;
+    the next call that succeeds clears it (health follows unavailable_reason)."""
+    target = ServerThread(target_servicer())
+    host, port = target.address.rsplit(":", 1)
+    verifier = RemoteVerifier(target.address, timeout_s=2.0, lease_ttl_s=0.6)
+    try:
+        verifier.lease.ttl_s = 0.6  # the worker states 5 s; renew fast here
+        assert verifier.unavailable_reason is None
+        target.stop()
+        deadline = time.monotonic() + 5
+        while verifier.unavailable_reason is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "is unavailable (UNAVAILABLE" in verifier.unavailable_reason
+        target = ServerThread(target_servicer(), host, int(port))
+        deadline = time.monotonic() + 5  # the channel reconnects within its 2 s backoff
+        while verifier.unavailable_reason is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert verifier.unavailable_reason is None, "a keep-alive reached the target again"
+        [result] = verifier.verify([VerifyRequest("a", prompt_ids[0], [], SamplingParams())])
+        assert len(result.emitted) == 1
+    finally:
+        verifier.close()
+        target.stop()
+
+
 def test_release_frees_the_slots_on_both_workers(remote_engine, workers, prompt_ids):
     engine = remote_engine("draft", 4)
     verifier, draft = engine.verifier, engine.proposer.proposers["draft"]
