@@ -42,8 +42,9 @@ def test_should_render_one_resource_per_template(render):
     for source, docs in everything.by_source().items():
         assert len(docs) == 1, f"{source} renders {len(docs)} resources"
     assert everything.kinds() == sorted([
-        "RayService", "Service", "Service", "Service", "Deployment", "Secret", "PersistentVolumeClaim",
-        "NetworkPolicy", "NetworkPolicy", "ServiceMonitor", "Pod"])
+        "RayService", "Service", "Service", "Service", "Deployment", "Secret", "Secret", "Secret",
+        "PersistentVolumeClaim", "NetworkPolicy", "NetworkPolicy", "ServiceMonitor", "Pod",
+        "PodDisruptionBudget", "ConfigMap"])
 
 
 def test_should_render_the_image_tag_of_the_app_version_by_default(render):
@@ -206,7 +207,7 @@ def test_ci_values_should_request_no_gpus(render):
 
 
 def test_ray_pods_should_get_the_redis_url_and_the_password_from_the_secret(rendered):
-    secret = strip_source(rendered.one("Secret"))
+    secret = strip_source(rendered.one("Secret", "-redis"))
     for template in view.ray_pod_templates(rendered):
         env = view.env(view.container(template))
         assert env["SPECDEC_REDIS_URL"] == "redis://specdec-redis.serving.svc:6379/0"

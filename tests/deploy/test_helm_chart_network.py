@@ -10,43 +10,75 @@ import pytest
 
 import chart_views as view
 from chart_views import RAYCLUSTER_CRD, RAYSERVICE_CRD, VALUES
-from deploy_helpers import HelmError, crd_schema, schema_errors, strip_source, sub_schema  # registered by conftest.py
+from deploy_helpers import CHART_DIR, HelmError, crd_schema, run_helm, schema_errors, strip_source, sub_schema  # noqa: E501  registered by conftest.py
 
 
 # --------------------------------------------------------------------------- gRPC Service and probes
 
 
-def test_should_expose_the_grpc_port_through_a_service_to_the_head_pod(rendered, crds):
+def test_should_expose_the_grpc_and_http_ports_through_a_service_to_the_head_pod(rendered, crds):
     service = strip_source(rendered.one("Service", "specdec"))
-    (port,) = service["spec"]["ports"]
+    port, http = service["spec"]["ports"]
     assert port["port"] == VALUES["service"]["port"] and port["targetPort"] == VALUES["grpc"]["port"]
+    assert http["name"] == "http" and http["port"] == VALUES["service"]["httpPort"]
+    assert http["targetPort"] == VALUES["serve"]["httpPort"] == view.serve_config(rendered)["http_options"]["port"]
     head = view.head(rendered)["template"]
     selector = dict(service["spec"]["selector"])
     assert selector.pop("ray.io/serve") == "true"  # set by KubeRay on pods whose proxy serves
     assert view.selects(selector, head["metadata"]["labels"])
     assert not any(view.selects(selector, w["template"]["metadata"]["labels"]) for w in view.workers(rendered).values())
     ports = {p["name"]: p["containerPort"] for p in view.container(head)["ports"]}
-    assert ports["grpc"] == port["targetPort"]
+    assert ports["grpc"] == port["targetPort"] and ports["serve"] == http["targetPort"]
     assert schema_errors(service, crd_schema(RAYSERVICE_CRD)["properties"]["spec"]["properties"]["serveService"]) == []
 
 
-def test_grpc_port_should_be_one_value_across_serve_service_probe_and_image(render):
-    docs = render((), **{"grpc.port": 9443, "service.port": 443})
+def test_api_ports_should_each_be_one_value_across_serve_service_network_policy_and_pod(render):
+    docs = render((), **{"grpc.port": 9443, "service.port": 443, "serve.httpPort": 8443, "service.httpPort": 80})
     config = view.serve_config(docs)
     head = view.container(view.head(docs)["template"])
-    assert config["grpc_options"]["port"] == config["applications"][0]["args"]["serving"]["port"] == 9443
-    assert {p["name"]: p["containerPort"] for p in head["ports"]}["grpc"] == 9443
-    assert head["livenessProbe"]["grpc"]["port"] == 9443
-    assert strip_source(docs.one("Service", "specdec"))["spec"]["ports"][0]["targetPort"] == 9443
+    serving = config["applications"][0]["args"]["serving"]
+    assert config["grpc_options"]["port"] == serving["port"] == 9443
+    assert config["http_options"]["port"] == serving["http_port"] == 8443
+    ports = {p["name"]: p["containerPort"] for p in head["ports"]}
+    assert ports["grpc"] == 9443 and ports["serve"] == 8443
+    service_ports = strip_source(docs.one("Service", "specdec"))["spec"]["ports"]
+    assert [(p["port"], p["targetPort"]) for p in service_ports] == [(443, 9443), (80, 8443)]
+    rules = strip_source(docs.one("NetworkPolicy", "-ray"))["spec"]["ingress"]
+    assert {"ports": [{"port": 9443, "protocol": "TCP"}, {"port": 8443, "protocol": "TCP"}]} in rules
 
 
-def test_head_should_have_a_native_grpc_liveness_probe_and_leave_readiness_to_kuberay(rendered):
+def test_service_http_port_can_be_left_out(render):
+    service = strip_source(render((), **{"service.httpPort": None}).one("Service", "specdec"))
+    assert [p["name"] for p in service["spec"]["ports"]] == ["grpc"]
+
+
+def _ray_health_checks(probe):
+    command = " ".join(probe["exec"]["command"])
+    return command
+
+
+def test_head_should_start_with_a_startup_probe_and_stay_alive_on_rays_health_not_the_apps(rendered):
     head = view.container(view.head(rendered)["template"])
-    assert head["livenessProbe"]["grpc"] == {"port": VALUES["grpc"]["port"]}
-    assert head["livenessProbe"]["initialDelaySeconds"] >= 300
+    startup, liveness = head["startupProbe"], head["livenessProbe"]
+    for probe in (startup, liveness):
+        command = _ray_health_checks(probe)
+        # Ray's own health endpoints (answer without a Ray token), never the API ports: a head
+        # whose app is busy is not restarted
+        assert "localhost:52365/api/local_raylet_healthz" in command and "localhost:8265/api/gcs_healthz" in command
+        assert str(VALUES["grpc"]["port"]) not in command and "grpc" not in probe
+        assert "initialDelaySeconds" not in probe  # the startup probe replaces the long delay
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120
+    # generous: a GCS under load must be down for minutes before the head restarts
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 300 and liveness["timeoutSeconds"] >= 5
     # KubeRay deploys the Serve app only after the head pod is Ready: an app-level readiness
     # probe would never pass, so the chart leaves the head's readiness to KubeRay
-    assert "readinessProbe" not in head and "startupProbe" not in head
+    assert "readinessProbe" not in head
+
+
+def test_probes_can_be_disabled(render):
+    head = view.container(view.head(render((), **{"head.livenessProbe.enabled": False,
+                                                  "head.startupProbe.enabled": False}))["template"])
+    assert "livenessProbe" not in head and "startupProbe" not in head
 
 
 def test_worker_pods_should_be_ready_when_their_raylet_is_healthy(rendered):
@@ -65,11 +97,6 @@ def test_should_fall_back_to_kuberays_worker_probe_when_asked(render):
         assert "readinessProbe" not in view.container(group["template"])
 
 
-def test_should_drop_the_grpc_liveness_probe_when_disabled(render):
-    head = view.container(view.head(render((), **{"head.livenessProbe.enabled": False}))["template"])
-    assert "livenessProbe" not in head
-
-
 # --------------------------------------------------------------------------- Redis
 
 
@@ -79,7 +106,9 @@ def test_should_render_a_redis_with_a_password_from_a_secret_by_default(rendered
     secret = strip_source(rendered.one("Secret", "-redis"))
     assert secret["data"]["redis-password"]
     container = view.container(deployment["spec"]["template"])
-    assert "--requirepass" in container["args"] and "$(REDIS_PASSWORD)" in container["args"]
+    # the password is configuration on stdin, never an argument (argv is visible to `ps`)
+    assert "requirepass" not in " ".join(container.get("args", [])) and "--requirepass" not in container["command"][-1]
+    assert "$(REDIS_PASSWORD)" not in str(container)
     assert view.env(container)["REDIS_PASSWORD"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert view.selects(deployment["spec"]["selector"]["matchLabels"], labels)
@@ -92,20 +121,72 @@ def test_should_render_a_redis_with_a_password_from_a_secret_by_default(rendered
     assert schema_errors(service, service_schema) == []
 
 
-def test_should_keep_a_given_redis_password(render):
-    import base64
+def _redis_start(docs, password: str, tmp_path) -> tuple[list[str], str]:
+    """Run the Redis container's start script with a fake redis-server that records its argv
+    and the configuration it reads on stdin."""
+    import os
+    import subprocess
 
-    secret = strip_source(render((), **{"redis.auth.password": "s3cret"}).one("Secret"))
-    assert base64.b64decode(secret["data"]["redis-password"]).decode() == "s3cret"
+    container = view.container(docs.one("Deployment", "-redis")["spec"]["template"])
+    fake = tmp_path / "redis-server"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$OUT.argv"\ncat > "$OUT.stdin"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "run"
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "REDIS_PASSWORD": password, "OUT": str(out)}
+    subprocess.run(container["command"], env=env, check=True, timeout=30)
+    return (tmp_path / "run.argv").read_text().splitlines(), (tmp_path / "run.stdin").read_text()
 
 
-def test_should_use_an_existing_secret_and_render_none(render):
+@pytest.mark.parametrize("password", ["Zq8ObaJ2", 'we"ird\\pass word'])
+def test_redis_should_get_its_password_on_stdin_not_in_argv(render, tmp_path, password):
+    argv, config = _redis_start(render(), password, tmp_path)
+    assert all(password not in a for a in argv) and "--requirepass" not in argv
+    assert argv[0] == "-" and argv[argv.index("--appendonly") + 1] == "no"
+    escaped = password.replace("\\", "\\\\").replace('"', '\\"')
+    assert config.strip() == f'requirepass "{escaped}"'
+
+
+def test_redis_values_should_hold_no_plain_text_password(helm_bin):
+    for section in ("auth",):
+        assert "password" not in VALUES["redis"][section]
+    assert "password" not in VALUES["externalRedis"]
+    with pytest.raises(HelmError, match="password"):
+        run_helm(helm_bin, "template", "specdec", str(CHART_DIR), "--set", "redis.auth.password=s3cret")
+    with pytest.raises(HelmError, match="password"):
+        run_helm(helm_bin, "template", "specdec", str(CHART_DIR), "--set", "redis.enabled=false",
+                 "--set", "externalRedis.url=redis://r:6379/0", "--set", "externalRedis.password=pw")
+
+
+def test_secrets_should_be_stable_across_renders_with_existing_secrets(helm_bin):
+    """Plain `helm template` cannot look a generated Secret up; with existing Secrets every render
+    is the same (GitOps), and no Secret is rendered at all."""
+    sets = ["--set", "redis.auth.existingSecret=r", "--set", "security.auth.existingSecret=t",
+            "--set", "security.internal.existingSecret=i"]
+    first = run_helm(helm_bin, "template", "specdec", str(CHART_DIR), *sets)
+    assert first == run_helm(helm_bin, "template", "specdec", str(CHART_DIR), *sets)
+    assert "kind: Secret" not in first
+
+
+def test_generated_secrets_should_be_looked_up_before_being_generated():
+    """The chart-made Secrets (Redis password, API token, internal secret) keep an existing value:
+    each is produced by specdec.lookupOrRandom, which reads the live Secret first."""
+    helpers = (CHART_DIR / "templates" / "_helpers.tpl").read_text()
+    body = helpers[helpers.index('define "specdec.lookupOrRandom"'):]
+    body = body[:body.index("{{- end }}\n{{- end }}")]
+    assert body.index('lookup "v1" "Secret"') < body.index("randAlphaNum")
+    for template in ("redis-secret.yaml", "api-tokens-secret.yaml", "internal-secret.yaml"):
+        text = (CHART_DIR / "templates" / template).read_text()
+        assert 'include "specdec.lookupOrRandom"' in text and "randAlphaNum" not in text, template
+
+
+def test_should_use_an_existing_redis_secret_and_render_none(render):
     docs = render((), **{"redis.auth.existingSecret": "my-redis", "redis.auth.existingSecretPasswordKey": "pw"})
-    assert not docs.of_kind("Secret")
+    assert not [d for d in docs.of_kind("Secret") if "redis" in d["metadata"]["name"]]
     ref = {"secretKeyRef": {"name": "my-redis", "key": "pw"}}
     assert view.env(view.container(docs.one("Deployment", "-redis")["spec"]["template"]))["REDIS_PASSWORD"] == ref
     for template in view.ray_pod_templates(docs):
         assert view.env(view.container(template))["SPECDEC_REDIS_PASSWORD"] == ref
+    assert view.cluster(docs)["gcsFaultToleranceOptions"]["redisPassword"] == {"valueFrom": ref}
 
 
 def test_should_render_a_claim_only_when_persistence_is_enabled(render, crds):
@@ -117,8 +198,7 @@ def test_should_render_a_claim_only_when_persistence_is_enabled(render, crds):
     assert schema_errors(claim["spec"], claim_spec_schema) == []
     volume = docs.one("Deployment", "-redis")["spec"]["template"]["spec"]["volumes"][0]
     assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-    assert "--appendonly" in (args := view.container(docs.one("Deployment")["spec"]["template"])["args"])
-    assert args[args.index("--appendonly") + 1] == "yes"
+    assert "--appendonly yes" in view.container(docs.one("Deployment")["spec"]["template"])["command"][-1]
     existing = render((), **{"redis.persistence.enabled": True, "redis.persistence.existingClaim": "old"})
     assert not existing.of_kind("PersistentVolumeClaim")
     assert existing.one("Deployment")["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "old"}
@@ -127,7 +207,8 @@ def test_should_render_a_claim_only_when_persistence_is_enabled(render, crds):
 def test_should_not_render_redis_when_an_external_url_is_given(render):
     docs = render((), **{"redis.enabled": False, "externalRedis.url": "redis://cache.example:6380/2",
                          "externalRedis.existingSecret": "ext", "metrics.serviceMonitor.enabled": False})
-    assert not docs.of_kind("Deployment") and not docs.of_kind("Secret") and not docs.of_kind("PersistentVolumeClaim")
+    assert not docs.of_kind("Deployment") and not docs.of_kind("PersistentVolumeClaim")
+    assert not [s for s in docs.of_kind("Secret") if s["metadata"]["name"].endswith("-redis")]
     assert [s["metadata"]["name"] for s in docs.of_kind("Service")] == ["specdec"]
     assert [n["metadata"]["name"] for n in docs.of_kind("NetworkPolicy")] == ["specdec-ray"]
     for template in view.ray_pod_templates(docs):
@@ -136,13 +217,29 @@ def test_should_not_render_redis_when_an_external_url_is_given(render):
         assert env["SPECDEC_REDIS_PASSWORD"] == {"secretKeyRef": {"name": "ext", "key": "redis-password"}}
 
 
-def test_should_store_an_external_redis_password_in_a_secret(render):
-    docs = render((), **{"redis.enabled": False, "externalRedis.url": "redis://r:6379/0",
-                         "externalRedis.password": "pw"})
-    assert strip_source(docs.one("Secret"))["metadata"]["name"] == "specdec-redis"
+def test_external_redis_without_a_secret_has_no_password(render):
     without = render((), **{"redis.enabled": False, "externalRedis.url": "redis://r:6379/0"})
-    assert not without.of_kind("Secret")
     assert "SPECDEC_REDIS_PASSWORD" not in view.env(view.container(view.head(without)["template"]))
+    assert "redisPassword" not in view.cluster(without)["gcsFaultToleranceOptions"]
+
+
+def test_external_tls_redis_should_get_its_ca_and_a_gcs_address(render, crds):
+    docs = render((), **{"redis.enabled": False, "externalRedis.url": "rediss://cache.example:6380/2",
+                         "externalRedis.existingSecret": "ext", "externalRedis.caSecret": "redis-ca"})
+    for template in view.ray_pod_templates(docs):
+        env = view.env(view.container(template))
+        assert env["SPECDEC_REDIS_URL"] == "rediss://cache.example:6380/2?ssl_ca_certs=/etc/specdec/redis-ca/ca.crt"
+        assert env["RAY_REDIS_CA_CERT"] == "/etc/specdec/redis-ca/ca.crt"
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        assert volumes["redis-ca"]["secret"]["secretName"] == "redis-ca"
+        mounts = {m["name"]: m["mountPath"] for m in view.container(template)["volumeMounts"]}
+        assert mounts["redis-ca"] == "/etc/specdec/redis-ca"
+    ft = view.cluster(docs)["gcsFaultToleranceOptions"]
+    assert ft["redisAddress"] == "rediss://cache.example:6380"
+    assert ft["redisPassword"] == {"valueFrom": {"secretKeyRef": {"name": "ext", "key": "redis-password"}}}
+    egress = strip_source(docs.one("NetworkPolicy", "-ray"))["spec"]["egress"]
+    assert {"ports": [{"port": 6380, "protocol": "TCP"}]} in egress
+    assert schema_errors(view.rayservice(docs), crd_schema(RAYSERVICE_CRD)) == []
 
 
 def test_should_refuse_to_render_without_any_redis(render):
@@ -179,6 +276,14 @@ def _ingress_rule_schema():
     return sub_schema(crd_schema(RAYCLUSTER_CRD), "spec", "networkPolicy", "head", "ingressRules", "[]")
 
 
+def _egress_rule_schema():
+    return sub_schema(crd_schema(RAYCLUSTER_CRD), "spec", "networkPolicy", "head", "egressRules", "[]")
+
+
+def _ray_labels(docs):
+    return view.head(docs)["template"]["metadata"]["labels"]
+
+
 def test_should_render_network_policies_when_enabled(rendered, crds):
     ray_policy = strip_source(rendered.one("NetworkPolicy", "-ray"))
     redis_policy = strip_source(rendered.one("NetworkPolicy", "-redis"))
@@ -189,38 +294,78 @@ def test_should_render_network_policies_when_enabled(rendered, crds):
     assert not view.selects(ray_selector, redis_labels)
     assert view.selects(redis_policy["spec"]["podSelector"]["matchLabels"], redis_labels)
     for policy in (ray_policy, redis_policy):
-        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
         for rule in policy["spec"]["ingress"]:
             assert schema_errors(rule, _ingress_rule_schema()) == []
+        for rule in policy["spec"]["egress"]:
+            assert schema_errors(rule, _egress_rule_schema()) == []
 
 
-def test_from_outside_only_the_router_port_should_reach_the_ray_pods(rendered):
+def test_from_outside_only_the_api_ports_should_reach_the_ray_pods(rendered):
     rules = strip_source(rendered.one("NetworkPolicy", "-ray"))["spec"]["ingress"]
     open_rules = [r for r in rules if "from" not in r]  # rules that admit any source
-    assert open_rules == [{"ports": [{"port": VALUES["grpc"]["port"], "protocol": "TCP"}]}]
+    assert open_rules == [{"ports": [{"port": VALUES["grpc"]["port"], "protocol": "TCP"},
+                                     {"port": VALUES["serve"]["httpPort"], "protocol": "TCP"}]}]
     ray_only = [r for r in rules if "ports" not in r]  # rules that admit any port
     assert ray_only == [{"from": [{"podSelector": {"matchLabels": rules[0]["from"][0]["podSelector"]["matchLabels"]}}]}]
+    assert view.selects(ray_only[0]["from"][0]["podSelector"]["matchLabels"], _ray_labels(rendered))
     operator = [r for r in rules if r.get("from") and "namespaceSelector" in r["from"][0]]
     assert [p["port"] for p in operator[0]["ports"]] == [8265, VALUES["serve"]["httpPort"], 52365]
+
+
+def test_ray_pods_should_reach_only_each_other_dns_redis_and_public_https(render):
+    for values, https in (((), True), ((view.CI_VALUES,), False)):
+        docs = render(values)
+        egress = strip_source(docs.one("NetworkPolicy", "-ray"))["spec"]["egress"]
+        redis_labels = docs.one("Deployment", "-redis")["spec"]["template"]["metadata"]["labels"]
+        any_port = [r for r in egress if "ports" not in r]
+        assert len(any_port) == 1 and view.selects(any_port[0]["to"][0]["podSelector"]["matchLabels"], _ray_labels(docs))
+        dns = [r for r in egress if {"port": 53, "protocol": "UDP"} in r.get("ports", [])]
+        assert dns and dns[0]["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+        assert dns[0]["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+        redis = [r for r in egress if r.get("ports") == [{"port": 6379, "protocol": "TCP"}]]
+        assert len(redis) == 1 and view.selects(redis[0]["to"][0]["podSelector"]["matchLabels"], redis_labels)
+        assert all("to" in r for r in egress), "an egress rule without `to` admits every destination"
+        public = [r for r in egress if r.get("ports") == [{"port": 443, "protocol": "TCP"}]]
+        if https:  # model downloads: public addresses only, no private (in-cluster) ones
+            (rule,) = public
+            (block,) = rule["to"]
+            assert block["ipBlock"]["cidr"] == "0.0.0.0/0" and "10.0.0.0/8" in block["ipBlock"]["except"]
+        else:
+            assert not public and len(egress) == 3
+
+
+def test_redis_should_reach_only_dns(rendered):
+    egress = strip_source(rendered.one("NetworkPolicy", "-redis"))["spec"]["egress"]
+    assert [p["port"] for r in egress for p in r["ports"]] == [53, 53]
+
+
+def test_egress_restriction_can_be_turned_off(render):
+    docs = render((), **{"networkPolicy.egress.enabled": False})
+    for policy in docs.of_kind("NetworkPolicy"):
+        assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
 
 
 def test_redis_should_be_reachable_only_from_the_ray_pods(rendered):
     (rule,) = strip_source(rendered.one("NetworkPolicy", "-redis"))["spec"]["ingress"]
     assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
-    (peer,) = rule["from"]
-    assert set(peer) == {"podSelector"}
+    ray_peer, cleanup_peer = rule["from"]
+    assert set(ray_peer) == {"podSelector"}
     for template in view.ray_pod_templates(rendered):
-        assert view.selects(peer["podSelector"]["matchLabels"], template["metadata"]["labels"])
+        assert view.selects(ray_peer["podSelector"]["matchLabels"], template["metadata"]["labels"])
     redis_labels = rendered.one("Deployment", "-redis")["spec"]["template"]["metadata"]["labels"]
-    assert not view.selects(peer["podSelector"]["matchLabels"], redis_labels)
+    assert not view.selects(ray_peer["podSelector"]["matchLabels"], redis_labels)
+    # KubeRay's clean-up Job of the GCS tables (GCS fault tolerance), in this namespace only
+    assert cleanup_peer == {"podSelector": {"matchLabels": {"ray.io/node-type": "redis-cleanup"}}}
 
 
-def test_should_restrict_grpc_clients_and_admit_prometheus_when_asked(render, crds):
+def test_should_restrict_api_clients_and_admit_prometheus_when_asked(render, crds):
     clients = [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]
-    docs = render((), **{"networkPolicy.grpcFrom": clients, "metrics.serviceMonitor.enabled": True})
+    docs = render((), **{"networkPolicy.apiFrom": clients, "metrics.serviceMonitor.enabled": True})
     rules = strip_source(docs.one("NetworkPolicy", "-ray"))["spec"]["ingress"]
-    grpc = [r for r in rules if r.get("ports") == [{"port": VALUES["grpc"]["port"], "protocol": "TCP"}]]
-    assert grpc == [{"ports": grpc[0]["ports"], "from": clients}]
+    api_ports = [{"port": VALUES["grpc"]["port"], "protocol": "TCP"}, {"port": VALUES["serve"]["httpPort"], "protocol": "TCP"}]
+    api = [r for r in rules if r.get("ports") == api_ports]
+    assert api == [{"ports": api_ports, "from": clients}]
     assert any(r.get("ports") == [{"port": VALUES["metrics"]["port"], "protocol": "TCP"}] for r in rules)
     for rule in rules:
         assert schema_errors(rule, _ingress_rule_schema()) == []

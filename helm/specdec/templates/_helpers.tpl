@@ -73,27 +73,175 @@ app.kubernetes.io/component: redis
 {{- end }}
 {{- end }}
 
-{{/* "true" when this chart must create the password Secret. */}}
+{{/* "true" when this chart must create the password Secret (its own Redis, no existing Secret). */}}
 {{- define "specdec.createRedisSecret" -}}
-{{- if .Values.redis.enabled }}
-{{- not .Values.redis.auth.existingSecret }}
-{{- else }}
-{{- and (not .Values.externalRedis.existingSecret) (ne (toString .Values.externalRedis.password) "") }}
-{{- end }}
+{{- and .Values.redis.enabled (not .Values.redis.auth.existingSecret) }}
 {{- end }}
 
 {{/* "true" when the Ray pods get SPECDEC_REDIS_PASSWORD. */}}
 {{- define "specdec.redisHasPassword" -}}
-{{- or .Values.redis.enabled (ne .Values.externalRedis.existingSecret "") (ne (toString .Values.externalRedis.password) "") }}
+{{- or .Values.redis.enabled (ne .Values.externalRedis.existingSecret "") }}
 {{- end }}
 
-{{/* URL of the Redis (no password inside). */}}
+{{/* Where an external Redis's CA certificate is mounted on the Ray pods. */}}
+{{- define "specdec.redisCaDir" -}}
+/etc/specdec/redis-ca
+{{- end }}
+
+{{/* URL of the Redis (no password inside; an external one's CA file added as ssl_ca_certs). */}}
 {{- define "specdec.redisUrl" -}}
 {{- if .Values.redis.enabled }}
 {{- printf "redis://%s-redis.%s.svc:%d/0" (include "specdec.fullname" .) .Release.Namespace (int .Values.redis.port) }}
 {{- else }}
-{{- required "specdec needs a Redis: set redis.enabled=true or externalRedis.url" .Values.externalRedis.url }}
+{{- $url := required "specdec needs a Redis: set redis.enabled=true or externalRedis.url" .Values.externalRedis.url }}
+{{- if .Values.externalRedis.caSecret }}
+{{- printf "%s%sssl_ca_certs=%s/%s" $url (ternary "&" "?" (contains "?" $url)) (include "specdec.redisCaDir" .) .Values.externalRedis.caSecretKey }}
+{{- else }}
+{{- $url }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Redis address of the GCS fault tolerance: host:port (rediss:// kept for TLS). */}}
+{{- define "specdec.gcsRedisAddress" -}}
+{{- $ft := .Values.ray.gcsFaultTolerance }}
+{{- if $ft.redisAddress }}
+{{- $ft.redisAddress }}
+{{- else if .Values.redis.enabled }}
+{{- printf "%s-redis.%s.svc:%d" (include "specdec.fullname" .) .Release.Namespace (int .Values.redis.port) }}
+{{- else }}
+{{- $url := urlParse (required "specdec needs a Redis: set redis.enabled=true or externalRedis.url" .Values.externalRedis.url) }}
+{{- if eq $url.scheme "rediss" }}
+{{- printf "rediss://%s" $url.host }}
+{{- else }}
+{{- $url.host }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A generated secret value, stable across renders that can see the cluster: the value already in
+the Secret (lookup) when there is one, else a new random one. Argument: dict "root" $ "name"
+<Secret name> "key" <data key> "length" <characters>. Plain `helm template` cannot look the
+Secret up (a new value each time): such renders should use the existingSecret values instead.
+*/}}
+{{- define "specdec.lookupOrRandom" -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name }}
+{{- if and $existing $existing.data (hasKey $existing.data .key) }}
+{{- index $existing.data .key | b64dec }}
+{{- else }}
+{{- randAlphaNum (int .length) }}
+{{- end }}
+{{- end }}
+
+{{/* ---------------- Security of the public API and of internal traffic ---------------- */}}
+
+{{- define "specdec.apiTokensSecretName" -}}
+{{- .Values.security.auth.existingSecret | default (printf "%s-api-tokens" (include "specdec.fullname" .)) }}
+{{- end }}
+
+{{- define "specdec.internalSecretName" -}}
+{{- .Values.security.internal.existingSecret | default (printf "%s-internal" (include "specdec.fullname" .)) }}
+{{- end }}
+
+{{/* The `security` section of the specdec config: files mounted by specdec.securityVolumes. */}}
+{{- define "specdec.securityArgs" -}}
+{{- $sec := dict "open_health" .Values.security.auth.openHealth }}
+{{- $_ := set $sec "internal_secret_file" (printf "/etc/specdec/internal/%s" .Values.security.internal.secretKey) }}
+{{- if .Values.security.auth.enabled }}
+{{- $_ := set $sec "api_tokens_file" (printf "/etc/specdec/api-tokens/%s" .Values.security.auth.secretKey) }}
+{{- end }}
+{{- if .Values.security.tls.existingSecret }}
+{{- $_ := set $sec "tls_cert_file" (printf "/etc/specdec/tls/%s" .Values.security.tls.certKey) }}
+{{- $_ := set $sec "tls_key_file" (printf "/etc/specdec/tls/%s" .Values.security.tls.keyKey) }}
+{{- end }}
+{{- toYaml $sec }}
+{{- end }}
+
+{{/* Secret volumes of every Ray pod (read-only files, group-readable by the pod's fsGroup). */}}
+{{- define "specdec.securityVolumes" -}}
+- name: internal-secret
+  secret:
+    secretName: {{ include "specdec.internalSecretName" . }}
+    defaultMode: 0440
+{{- if .Values.security.auth.enabled }}
+- name: api-tokens
+  secret:
+    secretName: {{ include "specdec.apiTokensSecretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- if .Values.security.tls.existingSecret }}
+- name: api-tls
+  secret:
+    secretName: {{ .Values.security.tls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- if and (not .Values.redis.enabled) .Values.externalRedis.caSecret }}
+- name: redis-ca
+  secret:
+    secretName: {{ .Values.externalRedis.caSecret }}
+    defaultMode: 0444
+{{- end }}
+{{- end }}
+
+{{- define "specdec.securityMounts" -}}
+- name: internal-secret
+  mountPath: /etc/specdec/internal
+  readOnly: true
+{{- if .Values.security.auth.enabled }}
+- name: api-tokens
+  mountPath: /etc/specdec/api-tokens
+  readOnly: true
+{{- end }}
+{{- if .Values.security.tls.existingSecret }}
+- name: api-tls
+  mountPath: /etc/specdec/tls
+  readOnly: true
+{{- end }}
+{{- if and (not .Values.redis.enabled) .Values.externalRedis.caSecret }}
+- name: redis-ca
+  mountPath: {{ include "specdec.redisCaDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Writable emptyDirs of every Ray pod (the root filesystem is read-only). Argument: dict "root" $ "shm" <size>. */}}
+{{- define "specdec.writableVolumes" -}}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .shm }}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .root.Values.rayPods.tmpSizeLimit }}
+- name: home-cache
+  emptyDir:
+    sizeLimit: {{ .root.Values.rayPods.cacheSizeLimit }}
+{{- end }}
+
+{{- define "specdec.writableMounts" -}}
+- name: dshm
+  mountPath: /dev/shm
+- name: tmp
+  mountPath: /tmp
+- name: home-cache
+  mountPath: /home/specdec/.cache
+{{- end }}
+
+{{/* Container security context of the Ray containers. */}}
+{{- define "specdec.raySecurityContext" -}}
+{{- $ctx := deepCopy .Values.rayPods.securityContext }}
+{{- $_ := set $ctx "readOnlyRootFilesystem" .Values.rayPods.readOnlyRootFilesystem }}
+{{- toYaml $ctx }}
+{{- end }}
+
+{{/* Ray's own health (raylet through the dashboard agent, GCS through the dashboard), as KubeRay checks it. */}}
+{{- define "specdec.rayHealthCommand" -}}
+exec:
+  command:
+    - bash
+    - -c
+    - wget -T 4 -q -O- http://localhost:52365/api/local_raylet_healthz | grep success && wget -T 4 -q -O- http://localhost:8265/api/gcs_healthz | grep success
 {{- end }}
 
 {{/* ---------------- Ray pods ---------------- */}}
@@ -120,6 +268,14 @@ app.kubernetes.io/component: redis
 {{- end }}
 - name: HF_HOME
   value: /home/specdec/.cache/huggingface
+- name: XDG_CACHE_HOME
+  value: /home/specdec/.cache
+- name: TRITON_CACHE_DIR
+  value: /home/specdec/.cache/triton
+{{- if and .Values.ray.gcsFaultTolerance.enabled (not .Values.redis.enabled) .Values.externalRedis.caSecret }}
+- name: RAY_REDIS_CA_CERT
+  value: {{ printf "%s/%s" (include "specdec.redisCaDir" .) .Values.externalRedis.caSecretKey | quote }}
+{{- end }}
 {{- if .Values.huggingface.tokenSecretName }}
 - name: HF_TOKEN
   valueFrom:
@@ -167,7 +323,10 @@ Argument: dict "root" $ "group" <workerGroups entry>.
 {{- $args := deepCopy (.Values.specdec.config | default dict) }}
 {{- $serving := deepCopy (get $args "serving" | default dict) }}
 {{- $_ := set $serving "port" (int .Values.grpc.port) }}
+{{- $_ := set $serving "http_port" (int .Values.serve.httpPort) }}
 {{- $_ := set $args "serving" $serving }}
+{{- $security := merge (include "specdec.securityArgs" . | fromYaml) (get $args "security" | default dict) }}
+{{- $_ := set $args "security" $security }}
 {{- $app := dict "name" .Values.serve.appName "import_path" .Values.serve.importPath "route_prefix" (printf "/%s" .Values.serve.appName) "args" $args }}
 {{- with .Values.serve.runtimeEnv }}
 {{- $_ := set $app "runtime_env" . }}
@@ -177,4 +336,14 @@ Argument: dict "root" $ "group" <workerGroups entry>.
 {{- $_ := set $config "grpc_options" (dict "port" (int .Values.grpc.port) "grpc_servicer_functions" .Values.serve.grpcServicerFunctions) }}
 {{- $_ := set $config "applications" (list $app) }}
 {{- toYaml $config }}
+{{- end }}
+
+{{/* Port of the external Redis, from its URL (6379 when the URL names none). */}}
+{{- define "specdec.externalRedisPort" -}}
+{{- $host := (urlParse .Values.externalRedis.url).host }}
+{{- if contains ":" $host }}
+{{- last (splitList ":" $host) }}
+{{- else }}
+{{- 6379 }}
+{{- end }}
 {{- end }}
