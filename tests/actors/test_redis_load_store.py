@@ -137,3 +137,47 @@ def test_redis_killed_and_restarted_the_monitor_reconnects():
         assert store.snapshot(time.time()).alpha == 1.0
     finally:
         restarted.stop()
+
+
+def arrivals_in_redis(store, now):
+    return round(store.snapshot(now).qps * store.window_s)
+
+
+def test_a_hung_redis_that_resumes_counts_every_arrival_exactly_once():
+    """SIGSTOP the redis-server while the monitor pushes (every call times out; Redis keeps
+    the commands in its socket buffer and runs them on SIGCONT), then SIGCONT: the monitor
+    retries its unacknowledged batches with their ids, and Redis counts each batch once."""
+    import os
+    import signal
+
+    server = RedisServer().start()
+    store = RedisLoadStore(server.url, deployment="hang", window_s=30.0, timeout_s=0.05)
+    monitor = LoadMonitor(store, policy(override=False), "r", window_s=30.0)
+    sent = 0
+    try:
+        for _ in range(3):
+            monitor.on_arrival(10)
+            sent += 10
+            monitor.tick()
+        assert monitor.source == "shared" and arrivals_in_redis(store, time.time()) == sent
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+            for _ in range(8):  # the breaker opens after 3 failures, probes again after 1 s
+                monitor.on_arrival(10)
+                sent += 10
+                monitor.tick()
+                time.sleep(0.15)
+            assert monitor.source == "local"
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        deadline = time.time() + 10
+        while (monitor.source != "shared" or monitor._unsent) and time.time() < deadline:
+            time.sleep(0.2)
+            monitor.tick()
+        assert monitor.source == "shared" and not monitor._unsent
+        time.sleep(0.2)  # anything Redis still had buffered has run by now
+        assert arrivals_in_redis(store, time.time()) == sent, "no batch counted twice, none lost"
+        assert monitor.snapshot.qps == pytest.approx(sent / 30.0)
+    finally:
+        store.close()
+        server.stop()
