@@ -1,8 +1,10 @@
 """Start and stop the whole distributed server: Ray, the draft worker, the tensor-parallel
-target group, Ray Serve's gRPC proxy and the SpecdecRouter deployment.
+target group, Ray Serve's gRPC and HTTP proxies and the SpecdecRouter deployment.
 
-`start_app(config)` returns once the public port answers health checks with SERVING (draft
-and target loaded); `SpecdecApp.shutdown()` tears everything down in reverse order.
+`start_app(config)` returns once the public gRPC port answers health checks with SERVING
+(draft and target loaded) and the HTTP port's /health answers 200; `SpecdecApp.shutdown()`
+tears everything down in reverse order. Both proxies bind `serving.host`; gRPC listens on
+`serving.port`, the OpenAI-compatible HTTP API on `serving.http_port`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import functools
 import logging
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +46,12 @@ SERVE_HEADROOM = 32
 
 @dataclass
 class SpecdecApp:
-    """A running server. `address` is where clients on this machine reach the public port."""
+    """A running server. `address` is where clients on this machine reach the public gRPC
+    port, `http_url` the OpenAI-compatible HTTP API's base URL (http://127.0.0.1:PORT)."""
 
     config: SpecdecConfig
     address: str
+    http_url: str = ""
     target_address: str | None = None
     draft_address: str | None = None
     hub: Any = None  # the WorkerHub actor holding the target group and the draft (None with an injected backend)
@@ -107,13 +113,15 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
 
 def _start_serve(config: SpecdecConfig, backend_factory: Callable[[], RouterBackend]) -> None:
+    serving = config.serving
     serve.start(
         proxy_location=ProxyLocation.HeadOnly,
-        http_options=HTTPOptions(host="127.0.0.1", port=free_port()),
-        grpc_options=gRPCOptions(port=config.serving.port, grpc_servicer_functions=GRPC_SERVICER_FUNCTIONS),
+        http_options=HTTPOptions(host=serving.host, port=serving.http_port),
+        grpc_options=gRPCOptions(port=serving.port, grpc_servicer_functions=GRPC_SERVICER_FUNCTIONS),
     )
-    # a route prefix makes the app an endpoint of the proxies (gRPC included)
-    serve.run(router_deployment(config, backend_factory), name=APP_NAME, route_prefix=f"/{APP_NAME}")
+    # the route prefix "/" puts the OpenAI paths (/v1/...) at the root of the HTTP port and
+    # makes the app an endpoint of the gRPC proxy too
+    serve.run(router_deployment(config, backend_factory), name=APP_NAME, route_prefix="/")
 
 
 def wait_until_serving(address: str, timeout_s: float) -> None:
@@ -132,6 +140,23 @@ def wait_until_serving(address: str, timeout_s: float) -> None:
     raise TimeoutError(f"{address} did not become SERVING within {timeout_s}s (last: {status})")
 
 
+def wait_until_http_ready(url: str, timeout_s: float) -> None:
+    """Poll GET {url}/health until it answers 200 (raises TimeoutError)."""
+    deadline = time.monotonic() + timeout_s
+    status = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5.0) as response:
+                if response.status == 200:
+                    return
+        except urllib.error.HTTPError as exc:
+            status = f"HTTP {exc.code}"
+        except OSError as exc:
+            status = str(exc)
+        time.sleep(0.5)
+    raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s}s (last: {status})")
+
+
 def start_app(
     config: SpecdecConfig,
     address: str | None = None,
@@ -141,7 +166,8 @@ def start_app(
 ) -> SpecdecApp:
     """Start everything and wait until it serves. backend_factory=None starts the draft
     worker and the target group; pass one (e.g. `local_backend`) to serve in-process models."""
-    app = SpecdecApp(config, address=f"127.0.0.1:{config.serving.port}")
+    app = SpecdecApp(config, address=f"127.0.0.1:{config.serving.port}",
+                     http_url=f"http://127.0.0.1:{config.serving.http_port}")
     app.owns_ray = _init_ray(address, ray_init_kwargs)
     if app.owns_ray:
         app._stoppers.append(ray.shutdown)
@@ -151,6 +177,7 @@ def start_app(
         app._stoppers.append(serve.shutdown)
         _start_serve(config, backend_factory)
         wait_until_serving(app.address, ready_timeout_s)
+        wait_until_http_ready(app.http_url, ready_timeout_s)
     except BaseException:
         app.shutdown()
         raise

@@ -1,7 +1,8 @@
 """The `specdec` command: the core's `generate`, plus `serve` (this file) and `client`.
 
 `specdec serve` starts Ray (or joins one with --address), the draft worker, the target
-group and the Serve gRPC app, prints one line when ready, and shuts everything down on
+group and the Serve app (gRPC and the OpenAI-compatible HTTP API), prints one line naming
+both endpoints when ready, and shuts everything down on
 SIGINT / SIGTERM.
 """
 
@@ -15,6 +16,7 @@ import threading
 from typing import Any
 
 from specdec import cli as core_cli
+from specdec import proposer_registry as registry
 from actors.local_redis import LocalRedis, redis_server_binary
 from specdec.config import SpecdecConfig, load_config
 from specdec.model_paths import check_model_paths
@@ -22,9 +24,12 @@ from specdec_rpc.client_cli import add_client_parser, add_status_parser
 
 
 def add_serve_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("serve", help="serve the public gRPC API with Ray (draft + target actors, Serve router)")
+    p = subparsers.add_parser("serve", help="serve the public gRPC and OpenAI-compatible HTTP APIs with Ray "
+                              "(draft + target actors, Serve router)")
     p.add_argument("--config", action="append", default=[], help="YAML override file(s), applied in order")
     p.add_argument("--port", type=int, default=None, help="public gRPC port (default: config serving.port, 50051)")
+    p.add_argument("--http-port", type=int, default=None,
+                   help="public HTTP port, the OpenAI-compatible API (default: config serving.http_port, 8000)")
     p.add_argument("--address", default=None, help="join this Ray cluster instead of starting a local one")
     p.add_argument("--tensor-parallel-size", type=int, default=None, help="target ranks (default: config)")
     p.set_defaults(func=run_serve)
@@ -34,6 +39,8 @@ def _serve_config(args: argparse.Namespace):
     serving: dict[str, Any] = {}
     if args.port is not None:
         serving["port"] = args.port
+    if getattr(args, "http_port", None) is not None:
+        serving["http_port"] = args.http_port
     if args.tensor_parallel_size is not None:
         serving["tensor_parallel_size"] = args.tensor_parallel_size
     return load_config(*args.config, overrides={"serving": serving})
@@ -83,9 +90,11 @@ def run_serve(args: argparse.Namespace) -> int:
                         ray_init_kwargs={"logging_level": logging.WARNING, "log_to_driver": False})
         try:
             serving = config.serving
-            draft = "draft ready" if config.speculation.proposer == "draft" else f"proposer {config.speculation.proposer}"
+            proposer = config.speculation.proposer
+            draft = "draft ready" if proposer == registry.DRAFT else f"proposer {proposer}"
             print(f"specdec serving on {serving.host}:{serving.port} "
-                  f"(target tp={serving.tensor_parallel_size}, {draft}, {store})", flush=True)
+                  f"(target tp={serving.tensor_parallel_size}, {draft}, {store}); "
+                  f"OpenAI-compatible HTTP on http://{serving.host}:{serving.http_port}/v1", flush=True)
             _wait_for_signal()
         finally:
             app.shutdown()

@@ -1,11 +1,13 @@
-"""SpecdecRouter: the Ray Serve deployment behind Serve's gRPC proxy (the public ingress).
+"""SpecdecRouter: the Ray Serve deployment behind Serve's gRPC and HTTP proxies (the public ingress).
 
 Serve's gRPC proxy routes each call by its method name to the deployment method of the
 same name: `Generate` and `GenerateStream` of specdec.v1.SpeculativeDecoding and `Check` of
-grpc.health.v1.Health. The router holds the backend (gRPC clients of the draft worker and
-the target group, an AsyncEngine running the rounds) and only translates: the behaviour is
-`specdec_rpc.public_service.PublicService`, failures become status codes on Serve's
-`grpc_context` (`specdec_rpc.status_codes`).
+grpc.health.v1.Health. Serve's HTTP proxy calls `__call__` with each HTTP request: the
+OpenAI-compatible API (`specdec_http.http_api`). Both protocols share one frontend
+(`specdec.frontend.Frontend`) on one backend (gRPC clients of the draft worker and the
+target group, an AsyncEngine running the rounds): one batch, one admission limit. The
+router only translates: failures become status codes on Serve's `grpc_context`
+(`specdec_rpc.status_codes`) or OpenAI error objects.
 
 The backend comes from a factory (picklable, called inside the replica), so the same
 deployment runs on remote workers (`remote_backend`) or on in-process models
@@ -25,11 +27,15 @@ import grpc
 from grpc_health.v1 import health_pb2
 from ray import serve
 
+from starlette.requests import Request
+from starlette.responses import Response
+
 from actors.router_metrics import RouterMetrics
 from actors.served_actor import own_cores
+from specdec_http.http_api import HttpApi
 from specdec_rpc.public_service import PublicService
 from specdec_rpc.router_backend import RouterBackend
-from specdec_rpc.status_codes import UnknownServiceError, status_for
+from specdec_rpc.status_codes import UnknownServiceError, error_kind, status_for
 from specdec_rpc.v1 import specdec_pb2
 
 logger = logging.getLogger(__name__)
@@ -71,6 +77,7 @@ class SpecdecRouter:
     def __init__(self, backend_factory: Callable[[], RouterBackend]) -> None:
         own_cores(1)  # the router only tokenises and does small tensor work: the models get the cores
         self.service = PublicService()
+        self.http = HttpApi(self.service.frontend, error_kind=error_kind)
         self.metrics = RouterMetrics()
         self._closed = threading.Event()
         self._loader = threading.Thread(target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True)
@@ -94,6 +101,10 @@ class SpecdecRouter:
                 self.metrics.update(backend.loop.engine, status)
             except Exception:  # metrics must never take the router down
                 logger.exception("updating metrics failed")
+
+    async def __call__(self, request: Request) -> Response:
+        """An HTTP request from Serve's HTTP proxy: the OpenAI-compatible API and /health."""
+        return await self.http.handle(request)
 
     async def Generate(  # noqa: N802 (gRPC method name)
         self, request: specdec_pb2.GenerateRequest, grpc_context: Any = None

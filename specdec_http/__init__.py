@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API: a thin shim on the core frontend, beside the gRPC one."""

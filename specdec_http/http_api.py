@@ -1,0 +1,137 @@
+"""The OpenAI-compatible HTTP routes over the core frontend (Starlette requests and responses).
+
+    POST /v1/completions        text (or token-id) prompt -> completion; stream: true -> SSE
+    POST /v1/chat/completions   messages (the tokenizer's chat template) -> chat completion
+    GET  /v1/models             the served model
+    GET  /health                200 with the server status when serving, 503 otherwise
+
+`HttpApi.handle` takes one request and returns its response, so any host can run it: Ray
+Serve's HTTP proxy calls the SpecdecRouter's `__call__` with it, and `asgi_app` wraps it
+for a plain ASGI server. A stream is answered only once its first round is out, so bad
+input, the admission limit and an unready server get their HTTP status (400 / 429 / 503)
+rather than a broken stream; a failure after that ends the stream with an error event.
+A client that disconnects cancels the request, which frees its cache slots.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from specdec.frontend import Delta, Frontend
+from specdec.serving_errors import ErrorKind, InvalidRequestError, NotFoundError, classify
+from specdec_http.openai_api import chat_request, completion_request
+from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, error_body, sse
+
+ErrorKindOf = Callable[[BaseException], tuple[ErrorKind, str]]
+
+
+def core_error_kind(exc: BaseException) -> tuple[ErrorKind, str]:
+    """The core's classification (hosts that call gRPC workers pass one that knows their errors)."""
+    kind = classify(exc)
+    return kind, (f"{type(exc).__name__}: {exc}" if kind is ErrorKind.INTERNAL else str(exc) or kind.value)
+
+
+class HttpApi:
+    """The routes on one frontend. error_kind: how a failure is classified (the router
+    passes `specdec_rpc.status_codes.error_kind`, which also knows a worker's gRPC errors)."""
+
+    def __init__(self, frontend: Frontend, error_kind: ErrorKindOf = core_error_kind) -> None:
+        self.frontend = frontend
+        self.error_kind = error_kind
+        self.routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
+            ("POST", "/v1/completions"): lambda r: self._generate(r, chat=False),
+            ("POST", "/v1/chat/completions"): lambda r: self._generate(r, chat=True),
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+        }
+
+    async def handle(self, request: Request) -> Response:
+        """The response to one request; failures become OpenAI error objects."""
+        path = _route_path(request)
+        route = self.routes.get((request.method, path))
+        try:
+            if route is None:
+                known = any(p == path for _, p in self.routes)
+                raise NotFoundError(f"{request.method} {path}: " + ("method not allowed" if known else "no such route"))
+            return await route(request)
+        except Exception as exc:
+            return self.error_response(exc)
+
+    def error_response(self, exc: BaseException) -> JSONResponse:
+        kind, message = self.error_kind(exc)
+        status, body = error_body(kind, message, exc)
+        return JSONResponse(body, status_code=status)
+
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        body = await _json(request)
+        translate = chat_request if chat else completion_request
+        text_request, stream = translate(body, self.frontend.model)
+        call = Call.new(chat, self.frontend.model)
+        if not stream:
+            return JSONResponse(completion_object(call, await self.frontend.generate(text_request)))
+        deltas = self.frontend.stream(text_request)
+        try:
+            first = await deltas.__anext__()  # errors before the first round get their status
+        except BaseException:
+            await deltas.aclose()
+            raise
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        events = self._events(call, first, deltas, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def _events(self, call: Call, first: Delta, deltas: AsyncIterator[Delta], include_usage: bool):
+        """SSE: one event per round, `data: [DONE]` at the end; an error event if it fails.
+        Closing (the client went away) closes `deltas`, which aborts the request."""
+        try:
+            for event in chunk_events(call, first, True, include_usage):
+                yield event
+            async for delta in deltas:
+                for event in chunk_events(call, delta, False, include_usage):
+                    yield event
+            yield DONE
+        except Exception as exc:
+            kind, message = self.error_kind(exc)
+            yield sse(error_body(kind, message, exc)[1])
+        finally:
+            await deltas.aclose()
+
+    async def _models(self, request: Request) -> Response:
+        model = {"id": self.frontend.model, "object": "model", "created": 0, "owned_by": "specdec"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def _health(self, request: Request) -> Response:
+        if not self.frontend.is_ready:
+            return JSONResponse({"status": "not serving", "problems": self.frontend.problems()}, status_code=503)
+        return JSONResponse({"status": "serving", **self.frontend.status().to_dict()})
+
+
+def _route_path(request: Request) -> str:
+    """The path below the app's route prefix (Serve deployments with route_prefix /specdec
+    answer /specdec/v1/...; the prefix arrives as the ASGI root_path)."""
+    path, root = request.scope.get("path", "/"), (request.scope.get("root_path") or "").rstrip("/")
+    if root and path.startswith(root + "/"):
+        path = path[len(root):]
+    return path.rstrip("/") or "/"
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError("body", f"is not valid JSON ({exc})") from None
+
+
+def asgi_app(api: HttpApi) -> Any:
+    """A Starlette application routing every path to `api.handle` (for a plain ASGI server)."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    async def endpoint(request: Request) -> Response:
+        return await api.handle(request)
+
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST", "PUT", "DELETE"])])

@@ -1,0 +1,109 @@
+"""The core frontend's results as OpenAI's JSON: completion objects, streamed chunks, errors.
+
+A Completion becomes a `text_completion` or `chat.completion` object; Deltas become
+their streamed chunks (server-sent events, ending with `data: [DONE]`). The round
+statistics ride along as the extension object `speculation`. Errors are OpenAI's
+`{"error": {"message", "type", "param", "code"}}` with an HTTP status from the core's
+error kind: 400 bad input (param names the field), 404, 429 (admission limit),
+503 (not ready / a worker down), 504 (the request's deadline), 500.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.frontend import Completion, Delta, Usage
+from specdec.serving_errors import ErrorKind, param_of
+from specdec.stats import SpecStats
+
+ERRORS = {  # kind -> (HTTP status, OpenAI error type, code)
+    ErrorKind.INVALID: (400, "invalid_request_error", None),
+    ErrorKind.NOT_FOUND: (404, "invalid_request_error", "not_found"),
+    ErrorKind.OVERLOADED: (429, "rate_limit_error", "admission_limit"),
+    ErrorKind.UNAVAILABLE: (503, "service_unavailable_error", "unavailable"),
+    ErrorKind.DEADLINE: (504, "timeout_error", "deadline_exceeded"),
+    ErrorKind.INTERNAL: (500, "internal_error", None),
+}
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Call:
+    """Who is answering what: the response id, the object kind ("text_completion" or
+    "chat.completion"), the model name and when it was created (Unix seconds)."""
+
+    id: str
+    kind: str
+    model: str
+    created: int
+
+    @classmethod
+    def new(cls, chat: bool, model: str) -> "Call":
+        prefix, kind = ("chatcmpl", "chat.completion") if chat else ("cmpl", "text_completion")
+        return cls(f"{prefix}-{uuid.uuid4().hex}", kind, model, int(time.time()))
+
+    @property
+    def chat(self) -> bool:
+        return self.kind == "chat.completion"
+
+    def envelope(self, chunk: bool = False) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if chunk and self.chat else self.kind
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+
+def speculation_stats(stats: SpecStats) -> dict[str, Any]:
+    """The request's round statistics (the `speculation` extension object of a response)."""
+    return {
+        "rounds": stats.rounds, "drafted": stats.drafted, "accepted": stats.accepted,
+        "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
+        "gamma": stats.gamma, "speculation_enabled": stats.gamma > 0 and not stats.speculation_unavailable,
+    }
+
+
+def usage(counts: Usage) -> dict[str, int]:
+    return {"prompt_tokens": counts.prompt_tokens, "completion_tokens": counts.completion_tokens,
+            "total_tokens": counts.total_tokens}
+
+
+def completion_object(call: Call, completion: Completion) -> dict[str, Any]:
+    """The whole response of a unary request."""
+    if call.chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
+                  "logprobs": None, "finish_reason": completion.finish_reason}
+    else:
+        choice = {"index": 0, "text": completion.text, "logprobs": None, "finish_reason": completion.finish_reason}
+    return {**call.envelope(), "choices": [choice], "usage": usage(completion.usage),
+            "speculation": speculation_stats(completion.stats)}
+
+
+def chunk_events(call: Call, delta: Delta, first: bool, include_usage: bool) -> list[str]:
+    """The server-sent events for one Delta: one chunk per round (a chat stream's first
+    chunk also carries the role); the last one adds finish_reason and `speculation`, then
+    (with stream_options.include_usage) a usage chunk without choices."""
+    if call.chat:
+        content = {"role": "assistant", "content": delta.text} if first else {"content": delta.text}
+        choice = {"index": 0, "delta": content, "logprobs": None, "finish_reason": delta.finish_reason}
+    else:
+        choice = {"index": 0, "text": delta.text, "logprobs": None, "finish_reason": delta.finish_reason}
+    chunk = {**call.envelope(chunk=True), "choices": [choice]}
+    if delta.stats is not None:
+        chunk["speculation"] = speculation_stats(delta.stats)
+    events = [sse(chunk)]
+    if include_usage and delta.usage is not None:
+        events.append(sse({**call.envelope(chunk=True), "choices": [], "usage": usage(delta.usage)}))
+    return events
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def error_body(kind: ErrorKind, message: str, exc: BaseException | None = None) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, OpenAI's error object) for a failure of `kind`."""
+    status, kind_name, code = ERRORS[kind]
+    param = param_of(exc) if exc is not None and kind is ErrorKind.INVALID else None
+    return status, {"error": {"message": message, "type": kind_name, "param": param, "code": code}}

@@ -1,0 +1,165 @@
+"""The OpenAI-compatible HTTP API end to end: real Ray, the draft worker and the target group
+as actors, the SpecdecRouter behind Ray Serve's HTTP proxy (and its gRPC proxy, the same
+app) on 127.0.0.1, called with the official `openai` client.
+
+Greedy output over HTTP equals the gRPC output and transformers' generate of the target;
+chat goes through the bundled chat template; streams end with `data: [DONE]`; seeds
+reproduce; 400 names the field, 429 past the admission limit, 504 past the request's
+deadline, 503 once the workers are gone; a client that disconnects mid-stream (or runs
+into its deadline) leaves no slot allocated on the workers.
+The app is started once for the module; the last test stops the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import openai
+import pytest
+import ray
+
+from actors.app import free_port, start_app
+from openai_http import OpenStream, get, sse_lines
+from specdec.config import load_config
+from specdec_rpc.client import SpecdecClient
+from specdec_rpc.remote_proposer import RemoteProposer
+from specdec_rpc.remote_verifier import RemoteVerifier
+
+NUM_SLOTS = 8
+MAX_CONCURRENT = 4
+MODEL = "bundled:target"
+
+
+@pytest.fixture(scope="module")
+def app():
+    config = load_config(overrides={
+        "cache": {"num_slots": NUM_SLOTS, "max_seq_len": 256},
+        "serving": {"port": free_port(), "http_port": free_port(), "host": "127.0.0.1",
+                    "max_concurrent_requests": MAX_CONCURRENT, "worker_timeout_s": 10.0},
+    })
+    app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
+    yield app
+    app.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    with openai.OpenAI(base_url=f"{app.http_url}/v1", api_key="unused", max_retries=0, timeout=120.0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def workers(app):
+    verifier, proposer = RemoteVerifier(app.target_address), RemoteProposer(app.draft_address)
+    yield verifier, proposer
+    verifier.close()
+    proposer.close()
+
+
+def wait_for_free_slots(workers, timeout_s: float = 15.0) -> tuple[int, int]:
+    verifier, proposer = workers
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free = verifier.info().free_slots, proposer.info().free_slots
+        if free == (NUM_SLOTS, NUM_SLOTS) or time.monotonic() > deadline:
+            return free
+        time.sleep(0.2)
+
+
+def test_both_protocols_are_served_by_the_same_app(app, client):
+    status, health = get(app.http_url, "/health")
+    assert status == 200 and health["ready"] and health["status"] == "serving"
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    with SpecdecClient(app.address, timeout_s=30.0) as grpc_client:
+        assert grpc_client.health() == "SERVING"
+
+
+def test_greedy_output_equals_grpc_and_transformers(app, client, tokenizer, prompt_ids, hf_greedy):
+    prompt, n = prompt_ids[1], 20
+    http = client.completions.create(model=MODEL, prompt=prompt, max_tokens=n, temperature=0,
+                                     extra_body={"speculation": {"mode": "on"}})
+    with SpecdecClient(app.address, timeout_s=120.0) as grpc_client:
+        over_grpc = grpc_client.generate(prompt_token_ids=prompt, max_new_tokens=n, mode="on")
+    assert list(over_grpc.token_ids) == hf_greedy(prompt, n)
+    assert http.choices[0].text == over_grpc.text == tokenizer.decode(hf_greedy(prompt, n), skip_special_tokens=True)
+    assert http.usage.completion_tokens == n and http.usage.prompt_tokens == len(prompt)
+    stats = http.model_extra["speculation"]
+    assert stats["drafted"] > 0 and stats["accepted"] > 0 and stats["rounds"] < n
+
+
+def test_chat_through_the_bundled_template_equals_transformers(client, tokenizer, hf_greedy):
+    messages = [{"role": "user", "content": "parse a CSV line"}]
+    response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+    ids = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                    add_special_tokens=False)["input_ids"]
+    assert response.choices[0].message.content == tokenizer.decode(hf_greedy(ids, 12), skip_special_tokens=True)
+    streamed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == response.choices[0].message.content
+
+
+def test_a_stream_sends_rounds_as_events_and_ends_with_done(app, client):
+    body = {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 24, "temperature": 0,
+            "speculation": {"mode": "on", "gamma": 4}}
+    lines = sse_lines(app.http_url, "/v1/completions", body)
+    assert lines[-1] == "[DONE]" and len(lines) > 3
+    chunks = [json.loads(line) for line in lines[:-1]]
+    unary = client.completions.create(model=MODEL, prompt="def parse(line):", max_tokens=24, temperature=0,
+                                      extra_body={"speculation": {"mode": "on", "gamma": 4}})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == unary.choices[0].text
+    assert len(chunks) == chunks[-1]["speculation"]["rounds"]
+
+
+def test_seeded_sampling_is_reproducible(client):
+    def run(seed):
+        return client.completions.create(model=MODEL, prompt="import sys", max_tokens=16, temperature=0.8,
+                                         seed=seed).choices[0].text
+
+    assert run(5) == run(5) != run(6)
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"temperature": -1}, "temperature"),
+    ({"max_tokens": 10**6}, "max_new_tokens"),
+    ({"n": 3}, "n"),
+    ({"model": "gpt-4"}, "model"),
+])
+def test_bad_input_is_400_naming_the_field(client, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(**{"model": MODEL, "prompt": "x", "max_tokens": 4, **kwargs})
+    assert error.value.param == param
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slots(app, workers):
+    stream = OpenStream(app.http_url, "/v1/completions", {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 180})
+    assert wait_for_free_slots(workers, timeout_s=0) == (NUM_SLOTS - 1, NUM_SLOTS - 1)
+    stream.drop()
+    assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
+
+
+def test_past_the_admission_limit_it_is_429(app, client, workers):
+    body = {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 180}
+    streams = [OpenStream(app.http_url, "/v1/completions", body) for _ in range(MAX_CONCURRENT)]
+    try:
+        with pytest.raises(openai.RateLimitError) as error:
+            client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert error.value.code == "admission_limit"
+    finally:
+        for stream in streams:
+            stream.drop()
+    assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
+
+
+def test_past_its_deadline_a_request_is_504_and_frees_its_slots(client, workers):
+    with pytest.raises(openai.APIStatusError) as error:
+        client.completions.create(model=MODEL, prompt="def parse(line):", max_tokens=180, extra_body={"timeout_s": 0.2})
+    assert error.value.status_code == 504
+    assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
+
+
+def test_once_the_workers_are_gone_it_is_503(app, client):
+    """Runs last: it stops the workers."""
+    ray.get(app.hub.shutdown.remote())
+    with pytest.raises(openai.APIStatusError) as error:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=8)
+    assert error.value.status_code == 503

@@ -1,0 +1,191 @@
+"""The OpenAI-compatible HTTP API on in-process models, served by uvicorn on 127.0.0.1 and
+called with the official `openai` client (no Ray: the same routes Serve's HTTP proxy runs).
+
+Completions and chat, unary and streaming (one event per round, `data: [DONE]` last);
+greedy output equals transformers' generate of the target; seeded sampling reproduces;
+400 names the field, 404 for unknown routes, 429 past the admission limit, 503 while not
+ready, 504 past the request's deadline; a client that disconnects frees its slots.
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from actors.ports import free_port
+from openai_http import OpenStream, UvicornThread, get, post, sse_lines, wait_until
+from specdec.config import load_config
+from specdec.engine_builder import local_served_engine
+from specdec.frontend import Frontend
+from specdec_http.http_api import HttpApi, asgi_app
+
+NUM_SLOTS = 4
+MAX_CONCURRENT = 2
+MODEL = "bundled:target"
+
+
+@pytest.fixture(scope="module")
+def served():
+    served = local_served_engine(load_config(overrides={
+        "cache": {"num_slots": NUM_SLOTS, "max_seq_len": 256}, "serving": {"max_concurrent_requests": MAX_CONCURRENT},
+    }))
+    yield served
+    served.close()
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    with UvicornThread(asgi_app(HttpApi(Frontend(served))), free_port()) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120.0) as client:
+        yield client
+
+
+def idle(served) -> bool:
+    return served.loop.num_requests == 0 and served.loop.engine.verifier.num_free_slots == NUM_SLOTS
+
+
+def test_greedy_completion_of_token_ids_equals_the_target_alone(client, tokenizer, prompt_ids, hf_greedy):
+    response = client.completions.create(model=MODEL, prompt=prompt_ids[0], max_tokens=16, temperature=0)
+    [choice] = response.choices
+    assert response.object == "text_completion" and response.model == MODEL and response.id.startswith("cmpl-")
+    assert choice.finish_reason == "length"
+    assert response.usage.prompt_tokens == len(prompt_ids[0]) and response.usage.completion_tokens == 16
+    assert response.usage.total_tokens == len(prompt_ids[0]) + 16
+    assert choice.text == tokenizer.decode(hf_greedy(prompt_ids[0], 16), skip_special_tokens=True)
+    stats = response.model_extra["speculation"]
+    assert stats["rounds"] < 16 and stats["drafted"] > 0
+
+
+def test_the_text_is_the_targets_greedy_continuation(client, tokenizer, hf_greedy):
+    prompt = "def parse(line):"
+    text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+    assert text == tokenizer.decode(hf_greedy(tokenizer(prompt, add_special_tokens=False)["input_ids"], 12),
+                                    skip_special_tokens=True)
+
+
+def test_a_stream_sends_one_event_per_round_and_ends_with_done(client, server):
+    body = {"model": MODEL, "prompt": "class Stack:", "max_tokens": 24, "temperature": 0,
+            "speculation": {"mode": "on", "gamma": 3}}
+    unary = client.completions.create(**{k: v for k, v in body.items() if k != "speculation"},
+                                      extra_body={"speculation": body["speculation"]})
+    lines = sse_lines(server.url, "/v1/completions", body)
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(line) for line in lines[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == unary.choices[0].text
+    assert len(chunks) == chunks[-1]["speculation"]["rounds"] == unary.model_extra["speculation"]["rounds"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+
+
+def test_the_official_client_streams_completions_with_usage(client):
+    stream = client.completions.create(model=MODEL, prompt="def fibonacci(n):", max_tokens=20, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == client.completions.create(model=MODEL, prompt="def fibonacci(n):", max_tokens=20, temperature=0).choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+
+
+def test_chat_completions_unary_and_streaming(client, tokenizer, hf_greedy):
+    messages = [{"role": "system", "content": "Python only."}, {"role": "user", "content": "a stack class"}]
+    response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert response.choices[0].message.role == "assistant"
+    assert response.choices[0].message.content == tokenizer.decode(hf_greedy(ids, 10), skip_special_tokens=True)
+    assert response.usage.prompt_tokens == len(ids)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == response.choices[0].message.content
+
+
+def test_seeded_sampling_is_reproducible(client):
+    def run(seed):
+        return client.completions.create(model=MODEL, prompt="import os", max_tokens=16, temperature=0.9, top_p=0.95,
+                                         seed=seed).choices[0].text
+
+    assert run(11) == run(11) != run(12)
+
+
+def test_models_and_health(client, server):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    status, body = get(server.url, "/health")
+    assert status == 200 and body["status"] == "serving" and body["ready"] and body["problems"] == []
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_tokens": 10**6}, "max_new_tokens"),
+    ({"n": 2}, "n"),
+    ({"extra_body": {"top_k": -1}}, "top_k"),
+    ({"extra_body": {"speculation": {"proposer": "oracle"}}}, "speculation.proposer"),
+    ({"prompt": ""}, "prompt"),
+])
+def test_bad_input_is_400_naming_the_field(client, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(**{"model": MODEL, "prompt": "x", "max_tokens": 4, **kwargs})
+    assert error.value.param == param and error.value.type == "invalid_request_error"
+    assert param in error.value.message
+
+
+def test_bad_input_to_a_stream_is_400_too_and_the_server_goes_on(client, prompt_ids, hf_greedy):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "nobody", "content": "x"}], stream=True)
+    assert error.value.param == "messages[0].role"
+    text = client.completions.create(model=MODEL, prompt=prompt_ids[1], max_tokens=6, temperature=0).choices[0].text
+    assert text  # still serving
+
+
+def test_under_a_route_prefix_the_paths_are_below_it(served):
+    """`serve deploy` configs may mount the app at a prefix (the ASGI root_path)."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    scope = {"type": "http", "method": "GET", "path": "/specdec/v1/models", "root_path": "/specdec",
+             "headers": [], "query_string": b""}
+    response = asyncio.run(HttpApi(Frontend(served)).handle(Request(scope)))
+    assert response.status_code == 200 and json.loads(response.body)["data"][0]["id"] == MODEL
+
+
+def test_an_unknown_route_is_404_in_openais_shape(server):
+    status, body = post(server.url, "/v1/embeddings", {"input": "x"})
+    assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
+
+
+def test_past_the_admission_limit_it_is_429_and_dropped_streams_free_their_slots(client, server, served):
+    body = {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 200, "temperature": 0}
+    streams = [OpenStream(server.url, "/v1/completions", body) for _ in range(MAX_CONCURRENT)]
+    try:
+        with pytest.raises(openai.RateLimitError) as error:
+            client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert error.value.code == "admission_limit" and "max_concurrent_requests" in error.value.message
+    finally:
+        for stream in streams:
+            stream.drop()  # the client disconnects mid-stream
+    assert wait_until(lambda: idle(served))
+
+
+def test_past_its_deadline_a_request_is_504_and_frees_its_slots(client, served):
+    with pytest.raises(openai.APIStatusError) as error:
+        client.completions.create(model=MODEL, prompt="def parse(line):", max_tokens=200, extra_body={"timeout_s": 0.05})
+    assert error.value.status_code == 504 and error.value.code == "deadline_exceeded"
+    assert wait_until(lambda: idle(served))
+
+
+def test_while_the_models_load_it_is_503(client, server, served):
+    frontend = Frontend()  # nothing loaded yet
+    with UvicornThread(asgi_app(HttpApi(frontend)), free_port()) as loading:
+        with openai.OpenAI(base_url=f"{loading.url}/v1", api_key="unused", max_retries=0) as early:
+            with pytest.raises(openai.APIStatusError) as error:
+                early.completions.create(model="specdec", prompt="x")
+        assert error.value.status_code == 503 and "still loading" in error.value.message
+        status, body = get(loading.url, "/health")
+        assert status == 503 and body["problems"] == ["models are still loading"]

@@ -1,0 +1,127 @@
+"""OpenAI's JSON to the frontend's requests and back: defaults, extensions, refusals that
+name the field, response and chunk shapes, and OpenAI's error object per error kind."""
+
+import json
+
+import pytest
+
+from specdec.frontend import Completion, Delta, Usage
+from specdec.serving_errors import AdmissionError, ErrorKind, InvalidRequestError, classify
+from specdec.stats import SpecStats
+from specdec_http.openai_api import chat_request, completion_request
+from specdec_http.openai_responses import Call, chunk_events, completion_object, error_body
+
+MODEL = "bundled:target"
+
+
+def test_a_completion_request_takes_openais_defaults_and_the_servers_budget():
+    request, stream = completion_request({"model": MODEL, "prompt": "def f():"}, MODEL)
+    assert (request.prompt, request.max_new_tokens, stream) == ("def f():", None, False)
+    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.top_k) == (1.0, 1.0, 0)
+    assert (request.mode, request.gamma, request.proposer, request.timeout_s) == ("auto", None, None, None)
+
+
+def test_fields_and_extensions_travel():
+    body = {"model": MODEL, "prompt": [[5, 6, 7]], "max_tokens": 9, "temperature": 0, "top_p": 0.5, "top_k": 3,
+            "seed": 2**64 - 1, "stop": "\n\n", "stop_token_ids": [2], "n": 1, "stream": True, "timeout_s": 1.5,
+            "speculation": {"mode": "on", "gamma": 6, "proposer": "ngram"}, "logprobs": None, "user": "me"}
+    request, stream = completion_request(body, MODEL)
+    assert stream and request.prompt_token_ids == (5, 6, 7) and request.max_new_tokens == 9
+    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.top_k, request.sampling.seed) == (
+        0.0, 0.5, 3, 2**64 - 1)
+    assert (request.stop, request.stop_token_ids, request.timeout_s, request.request_id) == (("\n\n",), (2,), 1.5, "me")
+    assert (request.mode, request.gamma, request.proposer) == ("on", 6, "ngram")
+
+
+def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}
+    request, _ = chat_request(body, MODEL)
+    assert request.messages == ({"role": "user", "content": "hi"},) and request.max_new_tokens == 5
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "logprobs": 5}, "logprobs"),
+    ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"prompt": "x", "mystery": 1}, "mystery"),
+    ({"prompt": "x", "model": "gpt-4"}, "model"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": 3}, "prompt"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": "ten"}, "max_tokens"),
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "top_k": -1}, "top_k"),
+    ({"prompt": "x", "seed": -1}, "seed"),
+    ({"prompt": "x", "stop": [1]}, "stop"),
+    ({"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
+    ({"prompt": "x", "stream": "yes"}, "stream"),
+    ({"prompt": "x", "speculation": {"gamma": -2}}, "speculation.gamma"),
+    ({"prompt": "x", "speculation": {"colour": "blue"}}, "speculation"),
+    ({"prompt": "x", "timeout_s": float("nan")}, "timeout_s"),
+])
+def test_bad_or_unsupported_fields_are_refused_naming_them(body, param):
+    with pytest.raises(InvalidRequestError) as error:
+        completion_request(body, MODEL)
+    assert error.value.param == param
+    status, obj = error_body(classify(error.value), str(error.value), error.value)
+    assert status == 400 and obj["error"]["param"] == param and obj["error"]["type"] == "invalid_request_error"
+
+
+def test_a_body_that_is_not_an_object_is_refused():
+    with pytest.raises(InvalidRequestError, match="body"):
+        completion_request(["prompt"], MODEL)
+
+
+def completion(text="hi", ids=(1, 2), reason="stop") -> Completion:
+    stats = SpecStats(rounds=2, drafted=4, accepted=1, emitted=len(ids), gamma=2)
+    return Completion("req-1", text, list(ids), reason, stats, Usage(3, len(ids)))
+
+
+def test_a_completion_becomes_a_text_completion_with_usage_and_speculation():
+    obj = completion_object(Call("cmpl-1", "text_completion", MODEL, 0), completion())
+    assert obj["object"] == "text_completion" and obj["model"] == MODEL
+    assert obj["choices"] == [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "stop"}]
+    assert obj["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert obj["speculation"]["rounds"] == 2 and obj["speculation"]["acceptance_rate"] == 0.25
+
+
+def test_a_chat_completion_has_an_assistant_message():
+    obj = completion_object(Call.new(chat=True, model=MODEL), completion())
+    assert obj["id"].startswith("chatcmpl-") and obj["object"] == "chat.completion"
+    assert obj["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
+
+
+def events(data: list[str]) -> list[dict]:
+    assert all(e.startswith("data: ") and e.endswith("\n\n") for e in data)
+    return [json.loads(e[len("data: "):]) for e in data]
+
+
+def test_chat_chunks_carry_the_role_first_and_the_outcome_last():
+    call = Call("chatcmpl-1", "chat.completion", MODEL, 0)
+    [first] = events(chunk_events(call, Delta("de", [1]), first=True, include_usage=True))
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "de"} and first["choices"][0]["finish_reason"] is None
+    last = Delta("f", [2], "length", SpecStats(rounds=1), Usage(4, 2))
+    chunk, usage = events(chunk_events(call, last, first=False, include_usage=True))
+    assert chunk["choices"][0]["delta"] == {"content": "f"} and chunk["choices"][0]["finish_reason"] == "length"
+    assert chunk["speculation"]["rounds"] == 1
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 6
+    assert len(chunk_events(call, last, first=False, include_usage=False)) == 1
+
+
+@pytest.mark.parametrize("exc, status, code", [
+    (AdmissionError("admission limit reached"), 429, "admission_limit"),
+    (TimeoutError("deadline exceeded"), 504, "deadline_exceeded"),
+    (RuntimeError("boom"), 500, None),
+])
+def test_each_error_kind_has_its_http_status(exc, status, code):
+    got, obj = error_body(classify(exc), str(exc), exc)
+    assert got == status and obj["error"]["code"] == code and obj["error"]["param"] is None
+    assert set(obj["error"]) == {"message", "type", "param", "code"}
+
+
+def test_unavailable_is_503():
+    assert error_body(ErrorKind.UNAVAILABLE, "loading")[0] == 503
