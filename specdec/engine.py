@@ -145,7 +145,8 @@ class SpeculativeEngine:
         seq = self._finished.pop(seq_id)
         if seq.error is not None:
             raise seq.error
-        return GenerationResult(seq.seq_id, seq.output_ids, seq.stop_checker.text, seq.finish_reason or "", seq.stats)
+        return GenerationResult(seq.seq_id, seq.output_ids, seq.stop_checker.text, seq.finish_reason or "", seq.stats,
+                                queue_s=seq.queue_s)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Convenience: run the given requests to completion, batched together."""
@@ -287,7 +288,9 @@ class SpeculativeEngine:
         those are counted as taken already."""
         free = self.verifier.num_free_slots - sum(1 for seq in self._running if seq.stats.rounds == 0)
         while self._waiting and free > 0:
-            self._running.append(self._waiting.popleft())
+            seq = self._waiting.popleft()
+            seq.started_at = time.monotonic()
+            self._running.append(seq)
             free -= 1
 
     def _active(self) -> list[Sequence]:

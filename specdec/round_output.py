@@ -32,3 +32,4 @@ class GenerationResult:
     text: str
     finish_reason: str
     stats: SpecStats
+    queue_s: float = 0.0  # seconds it waited for a cache slot before its first round

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from specdec.request import GenerationRequest
@@ -25,6 +26,8 @@ class Sequence:
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None
     error: BaseException | None = None  # why the request failed (finish_reason "error")
+    queued_at: float = field(default_factory=time.monotonic)  # when it was added (time.monotonic)
+    started_at: float | None = None  # when it left the queue for its first round
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -42,6 +45,11 @@ class Sequence:
     def remaining(self) -> int:
         """Tokens still allowed by max_new_tokens."""
         return self.request.max_new_tokens - len(self.output_ids)
+
+    @property
+    def queue_s(self) -> float:
+        """Seconds it waited for a cache slot before its first round (so far, if still waiting)."""
+        return (self.started_at if self.started_at is not None else time.monotonic()) - self.queued_at
 
     @property
     def finished(self) -> bool:

@@ -96,3 +96,12 @@ def test_a_prompt_longer_than_the_context_is_rejected_naming_the_field(make_engi
 def test_stats_report_the_policys_gamma_even_when_the_last_round_is_cut_short(draft_engine, prompt_ids):
     [r] = draft_engine.engine.generate([GenerationRequest(prompt_ids[2], 9, ignore_eos=True)])
     assert r.stats.gamma == 4
+
+
+def test_queue_time_counts_the_rounds_a_request_waited_for_a_slot(make_engine, prompt_ids):
+    """Two slots, three requests: the third waits for a slot; the first two start at once."""
+    built = make_engine("ngram", gamma=2, num_slots=2)
+    results = built.engine.generate([GenerationRequest(p, 12) for p in prompt_ids[:3]])
+    first, second, third = (r.queue_s for r in results)
+    assert 0 <= first < third and 0 <= second < third
+    assert third > 0.0
