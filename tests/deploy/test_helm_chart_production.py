@@ -1,0 +1,355 @@
+"""The chart's production surface (issue 13), rendered by the real helm binary: values.schema.json,
+API security (tokens, TLS, internal secret) as specdec `security.*` args, KubeRay's Ray token
+authentication, GCS fault tolerance and upgrade strategy, the read-only root filesystem, the
+PodDisruptionBudget and the Grafana dashboard (checked against the metric names the code defines)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import chart_views as view
+from chart_views import RAYSERVICE_CRD, VALUE_SETS, VALUES
+from deploy_helpers import (CHART_DIR, REPO_ROOT, HelmError, crd_schema, run_helm,  # registered by conftest.py
+                            schema_errors, strip_source)
+
+SCHEMA = json.loads((CHART_DIR / "values.schema.json").read_text())
+DASHBOARD_FILE = CHART_DIR / "dashboards" / "specdec.json"
+
+
+# --------------------------------------------------------------------------- values.schema.json
+
+
+def _schema_paths(node, prefix=""):
+    """Dotted paths of every property the schema closes (additionalProperties: false)."""
+    out = set()
+    for key, sub in node.get("properties", {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        out.add(path)
+        if sub.get("additionalProperties") is False:
+            out |= _schema_paths(sub, path)
+    return out
+
+
+def test_schema_should_describe_every_values_key_and_nothing_else():
+    assert SCHEMA.get("additionalProperties") is False
+    closed = {p for p in _schema_paths(SCHEMA)}
+    values = set()
+
+    def walk(node, schema, prefix=""):
+        for key, sub in node.items():
+            path = f"{prefix}.{key}" if prefix else key
+            values.add(path)
+            sub_schema = schema["properties"][key]
+            if isinstance(sub, dict) and sub_schema.get("additionalProperties") is False:
+                walk(sub, sub_schema, path)
+
+    walk(VALUES, SCHEMA)
+    assert values <= closed
+    stale = {p for p in closed if p not in values and not p.startswith("specdec.config.")}
+    assert not stale, f"schema keys no longer in values.yaml: {sorted(stale)}"
+
+
+@pytest.mark.parametrize("values", sorted(VALUE_SETS))
+def test_default_and_ci_values_should_pass_the_schema(render, values):
+    assert render(VALUE_SETS[values]).of_kind("RayService")
+
+
+@pytest.mark.parametrize("sets, message", [
+    ({"grpc.portt": 50051}, "portt"),                                   # typo'd key
+    ({"workerGroups.target.gpu": 4}, "gpu"),                            # typo'd nested key
+    ({"redis.auth.password": "s3cret"}, "password"),                    # removed: no plain-text passwords
+    ({"grpc.port": 70000}, "65"),                                       # impossible port
+    ({"service.type": "Loadbalancer"}, "LoadBalancer"),                 # not a Service type
+    ({"workerGroups.target.replicas": -1}, "minimum"),
+    ({"workerGroups.draft.gpus": "one"}, "number"),
+    ({"upgradeStrategy.type": "Rolling"}, "NewCluster"),
+    ({"head.livenessProbe.failureThreshold": 0}, "minimum"),
+    ({"rayPods.tmpSizeLimit": "lots"}, "pattern"),
+    ({"specdec.config.cache.max_seq_len": 0}, "minimum"),
+    ({"specdec.config.serving.port": 1234}, "serving/port"),            # set by the chart, not by hand
+    ({"externalRedis.url": "redis://user:pw@r:6379/0"}, "externalRedis/url"),  # no password in the URL
+    ({"podDisruptionBudget.maxUnavailable": "half"}, "maxUnavailable"),
+])
+def test_a_typo_or_an_impossible_value_should_fail_rendering(render, sets, message):
+    with pytest.raises(HelmError, match=re.escape(message)):
+        render((), **sets)
+
+
+def test_helm_install_should_refuse_a_typo_too(helm_bin):
+    with pytest.raises(HelmError, match="replicass"):
+        run_helm(helm_bin, "install", "specdec", str(CHART_DIR), "--dry-run=client",
+                 "--set", "workerGroups.target.replicass=2")
+
+
+# --------------------------------------------------------------------------- API security
+
+
+def _args(docs):
+    return view.serve_config(docs)["applications"][0]["args"]
+
+
+def _mounts(template):
+    return {m["name"]: m for m in view.container(template)["volumeMounts"]}
+
+
+def _volumes(template):
+    return {v["name"]: v for v in template["spec"]["volumes"]}
+
+
+def test_auth_should_be_on_by_default_with_a_generated_token_file_on_every_ray_pod(rendered):
+    security = _args(rendered)["security"]
+    assert security["api_tokens_file"] == "/etc/specdec/api-tokens/tokens"
+    assert security["internal_secret_file"] == "/etc/specdec/internal/secret"
+    assert security["open_health"] is True
+    assert "tls_cert_file" not in security and "tls_key_file" not in security  # TLS needs a cert Secret
+    tokens = strip_source(rendered.one("Secret", "-api-tokens"))
+    internal = strip_source(rendered.one("Secret", "-internal"))
+    assert tokens["data"]["tokens"] and internal["data"]["secret"]
+    for template in view.ray_pod_templates(rendered):
+        volumes, mounts = _volumes(template), _mounts(template)
+        assert volumes["api-tokens"]["secret"]["secretName"] == tokens["metadata"]["name"]
+        assert volumes["internal-secret"]["secret"]["secretName"] == internal["metadata"]["name"]
+        assert mounts["api-tokens"]["mountPath"] + "/tokens" == security["api_tokens_file"]
+        assert mounts["internal-secret"]["mountPath"] + "/secret" == security["internal_secret_file"]
+        assert all(mounts[n]["readOnly"] for n in ("api-tokens", "internal-secret"))
+        assert volumes["api-tokens"]["secret"]["defaultMode"] == 0o440
+
+
+def test_no_secret_value_should_appear_in_args_or_env(rendered):
+    """Secrets reach the pods as mounted files or secretKeyRefs, never as literal values."""
+    secret_values = {v for s in rendered.of_kind("Secret") for v in s["data"].values()}
+    import base64
+    plain = {base64.b64decode(v).decode() for v in secret_values}
+    text = yaml.safe_dump([strip_source(d) for d in rendered if d["kind"] != "Secret"])
+    for value in plain:
+        assert value not in text
+
+
+def test_tls_and_existing_token_and_internal_secrets_should_be_mounted_as_files(render, crds):
+    docs = render((), **{"security.tls.existingSecret": "api-cert", "security.auth.existingSecret": "tokens",
+                         "security.auth.secretKey": "list", "security.auth.openHealth": False,
+                         "security.internal.existingSecret": "shared"})
+    security = _args(docs)["security"]
+    assert security == {"tls_cert_file": "/etc/specdec/tls/tls.crt", "tls_key_file": "/etc/specdec/tls/tls.key",
+                        "api_tokens_file": "/etc/specdec/api-tokens/list", "open_health": False,
+                        "internal_secret_file": "/etc/specdec/internal/secret"}
+    assert not docs.of_kind("Secret")[1:] and [s["metadata"]["name"] for s in docs.of_kind("Secret")] == ["specdec-redis"]
+    for template in view.ray_pod_templates(docs):
+        volumes = _volumes(template)
+        assert volumes["api-tls"]["secret"]["secretName"] == "api-cert"
+        assert volumes["api-tokens"]["secret"]["secretName"] == "tokens"
+        assert volumes["internal-secret"]["secret"]["secretName"] == "shared"
+    service = strip_source(docs.one("Service", "specdec"))
+    assert [p["appProtocol"] for p in service["spec"]["ports"]] == ["https", "https"]
+    assert schema_errors(view.rayservice(docs), crd_schema(RAYSERVICE_CRD)) == []
+
+
+def test_auth_can_be_turned_off(render):
+    docs = render((), **{"security.auth.enabled": False})
+    assert "api_tokens_file" not in _args(docs)["security"]
+    assert not [s for s in docs.of_kind("Secret") if s["metadata"]["name"].endswith("-api-tokens")]
+    assert "api-tokens" not in _volumes(view.head(docs)["template"])
+
+
+def test_serve_args_with_security_should_be_a_valid_specdec_config(render):
+    from specdec.config import load_config
+
+    docs = render((), **{"security.tls.existingSecret": "api-cert"})
+    config = load_config(overrides=_args(docs))
+    assert config.security.api_tokens_file and config.security.tls_cert_file.endswith("tls.crt")
+    assert config.serving.http_port == VALUES["serve"]["httpPort"]
+
+
+# --------------------------------------------------------------------------- KubeRay options
+
+
+def test_ray_token_authentication_should_be_on(rendered, crds):
+    cluster = view.cluster(rendered)
+    assert cluster["authOptions"] == {"mode": "token"}
+    assert schema_errors(view.rayservice(rendered), crd_schema(RAYSERVICE_CRD)) == []
+
+
+def test_ray_token_authentication_can_use_a_secret_or_be_disabled(render):
+    assert view.cluster(render((), **{"ray.auth.secretName": "ray-token"}))["authOptions"] == {
+        "mode": "token", "secretName": "ray-token"}
+    assert view.cluster(render((), **{"ray.auth.enabled": False}))["authOptions"] == {"mode": "disabled"}
+
+
+def test_gcs_fault_tolerance_should_use_the_charts_redis_and_its_password(rendered):
+    ft = view.cluster(rendered)["gcsFaultToleranceOptions"]
+    redis_service = strip_source(rendered.one("Service", "-redis"))
+    assert ft["redisAddress"] == f"{redis_service['metadata']['name']}.serving.svc:{redis_service['spec']['ports'][0]['port']}"
+    secret = strip_source(rendered.one("Secret", "-redis"))
+    assert ft["redisPassword"] == {"valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"],
+                                                                  "key": "redis-password"}}}
+
+
+def test_gcs_fault_tolerance_can_be_turned_off(render):
+    docs = render((), **{"ray.gcsFaultTolerance.enabled": False})
+    assert "gcsFaultToleranceOptions" not in view.cluster(docs)
+    (rule,) = strip_source(docs.one("NetworkPolicy", "-redis"))["spec"]["ingress"]
+    assert len(rule["from"]) == 1  # no clean-up Job to admit
+
+
+def test_upgrade_strategy_should_be_configurable(render, crds):
+    spec = view.rayservice(render())["spec"]
+    assert spec["upgradeStrategy"] == {"type": "NewCluster"} and spec["rayClusterDeletionDelaySeconds"] == 60
+    docs = render((), **{"upgradeStrategy.type": "None", "upgradeStrategy.rayClusterDeletionDelaySeconds": 0})
+    spec = view.rayservice(docs)["spec"]
+    assert spec["upgradeStrategy"] == {"type": "None"} and spec["rayClusterDeletionDelaySeconds"] == 0
+    assert schema_errors(view.rayservice(docs), crd_schema(RAYSERVICE_CRD)) == []
+
+
+# --------------------------------------------------------------------------- filesystem, PDB
+
+
+def test_ray_containers_should_have_a_read_only_root_and_writable_emptydirs(rendered):
+    for template in view.ray_pod_templates(rendered):
+        container = view.container(template)
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        mounts, volumes = _mounts(template), _volumes(template)
+        for name, path in (("tmp", "/tmp"), ("home-cache", "/home/specdec/.cache"), ("dshm", "/dev/shm")):
+            assert mounts[name]["mountPath"] == path and "emptyDir" in volumes[name]
+            assert volumes[name]["emptyDir"]["sizeLimit"]
+        env = view.env(container)
+        for var in ("HF_HOME", "XDG_CACHE_HOME", "TRITON_CACHE_DIR"):
+            assert env[var].startswith("/home/specdec/.cache"), var
+    redis = view.container(rendered.one("Deployment", "-redis")["spec"]["template"])
+    assert redis["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_read_only_root_can_be_turned_off(render):
+    docs = render((), **{"rayPods.readOnlyRootFilesystem": False})
+    for template in view.ray_pod_templates(docs):
+        assert view.container(template)["securityContext"]["readOnlyRootFilesystem"] is False
+
+
+def test_pod_disruption_budget_should_cover_every_ray_pod(rendered):
+    pdb = strip_source(rendered.one("PodDisruptionBudget"))
+    assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["maxUnavailable"] == 0
+    for template in view.ray_pod_templates(rendered):
+        assert view.selects(pdb["spec"]["selector"]["matchLabels"], template["metadata"]["labels"])
+    redis_labels = rendered.one("Deployment", "-redis")["spec"]["template"]["metadata"]["labels"]
+    assert not view.selects(pdb["spec"]["selector"]["matchLabels"], redis_labels)
+
+
+def test_pod_disruption_budget_can_allow_evictions_or_be_left_out(render):
+    assert render((), **{"podDisruptionBudget.maxUnavailable": 1}).one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    assert not render((), **{"podDisruptionBudget.enabled": False}).of_kind("PodDisruptionBudget")
+
+
+def test_default_cache_should_be_sized_for_the_gpu_model_not_1024_tokens():
+    cache = VALUES["specdec"]["config"]["cache"]
+    assert cache["max_seq_len"] >= 8192 and cache["max_seq_len"] <= 32768  # Qwen2.5-14B's context
+    ci = yaml.safe_load((CHART_DIR / "ci" / "ci-values.yaml").read_text())["specdec"]["config"]["cache"]
+    bundled = json.loads((REPO_ROOT / "specdec" / "bundled" / "target" / "config.json").read_text())
+    assert ci["max_seq_len"] <= bundled["max_position_embeddings"]
+
+
+# --------------------------------------------------------------------------- Grafana dashboard
+
+
+def exported_metric_names() -> dict[str, str]:
+    """Prometheus names of the metrics the code defines, read from actors/router_metrics.py (and any
+    other actors/*metrics*.py / specdec/*metrics*.py): `counter|gauge|histogram(NAME, ...)` calls
+    (or Counter/Gauge/Histogram) whose NAME is a string or an f-string over module or function
+    string constants. Ray exports them with the `ray_` prefix; counters get `_total`, histograms
+    `_bucket`, `_sum` and `_count`. Returns {prometheus name: kind}."""
+    files = sorted({REPO_ROOT / "actors" / "router_metrics.py", *REPO_ROOT.glob("actors/*metrics*.py"),
+                    *REPO_ROOT.glob("specdec/*metrics*.py")})
+    names: dict[str, str] = {}
+    for path in files:
+        tree = ast.parse(path.read_text())
+        constants = {t.id: n.value.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                     and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                     for t in n.targets if isinstance(t, ast.Name)}
+
+        def text(node):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                return node.value
+            if isinstance(node, ast.JoinedStr):
+                parts = [text(v.value) if isinstance(v, ast.FormattedValue) else text(v) for v in node.values]
+                return None if None in parts else "".join(parts)
+            if isinstance(node, ast.Name):
+                return constants.get(node.id)
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+                left, right = text(node.left), text(node.right)
+                return None if left is None or right is None else left + right
+            return None
+
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            func = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
+            kind = func.lower()
+            if kind not in ("counter", "gauge", "histogram") or not call.args:
+                continue
+            name = text(call.args[0])
+            assert name, f"{path.name}:{call.lineno}: metric name the test cannot read"
+            base = f"ray_{name}"
+            suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}[kind]
+            for suffix in suffixes:
+                names[base + suffix] = kind
+    return names
+
+
+def test_metric_names_are_read_from_the_code():
+    names = exported_metric_names()
+    assert "ray_specdec_spec_decode_num_accepted_tokens_total" in names
+    assert "ray_specdec_time_to_first_token_seconds_bucket" in names
+    assert "ray_specdec_qps" in names and len(names) >= 15
+
+
+def _dashboard_queries(dashboard) -> list[tuple[str, str]]:
+    out = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            out.append((panel["title"], target["expr"]))
+    return out
+
+
+def test_every_dashboard_query_should_use_metrics_the_code_exports():
+    dashboard = json.loads(DASHBOARD_FILE.read_text())
+    exported = exported_metric_names()
+    queries = _dashboard_queries(dashboard)
+    assert len(queries) >= 10
+    for title, expr in queries:
+        used = set(re.findall(r"\b(ray_specdec_[A-Za-z0-9_]+)", expr))
+        assert used, f"{title}: {expr} queries no specdec metric"
+        unknown = used - set(exported)
+        assert not unknown, f"panel {title!r} queries {sorted(unknown)}, not exported by the code"
+        for name in used:  # histogram_quantile needs buckets; rate() needs counters or histogram parts
+            if "histogram_quantile" in expr and "_seconds" in name:
+                assert name.endswith("_bucket"), (title, name)
+
+
+def test_dashboard_should_show_what_an_operator_needs():
+    dashboard = json.loads(DASHBOARD_FILE.read_text())
+    assert dashboard["uid"] and dashboard["templating"]["list"][0]["type"] == "datasource"
+    exprs = " ".join(e for _, e in _dashboard_queries(dashboard))
+    for needed in ("ray_specdec_qps", "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
+                   "num_accepted_tokens_per_pos_total", "spec_decode_gamma", "spec_decode_enabled",
+                   "num_requests_waiting", "num_requests_running"):
+        assert needed in exprs, needed
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_dashboard_configmap_should_carry_the_file_and_the_sidecar_label(render):
+    cm = strip_source(render().one("ConfigMap", "-dashboard"))
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["specdec.json"]) == json.loads(DASHBOARD_FILE.read_text())
+    other = strip_source(render((), **{"metrics.grafanaDashboard.labels": {"dash": "yes", "grafana_dashboard": None},
+                                       "metrics.grafanaDashboard.namespace": "monitoring",
+                                       "metrics.grafanaDashboard.annotations": {"grafana_folder": "LLM"}}).one("ConfigMap"))
+    assert other["metadata"]["labels"]["dash"] == "yes" and "grafana_dashboard" not in other["metadata"]["labels"]
+    assert other["metadata"]["namespace"] == "monitoring"
+    assert other["metadata"]["annotations"] == {"grafana_folder": "LLM"}
+    assert not render((), **{"metrics.grafanaDashboard.enabled": False}).of_kind("ConfigMap")
