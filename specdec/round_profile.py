@@ -6,7 +6,10 @@ that GetStats and the serving benchmark report."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+RECENT_ROUNDS = 4096  # per-round timings kept for histograms until collected
 
 
 @dataclass
@@ -27,6 +30,9 @@ class RoundProfile:
     verify_compute_s: float = 0.0
     round_s: float = 0.0
     overlap_s: float = 0.0
+    # (propose wall s or None when nothing was drafted, verify wall s) of recent rounds, for
+    # histograms; `drain_recent` collects them
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_ROUNDS), repr=False, compare=False)
 
     def record(
         self, propose: tuple[float, float | None], verify: tuple[float, float | None], round_s: float,
@@ -41,6 +47,7 @@ class RoundProfile:
         self.verify_s += verify[0]
         self.verify_compute_s += verify[0] if verify[1] is None else min(verify[1], verify[0])
         self.round_s += round_s
+        self.recent.append((propose[0] if propose[0] > 0 else None, verify[0]))
 
     def means_ms(self) -> dict[str, float]:
         """Per-round means in milliseconds: draft and target compute, each call's hop, the
@@ -58,5 +65,15 @@ class RoundProfile:
             "round_ms": self.round_s * per,
         }
 
+    def drain_recent(self) -> list[tuple[float | None, float]]:
+        """The recent rounds' (propose s or None, verify s) since the last drain (safe while
+        the engine's thread records: popleft is atomic)."""
+        items = []
+        while self.recent:
+            items.append(self.recent.popleft())
+        return items
+
     def to_dict(self) -> dict[str, float]:
-        return asdict(self)
+        data = asdict(self)
+        data.pop("recent")
+        return data

@@ -48,6 +48,10 @@ class TargetVerifier(Verifier):
     def num_free_slots(self) -> int:
         return self.runner.num_free_slots
 
+    @property
+    def num_slots(self) -> int:
+        return self.runner.cache.num_slots
+
     def active_sequences(self) -> list[str]:
         return list(self._states)
 

@@ -11,6 +11,11 @@ from specdec.stats import SpecStats
 class Fake:
     def __init__(self, name, description="", tag_keys=(), boundaries=None):
         self.name, self.value, self.by_tag, self.observed = name, 0.0, {}, []
+        self.tag_keys, self.default_tags = tag_keys, {}
+
+    def set_default_tags(self, tags):
+        assert set(tags) <= set(self.tag_keys)
+        self.default_tags = tags
 
     def inc(self, value=1.0, tags=None):
         self.value += value
@@ -22,7 +27,7 @@ class Fake:
         self.value = value
 
     def observe(self, value, tags=None):
-        self.observed.append(value)
+        self.observed.append((value, tuple(sorted((tags or {}).items()))) if tags else value)
 
 
 def engine_with(rounds):
@@ -74,3 +79,50 @@ def test_streams_feed_the_latency_histograms():
     metrics.observe_stream(0.2, [(0.03, 3), (0.01, 1)])
     assert metrics.ttft.observed == [0.2]
     assert metrics.itl.observed == [0.01, 0.01, 0.01, 0.01]
+
+
+def test_every_metric_carries_the_model_tag():
+    metrics = RouterMetrics((Fake, Fake, Fake), model="bundled:target")
+    made = [m for m in vars(metrics).values() if isinstance(m, Fake)]
+    assert len(made) >= 20 and all(m.default_tags == {"model": "bundled:target"} for m in made)
+
+
+def test_drafted_tokens_per_position_let_per_position_acceptance_survive_a_change_of_gamma():
+    metrics = RouterMetrics((Fake, Fake, Fake))
+    metrics.update(engine_with([(4, 2), (2, 2)]), None)  # γ 4, then γ 2
+    drafted = {k[0][1]: v for k, v in metrics.drafted_per_pos.by_tag.items()}
+    accepted = {k[0][1]: v for k, v in metrics.accepted_per_pos.by_tag.items()}
+    assert drafted == {"0": 2, "1": 2, "2": 1, "3": 1}
+    assert accepted == {"0": 2, "1": 2}
+
+
+def test_round_timings_and_cache_use_come_from_the_engine():
+    from specdec.round_profile import RoundProfile
+
+    engine = engine_with([])
+    engine.profile = RoundProfile()
+    engine.profile.record((0.004, None), (0.010, None), 0.015)
+    engine.profile.record((0.0, None), (0.008, None), 0.009)  # a round that drafted nothing
+    engine.verifier = SimpleNamespace(num_slots=8, num_free_slots=6)
+    metrics = RouterMetrics((Fake, Fake, Fake))
+    metrics.update(engine, None)
+    assert metrics.draft_time.observed == [0.004] and metrics.verify_time.observed == [0.010, 0.008]
+    assert metrics.cache_usage.value == 0.25
+    metrics.update(engine, None)  # each round is observed once
+    assert len(metrics.verify_time.observed) == 2
+
+
+def test_finished_requests_feed_latency_queue_tokens_and_finish_reasons():
+    from specdec.request_log import FinishedRequest, RequestLog
+
+    log = RequestLog(limit=3)
+    for i in range(4):  # the oldest is dropped: nobody drained
+        log.add(FinishedRequest(10 + i, 5, "length" if i % 2 else "stop", 0.5 + i, 0.1, streaming=bool(i % 2)))
+    metrics = RouterMetrics((Fake, Fake, Fake))
+    metrics.observe_finished(log.drain())
+    assert log.drain() == []
+    assert metrics.prompt_tokens.value == 11 + 12 + 13 and metrics.generation_tokens.value == 15
+    assert {k[0][1]: v for k, v in metrics.finished.by_tag.items()} == {"length": 2, "stop": 1}
+    assert sorted(metrics.latency.observed) == [(1.5, (("streaming", "true"),)), (2.5, (("streaming", "false"),)),
+                                                (3.5, (("streaming", "true"),))]
+    assert metrics.queue_time.observed == [0.1, 0.1, 0.1]
