@@ -37,7 +37,7 @@ ARG SPECDEC_EXTRAS=
 ARG UID=1000
 
 LABEL org.opencontainers.image.title="specdec" \
-      org.opencontainers.image.description="Distributed lossless speculative decoding on Ray Serve (gRPC)" \
+      org.opencontainers.image.description="Distributed lossless speculative decoding on Ray Serve (gRPC and HTTP)" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 ENV PIP_NO_CACHE_DIR=1 \
@@ -70,7 +70,7 @@ RUN pip install "ray[default,serve]==${RAY_VERSION}" "$(ls /wheels/specdec-*.whl
 USER ${UID}
 WORKDIR /home/specdec
 
-# 50051 gRPC API (Ray Serve's gRPC proxy), 8000 Serve HTTP proxy (health only),
+# 50051 gRPC API (Ray Serve's gRPC proxy), 8000 HTTP API (Ray Serve's HTTP proxy),
 # 6379 Ray GCS, 8265 Ray dashboard, 10001 Ray client, 8080 Prometheus metrics.
 EXPOSE 50051 8000 6379 8265 10001 8080
 

@@ -307,6 +307,9 @@ def test_serve_config_grpc_options_match_the_router():
     config = _load(SERVE_CONFIG)
     assert config["grpc_options"]["grpc_servicer_functions"] == _grpc_servicer_functions_of_router()
     assert config["grpc_options"]["port"] == config["applications"][0]["args"]["serving"]["port"] == 50051
+    # the HTTP API: Serve's HTTP proxy on every interface of the head, on serving.http_port
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
+    assert config["applications"][0]["args"]["serving"]["http_port"] == 8000
     assert config["proxy_location"] == "HeadOnly"
     # without a route prefix the app is no endpoint of the proxies (gRPC included)
     assert config["applications"][0]["route_prefix"] == "/specdec"
@@ -330,3 +333,18 @@ def test_serve_import_path_names_an_application_builder():
     builders = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == attribute]
     assert builders, f"{module} defines no {attribute}(args) application builder"
     assert len(builders[0].args.args) >= 1, f"{attribute} must take the args dict"
+
+
+def test_gpu_configs_size_the_cache_for_the_model_not_1024_tokens():
+    """Qwen2.5-14B's context is 32768 tokens: the GPU configs set a realistic cache length."""
+    cache = _load(SPECDEC_GPU_CONFIG)["cache"]
+    assert 8192 <= cache["max_seq_len"] <= 32768 and cache["num_slots"] >= 8
+    assert _load(SERVE_CONFIG)["applications"][0]["args"]["cache"] == cache
+
+
+def test_aws_security_group_opens_the_grpc_and_http_ports_to_a_documented_range_only():
+    rules = _load(CLUSTER_DIR / "aws-gpu.yaml")["provider"]["security_group"]["IpPermissions"]
+    assert sorted(r["FromPort"] for r in rules) == [8000, 50051]
+    for rule in rules:
+        assert rule["FromPort"] == rule["ToPort"]
+        assert all(r["CidrIp"] != "0.0.0.0/0" for r in rule["IpRanges"])
