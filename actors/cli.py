@@ -80,7 +80,7 @@ def _with_load_store(config: SpecdecConfig) -> tuple[SpecdecConfig, LocalRedis |
 
 def run_serve(args: argparse.Namespace) -> int:
     config = _serve_config(args)
-    check_model_paths(config.models, draft_needed=config.speculation.proposer == "draft")  # before Ray starts
+    check_model_paths(config.models, draft_needed=config.speculation.proposer == registry.DRAFT)  # before Ray starts
     from actors.app import start_app  # ray and serve only for this subcommand
 
     config, local_redis, store = _with_load_store(config)

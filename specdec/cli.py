@@ -49,7 +49,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from specdec.engine_builder import build_engine  # heavy imports only when needed
 
     config = _config_from_args(args)
-    check_model_paths(config.models, draft_needed=config.speculation.proposer == "draft")
+    check_model_paths(config.models, draft_needed=config.speculation.proposer == registry.DRAFT)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else config.generation.max_new_tokens
     built = build_engine(config)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from specdec.proposer_registry import ProposerName
+from specdec.proposer_registry import DRAFT, ProposerName
 
 
 class StrictModel(BaseModel):
@@ -51,7 +51,7 @@ class NgramConfig(StrictModel):
 
 class SpeculationConfig(StrictModel):
     proposer: ProposerName = Field(
-        "draft", description="Who guesses tokens: a draft model, n-gram prompt lookup, or none (plain decoding)."
+        DRAFT, description="Who guesses tokens: a draft model, n-gram prompt lookup, or none (plain decoding)."
     )
     gamma: int = Field(4, ge=0, le=64, description="γ: tokens proposed per round (0 = plain decoding).")
     gamma_max: int = Field(
@@ -104,6 +104,12 @@ class ServingConfig(StrictModel):
     router_replicas: int = Field(1, ge=1, description="Ray Serve replicas of the router deployment.")
     lease_ttl_s: float = Field(
         5.0, gt=0, description="A worker frees the slots of a router it has not heard from for this long, seconds."
+    )
+    placement_timeout_s: float = Field(
+        120.0, gt=0, description="Longest wait for the workers' resources (GPU nodes may be booting), seconds."
+    )
+    start_timeout_s: float = Field(
+        600.0, gt=0, description="Longest wait for a worker to load its model and serve, seconds."
     )
 
 

@@ -103,6 +103,11 @@ class Frontend:
     def model(self) -> str:
         return self.served.model if self.served is not None else "specdec"
 
+    @property
+    def proposers(self) -> tuple[str, ...]:
+        """The proposer names a request may pick here (none while loading)."""
+        return self.served.defaults.proposers if self.served is not None else ()
+
     # ---- requests ----------------------------------------------------------------------
 
     async def prepare(self, request: TextRequest) -> GenerationRequest:

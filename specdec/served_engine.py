@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec import proposer_registry as registry
 from specdec.engine_loop import AsyncEngine
 
 
@@ -27,7 +28,7 @@ class ServerDefaults:
 
     max_new_tokens: int
     gamma: int
-    proposers: tuple[str, ...] = ("draft", "ngram")
+    proposers: tuple[str, ...] = registry.REQUESTABLE
     max_prompt_chars: int = 1 << 20
 
 

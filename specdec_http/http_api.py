@@ -101,7 +101,8 @@ class HttpApi:
             await deltas.aclose()
 
     async def _models(self, request: Request) -> Response:
-        model = {"id": self.frontend.model, "object": "model", "created": 0, "owned_by": "specdec"}
+        model = {"id": self.frontend.model, "object": "model", "created": 0, "owned_by": "specdec",
+                 "speculation": {"proposers": list(self.frontend.proposers)}}
         return JSONResponse({"object": "list", "data": [model]})
 
     async def _health(self, request: Request) -> Response:

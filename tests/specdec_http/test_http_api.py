@@ -114,7 +114,8 @@ def test_seeded_sampling_is_reproducible(client):
 
 
 def test_models_and_health(client, server):
-    assert [m.id for m in client.models.list().data] == [MODEL]
+    [model] = client.models.list().data
+    assert model.id == MODEL and model.model_extra["speculation"]["proposers"] == ["draft", "ngram"]
     status, body = get(server.url, "/health")
     assert status == 200 and body["status"] == "serving" and body["ready"] and body["problems"] == []
 
