@@ -349,14 +349,12 @@ def test_egress_restriction_can_be_turned_off(render):
 def test_redis_should_be_reachable_only_from_the_ray_pods(rendered):
     (rule,) = strip_source(rendered.one("NetworkPolicy", "-redis"))["spec"]["ingress"]
     assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
-    ray_peer, cleanup_peer = rule["from"]
+    (ray_peer,) = rule["from"]
     assert set(ray_peer) == {"podSelector"}
     for template in view.ray_pod_templates(rendered):
         assert view.selects(ray_peer["podSelector"]["matchLabels"], template["metadata"]["labels"])
     redis_labels = rendered.one("Deployment", "-redis")["spec"]["template"]["metadata"]["labels"]
     assert not view.selects(ray_peer["podSelector"]["matchLabels"], redis_labels)
-    # KubeRay's clean-up Job of the GCS tables (GCS fault tolerance), in this namespace only
-    assert cleanup_peer == {"podSelector": {"matchLabels": {"ray.io/node-type": "redis-cleanup"}}}
 
 
 def test_should_restrict_api_clients_and_admit_prometheus_when_asked(render, crds):
