@@ -312,7 +312,7 @@ def test_serve_config_grpc_options_match_the_router():
     assert config["applications"][0]["args"]["serving"]["http_port"] == 8000
     assert config["proxy_location"] == "HeadOnly"
     # without a route prefix the app is no endpoint of the proxies (gRPC included)
-    assert config["applications"][0]["route_prefix"] == "/specdec"
+    assert config["applications"][0]["route_prefix"] == "/"  # OpenAI paths at the HTTP root, as `specdec serve`
 
 
 def test_serve_args_are_a_valid_specdec_config_equal_to_specdec_gpu_yaml():

@@ -112,9 +112,14 @@ def test_embedded_serve_config_should_have_no_keys_serve_ignores(rendered):
         assert set(mapping) <= set(model.model_fields), model.__name__
 
 
-def test_serve_app_should_have_a_route_prefix_so_the_proxies_route_grpc_to_it(rendered):
+def test_serve_app_should_have_a_route_prefix_so_the_proxies_route_grpc_and_http_to_it(rendered):
+    """Route prefix "/" as `specdec serve` uses: the HTTP API's /v1/... paths at the root of the
+    HTTP port (what OpenAI clients expect of a base_url ending in /v1), and the app is an endpoint
+    of the gRPC proxy."""
     (app,) = view.serve_config(rendered)["applications"]
-    assert app["route_prefix"] == f"/{VALUES['serve']['appName']}"
+    assert app["route_prefix"] == "/"
+    app_py = (REPO_ROOT / "actors" / "app.py").read_text()
+    assert 'route_prefix="/"' in app_py
 
 
 def test_serve_args_should_be_a_valid_specdec_config_listening_on_the_grpc_port(rendered):

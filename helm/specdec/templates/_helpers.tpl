@@ -327,7 +327,7 @@ Argument: dict "root" $ "group" <workerGroups entry>.
 {{- $_ := set $args "serving" $serving }}
 {{- $security := merge (include "specdec.securityArgs" . | fromYaml) (get $args "security" | default dict) }}
 {{- $_ := set $args "security" $security }}
-{{- $app := dict "name" .Values.serve.appName "import_path" .Values.serve.importPath "route_prefix" (printf "/%s" .Values.serve.appName) "args" $args }}
+{{- $app := dict "name" .Values.serve.appName "import_path" .Values.serve.importPath "route_prefix" "/" "args" $args }}
 {{- with .Values.serve.runtimeEnv }}
 {{- $_ := set $app "runtime_env" . }}
 {{- end }}
