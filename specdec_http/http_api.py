@@ -15,8 +15,9 @@ A client that disconnects cancels the request, which frees its cache slots.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from starlette.requests import Request
@@ -28,6 +29,11 @@ from specdec_http.openai_api import chat_request, completion_request
 from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, error_body, sse
 
 ErrorKindOf = Callable[[BaseException], tuple[ErrorKind, str]]
+DISCONNECT_POLL_S = 0.25  # how often a unary request checks whether its client is still there
+
+
+class ClientDisconnectedError(ConnectionError):
+    """The client went away before its unary request finished (the request was cancelled)."""
 
 
 def core_error_kind(exc: BaseException) -> tuple[ErrorKind, str]:
@@ -73,7 +79,8 @@ class HttpApi:
         text_request, stream = translate(body, self.frontend.model)
         call = Call.new(chat, self.frontend.model)
         if not stream:
-            return JSONResponse(completion_object(call, await self.frontend.generate(text_request)))
+            completion = await _unless_disconnected(request, self.frontend.generate(text_request))
+            return JSONResponse(completion_object(call, completion))
         deltas = self.frontend.stream(text_request)
         try:
             first = await deltas.__anext__()  # errors before the first round get their status
@@ -109,6 +116,24 @@ class HttpApi:
         if not self.frontend.is_ready:
             return JSONResponse({"status": "not serving", "problems": self.frontend.problems()}, status_code=503)
         return JSONResponse({"status": "serving", **self.frontend.status().to_dict()})
+
+
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any]) -> Any:
+    """Await `work`, cancelling it (which aborts the request and frees its slots) when the
+    client disconnects first. Ray Serve cancels such a request itself; a plain ASGI server
+    does not, so the route watches too."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientDisconnectedError("the client disconnected; its request was cancelled")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def _route_path(request: Request) -> str:

@@ -60,6 +60,18 @@ class OpenStream:
         self.conn.close()
 
 
+class OpenUnary:
+    """A unary request sent without waiting for its answer; `drop()` closes the connection."""
+
+    def __init__(self, base_url: str, path: str, body: dict) -> None:
+        self.conn = _connect(base_url, 120.0)
+        self.conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+
+    def drop(self) -> None:
+        self.conn.sock.shutdown(2) if self.conn.sock is not None else None
+        self.conn.close()
+
+
 def wait_until(condition, timeout_s: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition():

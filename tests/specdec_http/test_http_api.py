@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from actors.ports import free_port
-from openai_http import OpenStream, UvicornThread, get, post, sse_lines, wait_until
+from openai_http import OpenStream, OpenUnary, UvicornThread, get, post, sse_lines, wait_until
 from specdec.config import load_config
 from specdec.engine_builder import local_served_engine
 from specdec.frontend import Frontend
@@ -172,6 +172,15 @@ def test_past_the_admission_limit_it_is_429_and_dropped_streams_free_their_slots
         for stream in streams:
             stream.drop()  # the client disconnects mid-stream
     assert wait_until(lambda: idle(served))
+
+
+def test_a_client_that_disconnects_before_its_unary_answer_frees_its_slots(server, served):
+    body = {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 240, "temperature": 0,
+            "speculation": {"mode": "off"}}  # ~240 rounds: far longer than the wait below
+    request = OpenUnary(server.url, "/v1/completions", body)
+    assert wait_until(lambda: served.loop.num_requests == 1)
+    request.drop()
+    assert wait_until(lambda: idle(served), timeout_s=0.8)
 
 
 def test_past_its_deadline_a_request_is_504_and_frees_its_slots(client, served):
