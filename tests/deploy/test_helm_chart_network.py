@@ -167,26 +167,49 @@ def test_secrets_should_be_stable_across_renders_with_existing_secrets(helm_bin)
     assert "kind: Secret" not in first
 
 
-def test_generated_secrets_should_be_looked_up_before_being_generated():
-    """The chart-made Secrets (Redis password, API token, internal secret) keep an existing value:
-    each is produced by specdec.lookupOrRandom, which reads the live Secret first."""
-    helpers = (CHART_DIR / "templates" / "_helpers.tpl").read_text()
-    body = helpers[helpers.index('define "specdec.lookupOrRandom"'):]
-    body = body[:body.index("{{- end }}\n{{- end }}")]
-    assert body.index('lookup "v1" "Secret"') < body.index("randAlphaNum")
-    for template in ("redis-secret.yaml", "api-tokens-secret.yaml", "internal-secret.yaml"):
-        text = (CHART_DIR / "templates" / template).read_text()
-        assert 'include "specdec.lookupOrRandom"' in text and "randAlphaNum" not in text, template
+def _render_against(helm_bin, api) -> str:
+    """`helm template --dry-run=server` against the fake API server: lookups see its Secrets."""
+    return run_helm(helm_bin, "template", "specdec", str(CHART_DIR), "--namespace", "serving",
+                    "--dry-run=server", "--kube-apiserver", api.url, "--disable-openapi-validation")
 
 
-def test_should_use_an_existing_redis_secret_and_render_none(render):
-    docs = render((), **{"redis.auth.existingSecret": "my-redis", "redis.auth.existingSecretPasswordKey": "pw"})
-    assert not [d for d in docs.of_kind("Secret") if "redis" in d["metadata"]["name"]]
-    ref = {"secretKeyRef": {"name": "my-redis", "key": "pw"}}
-    assert view.env(view.container(docs.one("Deployment", "-redis")["spec"]["template"]))["REDIS_PASSWORD"] == ref
-    for template in view.ray_pod_templates(docs):
-        assert view.env(view.container(template))["SPECDEC_REDIS_PASSWORD"] == ref
-    assert view.cluster(docs)["gcsFaultToleranceOptions"]["redisPassword"] == {"valueFrom": ref}
+def _secret_data(text: str) -> dict[str, dict[str, str]]:
+    import base64
+
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all(text) if d and d.get("kind") == "Secret"]
+    return {d["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in d["data"].items()} for d in docs}
+
+
+def test_generated_secrets_should_keep_their_values_on_renders_that_see_the_cluster(helm_bin):
+    """The Redis password, the API token and the internal secret are generated on the first
+    install and read back (lookup) by every later render with cluster access (`helm upgrade`,
+    `helm template --dry-run=server`): the manifests are identical from render to render."""
+    from fake_kube_api import FakeKubeApi
+
+    stored = {("serving", "specdec-redis"): {"redis-password": "stored-redis-password"},
+              ("serving", "specdec-api-tokens"): {"tokens": "stored-api-token"},
+              ("serving", "specdec-internal"): {"secret": "stored-internal-secret"}}
+    with FakeKubeApi("specdec", stored) as api:
+        first, second = _render_against(helm_bin, api), _render_against(helm_bin, api)
+        assert {"/api/v1/namespaces/serving/secrets/specdec-redis", "/api/v1/namespaces/serving/secrets/specdec-api-tokens",
+                "/api/v1/namespaces/serving/secrets/specdec-internal"} <= set(api.requests)
+    assert first == second
+    assert _secret_data(first) == {"specdec-redis": {"redis-password": "stored-redis-password"},
+                                   "specdec-api-tokens": {"tokens": "stored-api-token"},
+                                   "specdec-internal": {"secret": "stored-internal-secret"}}
+
+
+def test_a_first_install_should_generate_strong_secrets(helm_bin):
+    from fake_kube_api import FakeKubeApi
+
+    with FakeKubeApi("specdec", {}) as api:
+        first, second = _secret_data(_render_against(helm_bin, api)), _secret_data(_render_against(helm_bin, api))
+    for name, key, length in (("specdec-redis", "redis-password", 32), ("specdec-api-tokens", "tokens", 48),
+                              ("specdec-internal", "secret", 48)):
+        assert len(first[name][key]) == length and first[name][key].isalnum(), name
+        assert first[name][key] != second[name][key], f"{name}: nothing stored yet, so a fresh random value"
 
 
 def test_should_render_a_claim_only_when_persistence_is_enabled(render, crds):
