@@ -51,12 +51,8 @@ def monitored_backend(config: SpecdecConfig, target_address: str, draft_address:
     monitor = load_monitor(config)
     # a restarted draft worker may serve elsewhere: the hub knows where
     resolve = draft_resolver(config, draft_address) if draft_address is not None else None
-    backend = remote_backend(config, target_address, draft_address, policy=monitor, resolve_draft=resolve)
-    if monitor is not None:
-        monitor.start()
-        backend.closers.append(monitor.stop)
-        backend.monitor = monitor
-    return backend
+    # the core starts the monitor with the engine and stops it when the engine closes
+    return remote_backend(config, target_address, draft_address, policy=monitor, resolve_draft=resolve)
 
 
 def cluster_backend(config: SpecdecConfig) -> RouterBackend:

@@ -1,17 +1,19 @@
 """Assemble an engine from config: tokenizer, target runner, proposers (with the tokenizer check).
 
 `make_engine` is the one place a SpeculativeEngine is put together from config, and
-`build_served_engine` the one place a served engine (the engine loop, its tokenizer and
-defaults) is, for every backend: in-process models (`local_served_engine`), local worker
-actors and a Ray cluster (`specdec_rpc.router_backend.remote_backend` passes gRPC clients
-of the workers as the verifier and the draft proposer). Which proposers exist and which
-are loaded is `specdec.proposer_registry`'s.
+`assemble_served_engine` the one place a served engine (the engine loop, its proposers,
+tokenizer, defaults and load monitor) is, for every backend. A backend contributes only
+its `EngineParts`: the target side and how to get the draft model (in-process models:
+`local_served_engine`; gRPC clients of worker actors, local or on a Ray cluster:
+`specdec_rpc.router_backend.remote_parts`) and the round policy; which proposers exist and
+which are loaded is `specdec.proposer_registry`'s.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from specdec import proposer_registry as registry
@@ -178,13 +180,48 @@ def _flush(verifier: Verifier, proposers: dict[str, Proposer]) -> None:
             flush()
 
 
+@dataclass
+class EngineParts:
+    """What one backend contributes to a served engine (everything else comes from config).
+
+    verifier: the target side (in-process, or a gRPC client of the target group).
+    draft: builds the draft-model proposer (None: no draft model here; n-gram only).
+    policy: the round policy (None = the static γ); a LoadMonitor is started with the
+        engine, stopped when it closes, and reported in its status.
+    tokenizer: the target's tokenizer (None = load it from config).
+    closers: called when the engine closes (e.g. the verifier's gRPC channel).
+    """
+
+    verifier: Verifier
+    draft: Callable[[], Proposer] | None = None
+    policy: RoundPolicy | None = None
+    tokenizer: Any = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+
+def assemble_served_engine(config: SpecdecConfig, parts: EngineParts) -> ServedEngine:
+    """The served engine of every backend: the registry's proposers (n-gram always, the draft
+    model when the backend has one), the engine loop, the defaults, the load monitor."""
+    tokenizer = parts.tokenizer if parts.tokenizer is not None else load_tokenizer(config.models.target)
+    loaded = registry.DRAFT if parts.draft is not None else registry.NGRAM
+    proposers = registry.build_proposers(loaded, {
+        registry.NGRAM: registry.ngram_builder(config.speculation), registry.DRAFT: parts.draft,
+    })
+    served = build_served_engine(config, parts.verifier, proposers, tokenizer, parts.policy)
+    served.closers.extend(parts.closers)
+    served.closers.extend(p.close for p in proposers.values() if hasattr(p, "close"))
+    start, stop = getattr(parts.policy, "start", None), getattr(parts.policy, "stop", None)
+    if callable(start) and callable(stop):  # a LoadMonitor: its thread lives as long as the engine
+        start()
+        served.closers.append(stop)
+        served.monitor = parts.policy
+    return served
+
+
 def local_served_engine(config: SpecdecConfig) -> ServedEngine:
-    """A served engine on in-process models (no workers, no network): every requestable
-    proposer loaded, so requests may pick either."""
+    """A served engine on in-process models (no workers, no network): the draft model
+    loaded whatever the configured proposer, so requests may pick either; the static γ."""
     tokenizer = load_tokenizer(config.models.target)
     target = load_runner(config.models.target, config.models, config.cache)
-    proposers = registry.build_proposers(registry.DRAFT, {
-        registry.NGRAM: registry.ngram_builder(config.speculation),
-        registry.DRAFT: lambda: load_draft_proposer(config.models, config.cache, target.vocab_size, tokenizer),
-    })
-    return build_served_engine(config, TargetVerifier(target), proposers, tokenizer)
+    draft = lambda: load_draft_proposer(config.models, config.cache, target.vocab_size, tokenizer)  # noqa: E731
+    return assemble_served_engine(config, EngineParts(TargetVerifier(target), draft=draft, tokenizer=tokenizer))

@@ -1,5 +1,5 @@
-"""The distributed router's served engine: gRPC clients of the workers as the verifier and
-the draft proposer, assembled by the core's one builder (`build_served_engine`).
+"""The distributed router's engine parts: gRPC clients of the workers as the verifier and
+the draft proposer, handed to the core's one assembly (`assemble_served_engine`).
 
 `RouterBackend`, `make_backend` and `local_backend` are the core's ServedEngine,
 build_served_engine and local_served_engine under the names the router has always used.
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specdec import proposer_registry as registry
 from specdec.config import SpecdecConfig
-from specdec.engine_builder import build_served_engine, load_tokenizer, local_served_engine
+from specdec.engine_builder import EngineParts, assemble_served_engine, build_served_engine, local_served_engine
 from specdec.served_engine import ServedEngine
 from specdec.speculation_policy import RoundPolicy
 
@@ -20,12 +19,12 @@ make_backend = build_served_engine
 local_backend = local_served_engine
 
 
-def remote_backend(
-    config: SpecdecConfig, target_address: str, draft_address: str | None, policy: RoundPolicy | None = None,
+def remote_parts(
+    config: SpecdecConfig, target_address: str, draft_address: str | None,
     resolve_draft: Callable[[], str | None] | None = None,
-) -> ServedEngine:
-    """The distributed router's backend: RemoteVerifier for the target group's leader,
-    RemoteProposer for the draft worker (when there is one) and in-process n-gram lookup.
+) -> EngineParts:
+    """RemoteVerifier for the target group's leader and, when there is a draft worker, a
+    builder of its RemoteProposer; both under one lease for this router.
     resolve_draft: the draft worker's address after it went down (None = the same address)."""
     from specdec_rpc.lease_renewer import new_lease_id
     from specdec_rpc.remote_proposer import RemoteProposer
@@ -45,10 +44,15 @@ def remote_backend(
         return draft
 
     # the draft worker runs only when the draft proposer is configured (WorkerHub)
-    configured = registry.DRAFT if draft_address is not None else registry.NGRAM
-    proposers = registry.build_proposers(configured, {
-        registry.NGRAM: registry.ngram_builder(config.speculation), registry.DRAFT: remote_draft,
-    })
-    backend = build_served_engine(config, verifier, proposers, load_tokenizer(config.models.target), policy)
-    backend.closers.extend(p.close for p in (verifier, *proposers.values()) if hasattr(p, "close"))
-    return backend
+    return EngineParts(verifier, draft=remote_draft if draft_address is not None else None, closers=[verifier.close])
+
+
+def remote_backend(
+    config: SpecdecConfig, target_address: str, draft_address: str | None, policy: RoundPolicy | None = None,
+    resolve_draft: Callable[[], str | None] | None = None,
+) -> ServedEngine:
+    """The distributed router's served engine: the workers' clients and in-process n-gram
+    lookup; policy (e.g. a LoadMonitor, started and stopped with the engine) decides γ."""
+    parts = remote_parts(config, target_address, draft_address, resolve_draft)
+    parts.policy = policy
+    return assemble_served_engine(config, parts)

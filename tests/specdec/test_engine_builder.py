@@ -55,3 +55,48 @@ def test_the_engine_stops_on_an_eos_id_listed_only_in_generation_config(
     engine = assemble(config, reference.verifier, reference.proposer, tokenizer)
     [r] = engine.generate([GenerationRequest(prompt_ids[0], 20)])
     assert (r.token_ids, r.finish_reason) == (expected[: expected.index(expected[4]) + 1], "stop")
+
+
+class RecordingPolicy:
+    """A round policy with a background part (like the LoadMonitor): started and stopped."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def plan(self, rows, default_gamma):
+        return self.inner.plan(rows, default_gamma)
+
+    def record(self, sample):
+        self.inner.record(sample)
+
+    def on_arrival(self, count=1):
+        self.inner.on_arrival(count)
+
+    def set_load(self, in_flight, queued):
+        self.inner.set_load(in_flight, queued)
+
+    def start(self):
+        self.calls.append("start")
+
+    def stop(self):
+        self.calls.append("stop")
+
+
+def test_one_assembly_loads_the_registrys_proposers_and_runs_the_policy_with_the_engine(make_engine, tokenizer):
+    from specdec.engine_builder import EngineParts, assemble_served_engine
+    from specdec.load_monitor import build_load_monitor
+
+    config = load_config(overrides={"cache": {"num_slots": 2}})
+    reference = make_engine("draft", gamma=4).engine  # the bundled pair: a verifier and a draft model
+    draft = reference.proposer.proposers["draft"]
+    no_draft = assemble_served_engine(config, EngineParts(reference.verifier, tokenizer=tokenizer))
+    no_draft.close()
+    assert no_draft.defaults.proposers == ("ngram",) and no_draft.monitor is None
+    policy = RecordingPolicy(build_load_monitor(config.load_monitor, None, "test"))
+    closed = []
+    served = assemble_served_engine(config, EngineParts(reference.verifier, draft=lambda: draft, policy=policy,
+                                                        tokenizer=tokenizer, closers=[lambda: closed.append(1)]))
+    assert served.defaults.proposers == ("draft", "ngram") and served.monitor is policy and policy.calls == ["start"]
+    assert served.model == config.models.target and served.tokenizer is tokenizer
+    served.close()
+    assert policy.calls == ["start", "stop"] and closed == [1]
