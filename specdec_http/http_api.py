@@ -74,6 +74,7 @@ class HttpApi:
         return JSONResponse(body, status_code=status)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
+        self.frontend.ready()  # 503 while loading, whatever the body says (the model name is not known yet)
         body = await _json(request)
         translate = chat_request if chat else completion_request
         text_request, stream = translate(body, self.frontend.model)

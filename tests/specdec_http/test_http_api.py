@@ -195,7 +195,7 @@ def test_while_the_models_load_it_is_503(client, server, served):
     with UvicornThread(asgi_app(HttpApi(frontend)), free_port()) as loading:
         with openai.OpenAI(base_url=f"{loading.url}/v1", api_key="unused", max_retries=0) as early:
             with pytest.raises(openai.APIStatusError) as error:
-                early.completions.create(model="specdec", prompt="x")
+                early.completions.create(model=MODEL, prompt="x")
         assert error.value.status_code == 503 and "still loading" in error.value.message
         status, body = get(loading.url, "/health")
         assert status == 503 and body["problems"] == ["models are still loading"]
