@@ -424,5 +424,42 @@ def test_helm_test_pod_should_check_grpc_health_through_the_service(rendered, cr
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert view.container(pod)["command"] == ["specdec", "client", "health", "--server",
                                           f"specdec:{VALUES['service']['port']}"]
+    http = pod["spec"]["containers"][1]
+    assert http["command"][-1] == f"http://specdec:{VALUES['service']['httpPort']}/health"
+    assert all(c["securityContext"]["readOnlyRootFilesystem"] for c in pod["spec"]["containers"])
     pod_spec_schema = sub_schema(crd_schema(RAYCLUSTER_CRD), "spec", "headGroupSpec", "template", "spec")
     assert schema_errors(pod["spec"], pod_spec_schema) == []
+
+
+def test_helm_test_http_check_should_run_the_command_it_renders(render, tmp_path):
+    """The HTTP check's python one-liner, run against a local server answering /health."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            body = b'{"status": "serving"}' if self.path == "/health" else b"{}"
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        command = strip_source(render().one("Pod"))["spec"]["containers"][1]["command"]
+        url = command[-1].replace(f"specdec:{VALUES['service']['httpPort']}", f"127.0.0.1:{server.server_address[1]}")
+        proc = subprocess.run([sys.executable, *command[1:-1], url], capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0 and proc.stdout.startswith("200"), proc.stderr
+
+
+def test_helm_test_has_no_http_check_when_tls_is_on(render):
+    pod = strip_source(render((), **{"security.tls.existingSecret": "cert"}).one("Pod"))
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["grpc-health"]
