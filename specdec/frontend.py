@@ -124,7 +124,7 @@ class Frontend:
         deadline = _deadline(request)
 
         async def run() -> GenerationResult:
-            async with served.loop.submit(core, seq_id=_seq_id(request)) as stream:
+            async with served.loop.submit(core, seq_id=request.request_id) as stream:
                 return await stream.result()
 
         try:
@@ -139,7 +139,7 @@ class Frontend:
         served = self.ready()
         core = await self.prepare(request)
         deadline = _deadline(request)
-        async with served.loop.submit(core, seq_id=_seq_id(request)) as stream:
+        async with served.loop.submit(core, seq_id=request.request_id) as stream:
             last = Delta("", [])
             while True:
                 try:
@@ -179,11 +179,6 @@ class Frontend:
 def _completion(result: GenerationResult, prompt_tokens: int) -> Completion:
     usage = Usage(prompt_tokens, len(result.token_ids))
     return Completion(result.seq_id, result.text, list(result.token_ids), result.finish_reason, result.stats, usage)
-
-
-def _seq_id(request: TextRequest) -> str | None:
-    """The engine's id for the request: the caller's, made unique (two callers may reuse one)."""
-    return None if request.request_id is None else f"{request.request_id}-{time.monotonic_ns()}"
 
 
 def _deadline(request: TextRequest) -> float | None:

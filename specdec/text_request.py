@@ -33,7 +33,8 @@ class TextRequest:
     mode / gamma / proposer: speculation "auto" | "on" | "off"; γ (None = the server's);
         a proposer name a request may pick (None = the server's).
     timeout_s: the request's own deadline (None = none): past it, DeadlineExceededError.
-    request_id: the caller's id for the request (logs, responses); None = the engine's.
+    request_id: the server's unique id for the request (the engine's sequence id, so logs
+        and responses name it alike); None = one the engine makes up.
     """
 
     prompt: str = ""

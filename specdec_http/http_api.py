@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -79,6 +80,7 @@ class HttpApi:
         translate = chat_request if chat else completion_request
         text_request, stream = translate(body, self.frontend.model)
         call = Call.new(chat, self.frontend.model)
+        text_request = replace(text_request, request_id=call.id)  # the response's id is the engine's
         if not stream:
             completion = await _unless_disconnected(request, self.frontend.generate(text_request))
             return JSONResponse(completion_object(call, completion))

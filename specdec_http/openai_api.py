@@ -90,7 +90,6 @@ def _text_request(body: dict[str, Any], **prompt: Any) -> TextRequest:
         stop_token_ids=tuple(_int_list(body, "stop_token_ids")),
         mode=mode, gamma=gamma, proposer=proposer,
         timeout_s=_optional_number(body, "timeout_s"),
-        request_id=body.get("user") if isinstance(body.get("user"), str) else None,
     )
 
 

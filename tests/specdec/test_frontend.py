@@ -50,8 +50,10 @@ async def collect(frontend: Frontend, request: TextRequest):
 
 
 def test_greedy_output_equals_the_target_alone_and_usage_counts_tokens(frontend, prompt_ids, hf_greedy):
-    completion = asyncio.run(frontend.generate(TextRequest(prompt_token_ids=tuple(prompt_ids[0]), max_new_tokens=16)))
+    request = TextRequest(prompt_token_ids=tuple(prompt_ids[0]), max_new_tokens=16, request_id="cmpl-test-1")
+    completion = asyncio.run(frontend.generate(request))
     assert completion.token_ids == hf_greedy(prompt_ids[0], 16)
+    assert completion.request_id == "cmpl-test-1"  # the engine's sequence id: logs and responses agree
     assert completion.finish_reason == "length"
     assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (len(prompt_ids[0]), 16)
     assert completion.usage.total_tokens == len(prompt_ids[0]) + 16

@@ -29,7 +29,7 @@ def test_fields_and_extensions_travel():
     assert stream and request.prompt_token_ids == (5, 6, 7) and request.max_new_tokens == 9
     assert (request.sampling.temperature, request.sampling.top_p, request.sampling.top_k, request.sampling.seed) == (
         0.0, 0.5, 3, 2**64 - 1)
-    assert (request.stop, request.stop_token_ids, request.timeout_s, request.request_id) == (("\n\n",), (2,), 1.5, "me")
+    assert (request.stop, request.stop_token_ids, request.timeout_s, request.request_id) == (("\n\n",), (2,), 1.5, None)
     assert (request.mode, request.gamma, request.proposer) == ("on", 6, "ngram")
 
 
