@@ -29,6 +29,8 @@ ERRORS = {  # kind -> (HTTP status, OpenAI error type, code)
     ErrorKind.INTERNAL: (500, "internal_error", None),
 }
 DONE = "data: [DONE]\n\n"
+#: the core's field names that OpenAI calls otherwise
+OPENAI_PARAMS = {"max_new_tokens": "max_tokens", "prompt_token_ids": "prompt"}
 
 
 @dataclass(frozen=True)
@@ -106,4 +108,7 @@ def error_body(kind: ErrorKind, message: str, exc: BaseException | None = None) 
     """(HTTP status, OpenAI's error object) for a failure of `kind`."""
     status, kind_name, code = ERRORS[kind]
     param = param_of(exc) if exc is not None and kind is ErrorKind.INVALID else None
+    if param in OPENAI_PARAMS:  # name the field as the client sent it
+        message = OPENAI_PARAMS[param] + message[len(param):] if message.startswith(param) else message
+        param = OPENAI_PARAMS[param]
     return status, {"error": {"message": message, "type": kind_name, "param": param, "code": code}}

@@ -120,7 +120,7 @@ def test_seeded_sampling_is_reproducible(client):
 
 @pytest.mark.parametrize("kwargs, param", [
     ({"temperature": -1}, "temperature"),
-    ({"max_tokens": 10**6}, "max_new_tokens"),
+    ({"max_tokens": 10**6}, "max_tokens"),
     ({"n": 3}, "n"),
     ({"model": "gpt-4"}, "model"),
 ])

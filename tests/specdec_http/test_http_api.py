@@ -123,7 +123,8 @@ def test_models_and_health(client, server):
 @pytest.mark.parametrize("kwargs, param", [
     ({"temperature": -1}, "temperature"),
     ({"top_p": 0}, "top_p"),
-    ({"max_tokens": 10**6}, "max_new_tokens"),
+    ({"max_tokens": 10**6}, "max_tokens"),
+    ({"prompt": [10**7]}, "prompt"),
     ({"n": 2}, "n"),
     ({"extra_body": {"top_k": -1}}, "top_k"),
     ({"extra_body": {"speculation": {"proposer": "oracle"}}}, "speculation.proposer"),
