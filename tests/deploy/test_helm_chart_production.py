@@ -74,6 +74,7 @@ def test_default_and_ci_values_should_pass_the_schema(render, values):
     ({"rayPods.tmpSizeLimit": "lots"}, "pattern"),
     ({"specdec.config.cache.max_seq_len": 0}, "minimum"),
     ({"specdec.config.serving.port": 1234}, "serving/port"),            # set by the chart, not by hand
+    ({"specdec.config.security": {"api_tokens_file": "/x"}}, "config/security"),  # from security.*
     ({"externalRedis.url": "redis://user:pw@r:6379/0"}, "externalRedis/url"),  # no password in the URL
     ({"podDisruptionBudget.maxUnavailable": "half"}, "maxUnavailable"),
 ])

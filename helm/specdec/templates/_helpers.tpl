@@ -325,8 +325,7 @@ Argument: dict "root" $ "group" <workerGroups entry>.
 {{- $_ := set $serving "port" (int .Values.grpc.port) }}
 {{- $_ := set $serving "http_port" (int .Values.serve.httpPort) }}
 {{- $_ := set $args "serving" $serving }}
-{{- $security := merge (include "specdec.securityArgs" . | fromYaml) (get $args "security" | default dict) }}
-{{- $_ := set $args "security" $security }}
+{{- $_ := set $args "security" (include "specdec.securityArgs" . | fromYaml) }}
 {{- $app := dict "name" .Values.serve.appName "import_path" .Values.serve.importPath "route_prefix" "/" "args" $args }}
 {{- with .Values.serve.runtimeEnv }}
 {{- $_ := set $app "runtime_env" . }}
