@@ -67,6 +67,8 @@ def test_head_should_start_with_a_startup_probe_and_stay_alive_on_rays_health_no
         assert "localhost:52365/api/local_raylet_healthz" in command and "localhost:8265/api/gcs_healthz" in command
         assert str(VALUES["grpc"]["port"]) not in command and "grpc" not in probe
         assert "initialDelaySeconds" not in probe  # the startup probe replaces the long delay
+        # two requests, each with half the probe's timeout, so the probe's own timeout never cuts one off
+        assert command.count(f"wget -T {max(1, probe['timeoutSeconds'] // 2)} ") == 2
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 120
     # generous: a GCS under load must be down for minutes before the head restarts
     assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 300 and liveness["timeoutSeconds"] >= 5

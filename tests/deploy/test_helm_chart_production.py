@@ -353,3 +353,10 @@ def test_dashboard_configmap_should_carry_the_file_and_the_sidecar_label(render)
     assert other["metadata"]["namespace"] == "monitoring"
     assert other["metadata"]["annotations"] == {"grafana_folder": "LLM"}
     assert not render((), **{"metrics.grafanaDashboard.enabled": False}).of_kind("ConfigMap")
+
+
+def test_the_image_has_what_the_probes_run():
+    """The head's probes run `bash -c "wget ... | grep success"` in the specdec image."""
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    assert re.search(r"apt-get install[^\n]*\bwget\b", dockerfile)
+    assert "python:3." in dockerfile and "slim" in dockerfile  # Debian slim: bash and grep included

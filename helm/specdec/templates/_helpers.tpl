@@ -235,13 +235,17 @@ Secret up (a new value each time): such renders should use the existingSecret va
 {{- toYaml $ctx }}
 {{- end }}
 
-{{/* Ray's own health (raylet through the dashboard agent, GCS through the dashboard), as KubeRay checks it. */}}
+{{/*
+Ray's own health (raylet through the dashboard agent, GCS through the dashboard), as KubeRay checks
+it. Argument: the probe's values; each of the two requests gets half of its timeoutSeconds.
+*/}}
 {{- define "specdec.rayHealthCommand" -}}
+{{- $t := max 1 (div (int .timeoutSeconds) 2) }}
 exec:
   command:
     - bash
     - -c
-    - wget -T 4 -q -O- http://localhost:52365/api/local_raylet_healthz | grep success && wget -T 4 -q -O- http://localhost:8265/api/gcs_healthz | grep success
+    - wget -T {{ $t }} -q -O- http://localhost:52365/api/local_raylet_healthz | grep success && wget -T {{ $t }} -q -O- http://localhost:8265/api/gcs_healthz | grep success
 {{- end }}
 
 {{/* ---------------- Ray pods ---------------- */}}
