@@ -30,7 +30,7 @@ from ray.serve import Application
 from actors.backend import cluster_backend, monitored_backend
 from actors.ports import free_port  # noqa: F401 - re-exported for callers of start_app
 from actors.router import GRPC_SERVICER_FUNCTIONS, SpecdecRouter
-from actors.worker_hub import get_or_create_hub, stop_hub
+from actors.worker_hub import get_or_create_hub, start_hub, stop_hub
 from specdec.config import SpecdecConfig, load_config
 from specdec_rpc.client import SpecdecClient
 from specdec_rpc.router_backend import RouterBackend
@@ -90,7 +90,7 @@ def _start_workers(config: SpecdecConfig, app: SpecdecApp) -> Callable[[], Route
     backend factory (remote workers + the load monitor)."""
     hub = get_or_create_hub(config)
     app._stoppers.append(functools.partial(stop_hub, config))
-    app.target_address, app.draft_address = ray.get(hub.start.remote())
+    app.target_address, app.draft_address = start_hub(hub)
     app.hub = hub
     return functools.partial(monitored_backend, config, app.target_address, app.draft_address)
 

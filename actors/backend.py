@@ -12,7 +12,7 @@ import uuid
 
 import ray
 
-from actors.worker_hub import draft_resolver, get_or_create_hub
+from actors.worker_hub import draft_resolver, get_or_create_hub, start_hub
 from specdec.config import SpecdecConfig
 from specdec.load_monitor import LoadMonitor, build_load_monitor
 from specdec.load_store import LoadStore
@@ -58,5 +58,5 @@ def monitored_backend(config: SpecdecConfig, target_address: str, draft_address:
 def cluster_backend(config: SpecdecConfig) -> RouterBackend:
     """For `serve deploy` / RayService: get (or start) the workers through the hub."""
     hub = get_or_create_hub(config)
-    target_address, draft_address = ray.get(hub.start.remote())
+    target_address, draft_address = start_hub(hub)
     return monitored_backend(config, target_address, draft_address)

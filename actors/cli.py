@@ -3,21 +3,22 @@
 `specdec serve` starts Ray (or joins one with --address), the draft worker, the target
 group and the Serve app (gRPC and the OpenAI-compatible HTTP API), prints one line naming
 both endpoints when ready, and shuts everything down on
-SIGINT / SIGTERM.
+SIGINT / SIGTERM, also while it is still starting (actors/stop_signals.py). A start that
+fails (e.g. resources that never appear within serving.placement_timeout_s) exits 1 with one
+line naming what is missing, after releasing what it started.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from typing import Any
 
 from specdec import cli as core_cli
 from specdec import proposer_registry as registry
 from actors.local_redis import LocalRedis, redis_server_binary
+from actors.stop_signals import Interrupted, StopSignals
 from specdec.config import SpecdecConfig, load_config
 from specdec.model_paths import check_model_paths
 from specdec_rpc.client_cli import add_client_parser, add_status_parser
@@ -46,22 +47,6 @@ def _serve_config(args: argparse.Namespace):
     return load_config(*args.config, overrides={"serving": serving})
 
 
-def _wait_for_signal() -> int:
-    """Block until SIGINT or SIGTERM; returns the signal number."""
-    received: list[int] = []
-    stop = threading.Event()
-
-    def handler(signum: int, _frame: Any) -> None:
-        received.append(signum)
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handler)
-    while not stop.wait(0.5):
-        pass
-    return received[0]
-
-
 def _with_load_store(config: SpecdecConfig) -> tuple[SpecdecConfig, LocalRedis | None, str]:
     """Without a Redis URL, start a local redis-server child when one is installed."""
     from actors.backend import redis_url
@@ -85,9 +70,20 @@ def run_serve(args: argparse.Namespace) -> int:
 
     config, local_redis, store = _with_load_store(config)
     logging.getLogger("ray").setLevel(logging.WARNING)
+    stops = StopSignals().install()
     try:
-        app = start_app(config, address=args.address,
-                        ray_init_kwargs={"logging_level": logging.WARNING, "log_to_driver": False})
+        try:
+            app = start_app(config, address=args.address,
+                            ray_init_kwargs={"logging_level": logging.WARNING, "log_to_driver": False})
+        except BaseException as exc:  # reported in one line; start_app released everything
+            if stops.received is None and not isinstance(exc, Exception):
+                raise
+            if stops.received is not None:  # (Ray's C++ waits may wrap Interrupted in a SystemError)
+                print(f"specdec serve: {Interrupted(stops.received)} while starting; what had started is shut down",
+                      file=sys.stderr)
+                return 128 + stops.received
+            print(f"specdec serve: failed to start: {_one_line(exc)}", file=sys.stderr)
+            return 1
         try:
             serving = config.serving
             proposer = config.speculation.proposer
@@ -95,13 +91,23 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"specdec serving on {serving.host}:{serving.port} "
                   f"(target tp={serving.tensor_parallel_size}, {draft}, {store}); "
                   f"OpenAI-compatible HTTP on http://{serving.host}:{serving.http_port}/v1", flush=True)
-            _wait_for_signal()
+            stops.wait()
+        except Interrupted:
+            pass
         finally:
             app.shutdown()
     finally:
         if local_redis is not None:
             local_redis.stop()
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """The root cause of a start failure in one line (Ray wraps a remote error in a
+    RayTaskError whose text carries the remote traceback)."""
+    cause = getattr(exc, "cause", None)
+    root = cause if isinstance(cause, BaseException) else exc
+    return f"{type(root).__name__}: {str(root).strip().splitlines()[-1] if str(root).strip() else ''}"
 
 
 def build_parser() -> argparse.ArgumentParser:

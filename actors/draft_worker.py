@@ -14,6 +14,7 @@ import ray
 
 from specdec.config import SpecdecConfig
 from specdec_rpc.draft_servicer import DraftServicer
+from actors.placement_wait import wait_scheduled
 from actors.served_actor import ServedActor, own_cores
 
 
@@ -40,7 +41,10 @@ def start_draft_worker(config: SpecdecConfig, name: str | None = None) -> tuple[
         options["name"] = name
     actor = DraftWorkerActor.options(**options).remote()
     try:
-        address = ray.get(actor.start.remote(config))
+        bundle = {k: v for k, v in (("CPU", options["num_cpus"]), ("GPU", options["num_gpus"])) if v > 0}
+        wait_scheduled(actor.__ray_ready__.remote(), "the draft worker", [bundle], "PACK",
+                       config.serving.placement_timeout_s)
+        address = ray.get(actor.start.remote(config), timeout=config.serving.start_timeout_s)
     except BaseException:
         ray.kill(actor)
         raise

@@ -9,17 +9,18 @@ torch.distributed group and loads its shard, then the leader serves TargetWorker
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from actors.placement_wait import wait_scheduled
 from actors.target_shard import TargetFollower, TargetLeader, check_tensor_parallel_size
 from specdec.config import ServingConfig, SpecdecConfig
 
 logger = logging.getLogger(__name__)
-PLACEMENT_TIMEOUT_S = 120.0
 
 
 def rank_bundle(serving: ServingConfig) -> dict[str, float]:
@@ -34,8 +35,11 @@ def rank_bundle(serving: ServingConfig) -> dict[str, float]:
 class TargetGroup:
     """Starts, describes and stops the target's rank actors. start() returns the leader's gRPC address."""
 
-    def __init__(self, config: SpecdecConfig, name_prefix: str | None = None) -> None:
+    def __init__(self, config: SpecdecConfig, name_prefix: str | None = None,
+                 report: Callable[[str], None] | None = None) -> None:
+        """report: told each progress line of a long start (the hub shows it to whoever waits)."""
         self.config = config
+        self.report = report
         self.name_prefix = name_prefix
         self.tensor_parallel_size = config.serving.tensor_parallel_size
         self.placement_group: PlacementGroup | None = None
@@ -50,10 +54,13 @@ class TargetGroup:
             self._reserve()
             self.leader = self._actor(TargetLeader, 0)
             self.followers = [self._actor(TargetFollower, rank) for rank in range(1, self.tensor_parallel_size)]
-            master = ray.get(self.leader.rendezvous.remote())
+            timeout_s = self.config.serving.start_timeout_s
+            master = ray.get(self.leader.rendezvous.remote(), timeout=timeout_s)
             ranks = [self.leader, *self.followers]
-            ray.get([a.setup.remote(self.config, r, self.tensor_parallel_size, master) for r, a in enumerate(ranks)])
-            self.address = ray.get(self.leader.serve.remote(self.followers))
+            setups = [a.setup.remote(self.config, r, self.tensor_parallel_size, master) for r, a in enumerate(ranks)]
+            ray.get(setups, timeout=timeout_s)
+            self.address = ray.get(self.leader.serve.remote(self.followers), timeout=timeout_s)
+            logger.info("target group serving at %s (tp=%d)", self.address, self.tensor_parallel_size)
         except BaseException:
             self.shutdown()
             raise
@@ -63,12 +70,9 @@ class TargetGroup:
         bundles = [rank_bundle(self.config.serving)] * self.tensor_parallel_size
         name = f"{self.name_prefix}-pg" if self.name_prefix else ""
         self.placement_group = placement_group(bundles, strategy="STRICT_PACK", name=name)
-        ready, _ = ray.wait([self.placement_group.ready()], timeout=PLACEMENT_TIMEOUT_S)
-        if not ready:
-            raise TimeoutError(
-                f"the target group's placement group ({self.tensor_parallel_size} x {bundles[0]} on one node) "
-                f"could not be scheduled within {PLACEMENT_TIMEOUT_S:.0f}s"
-            )
+        what = "the target group's placement group"
+        wait_scheduled(self.placement_group.ready(), what, bundles, "STRICT_PACK",
+                       self.config.serving.placement_timeout_s, report=self.report)
 
     def _actor(self, actor_class: Any, rank: int) -> Any:
         serving = self.config.serving

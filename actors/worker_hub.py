@@ -17,12 +17,15 @@ from typing import Any
 
 import ray
 
+from actors.placement_wait import PROGRESS_PERIOD_S
 from specdec.config import SpecdecConfig
 
 logger = logging.getLogger(__name__)
 
 HUB_NAMESPACE = "specdec"  # one namespace for the driver of `specdec serve` and Serve's replicas
 RESOLVE_TIMEOUT_S = 5.0
+SHUTDOWN_LOCK_S = 1.0  # a shutdown waits this long for a start in progress, then leaves it to ray.kill
+STOP_TIMEOUT_S = 30.0  # stop_hub: the hub's orderly shutdown, then it is killed
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
@@ -33,6 +36,7 @@ class WorkerHub:
         self.keeper: Any = None  # DraftKeeper
         self.addresses: tuple[str, str | None] | None = None
         self._lock = threading.Lock()  # start and shutdown, one at a time
+        self.stage = "not started"
 
     def start(self) -> tuple[str, str | None]:
         """(target leader address, draft address or None); starts them on the first call."""
@@ -41,15 +45,29 @@ class WorkerHub:
 
         with self._lock:
             if self.addresses is None:
-                group = TargetGroup(self.config)
-                target = group.start()
-                self.group = group
+                self.stage = "starting the target group"
+                group = TargetGroup(self.config, report=self._report)
+                target = group.start()  # on failure it released what it made
                 draft = None
-                if self.config.speculation.proposer == "draft":
-                    self.keeper = DraftKeeper(self.config)
-                    draft = self.keeper.start()
-                self.addresses = (target, draft)
+                try:
+                    if self.config.speculation.proposer == "draft":
+                        self.stage = "starting the draft worker"
+                        keeper = DraftKeeper(self.config)
+                        draft = keeper.start()
+                        self.keeper = keeper
+                except BaseException:
+                    group.shutdown()  # a draft failure must not leak the target's placement group
+                    raise
+                self.group, self.addresses = group, (target, draft)
+                self.stage = "serving"
             return self.addresses
+
+    def _report(self, line: str) -> None:
+        self.stage = line
+
+    def progress(self) -> str:
+        """What start() is doing now (e.g. which resources it still waits for)."""
+        return self.stage
 
     def draft_address(self) -> str | None:
         """The draft worker's address now (None while it restarts, or without a draft)."""
@@ -66,17 +84,22 @@ class WorkerHub:
     def target_info(self) -> dict[str, Any]:
         return self.group.info()
 
-    def shutdown(self) -> None:
-        with self._lock:
+    def shutdown(self) -> bool:
+        """Stop the draft and the target group; False when a start still runs (killing the
+        hub then releases what it made: its actors and placement groups share its fate)."""
+        if not self._lock.acquire(timeout=SHUTDOWN_LOCK_S):
+            return False
+        try:
             keeper, self.keeper = self.keeper, None
-            try:
-                if keeper is not None:
-                    keeper.stop()
-            finally:
-                if self.group is not None:
-                    self.group.shutdown()
-                    self.group = None
-                self.addresses = None
+            if keeper is not None:
+                keeper.stop()
+        finally:
+            if self.group is not None:
+                self.group.shutdown()
+                self.group = None
+            self.addresses = None
+            self._lock.release()
+        return True
 
 
 def hub_name(config: SpecdecConfig) -> str:
@@ -87,6 +110,20 @@ def get_or_create_hub(config: SpecdecConfig) -> Any:
     return WorkerHub.options(
         name=hub_name(config), namespace=HUB_NAMESPACE, get_if_exists=True, lifetime="detached"
     ).remote(config)
+
+
+def start_hub(hub: Any, period_s: float = PROGRESS_PERIOD_S) -> tuple[str, str | None]:
+    """hub.start(), logging its progress here every period_s (the hub's own log is on its node)."""
+    started = hub.start.remote()
+    waited = 0.0
+    while not ray.wait([started], timeout=period_s)[0]:
+        waited += period_s
+        try:
+            stage = ray.get(hub.progress.remote(), timeout=RESOLVE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - progress is only informative
+            stage = f"(no progress report: {type(exc).__name__})"
+        logger.warning("starting the workers (%.0fs): %s", waited, stage)
+    return ray.get(started)
 
 
 def find_hub(config: SpecdecConfig) -> Any:
@@ -116,6 +153,8 @@ def stop_hub(config: SpecdecConfig) -> None:
     if hub is None:
         return
     try:
-        ray.get(hub.shutdown.remote(), timeout=60)
+        ray.get(hub.shutdown.remote(), timeout=STOP_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - killed below either way
+        logger.warning("the worker hub did not shut down cleanly (%s); killing it", exc)
     finally:
-        ray.kill(hub)
+        ray.kill(hub)  # its actors and placement groups go with it

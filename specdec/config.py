@@ -105,6 +105,12 @@ class ServingConfig(StrictModel):
     lease_ttl_s: float = Field(
         5.0, gt=0, description="A worker frees the slots of a router it has not heard from for this long, seconds."
     )
+    placement_timeout_s: float = Field(
+        120.0, gt=0, description="Longest wait for the workers' resources (GPU nodes may be booting), seconds."
+    )
+    start_timeout_s: float = Field(
+        600.0, gt=0, description="Longest wait for a worker to load its model and serve, seconds."
+    )
 
 
 class LoadMonitorConfig(StrictModel):

@@ -4,6 +4,7 @@ against it, and SIGINT shuts everything down with exit status 0."""
 from __future__ import annotations
 
 import json
+import os
 import selectors
 import shutil
 import signal
@@ -82,3 +83,69 @@ def test_sigint_shuts_down_cleanly(server):
     process, _, _ = server
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=120) == 0
+
+
+def session_processes(sid: int, settle_s: float = 10.0) -> list[str]:
+    """Processes still alive in the session the server was started in (ps: pid, command),
+    after giving exiting ones (e.g. a resource tracker that sees its pipe close) settle_s."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        out = subprocess.run(["ps", "-eo", "pid=,sid=,stat=,args="], capture_output=True, text=True).stdout
+        rows = [line.split(None, 3) for line in out.splitlines()]
+        alive = [f"{r[0]} {r[3] if len(r) > 3 else ''}" for r in rows
+                 if len(r) >= 3 and int(r[1]) == sid and "Z" not in r[2]]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def unschedulable_serve(tmp_path, placement_timeout_s: float) -> subprocess.Popen:
+    """`specdec serve --tensor-parallel-size 2` asking 64 CPUs per rank: never schedulable here."""
+    config = tmp_path / "huge.yaml"
+    config.write_text(f"serving:\n  target_num_cpus: 64\n  placement_timeout_s: {placement_timeout_s}\n")
+    return subprocess.Popen(
+        [sys.executable, "-m", "actors.cli", "serve", "--port", str(free_port()), "--http-port", str(free_port()),
+         "--tensor-parallel-size", "2", "--config", str(config)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+
+
+def test_an_unschedulable_start_fails_in_bounded_time_naming_what_is_missing(tmp_path):
+    process = unschedulable_serve(tmp_path, placement_timeout_s=3)
+    try:
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 1, err
+    [line] = [line for line in err.splitlines() if line.startswith("specdec serve: failed to start:")]
+    assert "placement group could not be scheduled within 3s" in line
+    assert "needs 2 x {'CPU': 64.0} = {'CPU': 128.0} on one node" in line and "node(s) have [{'CPU': " in line
+    assert session_processes(process.pid) == [], "nothing it started is left behind"
+
+
+def test_sigint_while_waiting_for_resources_stops_everything_within_seconds(tmp_path):
+    process = unschedulable_serve(tmp_path, placement_timeout_s=300)
+    try:
+        selector = selectors.DefaultSelector()
+        selector.register(process.stderr, selectors.EVENT_READ)
+        deadline, waiting = time.monotonic() + 120, ""
+        while not waiting and time.monotonic() < deadline and process.poll() is None:
+            if selector.select(timeout=1.0):
+                line = process.stderr.readline()
+                waiting = line if "still waiting for the target group's placement group" in line else ""
+        assert "needs 2 x {'CPU': 64.0}" in waiting, "progress is logged, naming what is missing"
+        process.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        process.wait(timeout=60)
+        stopped_s = time.monotonic() - sent
+        _, err = process.communicate(timeout=60)  # returns once every child that shares its stderr is gone
+        all_gone_s = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 128 + signal.SIGINT, err
+    assert "stopped by SIGINT while starting" in err
+    assert all_gone_s < 30, f"took {all_gone_s:.0f}s"
+    print(f"\nSIGINT while waiting for resources -> exited in {stopped_s:.1f}s, all children gone in {all_gone_s:.1f}s")
+    assert session_processes(process.pid) == [], "nothing it started is left behind"
