@@ -157,6 +157,54 @@ def test_under_a_route_prefix_the_paths_are_below_it(served):
     assert response.status_code == 200 and json.loads(response.body)["data"][0]["id"] == MODEL
 
 
+def test_chat_with_a_model_without_a_template_is_400_naming_messages(client, served):
+    template, served.tokenizer.chat_template = served.tokenizer.chat_template, None
+    try:
+        with pytest.raises(openai.BadRequestError) as error:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    finally:
+        served.tokenizer.chat_template = template
+    assert error.value.param == "messages" and "no chat template" in error.value.message
+
+
+class FailingMidStream:
+    """A frontend whose stream yields one round, then loses its target worker."""
+
+    model, proposers, is_ready = MODEL, ("ngram",), True
+
+    def ready(self):
+        return self
+
+    async def stream(self, request):
+        from specdec.errors import WorkerError
+        from specdec.frontend import Delta
+
+        yield Delta("def", [1])
+        raise WorkerError("the target worker is unreachable")
+
+
+def test_a_failure_after_the_first_round_ends_the_stream_with_an_error_event():
+    import asyncio
+
+    from starlette.requests import Request
+
+    async def main():
+        body = json.dumps({"model": MODEL, "prompt": "x", "stream": True}).encode()
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
+        response = await HttpApi(FailingMidStream()).handle(Request(scope, receive))
+        return response.status_code, [chunk async for chunk in response.body_iterator]
+
+    status, events = asyncio.run(main())
+    assert status == 200 and len(events) == 2 and "[DONE]" not in "".join(events)
+    assert json.loads(events[0][len("data: "):])["choices"][0]["text"] == "def"
+    error = json.loads(events[1][len("data: "):])["error"]
+    assert error["code"] == "unavailable" and "unreachable" in error["message"]
+
+
 def test_an_unknown_route_is_404_in_openais_shape(server):
     status, body = post(server.url, "/v1/embeddings", {"input": "x"})
     assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
