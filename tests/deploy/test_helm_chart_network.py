@@ -462,6 +462,8 @@ def test_helm_test_http_check_should_run_the_command_it_renders(render, tmp_path
     assert proc.returncode == 0 and proc.stdout.startswith("200"), proc.stderr
 
 
-def test_helm_test_has_no_http_check_when_tls_is_on(render):
+def test_helm_test_checks_http_only_when_grpc_is_tls(render):
     pod = strip_source(render((), **{"security.tls.existingSecret": "cert"}).one("Pod"))
-    assert [c["name"] for c in pod["spec"]["containers"]] == ["grpc-health"]
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["http-health"]
+    no_http = strip_source(render((), **{"security.tls.existingSecret": "cert", "service.httpPort": None}).one("Pod"))
+    assert [c["name"] for c in no_http["spec"]["containers"]] == ["grpc-health"]

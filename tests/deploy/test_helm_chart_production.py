@@ -148,8 +148,51 @@ def test_tls_and_existing_token_and_internal_secrets_should_be_mounted_as_files(
         assert volumes["api-tokens"]["secret"]["secretName"] == "tokens"
         assert volumes["internal-secret"]["secret"]["secretName"] == "shared"
     service = strip_source(docs.one("Service", "specdec"))
-    assert [p["appProtocol"] for p in service["spec"]["ports"]] == ["https", "https"]
+    assert [p.get("appProtocol") for p in service["spec"]["ports"]] == [None, "http"]  # TLS gRPC, plaintext HTTP
     assert schema_errors(view.rayservice(docs), crd_schema(RAYSERVICE_CRD)) == []
+
+
+def _public_tls_constants() -> dict[str, str]:
+    """SERVICER_FUNCTION and the *_ENV names of specdec_rpc/public_tls.py, read from the code."""
+    tree = ast.parse((REPO_ROOT / "specdec_rpc" / "public_tls.py").read_text())
+    out: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            for target in node.targets:
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    for t, v in zip(target.elts, node.value.elts):
+                        out[t.id] = ast.literal_eval(v)
+            if names and isinstance(node.value, ast.Constant):
+                out[names[0]] = node.value.value
+    return out
+
+
+def test_tls_should_add_specdecs_tls_port_to_serves_grpc_proxy(render):
+    """Serve's gRPC proxy has no TLS option: public_tls's servicer function adds the TLS port
+    (grpc.port) from environment variables; Serve's plaintext port moves to grpc.tlsInternalPort,
+    which only the Ray pods reach."""
+    tls = _public_tls_constants()
+    docs = render((), **{"security.tls.existingSecret": "api-cert"})
+    grpc_options = view.serve_config(docs)["grpc_options"]
+    assert grpc_options["port"] == VALUES["grpc"]["tlsInternalPort"] != VALUES["grpc"]["port"]
+    assert grpc_options["grpc_servicer_functions"] == [*VALUES["serve"]["grpcServicerFunctions"], tls["SERVICER_FUNCTION"]]
+    assert _args(docs)["serving"]["port"] == VALUES["grpc"]["port"]
+    for template in view.ray_pod_templates(docs):
+        env = view.env(view.container(template))
+        assert env[tls["PORT_ENV"]] == str(VALUES["grpc"]["port"])
+        assert env[tls["CERT_ENV"]] == "/etc/specdec/tls/tls.crt" and env[tls["KEY_ENV"]] == "/etc/specdec/tls/tls.key"
+    ports = {p["name"]: p["containerPort"] for p in view.container(view.head(docs)["template"])["ports"]}
+    assert ports["grpc"] == VALUES["grpc"]["port"] and ports["grpc-internal"] == VALUES["grpc"]["tlsInternalPort"]
+    service = strip_source(docs.one("Service", "specdec"))
+    assert service["spec"]["ports"][0]["targetPort"] == VALUES["grpc"]["port"]
+    open_ports = [p["port"] for r in strip_source(docs.one("NetworkPolicy", "-ray"))["spec"]["ingress"]
+                  if "from" not in r for p in r["ports"]]
+    assert VALUES["grpc"]["tlsInternalPort"] not in open_ports
+    plain = render()
+    assert "SPECDEC_TLS_PORT" not in view.env(view.container(view.head(plain)["template"]))
+    with pytest.raises(HelmError, match="tlsInternalPort"):
+        render((), **{"security.tls.existingSecret": "api-cert", "grpc.tlsInternalPort": VALUES["grpc"]["port"]})
 
 
 def test_auth_can_be_turned_off(render):

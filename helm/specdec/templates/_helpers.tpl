@@ -136,6 +136,11 @@ Secret up (a new value each time): such renders should use the existingSecret va
 
 {{/* ---------------- Security of the public API and of internal traffic ---------------- */}}
 
+{{/* The servicer function of specdec_rpc/public_tls.py that adds the TLS port inside Serve's gRPC proxy. */}}
+{{- define "specdec.tlsServicerFunction" -}}
+specdec_rpc.public_tls.add_tls_port_to_server
+{{- end }}
+
 {{- define "specdec.apiTokensSecretName" -}}
 {{- .Values.security.auth.existingSecret | default (printf "%s-api-tokens" (include "specdec.fullname" .)) }}
 {{- end }}
@@ -276,6 +281,17 @@ exec:
   value: /home/specdec/.cache
 - name: TRITON_CACHE_DIR
   value: /home/specdec/.cache/triton
+{{- with .Values.security.tls }}
+{{- if .existingSecret }}
+# read by specdec_rpc.public_tls inside Serve's gRPC proxy (Ray's processes inherit the container's env)
+- name: SPECDEC_TLS_PORT
+  value: {{ $.Values.grpc.port | quote }}
+- name: SPECDEC_TLS_CERT_FILE
+  value: {{ printf "/etc/specdec/tls/%s" .certKey | quote }}
+- name: SPECDEC_TLS_KEY_FILE
+  value: {{ printf "/etc/specdec/tls/%s" .keyKey | quote }}
+{{- end }}
+{{- end }}
 {{- if and .Values.ray.gcsFaultTolerance.enabled (not .Values.redis.enabled) .Values.externalRedis.caSecret }}
 - name: RAY_REDIS_CA_CERT
   value: {{ printf "%s/%s" (include "specdec.redisCaDir" .) .Values.externalRedis.caSecretKey | quote }}
@@ -317,6 +333,9 @@ Argument: dict "root" $ "group" <workerGroups entry>.
 {{- if and $draft.enabled (gt $draftGpus (float64 $draft.gpus)) }}
 {{- fail (printf "workerGroups.draft.gpus (%v) < serving.draft_num_gpus (%v)" $draft.gpus $draftGpus) }}
 {{- end }}
+{{- if and .Values.security.tls.existingSecret (eq (int .Values.grpc.port) (int .Values.grpc.tlsInternalPort)) }}
+{{- fail "grpc.tlsInternalPort must differ from grpc.port (the TLS port) when security.tls.existingSecret is set" }}
+{{- end }}
 {{- if and (not $target.enabled) (gt $targetGpus 0.0) }}
 {{- fail "serving.target_num_gpus > 0 needs workerGroups.target.enabled (the head has num-gpus 0)" }}
 {{- end }}
@@ -336,7 +355,13 @@ Argument: dict "root" $ "group" <workerGroups entry>.
 {{- end }}
 {{- $config := dict "proxy_location" .Values.serve.proxyLocation }}
 {{- $_ := set $config "http_options" (dict "host" "0.0.0.0" "port" (int .Values.serve.httpPort)) }}
+{{- if .Values.security.tls.existingSecret }}
+{{- /* TLS: specdec's servicer function adds the TLS port grpc.port; Serve's plaintext port moves inside */}}
+{{- $functions := concat .Values.serve.grpcServicerFunctions (list (include "specdec.tlsServicerFunction" .)) }}
+{{- $_ := set $config "grpc_options" (dict "port" (int .Values.grpc.tlsInternalPort) "grpc_servicer_functions" $functions) }}
+{{- else }}
 {{- $_ := set $config "grpc_options" (dict "port" (int .Values.grpc.port) "grpc_servicer_functions" .Values.serve.grpcServicerFunctions) }}
+{{- end }}
 {{- $_ := set $config "applications" (list $app) }}
 {{- toYaml $config }}
 {{- end }}
