@@ -21,6 +21,7 @@ from actors.target_shard import TargetFollower, TargetLeader, check_tensor_paral
 from specdec.config import ServingConfig, SpecdecConfig
 
 logger = logging.getLogger(__name__)
+INFO_TIMEOUT_S = 10.0
 
 
 def rank_bundle(serving: ServingConfig) -> dict[str, float]:
@@ -91,7 +92,7 @@ class TargetGroup:
         """The leader's WorkerInfo fields (model, slots, calls, sequences, max_batch_size, ...) and address."""
         if self.leader is None or self.address is None:
             raise RuntimeError("the target group is not started")
-        return ray.get(self.leader.info.remote())
+        return ray.get(self.leader.info.remote(), timeout=INFO_TIMEOUT_S)
 
     def shutdown(self) -> None:
         """Stop serving, kill the rank actors and remove the placement group (idempotent)."""

@@ -6,12 +6,22 @@ restarted router) never start a second set of workers. The target group starts f
 STRICT_PACK placement group must claim a node with enough GPUs before the draft could take
 one of them. The draft is kept by a DraftKeeper, which restarts it when it dies; routers
 find the new one through `draft_address()` (see `draft_resolver`).
+
+The hub supervises the workers of one configuration, keyed by what they serve (`worker_key`:
+models, dtype, device, cache, TP layout and resources, the draft or not). Deploying a
+different configuration under the same deployment name replaces the hub: the old workers
+are stopped and their placement groups released before the new ones start. When no router
+has held a lease on the target for `serving.idle_release_s` (the application was shut down
+or deleted: its replicas stopped renewing), the hub releases the workers and exits.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +36,7 @@ HUB_NAMESPACE = "specdec"  # one namespace for the driver of `specdec serve` and
 RESOLVE_TIMEOUT_S = 5.0
 SHUTDOWN_LOCK_S = 1.0  # a shutdown waits this long for a start in progress, then leaves it to ray.kill
 STOP_TIMEOUT_S = 30.0  # stop_hub: the hub's orderly shutdown, then it is killed
+IDLE_CHECK_S = 5.0  # how often the hub asks the target how many routers hold a lease
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
@@ -37,6 +48,42 @@ class WorkerHub:
         self.addresses: tuple[str, str | None] | None = None
         self._lock = threading.Lock()  # start and shutdown, one at a time
         self.stage = "not started"
+        self.key = worker_key(config)
+        self._idle = threading.Thread(target=self._release_when_idle, name="hub-idle", daemon=True)
+        self._idle.start()
+
+    def worker_key(self) -> str:
+        """What these workers serve (see `worker_key`)."""
+        return self.key
+
+    def _release_when_idle(self) -> None:
+        """Shut the workers down and exit once no router has held a lease for idle_release_s."""
+        idle_s = self.config.serving.idle_release_s
+        if idle_s <= 0:
+            return
+        idle_since: float | None = None
+        while True:
+            time.sleep(min(IDLE_CHECK_S, idle_s / 2))
+            leases = self._leases()
+            if leases is None or leases > 0:
+                idle_since = None
+                continue
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since >= idle_s:
+                logger.warning("no router for %.0fs: releasing the workers", idle_s)
+                self.shutdown()
+                ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                return
+
+    def _leases(self) -> int | None:
+        """Routers holding a lease on the target now (None: not started, or it does not answer)."""
+        group = self.group
+        if group is None:
+            return None
+        try:
+            return int(group.info()["leases"])
+        except Exception:  # noqa: BLE001 - a target that does not answer is not idle
+            return None
 
     def start(self) -> tuple[str, str | None]:
         """(target leader address, draft address or None); starts them on the first call."""
@@ -102,14 +149,51 @@ class WorkerHub:
         return True
 
 
+def worker_key(config: SpecdecConfig) -> str:
+    """A short hash of everything that decides which workers serve: two configurations with
+    the same key can share workers, others cannot."""
+    serving = config.serving
+    spec = {
+        "models": config.models.model_dump(), "cache": config.cache.model_dump(),
+        "draft": config.speculation.proposer == "draft",
+        "serving": {name: getattr(serving, name) for name in (
+            "tensor_parallel_size", "target_num_gpus", "draft_num_gpus", "target_num_cpus", "draft_num_cpus",
+            "distributed_backend", "lease_ttl_s")},
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def hub_name(config: SpecdecConfig) -> str:
     return f"specdec-{config.load_monitor.deployment}-workers"
 
 
 def get_or_create_hub(config: SpecdecConfig) -> Any:
+    """The hub for this configuration; a hub of the same deployment that serves another
+    configuration (a redeploy with another model, dtype, TP size, ...) is stopped first."""
+    key = worker_key(config)
+    old = find_hub(config)
+    if old is not None and _key_of(old) != key:
+        logger.warning("deployment %r: replacing workers of another configuration with %s",
+                       config.load_monitor.deployment, key)
+        _stop(old)
+        _wait_until_gone(config)
     return WorkerHub.options(
         name=hub_name(config), namespace=HUB_NAMESPACE, get_if_exists=True, lifetime="detached"
     ).remote(config)
+
+
+def _key_of(hub: Any) -> str | None:
+    try:
+        return ray.get(hub.worker_key.remote(), timeout=RESOLVE_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - a hub that does not answer is replaced
+        return None
+
+
+def _wait_until_gone(config: SpecdecConfig, timeout_s: float = 30.0) -> None:
+    """Until the hub's name is free again (ray.kill is asynchronous)."""
+    deadline = time.monotonic() + timeout_s
+    while find_hub(config) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def start_hub(hub: Any, period_s: float = PROGRESS_PERIOD_S) -> tuple[str, str | None]:
@@ -150,8 +234,12 @@ def draft_resolver(config: SpecdecConfig, address: str) -> Callable[[], str | No
 def stop_hub(config: SpecdecConfig) -> None:
     """Stop the workers and the hub itself (idempotent)."""
     hub = find_hub(config)
-    if hub is None:
-        return
+    if hub is not None:
+        _stop(hub)
+
+
+def _stop(hub: Any) -> None:
+    """The hub's orderly shutdown (bounded), then kill it."""
     try:
         ray.get(hub.shutdown.remote(), timeout=STOP_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - killed below either way

@@ -111,6 +111,9 @@ class ServingConfig(StrictModel):
     start_timeout_s: float = Field(
         600.0, gt=0, description="Longest wait for a worker to load its model and serve, seconds."
     )
+    idle_release_s: float = Field(
+        120.0, ge=0, description="Release the workers after no router held a lease this long, seconds (0 = never)."
+    )
 
 
 class LoadMonitorConfig(StrictModel):
