@@ -77,8 +77,8 @@ class SpecdecRouter:
     def __init__(self, backend_factory: Callable[[], RouterBackend]) -> None:
         own_cores(1)  # the router only tokenises and does small tensor work: the models get the cores
         self.service = PublicService()
-        self.http = HttpApi(self.service.frontend, error_kind=error_kind)
         self.metrics = RouterMetrics()
+        self.http = HttpApi(self.service.frontend, error_kind=error_kind, observe_stream=self.metrics.observe_stream)
         self._closed = threading.Event()
         self._loader = threading.Thread(target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True)
         self._loader.start()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import replace
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
@@ -30,6 +31,8 @@ from specdec_http.openai_api import chat_request, completion_request
 from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, error_body, sse
 
 ErrorKindOf = Callable[[BaseException], tuple[ErrorKind, str]]
+#: (seconds to the first tokens, [(seconds since the previous tokens, tokens)]) of a finished stream
+StreamObserver = Callable[[float | None, list[tuple[float, int]]], None]
 DISCONNECT_POLL_S = 0.25  # how often a unary request checks whether its client is still there
 
 
@@ -45,11 +48,14 @@ def core_error_kind(exc: BaseException) -> tuple[ErrorKind, str]:
 
 class HttpApi:
     """The routes on one frontend. error_kind: how a failure is classified (the router
-    passes `specdec_rpc.status_codes.error_kind`, which also knows a worker's gRPC errors)."""
+    passes `specdec_rpc.status_codes.error_kind`, which also knows a worker's gRPC errors);
+    observe_stream: told each finished stream's latencies (the router's TTFT / ITL metrics)."""
 
-    def __init__(self, frontend: Frontend, error_kind: ErrorKindOf = core_error_kind) -> None:
+    def __init__(self, frontend: Frontend, error_kind: ErrorKindOf = core_error_kind,
+                 observe_stream: StreamObserver | None = None) -> None:
         self.frontend = frontend
         self.error_kind = error_kind
+        self.observe_stream = observe_stream
         self.routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/completions"): lambda r: self._generate(r, chat=False),
             ("POST", "/v1/chat/completions"): lambda r: self._generate(r, chat=True),
@@ -84,6 +90,7 @@ class HttpApi:
         if not stream:
             completion = await _unless_disconnected(request, self.frontend.generate(text_request))
             return JSONResponse(completion_object(call, completion))
+        started = time.perf_counter()
         deltas = self.frontend.stream(text_request)
         try:
             first = await deltas.__anext__()  # errors before the first round get their status
@@ -91,19 +98,24 @@ class HttpApi:
             await deltas.aclose()
             raise
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        events = self._events(call, first, deltas, include_usage)
+        events = self._events(call, first, deltas, include_usage, started)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    async def _events(self, call: Call, first: Delta, deltas: AsyncIterator[Delta], include_usage: bool):
+    async def _events(self, call: Call, first: Delta, deltas: AsyncIterator[Delta], include_usage: bool,
+                      started: float):
         """SSE: one event per round, `data: [DONE]` at the end; an error event if it fails.
         Closing (the client went away) closes `deltas`, which aborts the request."""
+        timing = _StreamTiming(started, first)
         try:
             for event in chunk_events(call, first, True, include_usage):
                 yield event
             async for delta in deltas:
+                timing.add(delta)
                 for event in chunk_events(call, delta, False, include_usage):
                     yield event
             yield DONE
+            if self.observe_stream is not None:
+                self.observe_stream(timing.first_s, timing.gaps)
         except Exception as exc:
             kind, message = self.error_kind(exc)
             yield sse(error_body(kind, message, exc)[1])
@@ -119,6 +131,25 @@ class HttpApi:
         if not self.frontend.is_ready:
             return JSONResponse({"status": "not serving", "problems": self.frontend.problems()}, status_code=503)
         return JSONResponse({"status": "serving", **self.frontend.status().to_dict()})
+
+
+class _StreamTiming:
+    """When a stream's tokens went out: to the first ones, and between later ones."""
+
+    def __init__(self, started: float, first: Delta) -> None:
+        self.last = time.perf_counter()
+        self.first_s = self.last - started if first.token_ids else None
+        self.gaps: list[tuple[float, int]] = []
+
+    def add(self, delta: Delta) -> None:
+        if not delta.token_ids:
+            return
+        now = time.perf_counter()
+        if self.first_s is None:
+            self.first_s = now - self.last
+        else:
+            self.gaps.append((now - self.last, len(delta.token_ids)))
+        self.last = now
 
 
 async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any]) -> Any:

@@ -24,6 +24,7 @@ from specdec_http.http_api import HttpApi, asgi_app
 NUM_SLOTS = 4
 MAX_CONCURRENT = 2
 MODEL = "bundled:target"
+STREAMS_OBSERVED: list[tuple[float | None, list[tuple[float, int]]]] = []  # what the metrics would get
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,8 @@ def served():
 
 @pytest.fixture(scope="module")
 def server(served):
-    with UvicornThread(asgi_app(HttpApi(Frontend(served))), free_port()) as server:
+    api = HttpApi(Frontend(served), observe_stream=lambda first, gaps: STREAMS_OBSERVED.append((first, gaps)))
+    with UvicornThread(asgi_app(api), free_port()) as server:
         yield server
 
 
@@ -75,12 +77,15 @@ def test_a_stream_sends_one_event_per_round_and_ends_with_done(client, server):
             "speculation": {"mode": "on", "gamma": 3}}
     unary = client.completions.create(**{k: v for k, v in body.items() if k != "speculation"},
                                       extra_body={"speculation": body["speculation"]})
+    STREAMS_OBSERVED.clear()
     lines = sse_lines(server.url, "/v1/completions", body)
     assert lines[-1] == "[DONE]"
     chunks = [json.loads(line) for line in lines[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == unary.choices[0].text
     assert len(chunks) == chunks[-1]["speculation"]["rounds"] == unary.model_extra["speculation"]["rounds"]
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    [(first_s, gaps)] = STREAMS_OBSERVED  # time to first tokens and the gaps after, for the TTFT / ITL metrics
+    assert first_s > 0 and len(gaps) == len(chunks) - 1 and sum(n for _, n in gaps) + 1 <= 24
 
 
 def test_the_official_client_streams_completions_with_usage(client):
