@@ -374,10 +374,15 @@ def test_dashboard_should_show_what_an_operator_needs():
     dashboard = json.loads(DASHBOARD_FILE.read_text())
     assert dashboard["uid"] and dashboard["templating"]["list"][0]["type"] == "datasource"
     exprs = " ".join(e for _, e in _dashboard_queries(dashboard))
-    for needed in ("ray_specdec_qps", "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
-                   "num_accepted_tokens_per_pos_total", "spec_decode_gamma", "spec_decode_enabled",
-                   "num_requests_waiting", "num_requests_running"):
+    for needed in ("ray_specdec_qps", "generation_tokens_total", "time_to_first_token_seconds_bucket",
+                   "inter_token_latency_seconds_bucket", "num_accepted_tokens_per_pos_total",
+                   "num_draft_tokens_per_pos_total", "spec_decode_gamma", "spec_decode_enabled",
+                   "request_queue_time_seconds_bucket", "num_requests_waiting", "kv_cache_usage_ratio"):
         assert needed in exprs, needed
+    # every query is filtered by the dashboard's model variable (every metric has a model label)
+    for title, expr in _dashboard_queries(dashboard):
+        for name in re.findall(r"\b(ray_specdec_[A-Za-z0-9_]+)", expr):
+            assert re.search(re.escape(name) + r'\{model=~"\$model"', expr), (title, name)
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dashboard["panels"]:
