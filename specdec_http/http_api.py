@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import replace
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -29,6 +30,8 @@ from specdec.frontend import Delta, Frontend
 from specdec.serving_errors import ErrorKind, InvalidRequestError, NotFoundError, classify
 from specdec_http.openai_api import chat_request, completion_request
 from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, error_body, sse
+
+logger = logging.getLogger(__name__)
 
 ErrorKindOf = Callable[[BaseException], tuple[ErrorKind, str]]
 #: (seconds to the first tokens, [(seconds since the previous tokens, tokens)]) of a finished stream
@@ -77,6 +80,8 @@ class HttpApi:
 
     def error_response(self, exc: BaseException) -> JSONResponse:
         kind, message = self.error_kind(exc)
+        if kind is ErrorKind.INTERNAL and not isinstance(exc, ClientDisconnectedError):
+            logger.error("an HTTP request failed: %s", message, exc_info=exc)
         status, body = error_body(kind, message, exc)
         return JSONResponse(body, status_code=status)
 

@@ -77,6 +77,9 @@ def _stream(body: dict[str, Any]) -> bool:
     stream = body.get("stream", False)
     if stream not in (None, True, False):
         raise InvalidRequestError("stream", f"must be true or false, got {stream!r}")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise InvalidRequestError("stream_options", "must be an object with include_usage (true or false)")
     return bool(stream)
 
 

@@ -58,6 +58,7 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
     ({"prompt": "x", "stop": [1]}, "stop"),
     ({"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
+    ({"prompt": "x", "stream": True, "stream_options": "usage"}, "stream_options"),
     ({"prompt": "x", "speculation": {"gamma": -2}}, "speculation.gamma"),
     ({"prompt": "x", "speculation": {"colour": "blue"}}, "speculation"),
     ({"prompt": "x", "timeout_s": float("nan")}, "timeout_s"),
