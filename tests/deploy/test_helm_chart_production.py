@@ -408,3 +408,35 @@ def test_the_image_has_what_the_probes_run():
     dockerfile = (REPO_ROOT / "Dockerfile").read_text()
     assert re.search(r"apt-get install[^\n]*\bwget\b", dockerfile)
     assert "python:3." in dockerfile and "slim" in dockerfile  # Debian slim: bash and grep included
+
+
+@pytest.mark.parametrize("sets", [
+    {"security.tls.existingSecret": "cert", "security.auth.existingSecret": "tokens", "security.internal.existingSecret": "shared",
+     "redis.enabled": False, "externalRedis.url": "rediss://r.example:6380/1", "externalRedis.existingSecret": "pw",
+     "externalRedis.caSecret": "ca", "metrics.serviceMonitor.enabled": True, "ray.auth.secretName": "ray-token",
+     "upgradeStrategy.type": "None", "podDisruptionBudget.maxUnavailable": 1, "serve.proxyLocation": "EveryNode"},
+    {"security.auth.enabled": False, "ray.auth.enabled": False, "ray.gcsFaultTolerance.enabled": False,
+     "networkPolicy.egress.enabled": False, "rayPods.readOnlyRootFilesystem": False, "service.httpPort": None,
+     "metrics.grafanaDashboard.enabled": False, "podDisruptionBudget.enabled": False},
+], ids=["everything on", "everything off"])
+def test_combinations_should_render_valid_resources(helm_bin, render, crds, sets):
+    args = ["lint", "--strict", str(CHART_DIR)]
+    for key, value in sets.items():
+        args += ["--set-json", f"{key}={json.dumps(value)}"]
+    assert "0 chart(s) failed" in run_helm(helm_bin, *args)
+    docs = render((), **sets)
+    assert schema_errors(view.rayservice(docs), crd_schema(RAYSERVICE_CRD)) == []
+    from deploy_helpers import sub_schema
+
+    cluster_crd = crd_schema("ray.io_rayclusters.yaml")
+    pod_schema = sub_schema(cluster_crd, "spec", "headGroupSpec", "template", "spec")
+    for pod in docs.of_kind("Pod"):
+        assert schema_errors(pod["spec"], pod_schema) == []
+    for policy in docs.of_kind("NetworkPolicy"):
+        for kind in ("ingress", "egress"):
+            rule_schema = sub_schema(cluster_crd, "spec", "networkPolicy", "head", f"{kind}Rules", "[]")
+            for rule in policy["spec"].get(kind, []):
+                assert schema_errors(rule, rule_schema) == []
+    from specdec.config import load_config
+
+    load_config(overrides=_args(docs))
