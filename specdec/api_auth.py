@@ -5,7 +5,8 @@ SPECDEC_API_TOKENS environment variable (comma-separated). With none configured 
 is allowed (the embedded local demo). A call presents `authorization: Bearer <token>` (gRPC
 metadata or an HTTP header); it is compared in constant time against every accepted token
 (SHA-256 digests, so neither a token's length nor its position in the list leaks through
-timing). A refusal says only that the token is missing or invalid.
+timing). A refusal says only that the token is missing or invalid. `TokenSource` re-reads
+the file when it changes, so tokens rotate without a restart.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,3 +81,44 @@ class ApiTokens:
             matched |= hmac.compare_digest(presented, digest)
         if not matched:
             raise AuthenticationError("invalid bearer token")
+
+
+class TokenSource:
+    """The accepted tokens, re-read when the tokens file changes (checked at most every
+    `recheck_s`), so rotating a token in a mounted Kubernetes Secret needs no restart. A
+    file that became unreadable keeps the last tokens (and fails closed if there were none
+    before: a configured file that cannot be read never means "no authentication")."""
+
+    def __init__(self, tokens_file: str, environ: Mapping[str, str] | None = None, recheck_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.tokens_file, self.environ, self.recheck_s = tokens_file, environ, recheck_s
+        self.clock = clock
+        self._tokens = ApiTokens.load(tokens_file, environ)  # a bad file at start-up is a config error
+        self._stamp = self._file_stamp()
+        self._checked = self.clock()
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        try:
+            stat = os.stat(self.tokens_file)
+        except OSError:
+            return None
+        return stat.st_mtime_ns, stat.st_size
+
+    def current(self) -> ApiTokens:
+        if self.tokens_file and self.clock() - self._checked >= self.recheck_s:
+            self._checked = self.clock()
+            stamp = self._file_stamp()
+            if stamp is not None and stamp != self._stamp:
+                try:
+                    self._tokens = ApiTokens.load(self.tokens_file, self.environ)
+                    self._stamp = stamp
+                except (OSError, ValueError):
+                    pass  # half-written or unreadable: keep the last good tokens
+        return self._tokens
+
+    def check(self, authorization: str | None) -> None:
+        self.current().check(authorization)
+
+    @property
+    def enabled(self) -> bool:
+        return self.current().enabled or bool(self.tokens_file)

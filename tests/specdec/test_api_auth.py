@@ -37,3 +37,29 @@ def test_a_missing_tokens_file_or_a_token_with_whitespace_is_a_configuration_err
         ApiTokens.load(str(tmp_path / "absent"), {})
     with pytest.raises(ValueError, match="whitespace"):
         ApiTokens.of(["two words"])
+
+
+def test_a_rotated_tokens_file_is_read_again_without_a_restart(tmp_path):
+    from specdec.api_auth import TokenSource
+
+    path = tmp_path / "tokens"
+    path.write_text("old-token\n")
+    now = [0.0]
+    source = TokenSource(str(path), environ={}, recheck_s=1.0, clock=lambda: now[0])
+    source.check("Bearer old-token")
+    path.write_text("old-token\nnew-token\n")  # step 1: add the new token
+    now[0] = 0.5
+    with pytest.raises(AuthenticationError):
+        source.check("Bearer new-token")  # not re-read within recheck_s
+    now[0] = 1.5
+    source.check("Bearer new-token")
+    path.write_text("new-token\n")  # step 2: remove the old one
+    now[0] = 3.0
+    source.check("Bearer new-token")
+    with pytest.raises(AuthenticationError):
+        source.check("Bearer old-token")
+    path.unlink()  # a file that disappears keeps the last tokens: never "no authentication"
+    now[0] = 5.0
+    source.check("Bearer new-token")
+    with pytest.raises(AuthenticationError):
+        source.check(None)
