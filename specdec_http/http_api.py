@@ -72,8 +72,10 @@ class HttpApi:
         route = self.routes.get((request.method, path))
         try:
             if route is None:
-                known = any(p == path for _, p in self.routes)
-                raise NotFoundError(f"{request.method} {path}: " + ("method not allowed" if known else "no such route"))
+                allowed = sorted(m for m, p in self.routes if p == path)
+                if allowed:
+                    return _method_not_allowed(request.method, path, allowed)
+                raise NotFoundError(f"{request.method} {path}: no such route")
             return await route(request)
         except Exception as exc:
             return self.error_response(exc)
@@ -173,6 +175,13 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any])
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+def _method_not_allowed(method: str, path: str, allowed: list[str]) -> JSONResponse:
+    """405 in OpenAI's error shape, with the Allow header."""
+    error = {"message": f"{method} {path}: method not allowed (use {', '.join(allowed)})",
+             "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}
+    return JSONResponse({"error": error}, status_code=405, headers={"Allow": ", ".join(allowed)})
 
 
 def _route_path(request: Request) -> str:

@@ -210,9 +210,11 @@ def test_a_failure_after_the_first_round_ends_the_stream_with_an_error_event():
     assert error["code"] == "unavailable" and "unreachable" in error["message"]
 
 
-def test_an_unknown_route_is_404_in_openais_shape(server):
+def test_an_unknown_route_is_404_and_a_wrong_method_405_in_openais_shape(server):
     status, body = post(server.url, "/v1/embeddings", {"input": "x"})
     assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
+    status, body = get(server.url, "/v1/completions")
+    assert status == 405 and body["error"]["code"] == "method_not_allowed" and "POST" in body["error"]["message"]
 
 
 def test_past_the_admission_limit_it_is_429_and_dropped_streams_free_their_slots(client, server, served):
