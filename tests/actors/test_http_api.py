@@ -20,7 +20,7 @@ import pytest
 import ray
 
 from actors.app import free_port, start_app
-from openai_http import OpenStream, OpenUnary, get, sse_lines
+from openai_http import OpenStream, OpenUnary, get, sse_lines, wait_until
 from specdec.config import load_config
 from specdec_rpc.client import SpecdecClient
 from specdec_rpc.remote_proposer import RemoteProposer
@@ -131,18 +131,18 @@ def test_bad_input_is_400_naming_the_field(client, kwargs, param):
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_slots(app, workers):
-    stream = OpenStream(app.http_url, "/v1/completions", {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 180})
+    body = {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 180, "speculation": {"mode": "on"}}
+    stream = OpenStream(app.http_url, "/v1/completions", body)  # mode on: the draft holds a slot too
     assert wait_for_free_slots(workers, timeout_s=0) == (NUM_SLOTS - 1, NUM_SLOTS - 1)
     stream.drop()
     assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
 
 
 def test_a_client_that_disconnects_before_its_unary_answer_frees_its_slots(app, workers):
-    request = OpenUnary(app.http_url, "/v1/completions", {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 180})
-    deadline = time.monotonic() + 15.0
-    while wait_for_free_slots(workers, timeout_s=0) == (NUM_SLOTS, NUM_SLOTS) and time.monotonic() < deadline:
-        time.sleep(0.05)  # until the request holds its slots
-    request.drop()
+    body = {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 180, "speculation": {"mode": "on"}}
+    request = OpenUnary(app.http_url, "/v1/completions", body)
+    assert wait_until(lambda: wait_for_free_slots(workers, timeout_s=0) == (NUM_SLOTS - 1, NUM_SLOTS - 1))
+    request.drop()  # while it holds its slots
     assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
 
 
