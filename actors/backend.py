@@ -12,7 +12,7 @@ import uuid
 
 import ray
 
-from actors.worker_hub import draft_resolver, get_or_create_hub, start_hub
+from actors.worker_hub import draft_resolver, get_or_create_hub, start_hub, target_resolver
 from specdec.config import SpecdecConfig
 from specdec.load_monitor import LoadMonitor, build_load_monitor
 from specdec.load_store import LoadStore
@@ -52,7 +52,8 @@ def monitored_backend(config: SpecdecConfig, target_address: str, draft_address:
     # a restarted draft worker may serve elsewhere: the hub knows where
     resolve = draft_resolver(config, draft_address) if draft_address is not None else None
     # the core starts the monitor with the engine and stops it when the engine closes
-    return remote_backend(config, target_address, draft_address, policy=monitor, resolve_draft=resolve)
+    return remote_backend(config, target_address, draft_address, policy=monitor, resolve_draft=resolve,
+                          resolve_target=target_resolver(config, target_address))
 
 
 def cluster_backend(config: SpecdecConfig) -> RouterBackend:

@@ -17,8 +17,10 @@ from typing import Any
 
 import ray
 import torch
+from ray.exceptions import RayActorError
 
 from specdec.models.model_runner import ModelRunner
+from specdec_rpc.worker_runtime import WorkerLost
 
 logger = logging.getLogger(__name__)
 
@@ -58,21 +60,28 @@ class MirroredRunner:
         self._mirror("forward", slot_ids, token_ids, last_only)
         try:
             logits = self.runner.forward(slot_ids, token_ids, last_only)
-        except BaseException:
-            self._drain()  # the followers fail the same way (their state is identical)
-            raise
+        except BaseException as exc:
+            self._drain()  # the followers fail the same way (their state is identical), or one died
+            raise exc
         self.sync()
         return logits
 
     def sync(self) -> None:
-        """Wait for every follower call so far; raises the first follower error."""
+        """Wait for every follower call so far; raises the first follower error (WorkerLost
+        when a follower died: the group must be re-formed)."""
         pending, self._pending = self._pending, []
         if pending:
-            ray.get(pending)
+            try:
+                ray.get(pending)
+            except RayActorError as exc:
+                raise WorkerLost(f"a follower rank of the target group died: {type(exc).__name__}") from exc
 
     def _drain(self) -> None:
+        """After the leader's own forward failed: WorkerLost if a follower died, else log theirs."""
         try:
             self.sync()
+        except WorkerLost:
+            raise
         except Exception as exc:  # noqa: BLE001 - the leader's own error is the one to report
             logger.warning("follower ranks failed too: %s", exc)
 

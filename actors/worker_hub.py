@@ -43,7 +43,7 @@ IDLE_CHECK_S = 5.0  # how often the hub asks the target how many routers hold a 
 class WorkerHub:
     def __init__(self, config: SpecdecConfig) -> None:
         self.config = config
-        self.group: Any = None
+        self.target: Any = None  # TargetKeeper
         self.keeper: Any = None  # DraftKeeper
         self.addresses: tuple[str, str | None] | None = None
         self._lock = threading.Lock()  # start and shutdown, one at a time
@@ -77,35 +77,35 @@ class WorkerHub:
 
     def _leases(self) -> int | None:
         """Routers holding a lease on the target now (None: not started, or it does not answer)."""
-        group = self.group
-        if group is None:
+        target = self.target
+        if target is None:
             return None
         try:
-            return int(group.info()["leases"])
+            return int(target.info()["leases"])
         except Exception:  # noqa: BLE001 - a target that does not answer is not idle
             return None
 
     def start(self) -> tuple[str, str | None]:
         """(target leader address, draft address or None); starts them on the first call."""
         from actors.draft_keeper import DraftKeeper
-        from actors.target_group import TargetGroup
+        from actors.target_keeper import TargetKeeper
 
         with self._lock:
             if self.addresses is None:
                 self.stage = "starting the target group"
-                group = TargetGroup(self.config, report=self._report)
-                target = group.start()  # on failure it released what it made
+                target_keeper = TargetKeeper(self.config, report=self._report)
+                target = target_keeper.start()  # on failure it released what it made
                 draft = None
                 try:
                     if self.config.speculation.proposer == "draft":
                         self.stage = "starting the draft worker"
-                        keeper = DraftKeeper(self.config)
-                        draft = keeper.start()
-                        self.keeper = keeper
+                        draft_keeper = DraftKeeper(self.config)
+                        draft = draft_keeper.start()
+                        self.keeper = draft_keeper
                 except BaseException:
-                    group.shutdown()  # a draft failure must not leak the target's placement group
+                    target_keeper.stop()  # a draft failure must not leak the target's placement group
                     raise
-                self.group, self.addresses = group, (target, draft)
+                self.target, self.addresses = target_keeper, (target, draft)
                 self.stage = "serving"
             return self.addresses
 
@@ -129,7 +129,16 @@ class WorkerHub:
         return None if self.keeper is None else self.keeper.actor
 
     def target_info(self) -> dict[str, Any]:
-        return self.group.info()
+        return self.target.info()
+
+    def target_address(self) -> str:
+        """The target leader's address now; None while the group is re-formed; "" when the
+        hub has no target (not started or shut down: no target will come)."""
+        return "" if self.target is None else self.target.address()
+
+    def target_status(self) -> dict[str, Any] | None:
+        """The keeper's view: address, restarts, down_reason, last_recovery_s."""
+        return None if self.target is None else self.target.status()
 
     def shutdown(self) -> bool:
         """Stop the draft and the target group; False when a start still runs (killing the
@@ -141,9 +150,9 @@ class WorkerHub:
             if keeper is not None:
                 keeper.stop()
         finally:
-            if self.group is not None:
-                self.group.shutdown()
-                self.group = None
+            if self.target is not None:
+                self.target.stop()
+                self.target = None
             self.addresses = None
             self._lock.release()
         return True
@@ -227,6 +236,19 @@ def draft_resolver(config: SpecdecConfig, address: str) -> Callable[[], str | No
         if hub is None:
             return address
         return ray.get(hub.draft_address.remote(), timeout=RESOLVE_TIMEOUT_S)
+
+    return resolve
+
+
+def target_resolver(config: SpecdecConfig, address: str) -> Callable[[], str | None]:
+    """For a router's RemoteVerifier: the target leader's address now (None while the group
+    is re-formed, "" when the hub is gone or stopped), asked of the hub."""
+
+    def resolve() -> str | None:
+        if not ray.is_initialized():
+            return address
+        hub = find_hub(config)
+        return "" if hub is None else ray.get(hub.target_address.remote(), timeout=RESOLVE_TIMEOUT_S)
 
     return resolve
 

@@ -114,6 +114,9 @@ class ServingConfig(StrictModel):
     idle_release_s: float = Field(
         120.0, ge=0, description="Release the workers after no router held a lease this long, seconds (0 = never)."
     )
+    target_recovery_s: float = Field(
+        120.0, ge=0, description="How long a round waits for a re-formed target group before failing, seconds."
+    )
 
 
 class LoadMonitorConfig(StrictModel):

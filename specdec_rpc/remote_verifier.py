@@ -10,6 +10,13 @@ sequences of a failed call send their whole history next time. Releases are buff
 sent before the next call (or by `flush()`). Every call carries the router's lease id; a
 LeaseRenewer keeps the lease alive between calls (see worker.proto).
 
+A target that goes down while a round is in flight need not fail that round: with
+`recovery_s` > 0 the call waits (up to recovery_s) while a WorkerReconnector asks `resolve()`
+where the target serves now (its supervisor re-forms the group, see actors/target_keeper.py),
+then sends the round again with whole histories: the new target re-prefills every sequence
+from the router's token history and verifies the same drafts, so the requests finish with
+the output they would have had. Without a target by then, the round fails (WorkerError).
+
 `unavailable_reason` says whether the target answers: set when a call or a keep-alive finds
 it down (so an idle router notices within a keep-alive period, ttl / 3), cleared by the next
 call that succeeds. Health reports NOT_SERVING while it is set.
@@ -19,7 +26,13 @@ Not thread-safe: one engine drives it.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+
 import grpc
+
+import logging
 
 from specdec.errors import WorkerError
 from specdec.verifier import Verifier, VerifyRequest, VerifyResult
@@ -28,11 +41,15 @@ from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
 from specdec_rpc.lease_renewer import LeaseRenewer, new_lease_id
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+from specdec_rpc.worker_reconnector import WorkerReconnector
 from specdec_rpc.worker_server import CHANNEL_OPTIONS
 
 
+logger = logging.getLogger(__name__)
+
 #: call failures that mean "the worker is down or overloaded", not "a row is bad"
 WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+PROBE_TIMEOUT_S = 2.0  # one GetInfo while looking for the target again
 
 
 class ResyncError(RuntimeError):
@@ -53,14 +70,23 @@ class RemoteVerifier(Verifier):
         slot_budget: int | None = None,
         lease_id: str | None = None,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        resolve: Callable[[], str | None] | None = None,
+        recovery_s: float = 0.0,
     ) -> None:
         """Connects and reads the target's WorkerInfo (waits up to timeout_s for it to be ready).
 
         slot_budget: the most target slots this client may hold (when several routers
         share one target); None = all of them. lease_id: the router's lease (None = a new
-        one); lease_ttl_s: assumed until the target states its own."""
+        one); lease_ttl_s: assumed until the target states its own. resolve: where the target
+        serves after it went down (None = the same address); recovery_s: how long a round
+        waits for it (0 = fail the round at once)."""
         self.address = address
         self.timeout_s = timeout_s
+        self.recovery_s = recovery_s
+        self.recoveries = 0  # rounds sent again to a target that came back
+        self._found: grpc.Channel | None = None
+        self._switched = threading.Event()
+        self.reconnector = WorkerReconnector(resolve or (lambda: self.address), self._probe, self._switch_to)
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.TargetWorkerStub(self._channel)
         lease_id = lease_id or new_lease_id()
@@ -79,6 +105,8 @@ class RemoteVerifier(Verifier):
         return self.num_slots - len(self._held)
 
     runs_concurrently = True  # the target works in its own process: verify_async returns at once
+    recovery_s = 0.0  # set by __init__; class defaults keep partly built clients (tests) usable
+    recoveries = 0
 
     def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
         return self.verify_async(requests).result()
@@ -96,12 +124,57 @@ class RemoteVerifier(Verifier):
         """The outcomes of a sent call (resyncing sequences the target did not know)."""
         if not requests:
             return []
-        response = self._receive(requests, items, future)
+        deadline = time.monotonic() + self.recovery_s
+        while True:
+            try:
+                response = self._receive(requests, items, future)
+                break
+            except WorkerError:
+                if not self._recovered(deadline):
+                    raise
+            self.recoveries += 1  # a new target holds nothing: send whole histories
+            items = [self._item(r) for r in requests]
+            future = self._send(items)
         outcomes = dict(zip((r.seq_id for r in requests), response.outcomes))
         if response.resync_seq_ids:
             resync = {self._sender.local_id(w) for w in response.resync_seq_ids}
             outcomes.update(self._resync(requests, items, resync))
         return [self._result(r, outcomes[r.seq_id]) for r in requests]
+
+    def _recovered(self, deadline: float) -> bool:
+        """Wait (until `deadline`) for a target that answers; True once the client uses it."""
+        if self.recovery_s <= 0:
+            return False
+        logger.warning("target %s is unavailable: the round waits up to %.0fs for it", self.address,
+                       max(0.0, deadline - time.monotonic()))
+        self._switched.clear()
+        self.reconnector.trigger()
+        while not self._switched.wait(0.1):
+            if time.monotonic() > deadline or self.reconnector.gone:
+                logger.warning("no target came back (last try: %s)", self.reconnector.last_error)
+                return False
+        logger.warning("target back at %s: resending the round with whole histories", self.address)
+        self._sender.clear()
+        return True
+
+    def _probe(self, address: str) -> None:
+        """The reconnector's probe: a GetInfo on a new channel; keeps the channel when it answers."""
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        try:
+            worker_pb2_grpc.TargetWorkerStub(channel).GetInfo(worker_pb2.InfoRequest(), timeout=PROBE_TIMEOUT_S)
+        except BaseException:
+            channel.close()
+            raise
+        self._found = channel
+
+    def _switch_to(self, address: str) -> None:
+        """A target answers at `address` (the reconnector's thread): the waiting round uses it."""
+        old, self._channel = self._channel, self._found
+        self._stub = worker_pb2_grpc.TargetWorkerStub(self._channel)
+        self.address, self.unavailable_reason = address, None
+        self._switched.set()
+        if old is not self._channel:
+            old.close()
 
     def _item(self, request: VerifyRequest) -> worker_pb2.VerifyItem:
         item = worker_pb2.VerifyItem(
@@ -195,6 +268,7 @@ class RemoteVerifier(Verifier):
 
     def close(self) -> None:
         """Send buffered releases (best effort), stop renewing the lease, close the channel."""
+        self.reconnector.close()
         try:
             self.flush()
         except grpc.RpcError:

@@ -21,11 +21,12 @@ local_backend = local_served_engine
 
 def remote_parts(
     config: SpecdecConfig, target_address: str, draft_address: str | None,
-    resolve_draft: Callable[[], str | None] | None = None,
+    resolve_draft: Callable[[], str | None] | None = None, resolve_target: Callable[[], str | None] | None = None,
 ) -> EngineParts:
     """RemoteVerifier for the target group's leader and, when there is a draft worker, a
     builder of its RemoteProposer; both under one lease for this router.
-    resolve_draft: the draft worker's address after it went down (None = the same address)."""
+    resolve_draft / resolve_target: where a worker serves after it went down (None = the same
+    address); with resolve_target, a round waits up to serving.target_recovery_s for it."""
     from specdec_rpc.lease_renewer import new_lease_id
     from specdec_rpc.remote_proposer import RemoteProposer
     from specdec_rpc.remote_verifier import RemoteVerifier
@@ -36,7 +37,9 @@ def remote_parts(
     lease = {"lease_id": new_lease_id(), "lease_ttl_s": config.serving.lease_ttl_s}
     # router replicas share the target's slots: each admits at most its share
     budget = max(1, config.cache.num_slots // config.serving.router_replicas)
-    verifier = RemoteVerifier(target_address, timeout_s=timeout_s, slot_budget=budget, **lease)
+    recovery_s = config.serving.target_recovery_s if resolve_target is not None else 0.0
+    verifier = RemoteVerifier(target_address, timeout_s=timeout_s, slot_budget=budget, resolve=resolve_target,
+                              recovery_s=recovery_s, **lease)
 
     def remote_draft() -> RemoteProposer:
         draft = RemoteProposer(draft_address, timeout_s=timeout_s, resolve=resolve_draft, **lease)
@@ -49,10 +52,10 @@ def remote_parts(
 
 def remote_backend(
     config: SpecdecConfig, target_address: str, draft_address: str | None, policy: RoundPolicy | None = None,
-    resolve_draft: Callable[[], str | None] | None = None,
+    resolve_draft: Callable[[], str | None] | None = None, resolve_target: Callable[[], str | None] | None = None,
 ) -> ServedEngine:
     """The distributed router's served engine: the workers' clients and in-process n-gram
     lookup; policy (e.g. a LoadMonitor, started and stopped with the engine) decides γ."""
-    parts = remote_parts(config, target_address, draft_address, resolve_draft)
+    parts = remote_parts(config, target_address, draft_address, resolve_draft, resolve_target)
     parts.policy = policy
     return assemble_served_engine(config, parts)

@@ -4,7 +4,7 @@ A remote client whose worker stopped answering (killed, restarted elsewhere by i
 supervisor) must not pay a failing call every round, and must notice when a worker is back,
 possibly at another address. The reconnector does that on a daemon thread: it asks
 `resolve()` for the worker's current address (the supervisor's answer, or simply the old
-address), probes it (`probe(address)` raises while nothing serves there) and hands the
+address; None = it is being restarted, "" = there is none and none is coming: `gone`), probes it (`probe(address)` raises while nothing serves there) and hands the
 first address that answers to `on_found(address)`; between tries it waits with exponential
 backoff (`backoff_s` doubling up to `max_backoff_s`). `trigger()` starts a search; the
 client keeps serving without the worker meanwhile.
@@ -37,6 +37,7 @@ class WorkerReconnector:
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.searches = 0  # searches started
         self.last_error: str | None = None  # why the last try found nothing
+        self.gone = False  # the last answer of resolve() was "": no worker is coming
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -69,8 +70,9 @@ class WorkerReconnector:
         """One resolve + probe; the address that answered, or None (the reason in last_error)."""
         try:
             address = self._resolve()
-            if address is None:
-                self.last_error = "no worker address yet (restarting)"
+            self.gone = address == ""
+            if not address:
+                self.last_error = "no worker (stopped)" if self.gone else "no worker address yet (restarting)"
                 return None
             self._probe(address)
         except Exception as exc:  # noqa: BLE001 - anything: try again after the backoff

@@ -63,8 +63,15 @@ def info_as_dict(info: Any) -> dict[str, Any]:
     return {f.name: getattr(info, f.name) for f in info.DESCRIPTOR.fields}
 
 
+class WorkerLost(RuntimeError):
+    """Part of the worker is gone (a tensor-parallel rank died): it cannot serve until its
+    supervisor re-forms it. Answered with UNAVAILABLE, so routers wait for the new one."""
+
+
 def status_code_for(exc: BaseException) -> grpc.StatusCode:
     """The gRPC status a worker answers an exception with."""
+    if isinstance(exc, WorkerLost):
+        return grpc.StatusCode.UNAVAILABLE
     if isinstance(exc, CacheFullError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, ValueError):

@@ -1,13 +1,15 @@
 """Fault injection with real Ray: worker processes are SIGKILLed (by PID, from Ray's actor table).
 
-Draft death while greedy streams run: the streams finish with exactly the target's greedy
+The server runs a TP = 2 target. Draft death while greedy streams run: the streams finish with exactly the target's greedy
 output (they go on target-only while the draft is down) and their stats say they did not
 speculate; GetStats says speculation is unavailable and why; the WorkerHub's DraftKeeper
 starts a new draft worker, the router finds it through the hub, rebuilds its sequences
 from the router's histories, and speculation resumes by itself. Health stays SERVING
-throughout (degraded, not down). Target death (last: it ends the module's server): health
-turns NOT_SERVING within a keep-alive period, calls get UNAVAILABLE. A router whose backend
-failed to load fails Serve's replica health check.
+throughout (degraded, not down). A target rank killed mid-stream: the hub re-forms the
+group, the rounds wait for it and re-prefill from the router's histories, and the streams
+finish with the same output. A dead leader while idle: health turns NOT_SERVING within a
+keep-alive period, SERVING again once the group is re-formed. A router whose backend failed
+to load fails Serve's replica health check.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ RECOVERY_LIMIT_S = 60.0
 def app():
     config = load_config(overrides={
         "cache": {"num_slots": 8, "max_seq_len": 256},
-        "serving": {"port": free_port(), "max_concurrent_requests": 8, "worker_timeout_s": 10.0, "lease_ttl_s": 2.0},
+        "serving": {"port": free_port(), "max_concurrent_requests": 8, "worker_timeout_s": 10.0, "lease_ttl_s": 2.0,
+                    "tensor_parallel_size": 2, "distributed_backend": "gloo"},
     })
     app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
     yield app
@@ -108,11 +111,43 @@ def test_a_router_whose_backend_failed_to_load_fails_serves_health_check(app):
         router.check_health()
 
 
-def test_a_dead_target_turns_health_not_serving_and_calls_unavailable(app, prompt_ids):
-    """Runs last: it kills the target (an idle router notices through its keep-alives)."""
-    import grpc
+def stream_all(client: SpecdecClient, prompts: list[list[int]], max_new: int, fault) -> list[list[int]]:
+    """Start one greedy stream per prompt, call fault() once each produced tokens, drain them concurrently."""
+    streams = [client.generate_stream(prompt_token_ids=p, max_new_tokens=max_new, mode="on") for p in prompts]
+    heads = [list(next(s).token_ids) for s in streams]
+    outputs: list[list[int]] = [[] for _ in prompts]
 
-    with SpecdecClient(app.address, timeout_s=30.0, retries=0) as client:
+    def drain(i: int) -> None:
+        outputs[i] = heads[i] + [t for chunk in streams[i] for t in chunk.token_ids]
+
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(prompts))]
+    fault()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    return outputs
+
+
+def test_a_killed_target_rank_pauses_the_streams_which_finish_with_the_same_output(app, prompt_ids, hf_greedy):
+    """SIGKILL rank 1 of the TP = 2 group mid-stream: the hub re-forms the group, the
+    router's rounds wait for it and re-prefill every sequence from its history."""
+    prompts = prompt_ids[:4]
+    with SpecdecClient(app.address, timeout_s=300.0, retries=0) as client:
+        [pid] = actor_pids("TargetFollower")
+        killed = []
+        outputs = stream_all(client, prompts, MAX_NEW, lambda: (os.kill(pid, signal.SIGKILL), killed.append(time.monotonic())))
+        finished_s = time.monotonic() - killed[0]
+        assert outputs == [hf_greedy(p, MAX_NEW) for p in prompts], "the same output after the pause"
+        assert client.health() == "SERVING"
+    status = ray.get(app.hub.target_status.remote())
+    assert status["restarts"] == 1 and status["down_reason"] is None
+    print(f"\nrank killed -> group re-formed in {status['last_recovery_s']:.1f}s; streams done {finished_s:.1f}s after the kill")
+
+
+def test_a_dead_target_leader_is_not_serving_until_the_group_is_re_formed(app, prompt_ids, hf_greedy):
+    """An idle router notices through its keep-alives (NOT_SERVING), then serves again."""
+    with SpecdecClient(app.address, timeout_s=300.0, retries=0) as client:
         assert client.health() == "SERVING"
         [pid] = actor_pids("TargetLeader")
         os.kill(pid, signal.SIGKILL)
@@ -120,7 +155,10 @@ def test_a_dead_target_turns_health_not_serving_and_calls_unavailable(app, promp
         while client.health() == "SERVING":
             assert time.monotonic() - killed < 10.0, "health still says SERVING"
             time.sleep(0.1)
-        print(f"\ntarget killed -> health NOT_SERVING: {time.monotonic() - killed:.1f}s")
-        with pytest.raises(grpc.RpcError) as error:
-            client.generate(prompt_token_ids=prompt_ids[0], max_new_tokens=8)
-        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+        down_s = time.monotonic() - killed
+        response = client.generate(prompt_token_ids=prompt_ids[0], max_new_tokens=8)  # waits for the new group
+        assert list(response.token_ids) == hf_greedy(prompt_ids[0], 8)
+        while client.health() != "SERVING":
+            assert time.monotonic() - killed < 120.0
+            time.sleep(0.2)
+        print(f"\nleader killed -> NOT_SERVING {down_s:.1f}s -> SERVING again {time.monotonic() - killed:.1f}s")

@@ -236,6 +236,55 @@ def test_the_verifier_says_when_its_target_is_down_even_when_idle_and_when_it_is
         target.stop()
 
 
+def test_a_round_waits_for_a_target_that_comes_back_elsewhere_and_the_output_is_unchanged(
+    remote_engine, prompt_ids, hf_greedy, tokenizer
+):
+    """The target dies between rounds; its replacement serves at another address after a
+    while: the round waits (recovery_s), resends whole histories to it, and the requests
+    finish with the target's greedy output."""
+    old = ServerThread(target_servicer())
+    where = {"address": old.address}
+    verifier = RemoteVerifier(old.address, timeout_s=5.0, resolve=lambda: where["address"], recovery_s=30.0)
+    engine = remote_engine("draft", 3)
+    engine.verifier.close()
+    engine.verifier = verifier
+    ids = [engine.add_request(GenerationRequest(p, MAX_NEW)) for p in prompt_ids[:2]]
+    engine.step()
+    old.stop()
+    where["address"] = None  # being re-formed
+
+    def come_back():
+        time.sleep(1.0)
+        where["new"] = ServerThread(target_servicer())
+        where["address"] = where["new"].address
+
+    import threading
+
+    threading.Thread(target=come_back).start()
+    try:
+        while engine.has_unfinished():
+            engine.step()
+        assert [engine.result(i).token_ids for i in ids] == [hf_greedy(p, MAX_NEW) for p in prompt_ids[:2]]
+        assert verifier.recoveries >= 1 and verifier.address == where["new"].address
+        assert verifier.unavailable_reason is None
+    finally:
+        verifier.close()
+        where["new"].stop()
+
+
+def test_a_round_fails_at_once_when_no_target_is_coming(prompt_ids):
+    target = ServerThread(target_servicer())
+    verifier = RemoteVerifier(target.address, timeout_s=5.0, resolve=lambda: "", recovery_s=30.0)
+    target.stop()
+    start = time.monotonic()
+    try:
+        with pytest.raises(WorkerError):
+            verifier.verify([VerifyRequest("a", prompt_ids[0], [], SamplingParams())])
+        assert time.monotonic() - start < 5.0
+    finally:
+        verifier.close()
+
+
 def test_release_frees_the_slots_on_both_workers(remote_engine, workers, prompt_ids):
     engine = remote_engine("draft", 4)
     verifier, draft = engine.verifier, engine.proposer.proposers["draft"]
