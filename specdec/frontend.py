@@ -13,12 +13,14 @@ too, so both protocols report the same thing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 from specdec.request import GenerationRequest
-from specdec.round_output import GenerationResult
+from specdec.request_log import CANCELLED, DEADLINE, FinishedRequest, RequestLog
+from specdec.round_output import FINISH_ERROR, GenerationResult
 from specdec.served_engine import ServedEngine
 from specdec.server_status import ServerStatus, static_policy
 from specdec.serving_errors import DeadlineExceededError, NotReadyError
@@ -68,6 +70,7 @@ class Frontend:
     def __init__(self, served: ServedEngine | None = None) -> None:
         self.served = served
         self.load_error: BaseException | None = None
+        self.requests = RequestLog()  # every request that ended, until the metrics collect them
 
     # ---- readiness ---------------------------------------------------------------------
 
@@ -119,42 +122,68 @@ class Frontend:
 
     async def generate(self, request: TextRequest) -> Completion:
         """Run one request to completion (cancellation or its deadline abort it and free its slots)."""
-        served = self.ready()
-        core = await self.prepare(request)
-        deadline = _deadline(request)
+        outcome = _Outcome(time.monotonic(), streaming=False)
+        with self._recorded(outcome):
+            served = self.ready()
+            core = await self.prepare(request)
+            outcome.prompt_tokens = len(core.prompt_token_ids)
+            deadline = _deadline(request)
 
-        async def run() -> GenerationResult:
-            async with served.loop.submit(core, seq_id=request.request_id) as stream:
-                return await stream.result()
+            async def run() -> GenerationResult:
+                async with served.loop.submit(core, seq_id=request.request_id) as stream:
+                    return await stream.result()
 
-        try:
-            result = await asyncio.wait_for(run(), _remaining(deadline))
-        except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
-            raise _deadline_error(request) from exc
-        return _completion(result, len(core.prompt_token_ids))
+            try:
+                result = await asyncio.wait_for(run(), _remaining(deadline))
+            except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
+                raise _deadline_error(request) from exc
+            outcome.finished(result)
+            return _completion(result, len(core.prompt_token_ids))
 
     async def stream(self, request: TextRequest) -> AsyncIterator[Delta]:
         """One Delta per round that confirmed tokens, then a last one with the finish reason,
         statistics and usage. Closing the iterator early aborts the request (slots freed)."""
-        served = self.ready()
-        core = await self.prepare(request)
-        deadline = _deadline(request)
-        async with served.loop.submit(core, seq_id=request.request_id) as stream:
-            last = Delta("", [])
-            while True:
-                try:
-                    output = await asyncio.wait_for(stream.__anext__(), _remaining(deadline))
-                except StopAsyncIteration:
-                    break
-                except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
-                    raise _deadline_error(request) from exc
-                if output.finish_reason is None:
-                    yield Delta(output.text, list(output.new_token_ids))
-                else:
-                    last = Delta(output.text, list(output.new_token_ids))
-            result = await stream.result()
-        usage = Usage(len(core.prompt_token_ids), len(result.token_ids))
-        yield Delta(last.text, last.token_ids, result.finish_reason, result.stats, usage)
+        outcome = _Outcome(time.monotonic(), streaming=True)
+        with self._recorded(outcome):
+            served = self.ready()
+            core = await self.prepare(request)
+            outcome.prompt_tokens = len(core.prompt_token_ids)
+            deadline = _deadline(request)
+            async with served.loop.submit(core, seq_id=request.request_id) as stream:
+                last = Delta("", [])
+                while True:
+                    try:
+                        output = await asyncio.wait_for(stream.__anext__(), _remaining(deadline))
+                    except StopAsyncIteration:
+                        break
+                    except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
+                        raise _deadline_error(request) from exc
+                    outcome.generation_tokens += len(output.new_token_ids)
+                    if output.finish_reason is None:
+                        yield Delta(output.text, list(output.new_token_ids))
+                    else:
+                        last = Delta(output.text, list(output.new_token_ids))
+                result = await stream.result()
+            outcome.finished(result)
+            usage = Usage(len(core.prompt_token_ids), len(result.token_ids))
+            yield Delta(last.text, last.token_ids, result.finish_reason, result.stats, usage)
+
+    @contextlib.contextmanager
+    def _recorded(self, outcome: "_Outcome") -> Iterator[None]:
+        """Add the request to `requests` however it ends (for the metrics)."""
+        try:
+            yield
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome.finish_reason = outcome.finish_reason or CANCELLED
+            raise
+        except DeadlineExceededError:
+            outcome.finish_reason = DEADLINE
+            raise
+        except BaseException:
+            outcome.finish_reason = outcome.finish_reason or FINISH_ERROR
+            raise
+        finally:
+            self.requests.add(outcome.record())
 
     # ---- status ------------------------------------------------------------------------
 
@@ -174,6 +203,26 @@ class Frontend:
             draft_ahead=(ahead.rows_ahead, ahead.hit_rate) if ahead is not None else None,
             speculation_unavailable=engine.proposer.unavailable_reason,
         )
+
+
+@dataclass
+class _Outcome:
+    """How a request is going, for its FinishedRequest record."""
+
+    started: float  # time.monotonic() at arrival
+    streaming: bool
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finish_reason: str | None = None
+    queue_s: float = 0.0
+
+    def finished(self, result: GenerationResult) -> None:
+        self.generation_tokens, self.finish_reason = len(result.token_ids), result.finish_reason
+        self.queue_s = result.queue_s
+
+    def record(self) -> FinishedRequest:
+        return FinishedRequest(self.prompt_tokens, self.generation_tokens, self.finish_reason or FINISH_ERROR,
+                               time.monotonic() - self.started, self.queue_s, self.streaming)
 
 
 def _completion(result: GenerationResult, prompt_tokens: int) -> Completion:

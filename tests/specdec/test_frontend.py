@@ -156,3 +156,29 @@ def test_the_status_is_typed_and_counts_this_replicas_rounds(frontend):
     assert status.acceptance_rate == pytest.approx(status.accepted / status.drafted)
     assert status.policy.gamma == 4 and status.policy.reason.startswith("static")
     assert status.to_dict()["ready"] is True
+
+
+def test_every_request_that_ends_is_recorded_for_the_metrics_however_it_ends(frontend, prompt_ids):
+    frontend.requests.drain()
+    prompt = tuple(prompt_ids[1])
+
+    async def main():
+        await frontend.generate(TextRequest(prompt_token_ids=prompt, max_new_tokens=5))
+        await collect(frontend, TextRequest(prompt_token_ids=prompt, max_new_tokens=6))
+        stream = frontend.stream(TextRequest(prompt_token_ids=prompt, max_new_tokens=200))
+        await stream.__anext__()
+        await stream.aclose()  # the client went away
+        with pytest.raises(DeadlineExceededError):
+            await frontend.generate(TextRequest(prompt_token_ids=prompt, max_new_tokens=200, timeout_s=0.05))
+        with pytest.raises(InvalidRequestError):
+            await frontend.generate(TextRequest(prompt="x", max_new_tokens=0))
+
+    asyncio.run(main())
+    records = frontend.requests.drain()
+    assert [(r.finish_reason, r.streaming) for r in records] == [
+        ("length", False), ("length", True), ("cancelled", True), ("deadline", False), ("error", False)]
+    unary, streamed = records[0], records[1]
+    assert (unary.prompt_tokens, unary.generation_tokens) == (len(prompt), 5)
+    assert (streamed.prompt_tokens, streamed.generation_tokens) == (len(prompt), 6)
+    assert records[2].generation_tokens >= 1 and records[4].prompt_tokens == 0
+    assert all(r.latency_s > 0 and r.queue_s >= 0 for r in records)
