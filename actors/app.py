@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -23,13 +24,14 @@ from typing import Any
 import grpc
 import ray
 from ray import serve
-from ray.serve.config import HTTPOptions, ProxyLocation, gRPCOptions
+from ray.serve.config import ProxyLocation
 
 from ray.serve import Application
 
 from actors.backend import cluster_backend, monitored_backend
 from actors.ports import free_port  # noqa: F401 - re-exported for callers of start_app
-from actors.router import GRPC_SERVICER_FUNCTIONS, SpecdecRouter
+from actors.router import SpecdecRouter
+from actors.serve_endpoints import ServeEndpoints, export_environment, probe_token, serve_endpoints
 from actors.worker_hub import get_or_create_hub, start_hub, stop_hub
 from specdec.config import SpecdecConfig, load_config
 from specdec_rpc.client import SpecdecClient
@@ -101,7 +103,7 @@ def router_deployment(config: SpecdecConfig, backend_factory: Callable[[], Route
         num_replicas=config.serving.router_replicas,
         max_ongoing_requests=config.serving.max_concurrent_requests + SERVE_HEADROOM,
     )
-    return router.bind(backend_factory)
+    return router.bind(backend_factory, config.security, config.models.target)
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
@@ -112,23 +114,18 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     return router_deployment(config, functools.partial(cluster_backend, config))
 
 
-def _start_serve(config: SpecdecConfig, backend_factory: Callable[[], RouterBackend]) -> None:
-    serving = config.serving
-    serve.start(
-        proxy_location=ProxyLocation.HeadOnly,
-        http_options=HTTPOptions(host=serving.host, port=serving.http_port),
-        grpc_options=gRPCOptions(port=serving.port, grpc_servicer_functions=GRPC_SERVICER_FUNCTIONS),
-    )
+def _start_serve(config: SpecdecConfig, backend_factory: Callable[[], RouterBackend], endpoints: ServeEndpoints) -> None:
+    serve.start(proxy_location=ProxyLocation.HeadOnly, http_options=endpoints.http, grpc_options=endpoints.grpc)
     # the route prefix "/" puts the OpenAI paths (/v1/...) at the root of the HTTP port and
     # makes the app an endpoint of the gRPC proxy too
     serve.run(router_deployment(config, backend_factory), name=APP_NAME, route_prefix="/")
 
 
-def wait_until_serving(address: str, timeout_s: float) -> None:
-    """Poll grpc.health.v1 on the public port until SERVING (raises TimeoutError)."""
+def wait_until_serving(address: str, timeout_s: float, token: str | None = None) -> None:
+    """Poll grpc.health.v1 on `address` until SERVING (raises TimeoutError)."""
     deadline = time.monotonic() + timeout_s
     status = "no answer"
-    with SpecdecClient(address, timeout_s=5.0, retries=0) as client:
+    with SpecdecClient(address, timeout_s=5.0, retries=0, token=token) as client:
         while time.monotonic() < deadline:
             try:
                 status = client.health()
@@ -140,13 +137,16 @@ def wait_until_serving(address: str, timeout_s: float) -> None:
     raise TimeoutError(f"{address} did not become SERVING within {timeout_s}s (last: {status})")
 
 
-def wait_until_http_ready(url: str, timeout_s: float) -> None:
-    """Poll GET {url}/health until it answers 200 (raises TimeoutError)."""
+def wait_until_http_ready(url: str, timeout_s: float, token: str | None = None) -> None:
+    """Poll GET {url}/health until it answers 200 (raises TimeoutError). Over https the
+    certificate is not verified: this only asks whether our own local proxy answers."""
     deadline = time.monotonic() + timeout_s
     status = "no answer"
+    context = ssl._create_unverified_context() if url.startswith("https://") else None  # noqa: S323
+    request = urllib.request.Request(f"{url}/health", headers={"authorization": f"Bearer {token}"} if token else {})
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5.0) as response:
+            with urllib.request.urlopen(request, timeout=5.0, context=context) as response:
                 if response.status == 200:
                     return
         except urllib.error.HTTPError as exc:
@@ -166,8 +166,9 @@ def start_app(
 ) -> SpecdecApp:
     """Start everything and wait until it serves. backend_factory=None starts the draft
     worker and the target group; pass one (e.g. `local_backend`) to serve in-process models."""
-    app = SpecdecApp(config, address=f"127.0.0.1:{config.serving.port}",
-                     http_url=f"http://127.0.0.1:{config.serving.http_port}")
+    endpoints = serve_endpoints(config)
+    export_environment(endpoints, ray_started_here=address is None and not ray.is_initialized())
+    app = SpecdecApp(config, address=endpoints.public_address, http_url=endpoints.http_url)
     app.owns_ray = _init_ray(address, ray_init_kwargs)
     if app.owns_ray:
         app._stoppers.append(ray.shutdown)
@@ -175,9 +176,9 @@ def start_app(
         if backend_factory is None:
             backend_factory = _start_workers(config, app)
         app._stoppers.append(serve.shutdown)
-        _start_serve(config, backend_factory)
-        wait_until_serving(app.address, ready_timeout_s)
-        wait_until_http_ready(app.http_url, ready_timeout_s)
+        _start_serve(config, backend_factory, endpoints)
+        wait_until_serving(endpoints.probe_address, ready_timeout_s, probe_token(config))
+        wait_until_http_ready(app.http_url, ready_timeout_s, probe_token(config))
     except BaseException:
         app.shutdown()
         raise

@@ -20,6 +20,7 @@ from specdec import proposer_registry as registry
 from actors.local_redis import LocalRedis, redis_server_binary
 from actors.stop_signals import Interrupted, StopSignals
 from specdec.config import SpecdecConfig, load_config
+from specdec.api_auth import check_security_files
 from specdec.model_paths import check_model_paths
 from specdec_rpc.client_cli import add_client_parser, add_status_parser
 
@@ -66,6 +67,7 @@ def _with_load_store(config: SpecdecConfig) -> tuple[SpecdecConfig, LocalRedis |
 def run_serve(args: argparse.Namespace) -> int:
     config = _serve_config(args)
     check_model_paths(config.models, draft_needed=config.speculation.proposer == registry.DRAFT)  # before Ray starts
+    check_security_files(config.security)
     from actors.app import start_app  # ray and serve only for this subcommand
 
     config, local_redis, store = _with_load_store(config)

@@ -31,6 +31,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.router_metrics import RouterMetrics
+from specdec.api_auth import AuthenticationError, TokenSource
+from specdec.config import SecurityConfig
+from specdec_rpc.raw_requests import parse
 from actors.served_actor import own_cores
 from specdec_http.http_api import HttpApi
 from specdec_rpc.public_service import PublicService
@@ -41,14 +44,17 @@ from specdec_rpc.v1 import specdec_pb2
 logger = logging.getLogger(__name__)
 
 #: the servicer registrations Serve's gRPC proxy needs (import paths, resolved in the proxy)
+#: (the public service takes raw request bytes, so a corrupt message is INVALID_ARGUMENT here
+#: rather than UNKNOWN inside the proxy: `specdec_rpc.raw_requests`)
 GRPC_SERVICER_FUNCTIONS = [
-    "specdec_rpc.v1.specdec_pb2_grpc.add_SpeculativeDecodingServicer_to_server",
+    "specdec_rpc.raw_requests.add_SpeculativeDecodingServicer_to_server",
     "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
 ]
 
 
 #: the caller's own mistakes: answered with a status, not logged as server errors
-_CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND}
+_CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
+                  grpc.StatusCode.UNAUTHENTICATED}
 
 
 class CallFailed(Exception):
@@ -74,11 +80,17 @@ class SpecdecRouter:
 
     METRICS_PERIOD_S = 1.0
 
-    def __init__(self, backend_factory: Callable[[], RouterBackend]) -> None:
+    def __init__(self, backend_factory: Callable[[], RouterBackend], security: SecurityConfig | None = None,
+                 model: str = "") -> None:
         own_cores(1)  # the router only tokenises and does small tensor work: the models get the cores
+        security = security or SecurityConfig()
+        self.tokens = TokenSource(security.api_tokens_file)  # + env SPECDEC_API_TOKENS; none = open
+        self.open_health = security.open_health
         self.service = PublicService()
-        self.metrics = RouterMetrics()
-        self.http = HttpApi(self.service.frontend, error_kind=error_kind, observe_stream=self.metrics.observe_stream)
+        self.metrics = RouterMetrics(model=model)
+        authorize = self.tokens.check if self.tokens.enabled else None
+        self.http = HttpApi(self.service.frontend, error_kind=error_kind, observe_stream=self.metrics.observe_stream,
+                            authorize=authorize, open_paths=frozenset({"/health"} if self.open_health else ()))
         self._closed = threading.Event()
         self._loader = threading.Thread(target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True)
         self._loader.start()
@@ -99,6 +111,7 @@ class SpecdecRouter:
             try:
                 status = backend.monitor.status() if backend.monitor is not None else None
                 self.metrics.update(backend.loop.engine, status)
+                self.metrics.observe_finished(self.service.frontend.requests.drain())
             except Exception:  # metrics must never take the router down
                 logger.exception("updating metrics failed")
 
@@ -111,7 +124,8 @@ class SpecdecRouter:
     ) -> specdec_pb2.GenerateResponse:
         """Unary generation; errors become status codes (INVALID_ARGUMENT names the field)."""
         try:
-            return await self.service.generate(request)
+            self._authorize(grpc_context)
+            return await self.service.generate(parse(request, specdec_pb2.GenerateRequest))
         except Exception as exc:
             if _fail(exc, grpc_context):
                 return specdec_pb2.GenerateResponse()  # not sent: the status is an error
@@ -121,6 +135,12 @@ class SpecdecRouter:
         self, request: specdec_pb2.GenerateRequest, grpc_context: Any = None
     ) -> AsyncIterator[specdec_pb2.GenerateChunk]:
         """Streams each round's tokens; a cancelled call aborts the request (slots freed)."""
+        try:
+            self._authorize(grpc_context)
+            request = parse(request, specdec_pb2.GenerateRequest)
+        except Exception as exc:
+            _fail(exc, grpc_context)
+            raise CallFailed(status_for(exc)[1]) from None
         stream = self.service.generate_stream(request)
         start = last = time.perf_counter()
         first: float | None = None
@@ -147,11 +167,21 @@ class SpecdecRouter:
     ) -> specdec_pb2.GetStatsResponse:
         """The live speculation picture of this replica (cluster-wide load via Redis)."""
         try:
+            self._authorize(grpc_context)
+            parse(request, specdec_pb2.GetStatsRequest)
             return self.service.stats()
         except Exception as exc:
             if _fail(exc, grpc_context):
                 return specdec_pb2.GetStatsResponse()
             raise CallFailed(status_for(exc)[1]) from None
+
+    def _authorize(self, grpc_context: Any) -> None:
+        """Raise AuthenticationError unless the call's metadata carries a valid bearer token
+        (no tokens configured: every call is allowed)."""
+        if not self.tokens.enabled:
+            return
+        metadata = grpc_context.invocation_metadata() if grpc_context is not None else ()
+        self.tokens.check(next((value for key, value in metadata if key == "authorization"), None))
 
     def check_health(self) -> None:
         """Serve's replica health check: fails while the backend failed to load, so that
@@ -164,6 +194,12 @@ class SpecdecRouter:
     ) -> health_pb2.HealthCheckResponse:
         """grpc.health.v1: SERVING while loaded and the target answers (a draft that is
         down only degrades speculation, which GetStats reports), NOT_SERVING otherwise."""
+        if not self.open_health:
+            try:
+                self._authorize(grpc_context)
+            except AuthenticationError as exc:
+                _fail(exc, grpc_context)
+                return health_pb2.HealthCheckResponse()
         status = self.service.health(request.service)
         if status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN:
             _fail(UnknownServiceError(f"unknown service {request.service!r}"), grpc_context)

@@ -27,6 +27,7 @@ from pathlib import Path
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from specdec_rpc.client import open_channel  # noqa: E402
 from specdec_rpc.v1 import specdec_pb2  # noqa: E402
 
 GENERATE = "/specdec.v1.SpeculativeDecoding/Generate"
@@ -136,19 +137,20 @@ def requests(count: int, seed: int, vocab_size: int, max_seq_len: int) -> Iterat
 
 
 def run_campaign(address: str, count: int, seed: int = 0, vocab_size: int = 4096, max_seq_len: int = 1024,
-                 timeout_s: float = 30.0) -> dict[str, collections.Counter]:
+                 timeout_s: float = 30.0, token: str | None = None,
+                 tls_ca_file: str | None = None) -> dict[str, collections.Counter]:
     """Send the requests (unary and streaming in turn); per case, a Counter of status names."""
     outcomes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
-    with grpc.insecure_channel(address, options=options) as channel:
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    with open_channel(address, tls_ca_file) as channel:
         unary, stream = channel.unary_unary(GENERATE), channel.unary_stream(GENERATE_STREAM)
         for i, (name, raw) in enumerate(requests(count, seed, vocab_size, max_seq_len)):
             try:
                 if i % 2:
-                    for _ in stream(raw, timeout=timeout_s):
+                    for _ in stream(raw, timeout=timeout_s, metadata=metadata):
                         pass
                 else:
-                    unary(raw, timeout=timeout_s)
+                    unary(raw, timeout=timeout_s, metadata=metadata)
                 code = "OK"
             except grpc.RpcError as exc:
                 code = exc.code().name
@@ -176,8 +178,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=4096, help="the target's vocabulary (bundled pair: 4096)")
     parser.add_argument("--max-seq-len", type=int, default=1024, help="the server's cache.max_seq_len")
+    parser.add_argument("--token", default=None, help="bearer token (when the server requires one)")
+    parser.add_argument("--tls-ca", default=None, help="CA certificate of a TLS server")
     args = parser.parse_args()
-    outcomes = run_campaign(args.address, args.count, args.seed, args.vocab_size, args.max_seq_len)
+    outcomes = run_campaign(args.address, args.count, args.seed, args.vocab_size, args.max_seq_len,
+                            token=args.token, tls_ca_file=args.tls_ca)
     print(table(outcomes))
     bad = unexpected(outcomes)
     if bad:

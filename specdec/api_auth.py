@@ -122,3 +122,13 @@ class TokenSource:
     @property
     def enabled(self) -> bool:
         return self.current().enabled or bool(self.tokens_file)
+
+
+def check_security_files(security: "SecurityConfig") -> None:  # noqa: F821 (typing only)
+    """Fail fast, before Ray starts, on a security file that is not there: the tokens file,
+    the TLS certificate and key, the internal secret. Raises ValueError naming the key."""
+    read_tokens(security.api_tokens_file, environ={})
+    for key in ("tls_cert_file", "tls_key_file", "internal_secret_file"):
+        path = getattr(security, key)
+        if path and not Path(path).is_file():
+            raise ValueError(f"security.{key}: {path} is not a readable file")

@@ -3,6 +3,7 @@ to its own status (gRPC: `specdec_rpc.status_codes`, HTTP: `specdec_http.openai_
 
     kind          raised as                                    gRPC                HTTP
     invalid       ValueError (InvalidRequestError names param)  INVALID_ARGUMENT    400
+    unauthenticated AuthenticationError (no valid bearer token) UNAUTHENTICATED     401
     not_found     NotFoundError                                 NOT_FOUND           404
     overloaded    AdmissionError (the admission limit)          RESOURCE_EXHAUSTED  429
     unavailable   NotReadyError, EngineClosedError, WorkerError UNAVAILABLE         503
@@ -16,15 +17,17 @@ import asyncio
 import enum
 import re
 
+from specdec.api_auth import AuthenticationError
 from specdec.engine_loop import AdmissionError, EngineClosedError
 from specdec.errors import WorkerError
 
-__all__ = ["AdmissionError", "DeadlineExceededError", "ErrorKind", "InvalidRequestError", "NotFoundError",
+__all__ = ["AdmissionError", "AuthenticationError", "DeadlineExceededError", "ErrorKind", "InvalidRequestError", "NotFoundError",
            "NotReadyError", "classify", "param_of"]
 
 
 class ErrorKind(enum.Enum):
     INVALID = "invalid"
+    UNAUTHENTICATED = "unauthenticated"
     NOT_FOUND = "not_found"
     OVERLOADED = "overloaded"
     UNAVAILABLE = "unavailable"
@@ -54,6 +57,8 @@ class DeadlineExceededError(TimeoutError):
 
 def classify(exc: BaseException) -> ErrorKind:
     """The kind of a failure raised while serving a request (core exceptions only)."""
+    if isinstance(exc, AuthenticationError):
+        return ErrorKind.UNAUTHENTICATED
     if isinstance(exc, AdmissionError):
         return ErrorKind.OVERLOADED
     if isinstance(exc, NotFoundError):

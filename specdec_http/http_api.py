@@ -10,7 +10,9 @@ Serve's HTTP proxy calls the SpecdecRouter's `__call__` with it, and `asgi_app` 
 for a plain ASGI server. A stream is answered only once its first round is out, so bad
 input, the admission limit and an unready server get their HTTP status (400 / 429 / 503)
 rather than a broken stream; a failure after that ends the stream with an error event.
-A client that disconnects cancels the request, which frees its cache slots.
+A client that disconnects cancels the request, which frees its cache slots. With
+`authorize`, every route but the open ones (/health) needs `authorization: Bearer <token>`:
+401 otherwise.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ logger = logging.getLogger(__name__)
 ErrorKindOf = Callable[[BaseException], tuple[ErrorKind, str]]
 #: (seconds to the first tokens, [(seconds since the previous tokens, tokens)]) of a finished stream
 StreamObserver = Callable[[float | None, list[tuple[float, int]]], None]
+#: checks an `authorization` header value (None: absent); raises AuthenticationError
+Authorize = Callable[[str | None], None]
 DISCONNECT_POLL_S = 0.25  # how often a unary request checks whether its client is still there
 
 
@@ -55,10 +59,13 @@ class HttpApi:
     observe_stream: told each finished stream's latencies (the router's TTFT / ITL metrics)."""
 
     def __init__(self, frontend: Frontend, error_kind: ErrorKindOf = core_error_kind,
-                 observe_stream: StreamObserver | None = None) -> None:
+                 observe_stream: StreamObserver | None = None, authorize: Authorize | None = None,
+                 open_paths: frozenset[str] = frozenset({"/health"})) -> None:
         self.frontend = frontend
         self.error_kind = error_kind
         self.observe_stream = observe_stream
+        self.authorize = authorize  # raises AuthenticationError (401) unless the header carries a valid token
+        self.open_paths = open_paths  # answered without a token
         self.routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/completions"): lambda r: self._generate(r, chat=False),
             ("POST", "/v1/chat/completions"): lambda r: self._generate(r, chat=True),
@@ -71,6 +78,8 @@ class HttpApi:
         path = _route_path(request)
         route = self.routes.get((request.method, path))
         try:
+            if self.authorize is not None and path not in self.open_paths:
+                self.authorize(request.headers.get("authorization"))
             if route is None:
                 allowed = sorted(m for m, p in self.routes if p == path)
                 if allowed:

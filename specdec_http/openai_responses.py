@@ -22,6 +22,7 @@ from specdec.stats import SpecStats
 
 ERRORS = {  # kind -> (HTTP status, OpenAI error type, code)
     ErrorKind.INVALID: (400, "invalid_request_error", None),
+    ErrorKind.UNAUTHENTICATED: (401, "invalid_request_error", "invalid_api_key"),
     ErrorKind.NOT_FOUND: (404, "invalid_request_error", "not_found"),
     ErrorKind.OVERLOADED: (429, "rate_limit_error", "admission_limit"),
     ErrorKind.UNAVAILABLE: (503, "service_unavailable_error", "unavailable"),

@@ -6,12 +6,17 @@ unreachable) are retried up to `retries` times with exponential backoff; no othe
 retried, and a stream is retried only while it has not yielded anything. A call whose
 router replica died reaches the client as INTERNAL from Ray Serve's proxy; the clients
 recognise it and raise (or retry) it as UNAVAILABLE (`replica_loss`).
+
+Security: `token` is sent as `authorization: Bearer <token>` on every call (the server's
+`security.api_tokens_file`); `tls_ca_file` connects over TLS, trusting that CA's
+certificates ("" = the system's roots; None = plaintext).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -92,15 +97,26 @@ def _health_name(status: int) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(status)
 
 
-class _Retrying:
-    """Deadline and retry settings shared by both clients."""
+def open_channel(target: str, tls_ca_file: str | None = None, aio: bool = False) -> Any:
+    """A channel to `target`: plaintext (tls_ca_file None) or TLS trusting that CA ("" = the
+    system's roots)."""
+    grpc_module = grpc.aio if aio else grpc
+    if tls_ca_file is None:
+        return grpc_module.insecure_channel(target, options=CHANNEL_OPTIONS)
+    roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
+    return grpc_module.secure_channel(target, grpc.ssl_channel_credentials(roots), options=CHANNEL_OPTIONS)
 
-    def __init__(self, timeout_s: float | None, retries: int, backoff_s: float) -> None:
+
+class _Retrying:
+    """Deadline, retry and credential settings shared by both clients."""
+
+    def __init__(self, timeout_s: float | None, retries: int, backoff_s: float, token: str | None = None) -> None:
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
 
     def _timeout(self, timeout_s: Any) -> float | None:
         return self.timeout_s if timeout_s is _UNSET else timeout_s
@@ -112,17 +128,18 @@ class _Retrying:
 class SpecdecClient(_Retrying):
     """Blocking client: `generate`, `generate_stream`, `health`. Use as a context manager."""
 
-    def __init__(self, target: str, timeout_s: float | None = 60.0, retries: int = 3, backoff_s: float = 0.2) -> None:
-        super().__init__(timeout_s, retries, backoff_s)
+    def __init__(self, target: str, timeout_s: float | None = 60.0, retries: int = 3, backoff_s: float = 0.2,
+                 token: str | None = None, tls_ca_file: str | None = None) -> None:
+        super().__init__(timeout_s, retries, backoff_s, token)
         self.target = target
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = open_channel(target, tls_ca_file)
         self._stub = specdec_pb2_grpc.SpeculativeDecodingStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def _call(self, method: Any, request: Any, timeout_s: Any) -> Any:
         for attempt in range(self.retries + 1):
             try:
-                return method(request, timeout=self._timeout(timeout_s))
+                return method(request, timeout=self._timeout(timeout_s), metadata=self.metadata)
             except grpc.RpcError as exc:
                 if attempt == self.retries or not is_retryable(exc):
                     _raise(exc)
@@ -136,7 +153,7 @@ class SpecdecClient(_Retrying):
         """Chunks as rounds confirm them; stopping the iteration early cancels the call."""
         request = build_request(prompt, **fields)
         for attempt in range(self.retries + 1):
-            call = self._stub.GenerateStream(request, timeout=self._timeout(timeout_s))
+            call = self._stub.GenerateStream(request, timeout=self._timeout(timeout_s), metadata=self.metadata)
             yielded = False
             try:
                 for chunk in call:
@@ -172,17 +189,18 @@ class SpecdecClient(_Retrying):
 class AsyncSpecdecClient(_Retrying):
     """asyncio client (grpc.aio) with the same methods as coroutines / an async iterator."""
 
-    def __init__(self, target: str, timeout_s: float | None = 60.0, retries: int = 3, backoff_s: float = 0.2) -> None:
-        super().__init__(timeout_s, retries, backoff_s)
+    def __init__(self, target: str, timeout_s: float | None = 60.0, retries: int = 3, backoff_s: float = 0.2,
+                 token: str | None = None, tls_ca_file: str | None = None) -> None:
+        super().__init__(timeout_s, retries, backoff_s, token)
         self.target = target
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = open_channel(target, tls_ca_file, aio=True)
         self._stub = specdec_pb2_grpc.SpeculativeDecodingStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     async def _call(self, method: Any, request: Any, timeout_s: Any) -> Any:
         for attempt in range(self.retries + 1):
             try:
-                return await method(request, timeout=self._timeout(timeout_s))
+                return await method(request, timeout=self._timeout(timeout_s), metadata=self.metadata)
             except grpc.RpcError as exc:
                 if attempt == self.retries or not is_retryable(exc):
                     _raise(exc)
@@ -196,7 +214,7 @@ class AsyncSpecdecClient(_Retrying):
     ) -> AsyncIterator[specdec_pb2.GenerateChunk]:
         request = build_request(prompt, **fields)
         for attempt in range(self.retries + 1):
-            call = self._stub.GenerateStream(request, timeout=self._timeout(timeout_s))
+            call = self._stub.GenerateStream(request, timeout=self._timeout(timeout_s), metadata=self.metadata)
             yielded = False
             try:
                 async for chunk in call:

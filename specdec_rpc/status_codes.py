@@ -23,6 +23,7 @@ __all__ = ["NotReadyError", "UnknownServiceError", "error_kind", "status_for"]
 
 CODES = {
     ErrorKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorKind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,

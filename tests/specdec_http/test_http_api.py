@@ -255,3 +255,28 @@ def test_while_the_models_load_it_is_503(client, server, served):
         assert error.value.status_code == 503 and "still loading" in error.value.message
         status, body = get(loading.url, "/health")
         assert status == 503 and body["problems"] == ["models are still loading"]
+
+
+def test_with_tokens_only_a_valid_bearer_token_is_served_and_health_stays_open(served):
+    """The openai client sends its api_key as `authorization: Bearer ...`: the right one is
+    served, a wrong or missing one gets 401 in OpenAI's error shape, /health needs none."""
+    import urllib.request
+
+    from specdec.api_auth import ApiTokens
+
+    api = HttpApi(Frontend(served), authorize=ApiTokens.of(["team-token"]).check)
+    with UvicornThread(asgi_app(api), free_port()) as server:
+        with openai.OpenAI(base_url=f"{server.url}/v1", api_key="team-token", max_retries=0) as good:
+            assert good.completions.create(model=MODEL, prompt="def f():", max_tokens=3, temperature=0).choices
+        for key in ("wrong-token", ""):
+            with openai.OpenAI(base_url=f"{server.url}/v1", api_key=key or "x", max_retries=0,
+                               default_headers={"authorization": ""} if not key else None) as bad:
+                with pytest.raises(openai.AuthenticationError) as error:
+                    bad.completions.create(model=MODEL, prompt="def f():", max_tokens=3)
+                assert error.value.status_code == 401
+                assert error.value.body["code"] == "invalid_api_key" and "wrong-token" not in error.value.body["message"]
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(f"{server.url}/v1/models")
+        assert error.value.code == 401
+        with urllib.request.urlopen(f"{server.url}/health") as response:
+            assert response.status == 200
