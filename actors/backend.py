@@ -49,6 +49,11 @@ def load_monitor(config: SpecdecConfig) -> LoadMonitor | None:
 def monitored_backend(config: SpecdecConfig, target_address: str, draft_address: str | None) -> RouterBackend:
     """remote_backend with the load monitor deciding γ and switching speculation under load."""
     monitor = load_monitor(config)
+    # the workers may have been restarted since the app started (a replica that Serve
+    # replaces later must not dial the dead ones): the hub knows where they serve now
+    target_address = target_resolver(config, target_address)() or target_address
+    if draft_address is not None:
+        draft_address = draft_resolver(config, draft_address)() or draft_address
     # a restarted draft worker may serve elsewhere: the hub knows where
     resolve = draft_resolver(config, draft_address) if draft_address is not None else None
     # the core starts the monitor with the engine and stops it when the engine closes

@@ -30,7 +30,9 @@ def redis_server_binary() -> str | None:
 
 
 class LocalRedis:
-    """Starts `redis-server` (no persistence) on 127.0.0.1; `stop()` kills it."""
+    """Starts `redis-server` (no persistence) on 127.0.0.1; `stop()` kills it. Start it from a
+    long-lived thread: Linux sends the parent-death signal when the *thread* that started the
+    child exits (so a redis-server started from a short-lived thread dies with it)."""
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port or free_port()

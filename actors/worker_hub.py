@@ -4,8 +4,9 @@
 detached actor in the `specdec` namespace created with get_if_exists, so replicas (or a
 restarted router) never start a second set of workers. The target group starts first: its
 STRICT_PACK placement group must claim a node with enough GPUs before the draft could take
-one of them. The draft is kept by a DraftKeeper, which restarts it when it dies; routers
-find the new one through `draft_address()` (see `draft_resolver`).
+one of them. The draft is kept by a DraftKeeper, which restarts it when it dies, and the
+target group by a TargetKeeper, which re-forms it when a rank dies; routers find the new
+ones through `draft_address()` / `target_address()` (`draft_resolver`, `target_resolver`).
 
 The hub supervises the workers of one configuration, keyed by what they serve (`worker_key`:
 models, dtype, device, cache, TP layout and resources, the draft or not). Deploying a
