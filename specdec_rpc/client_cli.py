@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -16,6 +17,9 @@ from google.protobuf.json_format import MessageToDict
 
 from specdec import proposer_registry as registry
 from specdec_rpc.client import SpecdecClient
+
+
+TOKEN_ENV = "SPECDEC_API_TOKEN"
 
 
 def add_client_parser(subparsers: Any) -> None:
@@ -101,7 +105,7 @@ def _profile(p: Any) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    with SpecdecClient(args.server, timeout_s=args.timeout) as client:
+    with _connect(args) as client:
         try:
             stats = client.stats()
         except grpc.RpcError as exc:
@@ -113,6 +117,14 @@ def run_status(args: argparse.Namespace) -> int:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default="127.0.0.1:50051", help="HOST:PORT of the server (default 127.0.0.1:50051)")
     parser.add_argument("--timeout", type=float, default=60.0, help="deadline of the call in seconds")
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
+                        help=f"bearer token, when the server requires one (default: env {TOKEN_ENV})")
+    parser.add_argument("--tls-ca", default=None, metavar="PEM",
+                        help="connect over TLS trusting this CA certificate ('' = the system's roots)")
+
+
+def _connect(args: argparse.Namespace) -> SpecdecClient:
+    return SpecdecClient(args.server, timeout_s=args.timeout, token=args.token, tls_ca_file=args.tls_ca)
 
 
 def _fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -128,7 +140,7 @@ def _as_json(message: Any) -> str:
 
 
 def run_client_generate(args: argparse.Namespace) -> int:
-    with SpecdecClient(args.server, timeout_s=args.timeout) as client:
+    with _connect(args) as client:
         try:
             if args.stream:
                 _print_stream(client.generate_stream(args.prompt, **_fields(args)), args)
@@ -150,7 +162,7 @@ def _print_stream(chunks: Any, args: argparse.Namespace) -> None:
 
 
 def run_client_health(args: argparse.Namespace) -> int:
-    with SpecdecClient(args.server, timeout_s=args.timeout) as client:
+    with _connect(args) as client:
         try:
             status = client.health()
         except grpc.RpcError as exc:

@@ -12,6 +12,7 @@ public surface.
 from __future__ import annotations
 
 import functools
+import json
 import sys
 
 import ssl
@@ -102,3 +103,14 @@ def test_a_fuzz_campaign_of_bad_requests_is_all_invalid_argument_and_harms_nobod
     prompt = tokenizer("import os\n", add_special_tokens=False)["input_ids"]
     with client(app, tls_files) as good:
         assert list(good.generate(prompt_token_ids=prompt, max_new_tokens=12).token_ids) == hf_greedy(prompt, 12)
+
+
+def test_the_client_cli_takes_a_token_and_a_ca(app, tls_files, capsys):
+    from actors.cli import main
+
+    base = ["client", "generate", "--server", app.address, "--tls-ca", str(tls_files[0]), "--prompt", "def f():",
+            "--max-new-tokens", "3", "--json"]
+    assert main([*base, "--token", TOKEN]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"]
+    assert main(base) != 0
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
