@@ -97,6 +97,15 @@ def _start_workers(config: SpecdecConfig, app: SpecdecApp) -> Callable[[], Route
     return functools.partial(monitored_backend, config, app.target_address, app.draft_address)
 
 
+def _workers_stage(config: SpecdecConfig) -> str:
+    serving, models = config.serving, config.models
+    gpus = serving.tensor_parallel_size * serving.target_num_gpus
+    need = f"{gpus:g} GPU(s) on one node for the target" if gpus else "CPUs for the target"
+    draft = f" and the draft ({models.draft})" if config.speculation.proposer == "draft" else ""
+    return (f"placing and loading the target ({models.target}, {serving.tensor_parallel_size} shard(s), "
+            f"{need}){draft}; waiting at most {serving.placement_timeout_s:g}s for the placement")
+
+
 def router_deployment(config: SpecdecConfig, backend_factory: Callable[[], RouterBackend]) -> Application:
     """The SpecdecRouter bound to its backend factory, sized from config.serving."""
     router = SpecdecRouter.options(
@@ -163,19 +172,24 @@ def start_app(
     backend_factory: Callable[[], RouterBackend] | None = None,
     ray_init_kwargs: dict[str, Any] | None = None,
     ready_timeout_s: float = 600.0,
+    progress: Callable[[str], None] = logger.info,
 ) -> SpecdecApp:
     """Start everything and wait until it serves. backend_factory=None starts the draft
-    worker and the target group; pass one (e.g. `local_backend`) to serve in-process models."""
+    worker and the target group; pass one (e.g. `local_backend`) to serve in-process models.
+    progress: told each stage as it begins (`specdec serve` prints them)."""
     endpoints = serve_endpoints(config)
     export_environment(endpoints, ray_started_here=address is None and not ray.is_initialized())
     app = SpecdecApp(config, address=endpoints.public_address, http_url=endpoints.http_url)
+    progress(f"joining Ray at {address}" if address else "starting Ray (or using this process's)")
     app.owns_ray = _init_ray(address, ray_init_kwargs)
     if app.owns_ray:
         app._stoppers.append(ray.shutdown)
     try:
         if backend_factory is None:
+            progress(_workers_stage(config))
             backend_factory = _start_workers(config, app)
         app._stoppers.append(serve.shutdown)
+        progress("starting Serve's gRPC and HTTP proxies and the router; warming up")
         _start_serve(config, backend_factory, endpoints)
         wait_until_serving(endpoints.probe_address, ready_timeout_s, probe_token(config))
         wait_until_http_ready(app.http_url, ready_timeout_s, probe_token(config))

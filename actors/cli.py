@@ -76,7 +76,8 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         try:
             app = start_app(config, address=args.address,
-                            ray_init_kwargs={"logging_level": logging.WARNING, "log_to_driver": False})
+                            ray_init_kwargs={"logging_level": logging.WARNING, "log_to_driver": False},
+                            progress=lambda stage: print(f"specdec serve: {stage} ...", file=sys.stderr, flush=True))
         except BaseException as exc:  # reported in one line; start_app released everything
             if stops.received is None and not isinstance(exc, Exception):
                 raise
@@ -92,7 +93,8 @@ def run_serve(args: argparse.Namespace) -> int:
             draft = "draft ready" if proposer == registry.DRAFT else f"proposer {proposer}"
             print(f"specdec serving on {serving.host}:{serving.port} "
                   f"(target tp={serving.tensor_parallel_size}, {draft}, {store}); "
-                  f"OpenAI-compatible HTTP on http://{serving.host}:{serving.http_port}/v1", flush=True)
+                  f"OpenAI-compatible HTTP on {'https' if config.security.tls_cert_file else 'http'}://"
+                  f"{serving.host}:{serving.http_port}/v1", flush=True)
             stops.wait()
         except Interrupted:
             pass

@@ -31,18 +31,21 @@ def read_ready_line(process: subprocess.Popen, timeout_s: float) -> str:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     port = free_port()
+    stderr = (tmp_path_factory.mktemp("serve") / "stderr").open("w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "actors.cli", "serve", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [sys.executable, "-m", "actors.cli", "serve", "--port", str(port), "--http-port", str(free_port())],
+        stdout=subprocess.PIPE, stderr=stderr, text=True,
     )
+    process.stderr_file = stderr
     try:
         yield process, port, read_ready_line(process, READY_TIMEOUT_S)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+        stderr.close()
 
 
 def test_serve_prints_one_ready_line(server):
@@ -50,6 +53,16 @@ def test_serve_prints_one_ready_line(server):
     assert line.startswith(f"specdec serving on 0.0.0.0:{port} (target tp=1, draft ready, ")
     # the embedded default shares its load measurements through a local redis-server when installed
     assert ("local redis-server redis://127.0.0.1:" in line) == (shutil.which("redis-server") is not None)
+
+
+def test_start_up_says_what_it_is_doing(server):
+    process, _, _ = server
+    process.stderr_file.seek(0)
+    stages = [line for line in process.stderr_file.read().splitlines() if line.startswith("specdec serve: ")]
+    assert stages[0] == "specdec serve: starting Ray (or using this process's) ..."
+    assert stages[1].startswith("specdec serve: placing and loading the target (bundled:target, 1 shard(s), ")
+    assert "and the draft (bundled:draft)" in stages[1]
+    assert stages[2].startswith("specdec serve: starting Serve's gRPC and HTTP proxies")
 
 
 def test_client_health_and_generate_against_the_server(server, capsys, tokenizer, hf_greedy):
