@@ -324,7 +324,7 @@ def server_config(args: argparse.Namespace) -> SpecdecConfig:
 
     return load_config(*args.config, overrides={
         "cache": {"num_slots": args.num_slots},
-        "serving": {"port": free_port(), "max_concurrent_requests": args.max_concurrent},
+        "serving": {"port": free_port(), "http_port": free_port(), "max_concurrent_requests": args.max_concurrent},
         "load_monitor": {
             "enabled": True,
             "redis_url": "",  # in-process store: one router replica

@@ -150,7 +150,7 @@ def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels:
     from actors.app import free_port, start_app
     from specdec_rpc.client import AsyncSpecdecClient
 
-    config = load_config(overrides={**config.model_dump(), "serving": {**config.serving.model_dump(), "port": free_port()}})
+    config = load_config(overrides={**config.model_dump(), "serving": {**config.serving.model_dump(), "port": free_port(), "http_port": free_port()}})
     app = start_app(config, ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
 
     async def main() -> list[dict]:

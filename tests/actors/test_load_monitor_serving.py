@@ -29,7 +29,7 @@ def redis():
 def app(redis):
     config = load_config(overrides={
         "cache": {"num_slots": 16, "max_seq_len": 256},
-        "serving": {"port": free_port(), "router_replicas": 2, "max_concurrent_requests": 48},
+        "serving": {"port": free_port(), "http_port": free_port(), "router_replicas": 2, "max_concurrent_requests": 48},
         "load_monitor": {
             "redis_url": redis.url, "deployment": "switch-test", "window_s": 3.0, "bucket_s": 0.5,
             "disable_qps": 4.0, "enable_qps": 1.0, "disable_in_flight": 1000, "enable_in_flight": 500,

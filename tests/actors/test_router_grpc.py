@@ -44,7 +44,8 @@ def app():
         overrides={
             "cache": {"num_slots": NUM_SLOTS, "max_seq_len": MAX_SEQ_LEN},
             "serving": {
-                "port": free_port(), "max_concurrent_requests": MAX_CONCURRENT, "worker_timeout_s": 10.0,
+                "port": free_port(), "http_port": free_port(), "max_concurrent_requests": MAX_CONCURRENT,
+                "worker_timeout_s": 10.0,
                 "lease_ttl_s": LEASE_TTL_S,
             },
             "speculation": {"overlap": True},  # the whole API through pipelined rounds
