@@ -162,3 +162,17 @@ def test_a_dead_target_leader_is_not_serving_until_the_group_is_re_formed(app, p
             assert time.monotonic() - killed < 120.0
             time.sleep(0.2)
         print(f"\nleader killed -> NOT_SERVING {down_s:.1f}s -> SERVING again {time.monotonic() - killed:.1f}s")
+
+
+def test_a_router_replica_started_after_the_workers_restarted_finds_them(app, prompt_ids, hf_greedy):
+    """After the restarts above the addresses the app started with are dead: the replica
+    Serve starts in place of a killed one asks the hub where the workers serve now."""
+    assert ray.get(app.hub.target_status.remote())["restarts"] >= 1
+    [pid] = actor_pids(":SpecdecRouter")
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    with SpecdecClient(app.address, timeout_s=120.0, retries=7, backoff_s=0.5) as client:
+        response = client.generate(prompt_token_ids=prompt_ids[1], max_new_tokens=8, mode="on")
+        assert list(response.token_ids) == hf_greedy(prompt_ids[1], 8)
+        assert response.stats.drafted > 0, "the new replica drafts with the restarted draft worker"
+    print(f"\nrouter killed -> served again by its replacement: {time.monotonic() - killed:.1f}s")
