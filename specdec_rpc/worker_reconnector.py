@@ -52,6 +52,7 @@ class WorkerReconnector:
         with self._lock:
             if self._stop.is_set() or self.searching:
                 return False
+            self.gone = False  # until this search's first answer says otherwise
             self.searches += 1
             self._thread = threading.Thread(target=self._search, name="worker-reconnect", daemon=True)
             self._thread.start()
