@@ -22,11 +22,11 @@ from actors.served_actor import ServedActor, own_cores
 class DraftWorkerActor(ServedActor):
     """One draft model and its slot cache behind a gRPC port."""
 
-    async def start(self, config: SpecdecConfig, host: str = "0.0.0.0", port: int = 0) -> str:
+    async def start(self, config: SpecdecConfig, host: str | None = None, port: int = 0) -> str:
         """Load the draft (with the tokenizer check) and serve; returns 'node_ip:port'."""
         own_cores(config.serving.draft_num_cpus)
         servicer = await asyncio.get_running_loop().run_in_executor(None, DraftServicer.from_config, config)
-        return await self._serve(servicer, host, port)
+        return await self._serve(servicer, host, port, config.security)
 
 
 def start_draft_worker(config: SpecdecConfig, name: str | None = None) -> tuple[Any, str]:

@@ -15,6 +15,8 @@ def own_cores(num_cpus: float) -> None:
     import torch
 
     torch.set_num_threads(max(1, int(num_cpus)))
+from specdec.config import SecurityConfig
+from specdec_rpc.internal_auth import configured_secret
 from specdec_rpc.worker_server import WorkerServer, start_worker_server
 
 
@@ -32,10 +34,14 @@ class ServedActor:
             self._stopped = asyncio.Event()
         return self._stopped
 
-    async def _serve(self, servicer: Any, host: str, port: int) -> str:
-        """Start the gRPC server; returns 'node_ip:port' (reachable from other nodes)."""
-        self._server = await start_worker_server(servicer, host, port)
-        self._address = f"{ray.util.get_node_ip_address()}:{self._server.address.rsplit(':', 1)[1]}"
+    async def _serve(self, servicer: Any, host: str | None, port: int, security: SecurityConfig) -> str:
+        """Start the gRPC server on `host` (None: this node's address, which routers on other
+        nodes reach; not every interface); returns 'node_ip:port'. Calls must present the
+        cluster's internal secret when one is configured."""
+        node_ip = ray.util.get_node_ip_address()
+        secret = configured_secret(security.internal_secret_file)
+        self._server = await start_worker_server(servicer, host or node_ip, port, secret)
+        self._address = f"{node_ip}:{self._server.address.rsplit(':', 1)[1]}"
         return self._address
 
     async def info(self) -> dict[str, Any]:

@@ -102,11 +102,11 @@ class TargetLeader(ServedActor, _Shard):
         self._config, self._world_size = config, world_size
         await asyncio.get_running_loop().run_in_executor(None, self._setup, config, rank, world_size, master)
 
-    async def serve(self, followers: list[Any], host: str = "0.0.0.0", port: int = 0) -> str:
+    async def serve(self, followers: list[Any], host: str | None = None, port: int = 0) -> str:
         """Start the gRPC server; returns 'node_ip:port'."""
         verifier = TargetVerifier(MirroredRunner(self.runner, followers))
         config = self._config
         servicer = TargetServicer(
             verifier, config.models.target, config.cache.num_slots, self._world_size, config.serving.lease_ttl_s
         )
-        return await self._serve(servicer, host, port)
+        return await self._serve(servicer, host, port, config.security)

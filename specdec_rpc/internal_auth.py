@@ -4,15 +4,15 @@ Every router -> worker call carries the secret in its metadata (`secret_channel`
 worker server with `SecretInterceptor` refuses a call without it (UNAUTHENTICATED) before
 any handler runs, so a process that merely reaches a worker's port cannot read or change
 its cache. The secret comes from `security.internal_secret_file`, else the
-SPECDEC_INTERNAL_SECRET environment variable, else whoever starts the workers makes a
-random one and hands it to the routers with the workers' addresses (`resolve_secret`).
+SPECDEC_INTERNAL_SECRET environment variable (`configured_secret`), read by the routers
+and the workers alike; with neither, internal calls are not authenticated (the Helm chart
+always sets one: its Secret is mounted on every Ray pod).
 """
 
 from __future__ import annotations
 
 import hmac
 import os
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,8 @@ METADATA_KEY = "x-specdec-internal-secret"
 SECRET_ENV = "SPECDEC_INTERNAL_SECRET"
 
 
-def resolve_secret(secret_file: str, environ: Mapping[str, str] | None = None) -> str:
-    """The configured secret (file, then env), else a new random one."""
+def configured_secret(secret_file: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The configured secret (file, then env), None when neither sets one."""
     environ = os.environ if environ is None else environ
     if secret_file:
         path = Path(secret_file)
@@ -34,7 +34,7 @@ def resolve_secret(secret_file: str, environ: Mapping[str, str] | None = None) -
         if not secret:
             raise ValueError(f"security.internal_secret_file: {secret_file} is empty")
         return secret
-    return environ.get(SECRET_ENV, "").strip() or secrets.token_urlsafe(32)
+    return environ.get(SECRET_ENV, "").strip() or None
 
 
 def _presented(metadata: Any) -> str:

@@ -33,6 +33,7 @@ from specdec_rpc.lease_renewer import LeaseRenewer, new_lease_id
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_reconnector import WorkerReconnector
+from specdec_rpc.internal_auth import secret_channel
 from specdec_rpc.worker_server import CHANNEL_OPTIONS
 
 logger = logging.getLogger(__name__)
@@ -55,15 +56,17 @@ class RemoteProposer(Proposer):
         lease_id: str | None = None,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         resolve: Callable[[], str | None] | None = None,
+        secret: str | None = None,
     ) -> None:
         """address: the DraftWorker's host:port; timeout_s: deadline of each call (keep it short);
         lease_id: the router's lease (None = a new one); lease_ttl_s: assumed until the worker says;
         resolve: the worker's current address after it went down (None = the same address)."""
         self.address = address
+        self.secret = secret  # the cluster's internal secret, presented on every call (None: none)
         self.timeout_s = timeout_s
         self.failures = 0  # rounds that ran without draft proposals because a call failed or the worker is down
         self.reconnects = 0  # times the client found its worker again after it went down
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = secret_channel(address, secret, CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.DraftWorkerStub(self._channel)
         self._lock = threading.Lock()  # the reconnector's thread swaps the channel
         self._down: tuple[float, str] | None = None  # (since, why) while the worker is down
@@ -127,7 +130,7 @@ class RemoteProposer(Proposer):
 
     def _probe(self, address: str) -> None:
         """The reconnector's probe: a GetInfo on a new channel; keeps the channel when it answers."""
-        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        channel = secret_channel(address, self.secret, CHANNEL_OPTIONS)
         try:
             worker_pb2_grpc.DraftWorkerStub(channel).GetInfo(worker_pb2.InfoRequest(), timeout=PROBE_TIMEOUT_S)
         except BaseException:

@@ -42,6 +42,7 @@ from specdec_rpc.lease_renewer import LeaseRenewer, new_lease_id
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_reconnector import WorkerReconnector
+from specdec_rpc.internal_auth import secret_channel
 from specdec_rpc.worker_server import CHANNEL_OPTIONS
 
 
@@ -71,6 +72,7 @@ class RemoteVerifier(Verifier):
         lease_id: str | None = None,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         resolve: Callable[[], str | None] | None = None,
+        secret: str | None = None,
         recovery_s: float = 0.0,
     ) -> None:
         """Connects and reads the target's WorkerInfo (waits up to timeout_s for it to be ready).
@@ -81,13 +83,14 @@ class RemoteVerifier(Verifier):
         serves after it went down (None = the same address); recovery_s: how long a round
         waits for it (0 = fail the round at once)."""
         self.address = address
+        self.secret = secret  # the cluster's internal secret, presented on every call (None: none)
         self.timeout_s = timeout_s
         self.recovery_s = recovery_s
         self.recoveries = 0  # rounds sent again to a target that came back
         self._found: grpc.Channel | None = None
         self._switched = threading.Event()
         self.reconnector = WorkerReconnector(resolve or (lambda: self.address), self._probe, self._switch_to)
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = secret_channel(address, secret, CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.TargetWorkerStub(self._channel)
         lease_id = lease_id or new_lease_id()
         self._sender = HistorySender(namespace=f"{lease_id}/")
@@ -159,7 +162,7 @@ class RemoteVerifier(Verifier):
 
     def _probe(self, address: str) -> None:
         """The reconnector's probe: a GetInfo on a new channel; keeps the channel when it answers."""
-        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        channel = secret_channel(address, self.secret, CHANNEL_OPTIONS)
         try:
             worker_pb2_grpc.TargetWorkerStub(channel).GetInfo(worker_pb2.InfoRequest(), timeout=PROBE_TIMEOUT_S)
         except BaseException:

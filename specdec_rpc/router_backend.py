@@ -27,6 +27,7 @@ def remote_parts(
     builder of its RemoteProposer; both under one lease for this router.
     resolve_draft / resolve_target: where a worker serves after it went down (None = the same
     address); with resolve_target, a round waits up to serving.target_recovery_s for it."""
+    from specdec_rpc.internal_auth import configured_secret
     from specdec_rpc.lease_renewer import new_lease_id
     from specdec_rpc.remote_proposer import RemoteProposer
     from specdec_rpc.remote_verifier import RemoteVerifier
@@ -34,7 +35,8 @@ def remote_parts(
     timeout_s = config.serving.worker_timeout_s
     # one lease for this router on both workers: a new one per start, so a restarted
     # replica never inherits (or keeps alive) the sequences of the one it replaces
-    lease = {"lease_id": new_lease_id(), "lease_ttl_s": config.serving.lease_ttl_s}
+    lease = {"lease_id": new_lease_id(), "lease_ttl_s": config.serving.lease_ttl_s,
+             "secret": configured_secret(config.security.internal_secret_file)}
     # router replicas share the target's slots: each admits at most its share
     budget = max(1, config.cache.num_slots // config.serving.router_replicas)
     recovery_s = config.serving.target_recovery_s if resolve_target is not None else 0.0

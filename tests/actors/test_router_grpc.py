@@ -31,17 +31,22 @@ from specdec.request import GenerationRequest
 from specdec_rpc.client import AsyncSpecdecClient, SpecdecClient
 from specdec_rpc.remote_proposer import RemoteProposer
 from specdec_rpc.remote_verifier import RemoteVerifier
+from worker_slots import free_slots_within
 
 NUM_SLOTS = 8
 MAX_SEQ_LEN = 256
 MAX_CONCURRENT = 8
 LEASE_TTL_S = 2.0
+INTERNAL_SECRET = "cluster-internal-secret"
 
 
 @pytest.fixture(scope="module")
-def app():
+def app(tmp_path_factory):
+    secret = tmp_path_factory.mktemp("internal") / "secret"
+    secret.write_text(INTERNAL_SECRET + "\n")
     config = load_config(
         overrides={
+            "security": {"internal_secret_file": str(secret)},  # router <-> worker calls present it
             "cache": {"num_slots": NUM_SLOTS, "max_seq_len": MAX_SEQ_LEN},
             "serving": {
                 "port": free_port(), "http_port": free_port(), "max_concurrent_requests": MAX_CONCURRENT,
@@ -65,20 +70,29 @@ def client(app):
 @pytest.fixture(scope="module")
 def workers(app):
     """Clients of the two workers, for their statistics and free slots."""
-    verifier, proposer = RemoteVerifier(app.target_address), RemoteProposer(app.draft_address)
+    verifier = RemoteVerifier(app.target_address, secret=INTERNAL_SECRET)
+    proposer = RemoteProposer(app.draft_address, secret=INTERNAL_SECRET)
     yield verifier, proposer
     verifier.close()
     proposer.close()
 
 
+def test_workers_refuse_calls_without_the_clusters_secret_and_bind_the_node_address(app, workers):
+    from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+
+    for address, stub in ((app.target_address, worker_pb2_grpc.TargetWorkerStub),
+                          (app.draft_address, worker_pb2_grpc.DraftWorkerStub)):
+        assert not address.startswith("0.0.0.0:")
+        with grpc.insecure_channel(address) as channel:
+            with pytest.raises(grpc.RpcError) as error:
+                stub(channel).GetInfo(worker_pb2.InfoRequest(), timeout=10)
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    verifier, proposer = workers  # with the secret
+    assert verifier.info().num_slots == NUM_SLOTS and proposer.info().num_slots == NUM_SLOTS
+
+
 def wait_for_free_slots(workers, timeout_s: float = 15.0) -> tuple[int, int]:
-    verifier, proposer = workers
-    deadline = time.monotonic() + timeout_s
-    while True:
-        free = verifier.info().free_slots, proposer.info().free_slots
-        if free == (NUM_SLOTS, NUM_SLOTS) or time.monotonic() > deadline:
-            return free
-        time.sleep(0.2)
+    return free_slots_within(workers, NUM_SLOTS, timeout_s)
 
 
 def test_health_is_serving_and_reflection_lists_the_service(app, client):
