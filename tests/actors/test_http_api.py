@@ -25,6 +25,7 @@ from specdec.config import load_config
 from specdec_rpc.client import SpecdecClient
 from specdec_rpc.remote_proposer import RemoteProposer
 from specdec_rpc.remote_verifier import RemoteVerifier
+from worker_slots import free_slots_within
 
 NUM_SLOTS = 8
 MAX_CONCURRENT = 4
@@ -58,13 +59,7 @@ def workers(app):
 
 
 def wait_for_free_slots(workers, timeout_s: float = 15.0) -> tuple[int, int]:
-    verifier, proposer = workers
-    deadline = time.monotonic() + timeout_s
-    while True:
-        free = verifier.info().free_slots, proposer.info().free_slots
-        if free == (NUM_SLOTS, NUM_SLOTS) or time.monotonic() > deadline:
-            return free
-        time.sleep(0.2)
+    return free_slots_within(workers, NUM_SLOTS, timeout_s)
 
 
 def test_both_protocols_are_served_by_the_same_app(app, client):

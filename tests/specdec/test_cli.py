@@ -102,3 +102,12 @@ def test_version_and_log_level():
     out = subprocess.run([sys.executable, "-m", "specdec.cli", "--log-level", "chatty", "generate", "--help"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--log-level" in out.stderr
+
+
+def test_serve_checks_the_security_files_before_ray_starts(tmp_path):
+    path = tmp_path / "secure.yaml"
+    path.write_text(f"security:\n  api_tokens_file: {tmp_path}/absent-tokens\n")
+    out = subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--config", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"specdec: error: security.api_tokens_file: {tmp_path}/absent-tokens is not a readable file"
