@@ -151,16 +151,15 @@ def _plan_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: 
     return tuple(int(x) for x in choice)
 
 
-def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_rows: int = 256,
-                   margin: float = 0.0) -> int | None:
+def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_rows: int = 256) -> int | None:
     """The smallest batch of rows like `curve` (P(first k accepted)) at which speculating
-    no longer pays by `margin` (every row plans γ = 0); None when it pays up to max_rows."""
+    no longer pays (every row plans γ = 0); None when it pays up to max_rows."""
     lo_rows, hi_rows = 1, max_rows
-    if speculation_pays(curve, cost, gamma_max, hi_rows, margin):
+    if speculation_pays(curve, cost, gamma_max, hi_rows):
         return None
     while lo_rows < hi_rows:  # goodput gain shrinks as rows grow: bisect
         mid = (lo_rows + hi_rows) // 2
-        if speculation_pays(curve, cost, gamma_max, mid, margin):
+        if speculation_pays(curve, cost, gamma_max, mid):
             lo_rows = mid + 1
         else:
             hi_rows = mid

@@ -9,8 +9,8 @@ On top of the plan:
 * requests that fix their γ (mode ON, an explicit γ, mode OFF, seeded sampled requests)
   keep it, and weigh in the round's cost;
 * an on/off state, moved in the background (`update_switch`), not per round: it follows
-  the plan for fresh requests at the current batch size, with hysteresis (on while it gains
-  `min_gain`, back on only at twice that) and a dwell time (`min_dwell_s`); an
+  the plan for fresh requests at the current batch size, with hysteresis (speculation
+  comes back only when it gains at least `min_gain`) and a dwell time (`min_dwell_s`); an
   operator may instead force it by load thresholds (`LoadThresholds`: QPS and requests in
   flight). While it is off, requests the policy chooses for decode plainly;
 * acceptance and the draft's cost, once measured, are remembered: while speculation is
@@ -45,7 +45,7 @@ class PolicySettings:
     gamma_max: int  # largest γ the policy may choose
     fallback_gamma: int  # γ when measurements are missing or stale
     stale_after_s: float  # a snapshot older than this is ignored
-    min_gain: float  # a plan speculates (and speculation comes back on) only if it gains this fraction
+    min_gain: float  # speculation comes back on only if the plan gains this fraction
     min_dwell_s: float  # least seconds between two on/off changes of the plan
     prior_tokens: float = 16.0  # a row's acceptance counts as this many drafted tokens of the cluster's
     explore_interval_s: float = 5.0  # at most one exploration round per this many seconds (0 = never)
@@ -132,9 +132,9 @@ class SpeculationPolicy:
     def update_switch(self, snapshot: LoadSnapshot | None, running: int, now: float) -> bool:
         """Move the on/off state (in the background, not per round). The operator's override
         follows its QPS / in-flight thresholds; otherwise the state follows the plan for
-        `running` fresh requests (at least one): on while speculating gains min_gain at the
-        current batch (as each round's plan requires), back on only when it gains twice that
-        (hysteresis), never sooner than min_dwell_s after the last change."""
+        `running` fresh requests (at least one): on while speculating pays at the current
+        batch, back on only when it gains min_gain (hysteresis), never sooner than
+        min_dwell_s after the last change."""
         if snapshot is None:
             return self.switch.enabled
         if self.settings.thresholds is not None:
@@ -142,7 +142,7 @@ class SpeculationPolicy:
         snapshot = self.remembered(snapshot)
         if snapshot.alpha is None or snapshot.round_cost is None:
             return self.switch.enabled
-        margin = self.settings.min_gain * (1.0 if self.switch.enabled else 2.0)
+        margin = 0.0 if self.switch.enabled else self.settings.min_gain
         pays = speculation_pays(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
                                 max(1, running), margin)
         self.switch.set(pays, now)
@@ -170,9 +170,7 @@ class SpeculationPolicy:
             else:
                 reason = f"off: speculating does not pay at {len(rows)} rows"
             return self._decision(lo, free, rows, False, reason, explore)
-        # a round speculates only where the plan beats plain decoding by min_gain: below that
-        # the gain is within the cost model's error, and drafting still lengthens the tail
-        plan = plan_gammas(self._curves(snapshot, rows), lo, hi, snapshot.round_cost, margin=s.min_gain)
+        plan = plan_gammas(self._curves(snapshot, rows), lo, hi, snapshot.round_cost)
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
         return self._decision(list(plan.gammas), free, rows, True, reason, explore)
@@ -183,8 +181,7 @@ class SpeculationPolicy:
         snapshot = self.remembered(snapshot) if snapshot is not None else None
         if snapshot is None or snapshot.alpha is None or snapshot.round_cost is None or not self.settings.gamma_max:
             return Crossover(None, None)
-        rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
-                              margin=self.settings.min_gain)
+        rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max)
         residence_s = snapshot.in_flight / snapshot.qps if snapshot.qps > 0 and snapshot.in_flight > 0 else None
         return Crossover(rows, rows / residence_s if rows is not None and residence_s else None)
 
