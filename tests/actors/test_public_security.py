@@ -82,10 +82,10 @@ def test_https_serves_a_valid_token_and_refuses_others(app, tls_files):
     assert app.http_url.startswith("https://")
     ca = str(tls_files[0])
     with openai.OpenAI(base_url=f"{app.http_url}/v1", api_key=TOKEN, max_retries=0,
-                       http_client=openai.DefaultHttpxClient(verify=ca)) as good:
+                       http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca))) as good:
         assert good.completions.create(model="bundled:target", prompt="def f():", max_tokens=4, temperature=0).choices
     with openai.OpenAI(base_url=f"{app.http_url}/v1", api_key="nope", max_retries=0,
-                       http_client=openai.DefaultHttpxClient(verify=ca)) as bad:
+                       http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca))) as bad:
         with pytest.raises(openai.AuthenticationError):
             bad.models.list()
     with urllib.request.urlopen(f"{app.http_url}/health", context=ssl.create_default_context(cafile=ca)) as health:
