@@ -14,8 +14,8 @@ import ray
 
 from actors.worker_hub import draft_resolver, get_or_create_hub, start_hub, target_resolver
 from specdec.config import SpecdecConfig
-from specdec.load_monitor import LoadMonitor, build_load_monitor
-from specdec.load_store import LoadStore
+from specdec.policy.load_monitor import LoadMonitor, build_load_monitor
+from specdec.policy.load_store import LoadStore
 from specdec_rpc.router_backend import RouterBackend, remote_backend
 
 REDIS_URL_ENV = "SPECDEC_REDIS_URL"
@@ -32,7 +32,7 @@ def load_store(config: SpecdecConfig) -> LoadStore | None:
     url = redis_url(config)
     if not url:
         return None
-    from actors.redis_load_store import RedisLoadStore
+    from specdec_redis.redis_load_store import RedisLoadStore
 
     lm = config.load_monitor
     return RedisLoadStore(url, lm.deployment, lm.window_s, lm.bucket_s, lm.replica_ttl_s,

@@ -30,7 +30,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.router_metrics import RouterMetrics
+from specdec_metrics.router_metrics import RouterMetrics
 from specdec.api_auth import AuthenticationError, TokenSource
 from specdec.config import SecurityConfig
 from specdec_rpc.raw_requests import parse

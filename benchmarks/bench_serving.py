@@ -38,7 +38,7 @@ import torch
 from progress import Progress
 from specdec.config import SpecdecConfig, load_config
 from specdec.engine_builder import build_engine
-from specdec.engine_loop import AsyncEngine
+from specdec.async_engine import AsyncEngine
 from specdec.model_paths import bundled_prompts
 from specdec.request import GenerationRequest
 

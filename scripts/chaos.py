@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or (args.tp < 2 and "rank" in faults):
         raise SystemExit(f"unknown faults {unknown}" if unknown else "the 'rank' fault needs --tp >= 2")
     from actors.app import free_port, start_app
-    from actors.local_redis import LocalRedis
+    from specdec_redis.local_redis import LocalRedis
     from specdec.config import load_config
     from specdec_rpc.client import SpecdecClient
 

@@ -27,13 +27,13 @@ from collections.abc import Callable, Sequence as Seq
 
 from specdec.draft_ahead import DraftAhead
 from specdec.errors import WorkerError
-from specdec.load_stats import RoundSample
+from specdec.policy.load_stats import RoundSample
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
 from specdec.request import GenerationRequest, RequestLimits
 from specdec.round_profile import RoundProfile
 from specdec.sequence import Sequence
 from specdec.round_output import FINISH_ERROR, GenerationResult, RoundOutput
-from specdec.speculation_policy import Decision, RoundPolicy, RowState, fixed_plan
+from specdec.policy.speculation_policy import Decision, RoundPolicy, RowState, fixed_plan
 from specdec.stats import SpecStats
 from specdec.stop_conditions import StopChecker
 from specdec.verifier import Verifier, VerifyRequest

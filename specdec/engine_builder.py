@@ -20,9 +20,9 @@ from specdec import proposer_registry as registry
 from specdec.config import CacheConfig, ModelsConfig, SpecdecConfig, SpeculationConfig
 from specdec.draft_ahead import DraftAhead
 from specdec.engine import SpeculativeEngine
-from specdec.engine_loop import AsyncEngine
-from specdec.load_monitor import build_load_monitor
-from specdec.speculation_policy import RoundPolicy
+from specdec.async_engine import AsyncEngine
+from specdec.policy.load_monitor import build_load_monitor
+from specdec.policy.speculation_policy import RoundPolicy
 from specdec.model_paths import resolve_model_path
 from specdec.models.loader import resolve_checkpoint_dir
 from specdec.models.model_runner import ModelRunner

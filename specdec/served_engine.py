@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec import proposer_registry as registry
-from specdec.engine_loop import AsyncEngine
+from specdec.async_engine import AsyncEngine
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec.round_cost import RoundCostModel
-from specdec.speculation_policy import Crossover
+from specdec.policy.round_cost import RoundCostModel
+from specdec.policy.speculation_policy import Crossover
 
 
 @dataclass(frozen=True)

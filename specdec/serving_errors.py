@@ -18,7 +18,7 @@ import enum
 import re
 
 from specdec.api_auth import AuthenticationError
-from specdec.engine_loop import AdmissionError, EngineClosedError
+from specdec.async_engine import AdmissionError, EngineClosedError
 from specdec.errors import WorkerError
 
 __all__ = ["AdmissionError", "AuthenticationError", "DeadlineExceededError", "ErrorKind", "InvalidRequestError", "NotFoundError",

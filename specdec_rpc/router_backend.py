@@ -12,7 +12,7 @@ from collections.abc import Callable
 from specdec.config import SpecdecConfig
 from specdec.engine_builder import EngineParts, assemble_served_engine, build_served_engine, local_served_engine
 from specdec.served_engine import ServedEngine
-from specdec.speculation_policy import RoundPolicy
+from specdec.policy.speculation_policy import RoundPolicy
 
 RouterBackend = ServedEngine
 make_backend = build_served_engine

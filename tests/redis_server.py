@@ -1,4 +1,4 @@
-"""A real redis-server for tests: actors.local_redis.LocalRedis, skipped (or failed in CI) when missing."""
+"""A real redis-server for tests: specdec_redis.local_redis.LocalRedis, skipped (or failed in CI) when missing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from actors.local_redis import LocalRedis, redis_server_binary
+from specdec_redis.local_redis import LocalRedis, redis_server_binary
 
 
 def require_redis_server() -> None:

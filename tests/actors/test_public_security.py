@@ -106,7 +106,7 @@ def test_a_fuzz_campaign_of_bad_requests_is_all_invalid_argument_and_harms_nobod
 
 
 def test_the_client_cli_takes_a_token_and_a_ca(app, tls_files, capsys):
-    from actors.cli import main
+    from specdec_cli.serve_cli import main
 
     base = ["client", "generate", "--server", app.address, "--tls-ca", str(tls_files[0]), "--prompt", "def f():",
             "--max-new-tokens", "3", "--json"]

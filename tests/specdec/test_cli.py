@@ -72,7 +72,7 @@ def test_console_script_is_installed():
 
 @pytest.mark.parametrize(
     "command", [[sys.executable, "-m", "specdec.cli", "generate", "--prompt", "x"],
-                [sys.executable, "-m", "actors.cli", "serve", "--port", "1"]],
+                [sys.executable, "-m", "specdec_cli.serve_cli", "serve", "--port", "1"]],
     ids=["generate", "serve"],
 )
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_version_and_log_level():
 def test_serve_checks_the_security_files_before_ray_starts(tmp_path):
     path = tmp_path / "secure.yaml"
     path.write_text(f"security:\n  api_tokens_file: {tmp_path}/absent-tokens\n")
-    out = subprocess.run([sys.executable, "-m", "actors.cli", "serve", "--config", str(path)],
+    out = subprocess.run([sys.executable, "-m", "specdec_cli.serve_cli", "serve", "--config", str(path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.strip() == f"specdec: error: security.api_tokens_file: {tmp_path}/absent-tokens is not a readable file"

@@ -84,7 +84,7 @@ class RecordingPolicy:
 
 def test_one_assembly_loads_the_registrys_proposers_and_runs_the_policy_with_the_engine(make_engine, tokenizer):
     from specdec.engine_builder import EngineParts, assemble_served_engine
-    from specdec.load_monitor import build_load_monitor
+    from specdec.policy.load_monitor import build_load_monitor
 
     config = load_config(overrides={"cache": {"num_slots": 2}})
     reference = make_engine("draft", gamma=4).engine  # the bundled pair: a verifier and a draft model

@@ -1,8 +1,8 @@
 """The engine follows its round policy: γ per round, no draft calls while off, correct catch-up when on again."""
 
-from specdec.load_stats import RoundSample
+from specdec.policy.load_stats import RoundSample
 from specdec.request import GenerationRequest
-from specdec.speculation_policy import Decision, RowState
+from specdec.policy.speculation_policy import Decision, RowState
 
 
 class TogglingPolicy:
@@ -139,7 +139,7 @@ class PoorProposer:
 def test_the_in_process_engine_plans_gamma_by_goodput_by_default(make_engine, prompt_ids, hf_greedy):
     """With a poor proposer the policy mostly decodes plainly (exploring now and then); with
     the bundled draft it speculates. Either way the output is the target's."""
-    from specdec.load_monitor import LoadMonitor
+    from specdec.policy.load_monitor import LoadMonitor
 
     poor = make_engine("draft", gamma=4, load_monitor={"enabled": True})
     assert isinstance(poor.engine.policy, LoadMonitor)

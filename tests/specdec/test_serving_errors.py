@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from specdec.engine_loop import EngineClosedError
+from specdec.async_engine import EngineClosedError
 from specdec.errors import WorkerError
 from specdec.serving_errors import (AdmissionError, DeadlineExceededError, ErrorKind, InvalidRequestError,
                                     NotFoundError, NotReadyError, classify, param_of)

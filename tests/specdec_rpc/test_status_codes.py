@@ -4,7 +4,7 @@ UNAVAILABLE, anything else: INTERNAL) for both protocols, the HTTP API included.
 import grpc
 import pytest
 
-from specdec.engine_loop import AdmissionError
+from specdec.async_engine import AdmissionError
 from specdec.serving_errors import DeadlineExceededError, ErrorKind, InvalidRequestError, NotReadyError
 from specdec_rpc.status_codes import UnknownServiceError, error_kind, status_for
 

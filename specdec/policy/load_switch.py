@@ -1,7 +1,7 @@
 """Switching speculation off under high load, with hysteresis so that it does not flap.
 
 Speculation buys latency at low load and costs throughput at high load. By default the
-goodput plan decides (`specdec.speculation_policy`) and this switch only records its
+goodput plan decides (`specdec.policy.speculation_policy`) and this switch only records its
 on/off state with a dwell time. An operator may instead force it by load: OFF when the
 cluster-wide arrival rate (QPS) or the requests in flight rise above the `disable_*`
 thresholds, ON again only when both are below the lower `enable_*` thresholds — and never

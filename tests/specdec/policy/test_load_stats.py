@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.load_stats import LoadSnapshot, RoundSample, StatsWindow
+from specdec.policy.load_stats import LoadSnapshot, RoundSample, StatsWindow
 
 
 def verify_seconds(rows, tokens):

@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from actors.ports import free_port
-from actors.redis_load_store import RedisLoadStore
+from specdec_redis.redis_load_store import RedisLoadStore
 from redis_server import require_redis_server
-from specdec.load_stats import StatsWindow
+from specdec.policy.load_stats import StatsWindow
 
 PASSWORD = "team-redis-password"
 

@@ -10,8 +10,8 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from specdec.load_stats import LoadSnapshot, StatsWindow
-from specdec.window_ring import WindowRing
+from specdec.policy.load_stats import LoadSnapshot, StatsWindow
+from specdec.policy.window_ring import WindowRing
 
 
 @dataclass(frozen=True)

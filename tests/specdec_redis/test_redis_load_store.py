@@ -5,13 +5,13 @@ import time
 import pytest
 
 from redis_server import RedisServer
-from specdec.load_monitor import LoadMonitor
-from specdec.load_stats import RoundSample, StatsWindow
-from specdec.load_store import SwitchState
-from specdec.load_switch import LoadThresholds
-from specdec.speculation_policy import PolicySettings, RowState, SpeculationPolicy
+from specdec.policy.load_monitor import LoadMonitor
+from specdec.policy.load_stats import RoundSample, StatsWindow
+from specdec.policy.load_store import SwitchState
+from specdec.policy.load_switch import LoadThresholds
+from specdec.policy.speculation_policy import PolicySettings, RowState, SpeculationPolicy
 
-from actors.redis_load_store import RedisLoadStore
+from specdec_redis.redis_load_store import RedisLoadStore
 
 
 @pytest.fixture

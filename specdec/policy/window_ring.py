@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from specdec.load_stats import StatsWindow
+from specdec.policy.load_stats import StatsWindow
 
 
 def bucket_start(at: float, bucket_s: float) -> int:

@@ -19,13 +19,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from specdec.circuit_breaker import CircuitBreaker
+from specdec.policy.circuit_breaker import CircuitBreaker
 from specdec.config import LoadMonitorConfig
-from specdec.load_stats import LoadSnapshot, RoundSample, StatsWindow
-from specdec.load_store import InProcessLoadStore, LoadStore, SwitchState
-from specdec.load_switch import LoadThresholds
+from specdec.policy.load_stats import LoadSnapshot, RoundSample, StatsWindow
+from specdec.policy.load_store import InProcessLoadStore, LoadStore, SwitchState
+from specdec.policy.load_switch import LoadThresholds
 from specdec.server_status import PolicyStatus
-from specdec.speculation_policy import (MODE_AUTO, Crossover, Decision, PolicySettings, RowState,
+from specdec.policy.speculation_policy import (MODE_AUTO, Crossover, Decision, PolicySettings, RowState,
                                         SpeculationPolicy)
 
 log = logging.getLogger(__name__)

@@ -2,11 +2,11 @@
 
 import pytest
 
-from specdec.load_monitor import LoadMonitor
-from specdec.load_stats import RoundSample
-from specdec.load_store import InProcessLoadStore
-from specdec.load_switch import LoadThresholds
-from specdec.speculation_policy import PolicySettings, RowState, SpeculationPolicy
+from specdec.policy.load_monitor import LoadMonitor
+from specdec.policy.load_stats import RoundSample
+from specdec.policy.load_store import InProcessLoadStore
+from specdec.policy.load_switch import LoadThresholds
+from specdec.policy.speculation_policy import PolicySettings, RowState, SpeculationPolicy
 
 
 class Clock:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.round_cost import RoundCostModel
+from specdec.policy.round_cost import RoundCostModel
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:

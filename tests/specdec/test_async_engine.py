@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from specdec.engine_loop import AdmissionError, AsyncEngine, EngineClosedError
+from specdec.async_engine import AdmissionError, AsyncEngine, EngineClosedError
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
 from specdec.verifier import Verifier

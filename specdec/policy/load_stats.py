@@ -4,7 +4,7 @@ Every router replica adds what it observes (arrivals, rounds, drafted/accepted t
 position, and each round's timings with its shape) into time windows; a store sums the
 recent windows of all replicas and `LoadSnapshot.from_window` turns the sums into the
 figures the policy needs: QPS, acceptance rate α and per-position acceptance (recent
-windows only, so they decay), and the round cost model (`specdec.round_cost`), measured
+windows only, so they decay), and the round cost model (`specdec.policy.round_cost`), measured
 rather than configured.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from specdec.round_cost import RoundCostModel, RoundShape, add_round_timing
+from specdec.policy.round_cost import RoundCostModel, RoundShape, add_round_timing
 
 
 MIN_POSITION_SAMPLES = 8  # drafted tokens a position needs before its acceptance is reported

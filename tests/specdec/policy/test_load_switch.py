@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.load_switch import LoadSwitch, LoadThresholds
+from specdec.policy.load_switch import LoadSwitch, LoadThresholds
 
 T = LoadThresholds(disable_qps=10, enable_qps=6, disable_in_flight=32, enable_in_flight=16, min_dwell_s=5)
 

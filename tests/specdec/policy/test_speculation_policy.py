@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from specdec.load_stats import LoadSnapshot, RoundSample, StatsWindow
-from specdec.load_switch import LoadThresholds
-from specdec.round_cost import RoundCostModel
-from specdec.speculation_policy import PolicySettings, RowState, SpeculationPolicy, fixed_plan
+from specdec.policy.load_stats import LoadSnapshot, RoundSample, StatsWindow
+from specdec.policy.load_switch import LoadThresholds
+from specdec.policy.round_cost import RoundCostModel
+from specdec.policy.speculation_policy import PolicySettings, RowState, SpeculationPolicy, fixed_plan
 
 CHEAP_VERIFY = RoundCostModel(verify=(0.010, 0.0018), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
 HEAVY_VERIFY = RoundCostModel(verify=(0.010, 0.0049), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)

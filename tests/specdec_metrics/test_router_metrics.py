@@ -2,9 +2,9 @@
 
 from types import SimpleNamespace
 
-from actors.router_metrics import RouterMetrics
+from specdec_metrics.router_metrics import RouterMetrics
 from specdec.server_status import PolicyStatus
-from specdec.speculation_policy import Crossover
+from specdec.policy.speculation_policy import Crossover
 from specdec.stats import SpecStats
 
 

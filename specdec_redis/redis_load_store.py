@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import redis
 
-from specdec.load_stats import LoadSnapshot, StatsWindow
-from specdec.load_store import LoadStore, SwitchState
-from specdec.window_ring import bucket_start
+from specdec.policy.load_stats import LoadSnapshot, StatsWindow
+from specdec.policy.load_store import LoadStore, SwitchState
+from specdec.policy.window_ring import bucket_start
 
 PUSH_SCRIPT = """
 if KEYS[3] ~= '' and not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[1]) then

@@ -1,7 +1,7 @@
 """The speculation decision: each row's γ this round, by goodput, with per-request overrides.
 
 Pure code: it reads a `LoadSnapshot` (cluster-wide measurements, from any store) and the
-rows of the round, and answers "which γ for each row?" (`specdec.gamma.plan_gammas`).
+rows of the round, and answers "which γ for each row?" (`specdec.policy.gamma.plan_gammas`).
 Speculation turns off under load because the measured costs say so: at a large batch the
 verify forward grows with every drafted token, and γ = 0 for every row is the plan.
 
@@ -31,10 +31,10 @@ from typing import Protocol
 
 import numpy as np
 
-from specdec.gamma import (crossover_rows, extend_prefix_acceptance, plan_gammas, row_prefix_acceptance,
+from specdec.policy.gamma import (crossover_rows, extend_prefix_acceptance, plan_gammas, row_prefix_acceptance,
                            speculation_pays)
-from specdec.load_stats import LoadSnapshot, RoundSample
-from specdec.load_switch import LoadSwitch, LoadThresholds
+from specdec.policy.load_stats import LoadSnapshot, RoundSample
+from specdec.policy.load_switch import LoadSwitch, LoadThresholds
 
 MODE_AUTO, MODE_ON, MODE_OFF = "auto", "on", "off"
 ENOUGH_DRAFT_CALLS, ENOUGH_DRAFTED = 8, 64  # a window with fewer needs exploration

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from specdec.round_cost import RoundCostModel, RoundShape, add_round_timing
-from specdec.load_stats import StatsWindow
+from specdec.policy.round_cost import RoundCostModel, RoundShape, add_round_timing
+from specdec.policy.load_stats import StatsWindow
 
 TRUE = RoundCostModel(verify=(0.010, 0.0016), draft=(0.0015, 0.003, 0.0004), overhead_s=0.0005)
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from actors.app import free_port
-from actors.cli import main
+from specdec_cli.serve_cli import main
 
 READY_TIMEOUT_S = 300
 
@@ -35,7 +35,7 @@ def server(tmp_path_factory):
     port = free_port()
     stderr = (tmp_path_factory.mktemp("serve") / "stderr").open("w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "actors.cli", "serve", "--port", str(port), "--http-port", str(free_port())],
+        [sys.executable, "-m", "specdec_cli.serve_cli", "serve", "--port", str(port), "--http-port", str(free_port())],
         stdout=subprocess.PIPE, stderr=stderr, text=True,
     )
     process.stderr_file = stderr
@@ -117,7 +117,7 @@ def unschedulable_serve(tmp_path, placement_timeout_s: float) -> subprocess.Pope
     config = tmp_path / "huge.yaml"
     config.write_text(f"serving:\n  target_num_cpus: 64\n  placement_timeout_s: {placement_timeout_s}\n")
     return subprocess.Popen(
-        [sys.executable, "-m", "actors.cli", "serve", "--port", str(free_port()), "--http-port", str(free_port()),
+        [sys.executable, "-m", "specdec_cli.serve_cli", "serve", "--port", str(free_port()), "--http-port", str(free_port()),
          "--tensor-parallel-size", "2", "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )

@@ -6,9 +6,9 @@ import random
 import numpy as np
 import pytest
 
-from specdec.gamma import (crossover_rows, expected_tokens, extend_prefix_acceptance, plan_gammas,
+from specdec.policy.gamma import (crossover_rows, expected_tokens, extend_prefix_acceptance, plan_gammas,
                            row_prefix_acceptance)
-from specdec.round_cost import RoundCostModel
+from specdec.policy.round_cost import RoundCostModel
 
 # seconds: (fixed, per token) for the target; (fixed, per step, per row-step) for the draft
 CPU_TINY_PAIR = RoundCostModel(verify=(0.010, 0.0018), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)

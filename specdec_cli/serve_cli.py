@@ -3,7 +3,7 @@
 `specdec serve` starts Ray (or joins one with --address), the draft worker, the target
 group and the Serve app (gRPC and the OpenAI-compatible HTTP API), prints one line naming
 both endpoints when ready, and shuts everything down on
-SIGINT / SIGTERM, also while it is still starting (actors/stop_signals.py). A start that
+SIGINT / SIGTERM, also while it is still starting (specdec_cli/stop_signals.py). A start that
 fails (e.g. resources that never appear within serving.placement_timeout_s) exits 1 with one
 line naming what is missing, after releasing what it started.
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 from specdec import cli as core_cli
 from specdec import proposer_registry as registry
-from actors.local_redis import LocalRedis, redis_server_binary
-from actors.stop_signals import Interrupted, StopSignals
+from specdec_redis.local_redis import LocalRedis, redis_server_binary
+from specdec_cli.stop_signals import Interrupted, StopSignals
 from specdec.config import SpecdecConfig, load_config
 from specdec.api_auth import check_security_files
 from specdec.model_paths import check_model_paths
-from specdec_rpc.client_cli import add_client_parser, add_status_parser
+from specdec_cli.client_cli import add_client_parser, add_status_parser
 
 
 def add_serve_parser(subparsers: Any) -> None:

@@ -1,0 +1,1 @@
+"""Prometheus metrics exported through Ray's metrics agent."""
