@@ -40,19 +40,22 @@ LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 REQUEST_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]
 
 
-def _ray_metrics() -> tuple[Any, Any, Any]:
+def ray_metric_classes() -> tuple[Any, Any, Any]:
+    """Ray's (Counter, Gauge, Histogram), imported only when metrics are made (tests pass fakes)."""
     from ray.util.metrics import Counter, Gauge, Histogram
 
     return Counter, Gauge, Histogram
 
 
-def _tagged(classes: tuple[Any, Any, Any], model: str) -> tuple[Any, ...]:
-    """The metric classes, each metric made with a "model" tag set to `model` by default."""
+def tagged(classes: tuple[Any, Any, Any], model: str, **tags: str) -> tuple[Any, ...]:
+    """The metric classes, each metric made with a "model" tag set to `model` by default (and
+    every other tag in `tags` set to its value by default)."""
+    defaults = {"model": model, **tags}
 
     def wrap(cls: Any) -> Any:
         def make(name: str, description: str = "", tag_keys: tuple[str, ...] = (), **kw: Any) -> Any:
-            metric = cls(name, description=description, tag_keys=("model", *tag_keys), **kw)
-            metric.set_default_tags({"model": model})
+            metric = cls(name, description=description, tag_keys=(*defaults, *tag_keys), **kw)
+            metric.set_default_tags(defaults)
             return metric
 
         return make
@@ -64,7 +67,7 @@ class RouterMetrics:
     """Counters follow the engine's totals (polled), gauges the load monitor's status."""
 
     def __init__(self, classes: tuple[Any, Any, Any] | None = None, model: str = "") -> None:
-        counter, gauge, histogram = _tagged(classes or _ray_metrics(), model)
+        counter, gauge, histogram = tagged(classes or ray_metric_classes(), model)
         p = "specdec_spec_decode_"
         self.num_drafts = counter(f"{p}num_drafts", description="Rounds that drafted tokens")
         self.draft_tokens = counter(f"{p}num_draft_tokens", description="Drafted tokens")
