@@ -13,6 +13,7 @@ from typing import Any
 import ray
 
 from specdec.config import SpecdecConfig
+from specdec_metrics.worker_metrics import WorkerMetrics
 from specdec_rpc.draft_servicer import DraftServicer
 from actors.placement_wait import wait_scheduled
 from actors.served_actor import ServedActor, own_cores
@@ -25,7 +26,8 @@ class DraftWorkerActor(ServedActor):
     async def start(self, config: SpecdecConfig, host: str | None = None, port: int = 0) -> str:
         """Load the draft (with the tokenizer check) and serve; returns 'node_ip:port'."""
         own_cores(config.serving.draft_num_cpus)
-        servicer = await asyncio.get_running_loop().run_in_executor(None, DraftServicer.from_config, config)
+        metrics = WorkerMetrics(model=config.models.target, role="draft")  # exported by this actor
+        servicer = await asyncio.get_running_loop().run_in_executor(None, DraftServicer.from_config, config, metrics)
         return await self._serve(servicer, host, port, config.security)
 
 

@@ -26,6 +26,7 @@ from specdec.models.loader import load_model, read_config, resolve_checkpoint_di
 from specdec.models.model_runner import ModelRunner
 from specdec.models.tensor_parallel import check_divisible, shard_model
 from specdec.target_verifier import TargetVerifier
+from specdec_metrics.worker_metrics import WorkerMetrics
 from specdec_rpc.target_servicer import TargetServicer
 
 DIST_TIMEOUT = timedelta(minutes=5)  # a collective (or the rendezvous) that takes longer fails
@@ -106,7 +107,8 @@ class TargetLeader(ServedActor, _Shard):
         """Start the gRPC server; returns 'node_ip:port'."""
         verifier = TargetVerifier(MirroredRunner(self.runner, followers))
         config = self._config
+        metrics = WorkerMetrics(model=config.models.target, role="target", rank=0)  # exported by this actor
         servicer = TargetServicer(
-            verifier, config.models.target, config.cache.num_slots, self._world_size, config.serving.lease_ttl_s
+            verifier, config.models.target, config.cache.num_slots, self._world_size, config.serving.lease_ttl_s, metrics
         )
         return await self._serve(servicer, host, port, config.security)

@@ -4,7 +4,8 @@ It only translates: deltas -> full histories (HistoryStore), one batched `propos
 call, drafted tokens and q (prob_codec) -> the reply. The proposer rounds q to float16
 before sampling (wire_dtype), so the q it sends is exactly the q it sampled from. Greedy
 rows send no q (their verification needs none). Every sequence is held under its
-router's lease (LeaseReaper): a router that stops renewing it loses its slots.
+router's lease (LeaseReaper): a router that stops renewing it loses its slots. Its calls,
+compute and cache use go to its WorkerMetrics (none recorded unless the actor passes real ones).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S, LeaseReaper
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
 from specdec_rpc.worker_runtime import CallStats, SerialExecutor, run_locked, run_serially
 
 WIRE_DTYPE = torch.float16  # q travels as binary16 (see prob_codec)
@@ -44,7 +46,13 @@ def load_wire_draft_proposer(config: SpecdecConfig) -> DraftModelProposer:
 class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
     """Serves one DraftModelProposer; calls run one at a time on a worker thread."""
 
-    def __init__(self, proposer: DraftModelProposer, model: str, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+    def __init__(
+        self,
+        proposer: DraftModelProposer,
+        model: str,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         if proposer.wire_dtype != WIRE_DTYPE:
             raise ValueError(
                 f"the draft proposer must round q to {WIRE_DTYPE} before sampling (wire_dtype), "
@@ -56,18 +64,29 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         self.stats = CallStats()
         self._work = SerialExecutor("draft-worker")
         self.leases = LeaseReaper(lease_ttl_s, self._work, self._release)
+        self.metrics = metrics or WorkerMetrics.off("draft")
+        self._metrics_task = None
 
     @classmethod
-    def from_config(cls, config: SpecdecConfig) -> "DraftServicer":
-        return cls(load_wire_draft_proposer(config), config.models.draft, config.serving.lease_ttl_s)
+    def from_config(cls, config: SpecdecConfig, metrics: WorkerMetrics | None = None) -> "DraftServicer":
+        return cls(load_wire_draft_proposer(config), config.models.draft, config.serving.lease_ttl_s, metrics)
 
     def start(self) -> None:
-        """On the server's event loop: start freeing the slots of lapsed leases."""
+        """On the server's event loop: start freeing the slots of lapsed leases and updating the
+        cache and lease gauges."""
         self.leases.start()
+        if self._metrics_task is None:
+            self._metrics_task = self.metrics.poll(self.state)
+
+    def state(self) -> WorkerState:
+        """The cache and leases now (read on the event loop, which owns the lease table)."""
+        runner = self.proposer.runner
+        return WorkerState(runner.cache.num_slots, runner.num_free_slots, len(self.leases.table), len(self.histories),
+                           self.leases.table.expired_sequences)
 
     async def Propose(self, request: worker_pb2.ProposeRequest, context: grpc.aio.ServicerContext):
         with self.leases.call(request.lease_id):
-            return await run_locked(self._work, context, "Propose", self._propose, request)
+            return await run_locked(self._work, context, "Propose", self._propose, request, calls=self.metrics)
 
     async def _propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
         start = time.perf_counter()
@@ -82,9 +101,9 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         ]
         drafts = await self._work.run(self._run, request, applied, rows)
         self.stats.record(len(rows))
-        return worker_pb2.ProposeResponse(
-            drafts=drafts, resync_seq_ids=applied.resync_seq_ids, compute_seconds=time.perf_counter() - start
-        )
+        seconds = time.perf_counter() - start
+        self.metrics.observe_compute("Propose", seconds, sum(len(draft.token_ids) for draft in drafts))
+        return worker_pb2.ProposeResponse(drafts=drafts, resync_seq_ids=applied.resync_seq_ids, compute_seconds=seconds)
 
     def _run(self, request: worker_pb2.ProposeRequest, applied: AppliedDeltas, rows: list[ProposalRequest]):
         """On the worker thread: draft (the proposer follows any history, diverged ones too), encode."""
@@ -108,7 +127,7 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
 
     async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
         with self.leases.call(request.lease_id):
-            await run_serially(self._work, context, "Release", self._release, list(request.seq_ids))
+            await run_serially(self._work, context, "Release", self._release, list(request.seq_ids), calls=self.metrics)
         self.leases.released(request.seq_ids)
         return worker_pb2.ReleaseResponse()
 
@@ -118,10 +137,12 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
             self.histories.release(seq_id)
 
     async def GetInfo(self, request: worker_pb2.InfoRequest, context: grpc.aio.ServicerContext):
+        self.metrics.observe_call("GetInfo")
         return self.info()
 
     async def KeepAlive(self, request: worker_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
         held = self.leases.keep_alive(request.lease_id)
+        self.metrics.observe_call("KeepAlive")
         return worker_pb2.KeepAliveResponse(lease_ttl_s=self.leases.ttl_s, held_sequences=held)
 
     def info(self) -> worker_pb2.WorkerInfo:
@@ -141,5 +162,8 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         )
 
     def close(self) -> None:
+        if self._metrics_task is not None:
+            self._metrics_task.cancel()
+            self._metrics_task = None
         self.leases.stop()
         self._work.shutdown()

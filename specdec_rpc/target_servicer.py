@@ -4,7 +4,8 @@ It only translates: deltas -> full histories (HistoryStore), draft q (prob_codec
 weights, one batched `verify` per call, outcomes -> the reply. In the tensor-parallel group
 the leader's verifier runs on a runner that mirrors every cache operation to the other
 ranks; this servicer does not know the difference. Every sequence is held under its
-router's lease (LeaseReaper): a router that stops renewing it loses its slots.
+router's lease (LeaseReaper): a router that stops renewing it loses its slots. Its calls,
+compute and cache use go to its WorkerMetrics (none recorded unless the actor passes real ones).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S, LeaseReaper
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
 from specdec_rpc.worker_runtime import CallStats, SerialExecutor, run_locked, run_serially
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         num_slots: int,
         tensor_parallel_size: int = 1,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.verifier = verifier
         self.model = model
@@ -44,30 +47,40 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         self.stats = CallStats()
         self._work = SerialExecutor("target-worker")
         self.leases = LeaseReaper(lease_ttl_s, self._work, self._release)
+        self.metrics = metrics or WorkerMetrics.off("target", rank=0)
+        self._metrics_task = None
 
     def start(self) -> None:
-        """On the server's event loop: start freeing the slots of lapsed leases."""
+        """On the server's event loop: start freeing the slots of lapsed leases and updating the
+        cache and lease gauges."""
         self.leases.start()
+        if self._metrics_task is None:
+            self._metrics_task = self.metrics.poll(self.state)
+
+    def state(self) -> WorkerState:
+        """The cache and leases now (read on the event loop, which owns the lease table)."""
+        return WorkerState(self.num_slots, self.verifier.num_free_slots, len(self.leases.table), len(self.histories),
+                           self.leases.table.expired_sequences)
 
     async def Verify(self, request: worker_pb2.VerifyRequest, context: grpc.aio.ServicerContext):
         with self.leases.call(request.lease_id):
-            return await run_locked(self._work, context, "Verify", self._verify, request)
+            return await run_locked(self._work, context, "Verify", self._verify, request, calls=self.metrics)
 
     async def _verify(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         start = time.perf_counter()
         deltas = [item.history for item in request.items]
         applied = self.histories.apply_all(deltas)
         self.leases.hold(request.lease_id, applied.applied_seq_ids(deltas))
-        outcomes, batch_size = await self._work.run(self._run, request, applied)
+        outcomes, batch_size, verified_tokens = await self._work.run(self._run, request, applied)
         if batch_size:
             self.stats.record(batch_size)
-        return worker_pb2.VerifyResponse(
-            outcomes=outcomes, resync_seq_ids=applied.resync_seq_ids, compute_seconds=time.perf_counter() - start
-        )
+        seconds = time.perf_counter() - start
+        self.metrics.observe_compute("Verify", seconds, verified_tokens)
+        return worker_pb2.VerifyResponse(outcomes=outcomes, resync_seq_ids=applied.resync_seq_ids, compute_seconds=seconds)
 
     def _run(self, request: worker_pb2.VerifyRequest, applied: AppliedDeltas):
         """On the worker thread: decode q, drop stale state of diverged sequences, verify.
-        Returns (outcomes, sequences verified)."""
+        Returns (outcomes, sequences verified, drafted tokens verified)."""
         requests = [
             self._to_request(item, history)
             for item, history in zip(request.items, applied.histories)
@@ -76,7 +89,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         for seq_id in applied.diverged_seq_ids:
             self.verifier.release(seq_id)
         results = self.verifier.verify(requests)
-        return self._outcomes(request, applied.histories, results), len(requests)
+        verified = sum(len(r.draft_token_ids) for r in requests)
+        return self._outcomes(request, applied.histories, results), len(requests), verified
 
     def _to_request(self, item: worker_pb2.VerifyItem, history: list[int]) -> VerifyRequest:
         """The core request; q that does not decode (wrong count, size or ids) is not
@@ -112,7 +126,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
 
     async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
         with self.leases.call(request.lease_id):
-            await run_serially(self._work, context, "Release", self._release, list(request.seq_ids))
+            await run_serially(self._work, context, "Release", self._release, list(request.seq_ids), calls=self.metrics)
         self.leases.released(request.seq_ids)
         return worker_pb2.ReleaseResponse()
 
@@ -122,10 +136,12 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             self.histories.release(seq_id)
 
     async def GetInfo(self, request: worker_pb2.InfoRequest, context: grpc.aio.ServicerContext):
+        self.metrics.observe_call("GetInfo")
         return self.info()
 
     async def KeepAlive(self, request: worker_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
         held = self.leases.keep_alive(request.lease_id)
+        self.metrics.observe_call("KeepAlive")
         return worker_pb2.KeepAliveResponse(lease_ttl_s=self.leases.ttl_s, held_sequences=held)
 
     def info(self) -> worker_pb2.WorkerInfo:
@@ -144,5 +160,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         )
 
     def close(self) -> None:
+        if self._metrics_task is not None:
+            self._metrics_task.cancel()
+            self._metrics_task = None
         self.leases.stop()
         self._work.shutdown()

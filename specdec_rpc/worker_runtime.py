@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -79,24 +79,45 @@ def status_code_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+class CallObserver(Protocol):
+    """Told how each call ended (the worker's metrics, specdec_metrics.worker_metrics)."""
+
+    def observe_call(self, rpc: str, code: str = "OK") -> None: ...
+
+
 async def run_locked(
-    work: SerialExecutor, context: grpc.aio.ServicerContext, method: str, fn: Callable[..., Awaitable[T]], *args: Any
+    work: SerialExecutor, context: grpc.aio.ServicerContext, method: str, fn: Callable[..., Awaitable[T]], *args: Any,
+    calls: CallObserver | None = None,
 ) -> T:
-    """Await fn(*args) under the worker's lock; a failure ends the call with its status."""
-    async with work.lock:
-        try:
-            return await fn(*args)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
-            error = exc
+    """Await fn(*args) under the worker's lock; a failure ends the call with its status. `calls`
+    is told the status the call ends with (CANCELLED when the caller gave up, while it waited
+    for the lock too)."""
+    try:
+        async with work.lock:
+            try:
+                result = await fn(*args)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+                error = exc
+            else:
+                if calls is not None:
+                    calls.observe_call(method, "OK")
+                return result
+    except asyncio.CancelledError:
+        if calls is not None:
+            calls.observe_call(method, "CANCELLED")
+        raise
+    if calls is not None:
+        calls.observe_call(method, status_code_for(error).name)
     await abort_with(context, method, error)
     raise AssertionError("unreachable: abort_with raises")
 
 
 async def run_serially(
-    work: SerialExecutor, context: grpc.aio.ServicerContext, method: str, fn: Callable[..., T], *args: Any
+    work: SerialExecutor, context: grpc.aio.ServicerContext, method: str, fn: Callable[..., T], *args: Any,
+    calls: CallObserver | None = None,
 ) -> T:
     """Run fn(*args) under the worker's lock on its thread; a failure ends the call with its status."""
-    return await run_locked(work, context, method, work.run, fn, *args)
+    return await run_locked(work, context, method, work.run, fn, *args, calls=calls)
 
 
 async def abort_with(context: grpc.aio.ServicerContext, method: str, exc: BaseException) -> None:
