@@ -94,9 +94,10 @@ class TargetGroup:
             raise RuntimeError("the target group is not started")
         return ray.get(self.leader.info.remote(), timeout=INFO_TIMEOUT_S)
 
-    def shutdown(self) -> None:
-        """Stop serving, kill the rank actors and remove the placement group (idempotent)."""
-        if self.leader is not None:
+    def shutdown(self, orderly: bool = True) -> None:
+        """Stop serving, kill the rank actors and remove the placement group (idempotent).
+        orderly=False skips the leader's stop (a hung group): the ranks are killed at once."""
+        if self.leader is not None and orderly:
             try:
                 ray.get(self.leader.stop.remote(), timeout=10)
             except Exception as exc:  # noqa: BLE001 - it is being killed anyway

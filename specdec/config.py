@@ -117,6 +117,10 @@ class ServingConfig(StrictModel):
     target_recovery_s: float = Field(
         120.0, ge=0, description="How long a round waits for a re-formed target group before failing, seconds."
     )
+    target_hang_s: float = Field(
+        30.0, gt=0, description="A target rank that has not answered the supervisor's heartbeat for this long is "
+        "taken for hung (alive but stuck) and the group is re-formed, seconds; above the slowest single forward.",
+    )
 
 
 class LoadMonitorConfig(StrictModel):

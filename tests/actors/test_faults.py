@@ -7,7 +7,9 @@ starts a new draft worker, the router finds it through the hub, rebuilds its seq
 from the router's histories, and speculation resumes by itself. Health stays SERVING
 throughout (degraded, not down). A target rank killed mid-stream: the hub re-forms the
 group, the rounds wait for it and re-prefill from the router's histories, and the streams
-finish with the same output. A dead leader while idle: health turns NOT_SERVING within a
+finish with the same output. A rank that hangs without dying (SIGSTOP) misses the keeper's
+heartbeat for serving.target_hang_s: it is taken for dead, its process killed with the group,
+and the streams finish with the same output. A dead leader while idle: health turns NOT_SERVING within a
 keep-alive period, SERVING again once the group is re-formed. A router whose backend failed
 to load fails Serve's replica health check.
 """
@@ -28,6 +30,7 @@ from specdec_rpc.client import SpecdecClient
 
 MAX_NEW = 40
 RECOVERY_LIMIT_S = 60.0
+HANG_S = 4.0  # serving.target_hang_s: far above a forward of these tiny models, even on 2 busy cores
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,7 @@ def app():
     config = load_config(overrides={
         "cache": {"num_slots": 8, "max_seq_len": 256},
         "serving": {"port": free_port(), "max_concurrent_requests": 8, "worker_timeout_s": 10.0, "lease_ttl_s": 2.0,
-                    "tensor_parallel_size": 2, "distributed_backend": "gloo"},
+                    "tensor_parallel_size": 2, "distributed_backend": "gloo", "target_hang_s": HANG_S},
     })
     app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
     yield app
@@ -143,6 +146,45 @@ def test_a_killed_target_rank_pauses_the_streams_which_finish_with_the_same_outp
     status = ray.get(app.hub.target_status.remote())
     assert status["restarts"] == 1 and status["down_reason"] is None
     print(f"\nrank killed -> group re-formed in {status['last_recovery_s']:.1f}s; streams done {finished_s:.1f}s after the kill")
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of a process (T = stopped, Z = zombie), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def test_a_hung_target_rank_is_taken_for_dead_and_the_streams_finish_with_the_same_output(app, prompt_ids, hf_greedy):
+    """SIGSTOP rank 1 of the TP = 2 group mid-stream: it does not die, the leader blocks in
+    its all-reduce; the keeper's heartbeat takes it for hung after target_hang_s, kills the
+    group (the stopped process too) and re-forms it; the rounds resend with whole histories."""
+    prompts = prompt_ids[:4]
+    restarts = ray.get(app.hub.target_status.remote())["restarts"]
+    [pid] = actor_pids("TargetFollower")
+    stopped = []
+    try:
+        with SpecdecClient(app.address, timeout_s=300.0, retries=0) as client:
+            outputs = stream_all(client, prompts, MAX_NEW,
+                                 lambda: (os.kill(pid, signal.SIGSTOP), stopped.append(time.monotonic())))
+            finished_s = time.monotonic() - stopped[0]
+            assert outputs == [hf_greedy(p, MAX_NEW) for p in prompts], "the same output after the pause"
+            assert client.health() == "SERVING"
+        status = ray.get(app.hub.target_status.remote())
+        assert status["restarts"] == restarts + 1 and status["down_reason"] is None
+        deadline = time.monotonic() + 10.0
+        while process_state(pid) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert process_state(pid) in (None, "Z"), "the re-formed group left the stopped rank's process behind"
+        assert pid not in actor_pids("TargetFollower")
+    finally:
+        if process_state(pid) not in (None, "Z"):  # never leave a stopped process behind
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+    print(f"\nrank stopped -> taken for hung and re-formed in {status['last_recovery_s']:.1f}s; "
+          f"streams done {finished_s:.1f}s after the SIGSTOP")
 
 
 def test_a_dead_target_leader_is_not_serving_until_the_group_is_re_formed(app, prompt_ids, hf_greedy):
