@@ -344,6 +344,10 @@ def test_metric_names_are_read_from_the_code():
     assert "ray_specdec_spec_decode_num_accepted_tokens_total" in names
     assert "ray_specdec_time_to_first_token_seconds_bucket" in names
     assert "ray_specdec_qps" in names and len(names) >= 15
+    # the workers' own (specdec_metrics/worker_metrics.py)
+    assert names["ray_specdec_worker_compute_time_seconds_bucket"] == "histogram"
+    assert names["ray_specdec_worker_calls_total"] == "counter"
+    assert names["ray_specdec_worker_kv_cache_slots_used"] == names["ray_specdec_worker_kv_cache_slots"] == "gauge"
 
 
 def _dashboard_queries(dashboard) -> list[tuple[str, str]]:
@@ -376,8 +380,13 @@ def test_dashboard_should_show_what_an_operator_needs():
     for needed in ("ray_specdec_qps", "generation_tokens_total", "time_to_first_token_seconds_bucket",
                    "inter_token_latency_seconds_bucket", "num_accepted_tokens_per_pos_total",
                    "num_draft_tokens_per_pos_total", "spec_decode_gamma", "spec_decode_enabled",
-                   "request_queue_time_seconds_bucket", "num_requests_waiting", "kv_cache_usage_ratio"):
+                   "request_queue_time_seconds_bucket", "num_requests_waiting", "kv_cache_usage_ratio",
+                   # the workers' own: compute time and cache use (draft and target)
+                   "ray_specdec_worker_compute_time_seconds_bucket", "ray_specdec_worker_kv_cache_slots_used{",
+                   "ray_specdec_worker_kv_cache_slots{", "ray_specdec_worker_calls_total"):
         assert needed in exprs, needed
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {"Worker compute time", "Worker cache use"} <= titles
     # every query is filtered by the dashboard's model variable (every metric has a model label)
     for title, expr in _dashboard_queries(dashboard):
         for name in re.findall(r"\b(ray_specdec_[A-Za-z0-9_]+)", expr):
