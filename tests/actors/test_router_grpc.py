@@ -6,7 +6,7 @@ Greedy output through the server equals the in-process engine and transformers; 
 streams are batched on the target and each equals its single-stream output; seeds
 reproduce; bad input gets INVALID_ARGUMENT naming the field; the admission limit gives
 RESOURCE_EXHAUSTED; cancelled streams and expired deadlines leave no slot allocated, also
-after a hundred of them; a killed router replica fails its streams with UNAVAILABLE, its
+after hundreds of them; a killed router replica fails its streams with UNAVAILABLE, its
 lease frees its slots, and Serve's restart brings service back.
 The app is started once for the module (it is expensive); the last test stops the target.
 """
@@ -33,9 +33,12 @@ from specdec_rpc.remote_proposer import RemoteProposer
 from specdec_rpc.remote_verifier import RemoteVerifier
 from worker_slots import free_slots_within
 
-NUM_SLOTS = 8
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+import leak  # noqa: E402
+
+NUM_SLOTS = 16  # = the issue's 16 concurrent requests after the leak run
 MAX_SEQ_LEN = 256
-MAX_CONCURRENT = 8
+MAX_CONCURRENT = 16
 LEASE_TTL_S = 2.0
 INTERNAL_SECRET = "cluster-internal-secret"
 
@@ -242,67 +245,24 @@ def test_a_client_killed_mid_stream_leaves_no_slot_allocated(app, workers, promp
     assert [w.info().expired_sequences for w in workers] == expired
 
 
-#: the issue's leak test sends 1,000; a hundred (a third of each kind) keeps this under a minute on 2 cores
-LEAK_REQUESTS = 99
+#: the issue's leak test sends 1,000 (`python scripts/leak.py`, the table in README.md); here the
+#: same run() with 300 (a third of each kind) takes ~20 s on 2 cores
+LEAK_REQUESTS = 300
 
 
-async def leak_request(aclient: AsyncSpecdecClient, prompt: list[int], i: int) -> str:
-    """Request i: completes (i % 3 == 0), is cancelled after its first chunk (1), or runs
-    into a deadline of 50-250 ms: queued, prefilling or generating (2). Returns the outcome."""
-    try:
-        if i % 3 == 0:
-            await aclient.generate(prompt_token_ids=prompt, max_new_tokens=6)
-        elif i % 3 == 1:
-            stream = aclient.generate_stream(prompt_token_ids=prompt, max_new_tokens=100)
-            await stream.__anext__()
-            await stream.aclose()  # cancels the call
-            return "CANCELLED"
-        else:
-            await aclient.generate(prompt_token_ids=prompt, max_new_tokens=100, timeout_s=0.05 * (1 + i % 5))
-        return "OK"
-    except grpc.RpcError as error:
-        return error.code().name
-
-
-async def leak_requests(address: str, prompts: list[list[int]], count: int, concurrency: int) -> list[str]:
-    """`count` leak_requests, `concurrency` at a time. A cancelled request counts against the
-    admission limit until the router's loop drops it (next round): RESOURCE_EXHAUSTED is
-    retried after 100 ms, as a client should."""
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(aclient, i):
-        async with gate:
-            for _ in range(100):
-                outcome = await leak_request(aclient, prompts[i % len(prompts)], i)
-                if outcome != "RESOURCE_EXHAUSTED":
-                    break
-                await asyncio.sleep(0.1)
-            return outcome
-
-    async with AsyncSpecdecClient(address, timeout_s=120.0, retries=0) as aclient:
-        return await asyncio.gather(*(one(aclient, i) for i in range(count)))
-
-
-async def generate_all(address: str, jobs: list[tuple[list[int], int]]) -> list[list[int]]:
-    """All jobs (prompt, max_new_tokens) at once; their token ids."""
-    async with AsyncSpecdecClient(address, timeout_s=120.0, retries=0) as aclient:
-        responses = await asyncio.gather(*(aclient.generate(prompt_token_ids=p, max_new_tokens=n) for p, n in jobs))
-    return [list(r.token_ids) for r in responses]
-
-
-def test_no_slot_leaks_after_many_completed_cancelled_and_timed_out_requests(app, workers, prompt_ids, hf_greedy):
-    """A third complete, a third are cancelled mid-stream, a third hit a short deadline;
-    afterwards every slot is free (released by the router, not by a lapsed lease) and
-    num_slots concurrent requests all succeed with their greedy output."""
-    expired = [w.info().expired_sequences for w in workers]
-    outcomes = asyncio.run(leak_requests(app.address, prompt_ids, LEAK_REQUESTS, MAX_CONCURRENT // 2))
-    assert set(outcomes[0::3]) == {"OK"} and set(outcomes[1::3]) == {"CANCELLED"}
-    assert set(outcomes[2::3]) <= {"DEADLINE_EXCEEDED", "OK"} and "DEADLINE_EXCEEDED" in outcomes[2::3]
-    assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
-    assert [w.info().expired_sequences for w in workers] == expired
-    jobs = [(prompt_ids[i % len(prompt_ids)], 12) for i in range(NUM_SLOTS)]
-    assert asyncio.run(generate_all(app.address, jobs)) == [hf_greedy(p, n) for p, n in jobs]
-    assert wait_for_free_slots(workers) == (NUM_SLOTS, NUM_SLOTS)
+def test_no_slot_leaks_after_many_completed_cancelled_and_timed_out_requests(app, prompt_ids, hf_greedy):
+    """A third complete (with their greedy output), a third are cancelled mid-stream, a third
+    hit a short deadline; afterwards every slot is free on both workers (released by the
+    router, not by a lapsed lease) and num_slots concurrent requests all succeed with their
+    greedy output. scripts/leak.py's run(), with the transformers reference."""
+    reference = [hf_greedy(p, leak.REFERENCE_TOKENS) for p in prompt_ids]
+    report = leak.run(app.address, leak.HubSlots(app.hub), prompt_ids, reference, LEAK_REQUESTS,
+                      concurrency=MAX_CONCURRENT // 2, num_slots=NUM_SLOTS)
+    print("\n" + report.table())
+    assert report.failures() == [], report.table()
+    assert report.sent == LEAK_REQUESTS and report.outcomes["cancel"]["CANCELLED"] == LEAK_REQUESTS // 3
+    assert report.free_after == {"draft": NUM_SLOTS, "target": NUM_SLOTS}
+    assert report.concurrent == [list(reference[i % len(prompt_ids)]) for i in range(NUM_SLOTS)]
 
 
 def router_replica_pids() -> list[int]:
