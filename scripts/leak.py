@@ -1,9 +1,9 @@
 """A bounded leak test against a real server: many requests that end every way free every slot.
 
-Sends `--count` requests, `--concurrency` at a time, to the public gRPC port: request i
-completes (i % 3 == 0; its output is checked against the greedy reference), is cancelled
-after its first streamed chunk (1), or runs into a deadline of 50-250 ms while queued,
-prefilling or generating (2). Afterwards every cache slot on the draft worker and on the
+Sends `--count` requests, `--concurrency` at a time (default: one per slot), to the public
+gRPC port: request i completes (i % 3 == 0; its output is checked against the greedy
+reference), is cancelled after its first streamed chunk (1), or runs into a deadline of
+50-250 ms while queued, prefilling or generating (2). Afterwards every cache slot on the draft worker and on the
 target group must be free, released by the router (the workers' `expired_sequences`, slots
 freed by a lapsed lease, must not have grown), and `num_slots` concurrent requests must all
 succeed with the reference greedy output. The reference is each prompt's greedy output,
@@ -15,7 +15,7 @@ cluster (`--ray-address`) to read the workers' slots through the worker hub of `
 Prints one table row and exits 1 on any failure. `tests/actors/test_router_grpc.py` runs
 the same `run()` with fewer requests.
 
-    python scripts/leak.py [--count 1000] [--concurrency 8] [--num-slots 16]
+    python scripts/leak.py [--count 1000] [--concurrency NUM_SLOTS] [--num-slots 16]
     python scripts/leak.py --address 127.0.0.1:50051 [--ray-address auto] [--config FILE]
 """
 
@@ -222,7 +222,7 @@ def run(address: str, slots: HubSlots, prompts: Sequence[Prompt], reference: Seq
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--count", type=int, default=1000, help="requests to send (a third of each kind)")
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
+    p.add_argument("--concurrency", type=int, default=None, help="requests in flight at once (default: num_slots)")
     p.add_argument("--num-slots", type=int, default=16, help="cache.num_slots of the server it starts")
     p.add_argument("--address", default=None, help="a running server's public gRPC port (default: start one)")
     p.add_argument("--ray-address", default="auto", help="with --address: the server's Ray cluster")
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         slots = HubSlots(hub)
         num_slots = int(ray.get(hub.target_info.remote(), timeout=30)["num_slots"])
         reference = reference_outputs(address, PROMPTS)
-        report = run(address, slots, PROMPTS, reference, args.count, args.concurrency, num_slots)
+        report = run(address, slots, PROMPTS, reference, args.count, args.concurrency or num_slots, num_slots)
     finally:
         if app is not None:
             app.shutdown()

@@ -3,7 +3,8 @@
 The same configuration shares a hub; another one (a redeploy with another cache, model,
 TP size, ...) replaces it and releases the old workers and placement groups; a draft that
 fails to load after the target started leaks no placement group; workers no router uses
-any more are released after serving.idle_release_s.
+any more are released after serving.idle_release_s. The target keeper's heartbeat tells a
+busy rank from a hung (SIGSTOPped) and a dead one.
 """
 
 from __future__ import annotations
@@ -104,3 +105,56 @@ def test_workers_no_router_holds_a_lease_on_are_released():
     assert wait_for(lambda: find_hub(idle) is None, timeout_s=30.0), "the hub released the workers and exited"
     assert wait_for(lambda: live_placement_groups() == before)
     print(f"\nlast lease closed -> workers released: {time.monotonic() - released:.1f}s")
+
+
+@ray.remote(num_cpus=0)
+class Rank:
+    """Stands in for a target rank: a threaded actor that is busy for a while, or not."""
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def work(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def first_problem(heartbeat, group, ranks, within_s: float):
+    """Call heartbeat.check as the keeper's watcher does (once a second) until it names a problem."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        problem = heartbeat.check(group, ranks)
+        if problem is not None:
+            return problem
+        time.sleep(1.0)
+    return None
+
+
+def test_the_heartbeat_tells_a_busy_rank_from_a_hung_and_a_dead_one():
+    """A rank busy for less than target_hang_s is fine; a SIGSTOPped one is hung after
+    target_hang_s; a killed one is dead at once."""
+    import os
+    import signal
+
+    from actors.target_keeper import RankHeartbeat
+
+    ranks = [Rank.remote() for _ in range(2)]
+    pid = ray.get(ranks[1].pid.remote())
+    heartbeat = RankHeartbeat(hang_s=5.0)
+    group = object()
+    assert heartbeat.check(group, ranks) is None
+    ranks[1].work.remote(2.0)  # answers its pings late, within hang_s
+    assert first_problem(heartbeat, group, ranks, within_s=5.0) is None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        why, hung = first_problem(heartbeat, group, ranks, within_s=15.0)
+        assert hung and why.startswith("target rank 1 hung") and time.monotonic() - stopped >= 5.0, why
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    ray.kill(ranks[1])
+    fresh = RankHeartbeat(hang_s=5.0)
+    why, hung = first_problem(fresh, object(), ranks, within_s=10.0)
+    assert not hung and why.startswith("target rank 1 died"), why
+    ray.kill(ranks[0])
