@@ -248,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
         address, hub = app.address, app.hub
     else:
-        config = load_config(args.config)
-        ray.init(address=args.ray_address, namespace=HUB_NAMESPACE, log_to_driver=False)
+        config = load_config(*([args.config] if args.config else []))
+        if not ray.is_initialized():
+            ray.init(address=args.ray_address, namespace=HUB_NAMESPACE, log_to_driver=False)
         address, hub = args.address, find_hub(config)
         if hub is None:
             raise SystemExit(f"no worker hub for deployment {config.load_monitor.deployment!r} in that Ray cluster")
