@@ -7,15 +7,19 @@ early; the table reports the tokens actually generated.) Each row runs all promp
 concurrent streams (N = 1, 4, 8), each stream taking the next prompt when it finishes:
 
 * in-process: AsyncEngine over the engine in this process (one torch thread per model,
-  as each Ray worker actor gets), streaming RoundOutputs;
+  as each Ray worker actor gets), speculation mode ON (the same γ as the server rows),
+  streaming RoundOutputs;
 * server: `specdec serve`'s stack started here (draft worker, target group, router behind
   Serve's gRPC proxy), streaming GenerateChunks with AsyncSpecdecClient: rounds one after
-  the other, with speculation ON and OFF (plain decoding), then a second server that
-  drafts while the target verifies (speculation.overlap: two micro-batches / look-ahead).
+  the other (speculation.overlap false), with speculation ON and OFF (plain decoding);
+* server, drafting ahead: the same with the default configuration (speculation.overlap:
+  a lone request's draft drafts the next round for the likeliest verdicts while the
+  target verifies; steps with more requests run sequential rounds).
 
 A second table shows where a round's time went (means per round, ms: draft and target
 compute, each call's hop, the router's bookkeeping, draft time hidden behind the verify
-call, the whole round) and the look-ahead hit rate.
+call, the whole round) and the look-ahead hit rate (share of look-aheads whose branch
+matched the verdict: the next round's drafts were ready when it arrived).
 
 Columns: tokens/s = all generated tokens / wall time; TTFT = time to the first chunk;
 ITL = inter-token latency: each chunk's gap to the previous chunk of its stream, split
@@ -131,7 +135,8 @@ def in_process_rows(config: SpecdecConfig, prompts: list[str], max_new: int, lev
     loop = AsyncEngine(built.engine, max_concurrent_requests=max(levels))
 
     async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
-        async with loop.submit(GenerationRequest(built.encode(prompt), n)) as s:
+        # mode ON: the configured γ, as the server rows (AUTO would let the policy choose γ)
+        async with loop.submit(GenerationRequest(built.encode(prompt), n, mode="on")) as s:
             async for out in s:
                 yield out.new_token_ids
 

@@ -59,10 +59,22 @@ class SpeculationConfig(StrictModel):
     )
     ngram: NgramConfig = Field(default_factory=NgramConfig, description="Settings of the n-gram proposer.")
     overlap: bool = Field(
-        False, description="Draft while the target verifies (pipelined rounds; only where the target is remote)."
+        True, description="Draft while the target verifies (pipelined rounds; only where the target is remote)."
+    )
+    overlap_micro_batches: bool = Field(
+        False, description="With overlap and several requests: two micro-batches take turns (else the whole "
+        "batch is verified each step and looks ahead, within overlap_max_rows).",
+    )
+    overlap_max_rows: int = Field(
+        1, ge=1, le=4096, description="With overlap: look ahead only while at most this many requests speculate "
+        "in a step; larger steps run sequential rounds.",
     )
     overlap_min_acceptance: float = Field(
         0.3, ge=0, le=1, description="A request drafts ahead only while its own acceptance rate is at least this."
+    )
+    look_ahead_branches: int = Field(
+        4, ge=1, le=16, description="Draft-model look-ahead (with overlap): for how many verdicts of the round being "
+        "verified the draft drafts the next round (1 = only for 'every draft accepted').",
     )
 
     @model_validator(mode="after")

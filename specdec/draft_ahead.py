@@ -7,20 +7,24 @@ target verifies and the target would idle while the proposer drafts. Two ways ov
   target verifies one half, the proposer drafts for the other half from its (final)
   history; next step the halves swap. Every draft is used; nothing is speculative.
 * **Look-ahead** (PEARL's "post-verify", Liu et al., ICLR 2025), for a lone group: while
-  the target verifies a row's drafts d1..dγ, the proposer drafts γ + 1 more tokens
-  e0..eγ from the history *assuming every di is accepted*; e0 guesses the round's own
-  final (bonus) token.
+  the target verifies a row's drafts d1..dγ, the proposer drafts the next round for the
+  verdicts it finds likeliest (`Proposer.look_ahead`), each a *branch*: "the history keeps
+  its first n tokens, then the target emits t". The plain look-ahead has one branch, every
+  di accepted and the bonus token the draft's own next guess; a draft model ranks verdicts
+  by its own probabilities (a rejection at some position and its next-best token there,
+  or all accepted and one of its best bonus tokens) and drafts the `branches` likeliest.
 
-When the verdict arrives, the look-ahead is used only where the assumption held: every
-drafted token was accepted and the target's final token equals e0. Then e1..eγ continue
+When the verdict arrives, the branch that assumed it (if any) is used: its drafts continue
 exactly the history the sequence now has, and become the next round's drafts with the q
-they were drawn from. Anywhere else they are thrown away (the proposer rolls its cache back
-by itself at its next call) and the row's next round is proposed as usual, before its
-verification (while that verification runs, the proposer drafts ahead again).
+they were drawn from. The other branches are thrown away (the proposer rolls its cache back
+by itself at its next call); without a matching branch the row's next round is proposed as
+usual, before its verification (while that verification runs, the proposer drafts ahead
+again).
 
 Losslessness: only the target decides what is emitted. The final token is sampled by the
 target as in any round; the look-ahead tokens are ordinary proposals, drawn from the
-draft's distribution given the very history they are verified against, so Leviathan's rule
+draft's distribution given the very history they are verified against (which branch is used
+depends only on the target's verdict, never on the branch's own draws), so Leviathan's rule
 applies to them unchanged. Greedy output stays the target's greedy output, sampled output
 follows the target's distribution exactly.
 """
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.proposers.base import Proposal, ProposalRequest
+from specdec.proposers.base import Branch, Proposal, ProposalRequest
 from specdec.sequence import Sequence
 from specdec.verifier import VerifyRequest, VerifyResult
 
@@ -59,14 +63,22 @@ class DraftAhead:
         not look ahead: its look-ahead would mostly be thrown away (wasted draft work).
     micro_batches: split a batch of several requests into two halves that take turns
         (False: every step verifies the whole batch and looks ahead).
+    branches: how many verdicts of a round a look-ahead drafts for (the likeliest; 1: the
+        likeliest only, usually that every draft is accepted).
+    max_rows: look ahead only while the step verifies at most this many speculating rows
+        (None: any number); larger steps wait for the verdict (sequential rounds).
     """
 
-    def __init__(self, min_acceptance: float = 0.3, micro_batches: bool = True) -> None:
+    def __init__(self, min_acceptance: float = 0.3, micro_batches: bool = True, branches: int = 3,
+                 max_rows: int | None = None) -> None:
         self.min_acceptance = min_acceptance
         self.micro_batches = micro_batches
+        self.branches = branches
+        self.max_rows = max_rows
         self._ready: dict[str, LookAhead] = {}
         self.rows_ahead = 0  # rows that looked ahead
         self.hits = 0  # ... whose look-ahead became the next round's drafts
+        self.rejection_hits = 0  # ... of those, through a branch that assumed a rejected draft
         self.stored = 0  # drafts made for the other micro-batch while one was verified
 
     @property
@@ -115,40 +127,39 @@ class DraftAhead:
 
     def asks(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas) -> list:
         """What to propose while the target verifies `now`: drafts for `later` from their
-        histories, or (no other rows) γ + 1 look-ahead tokens for each row of `now` from its
-        history plus this round's drafts (γ 0 = not this row)."""
+        histories, or (no other rows) a look-ahead for each row of `now`: its history plus
+        this round's drafts, with the next round's γ (0 = not this row)."""
         if later:
             return [ProposalRequest(seq.seq_id, seq.token_ids, seq.request.sampling, seq.request.proposer,
                                     gammas[seq.seq_id]) for seq in later]
         asks = []
+        fits = self.max_rows is None or sum(1 for seq in now if gammas[seq.seq_id] > 0) <= self.max_rows
         for seq, request in zip(now, requests):
-            looks = gammas[seq.seq_id] > 0 and self.wants(seq.stats.drafted, seq.stats.accepted, seq.stats.rounds)
+            looks = fits and gammas[seq.seq_id] > 0 and self.wants(seq.stats.drafted, seq.stats.accepted, seq.stats.rounds)
             asks.append(ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids],
-                                        seq.request.sampling, seq.request.proposer,
-                                        gammas[seq.seq_id] + 1 if looks else 0))
+                                        seq.request.sampling, seq.request.proposer, gammas[seq.seq_id] if looks else 0))
         self.rows_ahead += sum(1 for ask in asks if ask.gamma > 0)
         return asks
 
-    def after_verdict(self, later: list[Sequence], requests, results, meanwhile: Proposal) -> None:
-        """Keep what was proposed during verification: the other half's drafts, or the
-        look-aheads that the verdict confirmed."""
+    def after_verdict(self, later: list[Sequence], requests, results, meanwhile) -> None:
+        """Keep what was proposed during verification: the other half's drafts (a Proposal),
+        or the look-ahead branch (one list per row of `requests`) that the verdict confirmed."""
         if later:
             for row, seq in enumerate(later):
                 self.store(seq.seq_id, seq.token_ids, meanwhile, row)
             return
-        for row, (request, result) in enumerate(zip(requests, results)):
-            self.keep(request, result, meanwhile, row)
+        for request, result, branches in zip(requests, results, meanwhile):
+            self.keep(request, result, branches)
 
-    def keep(self, request: VerifyRequest, result: VerifyResult, proposal: Proposal, row: int) -> None:
-        """Store a row's look-ahead for the next round when the verdict confirms it."""
-        drafted = proposal.drafted(row)
-        all_accepted = result.num_accepted == len(request.draft_token_ids)
-        if len(drafted) < 2 or not all_accepted or result.emitted[-1] != drafted[0]:
-            return
-        probs = None if proposal.probs is None else proposal.probs[row, 1 : len(drafted)]
-        base = len(request.token_ids) + len(request.draft_token_ids) + 1
-        self._ready[request.seq_id] = LookAhead(base, drafted[1:], probs)
-        self.hits += 1
+    def keep(self, request: VerifyRequest, result: VerifyResult, branches: list[Branch]) -> None:
+        """Store the branch that assumed this verdict as the row's next drafts (if any)."""
+        base = len(request.token_ids) + result.num_accepted  # the history the verdict keeps
+        for branch in branches:
+            if branch.base_length == base and branch.token_id == result.emitted[-1] and branch.token_ids:
+                self._ready[request.seq_id] = LookAhead(base + 1, branch.token_ids, branch.probs)
+                self.hits += 1
+                self.rejection_hits += result.num_accepted < len(request.draft_token_ids)
+                return
 
     def forget(self, seq_id: str) -> None:
         self._ready.pop(seq_id, None)

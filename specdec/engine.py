@@ -245,20 +245,28 @@ class SpeculativeEngine:
         return Proposal.from_rows(ready, max(gammas, default=0))
 
     def _during_verify(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas):
-        """The proposer's work while the target verifies `now` (DraftAhead.asks). Returns
-        (the proposal, one row per ask, or None; seconds it took)."""
+        """The proposer's work while the target verifies `now` (DraftAhead.asks): drafts for
+        `later`, or look-ahead branches for `now`. Returns (a Proposal with one row per
+        ask, or a list of branches per row of `now`, or None; seconds it took)."""
         start = time.perf_counter()
         asks = self.draft_ahead.asks(now, later, requests, gammas)
-        if not any(ask.gamma > 0 for ask in asks):
+        used = [ask.gamma > 0 for ask in asks]
+        if not any(used):
             return None, 0.0
+        active = [ask for ask, use in zip(asks, used) if use]
         try:
-            part = self.proposer.propose([ask for ask in asks if ask.gamma > 0])
+            if later:
+                meanwhile = self.proposer.propose(active).spread(used)
+            else:
+                unverified = [len(request.draft_token_ids) for request, use in zip(requests, used) if use]
+                found = iter(self.proposer.look_ahead(active, unverified, self.draft_ahead.branches))
+                meanwhile = [next(found) if use else [] for use in used]
         except Exception:
             self.proposer_failures += 1
             logger.exception("drafting ahead failed; the next round proposes as usual")
             return None, time.perf_counter() - start
         self._add_propose_compute(time.perf_counter() - start)
-        return part.spread([ask.gamma > 0 for ask in asks]), time.perf_counter() - start
+        return meanwhile, time.perf_counter() - start
 
     def _add_propose_compute(self, wall: float) -> None:
         """Add a proposer call's compute (its wall time when the proposer reports none)."""

@@ -87,7 +87,8 @@ def make_engine(
         gamma_max=speculation.gamma_max,
         max_stop_strings=generation.max_stop_strings,
         max_stop_string_chars=generation.max_stop_string_chars,
-        draft_ahead=DraftAhead(speculation.overlap_min_acceptance) if ahead else None,
+        draft_ahead=DraftAhead(speculation.overlap_min_acceptance, speculation.overlap_micro_batches,
+                               speculation.look_ahead_branches, speculation.overlap_max_rows) if ahead else None,
     )
 
 

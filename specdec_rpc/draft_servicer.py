@@ -28,6 +28,8 @@ from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
 from specdec_rpc.worker_runtime import CallStats, SerialExecutor, run_locked, run_serially
 
+MAX_BRANCHES = 16  # ProposeRequest.branches above this is refused (INVALID_ARGUMENT)
+
 WIRE_DTYPE = torch.float16  # q travels as binary16 (see prob_codec)
 
 
@@ -92,6 +94,10 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         start = time.perf_counter()
         if len(request.gammas) != len(request.sequences):
             raise ValueError(f"{len(request.gammas)} gammas for {len(request.sequences)} sequences")
+        if request.unverified and len(request.unverified) != len(request.sequences):
+            raise ValueError(f"{len(request.unverified)} unverified counts for {len(request.sequences)} sequences")
+        if request.branches > MAX_BRANCHES:
+            raise ValueError(f"branches={request.branches} is more than {MAX_BRANCHES}")
         applied = self.histories.apply_all(request.sequences)
         self.leases.hold(request.lease_id, applied.applied_seq_ids(request.sequences))
         rows = [
@@ -102,13 +108,33 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         drafts = await self._work.run(self._run, request, applied, rows)
         self.stats.record(len(rows))
         seconds = time.perf_counter() - start
-        self.metrics.observe_compute("Propose", seconds, sum(len(draft.token_ids) for draft in drafts))
+        drafted = sum(len(draft.token_ids) + sum(len(b.token_ids) for b in draft.branches) for draft in drafts)
+        self.metrics.observe_compute("Propose", seconds, drafted)
         return worker_pb2.ProposeResponse(drafts=drafts, resync_seq_ids=applied.resync_seq_ids, compute_seconds=seconds)
 
     def _run(self, request: worker_pb2.ProposeRequest, applied: AppliedDeltas, rows: list[ProposalRequest]):
         """On the worker thread: draft (the proposer follows any history, diverged ones too), encode."""
+        if request.unverified:
+            return self._look_ahead(request, applied.histories, rows)
         proposal = self.proposer.propose(rows) if rows else None
         return self._drafts(request, applied.histories, rows, proposal)
+
+    def _look_ahead(self, request, histories, rows: list[ProposalRequest]) -> list[worker_pb2.DraftedTokens]:
+        """One DraftedTokens per request entry with the look-ahead's branches (none for resync entries)."""
+        unverified = [u for u, history in zip(request.unverified, histories) if history is not None]
+        found = self.proposer.look_ahead(rows, unverified, request.branches) if rows else []
+        drafts, row = [], 0
+        for delta, history in zip(request.sequences, histories):
+            draft = worker_pb2.DraftedTokens(seq_id=delta.seq_id)
+            if history is not None:
+                for branch in found[row]:
+                    wire = draft.branches.add(base_length=branch.base_length, token_id=branch.token_id,
+                                              token_ids=branch.token_ids)
+                    if branch.probs is not None and not rows[row].sampling.is_greedy and branch.token_ids:
+                        wire.probs.extend(encode_rows(branch.probs))  # [n, vocab]
+                row += 1
+            drafts.append(draft)
+        return drafts
 
     @staticmethod
     def _drafts(request, histories, rows: list[ProposalRequest], proposal: Proposal | None):

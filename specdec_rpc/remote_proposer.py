@@ -26,7 +26,7 @@ from collections.abc import Callable
 import grpc
 import torch
 
-from specdec.proposers.base import Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Branch, Proposal, ProposalRequest, Proposer
 from specdec_rpc.history_sync import HistorySender
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
 from specdec_rpc.lease_renewer import LeaseRenewer, new_lease_id
@@ -83,17 +83,35 @@ class RemoteProposer(Proposer):
         gamma = max((r.gamma for r in requests), default=0)
         if gamma == 0:
             return Proposal.empty(len(requests), gamma)
+        return self._guarded(requests, Proposal.empty(len(requests), gamma),
+                             lambda vocab: self._proposal(requests, gamma, self._drafts(requests), vocab))
+
+    def look_ahead(self, requests: list[ProposalRequest], unverified: list[int],
+                   branches: int = 1) -> list[list[Branch]]:
+        """The worker's look-ahead branches (one Propose call with `unverified`)."""
+        if not any(r.gamma > 0 for r in requests):
+            return [[] for _ in requests]
+
+        def call(vocab: int) -> list[list[Branch]]:
+            drafts = self._drafts(requests, unverified, branches)
+            return [self._branches(request, draft, vocab) for request, draft in zip(requests, drafts)]
+
+        return self._guarded(requests, [[] for _ in requests], call)
+
+    def _guarded(self, requests: list[ProposalRequest], empty, call: Callable[[int], object]):
+        """call(vocab size), or `empty` (no drafts, lossless) when the worker is down or the
+        call fails: the failure is counted and logged, and a worker that went down is looked
+        for again in the background."""
         self.last_compute_s = 0.0  # the worker's compute in this call (RoundProfile)
         if self._is_down():
             self.failures += 1
             self.unavailable_reason = self._down_reason()
-            return Proposal.empty(len(requests), gamma)
+            return empty
         try:
             self.flush()
-            vocab_size = self._vocab()
-            proposal = self._proposal(requests, gamma, self._drafts(requests), vocab_size)
+            result = call(self._vocab())
             self.unavailable_reason = None
-            return proposal
+            return result
         except (grpc.RpcError, ValueError) as exc:
             self._sender.reset(r.seq_id for r in requests)
             self.failures += 1
@@ -103,7 +121,7 @@ class RemoteProposer(Proposer):
             )
             if isinstance(exc, grpc.RpcError) and exc.code() in WORKER_DOWN:
                 self._went_down(_describe(exc))
-            return Proposal.empty(len(requests), gamma)
+            return empty
 
     def _is_down(self) -> bool:
         """True while the worker is down; after a switch to a fresh worker, forgets what was sent."""
@@ -157,32 +175,37 @@ class RemoteProposer(Proposer):
             self._vocab_size = self.info().vocab_size
         return self._vocab_size
 
-    def _request(self, requests: list[ProposalRequest]) -> worker_pb2.ProposeRequest:
+    def _request(self, requests: list[ProposalRequest], unverified: list[int] | None,
+                 branches: int) -> worker_pb2.ProposeRequest:
         deltas = [self._sender.delta(r.seq_id, r.token_ids, r.sampling) for r in requests]
         return worker_pb2.ProposeRequest(
-            sequences=deltas, gammas=[r.gamma for r in requests], lease_id=self.lease.lease_id
+            sequences=deltas, gammas=[r.gamma for r in requests], lease_id=self.lease.lease_id,
+            unverified=unverified or [], branches=branches,
         )
 
-    def _call(self, requests: list[ProposalRequest]) -> worker_pb2.ProposeResponse:
+    def _call(self, requests: list[ProposalRequest], unverified: list[int] | None = None,
+              branches: int = 1) -> worker_pb2.ProposeResponse:
         self.lease.touch()
-        response = self._stub.Propose(self._request(requests), timeout=self.timeout_s)
+        response = self._stub.Propose(self._request(requests, unverified, branches), timeout=self.timeout_s)
         self.last_compute_s += response.compute_seconds
         if len(response.drafts) != len(requests):
             raise ValueError(f"{len(response.drafts)} drafts for {len(requests)} sequences")
         return response
 
-    def _drafts(self, requests: list[ProposalRequest]) -> list[worker_pb2.DraftedTokens]:
-        """One DraftedTokens per request. Sequences the worker asks to resync (it restarted)
-        are sent again at once with their whole history, so a draft restart costs a prefill,
-        not a round without drafts (which would change a seeded request's schedule)."""
-        first = self._call(requests)
+    def _drafts(self, requests: list[ProposalRequest], unverified: list[int] | None = None,
+                branches: int = 1) -> list[worker_pb2.DraftedTokens]:
+        """One DraftedTokens per request (with `unverified`: look-ahead branches). Sequences
+        the worker asks to resync (it restarted) are sent again at once with their whole
+        history, so a draft restart costs a prefill, not a round without drafts (which would
+        change a seeded request's schedule)."""
+        first = self._call(requests, unverified, branches)
         drafts = list(first.drafts)
         resync = {self._sender.local_id(w) for w in first.resync_seq_ids}
         if not resync:
             return drafts
         self._sender.reset(resync)
         rows = [i for i, r in enumerate(requests) if r.seq_id in resync]
-        again = self._call([requests[i] for i in rows])
+        again = self._call([requests[i] for i in rows], unverified and [unverified[i] for i in rows], branches)
         if again.resync_seq_ids:
             raise ValueError(f"draft worker asked to resync whole histories: {list(again.resync_seq_ids)}")
         for i, draft in zip(rows, again.drafts):
@@ -207,6 +230,19 @@ class RemoteProposer(Proposer):
         if rows_with_probs:  # greedy rows, sent without q, get a one-hot q
             proposal.set_probs(rows_with_probs, vocab_size)
         return proposal
+
+    def _branches(self, request: ProposalRequest, draft: worker_pb2.DraftedTokens, vocab_size: int) -> list[Branch]:
+        """A reply's look-ahead branches; raises ValueError when they break the protocol."""
+        if draft.seq_id != self._sender.wire_id(request.seq_id):
+            raise ValueError(f"look-ahead for {request.seq_id!r} names another sequence ({draft.seq_id!r})")
+        branches = []
+        for wire in draft.branches:
+            n = len(wire.token_ids)
+            if n > request.gamma or wire.base_length > len(request.token_ids) or (wire.probs and len(wire.probs) != n):
+                raise ValueError(f"look-ahead branch of {request.seq_id!r} does not match its request")
+            probs = decode_rows(wire.probs, vocab_size) if wire.probs else None  # [n, V]
+            branches.append(Branch(wire.base_length, wire.token_id, list(wire.token_ids), probs))
+        return branches
 
     def release(self, seq_id: str) -> None:
         """Buffered: sent with the next call or flush()."""

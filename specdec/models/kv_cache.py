@@ -114,6 +114,17 @@ class KVCache:
             )
         self._lengths[slot] = current + num_tokens
 
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Make ``target`` hold the first ``length`` tokens of ``source`` (a fork: the two then
+        grow independently); 0 <= length <= length of source."""
+        if not 0 <= length <= self.length(source):
+            raise ValueError(f"copy_prefix: length={length} must be in [0, {self.length(source)}]")
+        self._check_allocated(target)
+        for keys, values in zip(self.keys, self.values):
+            keys[target, :length] = keys[source, :length]
+            values[target, :length] = values[source, :length]
+        self._lengths[target] = length
+
     def _check_allocated(self, slot: int) -> None:
         if not self.is_allocated(slot):
             index = _as_index(slot)

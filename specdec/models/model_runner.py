@@ -70,6 +70,16 @@ class ModelRunner:
         """Roll ``slot`` back to its first ``length`` tokens (O(1))."""
         self.cache.truncate(slot, length)
 
+    def fork_slot(self, slot: int, length: int) -> int:
+        """A new slot holding the first ``length`` tokens of ``slot`` (raises CacheFullError)."""
+        fork = self.cache.allocate()
+        try:
+            self.cache.copy_prefix(slot, fork, length)
+        except BaseException:
+            self.cache.free(fork)
+            raise
+        return fork
+
     @torch.inference_mode()
     def forward(self, slot_ids: list[int], token_ids: list[list[int]], last_only: bool = False) -> torch.Tensor:
         """Append ``token_ids[b]`` (lengths may differ, each >= 1) to slot ``slot_ids[b]``; return float32 logits.

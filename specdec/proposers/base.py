@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -100,6 +101,22 @@ class Proposal:
         return self.token_ids[row, : int(self.num_drafted[row])].tolist()
 
 
+@dataclass
+class Branch:
+    """Drafts made ahead for the round after the one being verified, valid for one verdict.
+
+    The verdict this branch assumes: the history keeps its first `base_length` tokens (the
+    round's history plus the drafts it accepts) and then emits `token_id` (the round's
+    recovered or bonus token). `token_ids` continue exactly that history: the next round's
+    drafts, with the q weights they were drawn from (`probs` [n, vocab], or None).
+    """
+
+    base_length: int
+    token_id: int
+    token_ids: list[int]
+    probs: torch.Tensor | None = None
+
+
 class Proposer(ABC):
     """Guesses up to γ tokens per sequence from its history."""
 
@@ -118,6 +135,23 @@ class Proposer(ABC):
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
         """Draft up to each request's own γ tokens (one batched call per round); the
         proposal is as wide as the largest γ."""
+
+    def look_ahead(self, requests: list[ProposalRequest], unverified: list[int],
+                   branches: int = 1) -> list[list[Branch]]:
+        """Draft the next round while this one is verified (pipelined rounds).
+
+        Each request's token_ids are the round's history followed by its `unverified[i]`
+        drafts, and its gamma is the next round's γ. Returns, per request, up to `branches`
+        branches for the verdicts worth guessing. Here: one branch, the verdict that accepts
+        every draft and whose bonus token is the proposer's own next guess (drafted γ + 1
+        ahead); proposers that can tell how likely each verdict is branch on more."""
+        proposal = self.propose([dataclasses.replace(r, gamma=r.gamma + 1) for r in requests])
+        found = []
+        for row, request in enumerate(requests):
+            drafted = proposal.drafted(row)
+            probs = None if proposal.probs is None else proposal.probs[row, 1 : len(drafted)]
+            found.append([Branch(len(request.token_ids), drafted[0], drafted[1:], probs)] if len(drafted) > 1 else [])
+        return found
 
     def release(self, seq_id: str) -> None:
         """The sequence finished (or was cancelled): free whatever is held for it."""

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from specdec.proposers.base import Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Branch, Proposal, ProposalRequest, Proposer
 
 
 class CompositeProposer(Proposer):
@@ -32,18 +32,27 @@ class CompositeProposer(Proposer):
             raise ValueError(f"proposer {kind!r} is not available here (have {sorted(self.proposers)})")
         return kind
 
-    def propose(self, requests: list[ProposalRequest]) -> Proposal:
+    def _groups(self, requests: list[ProposalRequest]) -> dict[str, list[int]]:
+        """Row indices by the proposer they ask for."""
         groups: dict[str, list[int]] = {}
         for i, request in enumerate(requests):
             groups.setdefault(self._kind(request), []).append(i)
+        return groups
+
+    def _timed(self, kind: str, call):
+        """call(the proposer of `kind`), adding its compute (its wall time when it reports none)."""
+        called = time.perf_counter()
+        result = call(self.proposers[kind])
+        compute = getattr(self.proposers[kind], "last_compute_s", None)
+        self.last_compute_s += time.perf_counter() - called if compute is None else compute
+        return result
+
+    def propose(self, requests: list[ProposalRequest]) -> Proposal:
         full = Proposal.empty(len(requests), max((r.gamma for r in requests), default=0))
         with_probs: dict[int, torch.Tensor] = {}  # row -> [num_drafted, vocab]
         self.last_compute_s = 0.0
-        for kind, rows in groups.items():
-            called = time.perf_counter()
-            part = self.proposers[kind].propose([requests[i] for i in rows])
-            compute = getattr(self.proposers[kind], "last_compute_s", None)
-            self.last_compute_s += time.perf_counter() - called if compute is None else compute
+        for kind, rows in self._groups(requests).items():
+            part = self._timed(kind, lambda p: p.propose([requests[i] for i in rows]))
             width = part.token_ids.shape[1]
             full.token_ids[rows, :width] = part.token_ids
             full.num_drafted[rows] = part.num_drafted
@@ -53,6 +62,17 @@ class CompositeProposer(Proposer):
         if with_probs:
             full.set_probs(with_probs, next(iter(with_probs.values())).shape[-1])
         return full
+
+    def look_ahead(self, requests: list[ProposalRequest], unverified: list[int],
+                   branches: int = 1) -> list[list[Branch]]:
+        found: list[list[Branch]] = [[] for _ in requests]
+        self.last_compute_s = 0.0
+        for kind, rows in self._groups(requests).items():
+            part = self._timed(kind, lambda p: p.look_ahead([requests[i] for i in rows], [unverified[i] for i in rows],
+                                                            branches))
+            for i, row_branches in zip(rows, part):
+                found[i] = row_branches
+        return found
 
     @property
     def unavailable_reason(self) -> str | None:

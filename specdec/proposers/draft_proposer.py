@@ -11,17 +11,22 @@ no separate "commit" step, so a proposer that missed rounds simply catches up.
 Isolation: every row drafts exactly its own γ, clipped to what fits its context (down to
 0). All rows are checked before any state changes; if the forward pass fails, the rows of
 that call are forgotten (their slots freed), so the next call rebuilds them from history.
+
+Drafting ahead (`look_ahead`, while the target verifies a round): the draft ranks its own
+tokens at every drafted position and branches on the likeliest verdicts, each on a slot
+forked from the sequence's own (see `look_ahead`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from specdec.counter_rng import ROLE_DRAFT
 from specdec.models.model_runner import ModelRunner
-from specdec.proposers.base import Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Branch, Proposal, ProposalRequest, Proposer
 from specdec.sampling import SamplingBatch, logits_to_probs, sample_from_probs
 from specdec.sequence import common_prefix_length
 
@@ -97,10 +102,94 @@ class DraftModelProposer(Proposer):
             proposal.probs[rows, : probs.shape[1]] = probs
         return proposal
 
-    def _draft(self, requests: list[ProposalRequest], gammas: list[int]):
-        """Draft gammas[j] tokens for row j. Returns tokens [n, max γ] (-1 padded) and q
-        weights [n, max γ, vocab] (zeros past a row's γ), or None when every row is greedy."""
-        states = [self._claim(r.seq_id) for r in requests]
+    def look_ahead(self, requests: list[ProposalRequest], unverified: list[int],
+                   branches: int = 1) -> list[list[Branch]]:
+        """Drafts for the first `branches` verdicts of each round being verified (see Proposer).
+
+        One forward feeds the round's drafts and ranks the draft's tokens at every drafted
+        position and after the last. The verdicts, in this order: every draft accepted and
+        the draft's best bonus token (the plain look-ahead); a rejection at the 1st, 2nd, ...
+        draft with the draft's best other token there; the second-best bonus token; then the
+        same with the next-best tokens. (Ranking verdicts by the draft's own probabilities
+        instead made fewer look-aheads usable: its q is far less confident than its greedy
+        agreement with the target.) Each chosen verdict's history is drafted, all of them in
+        one batched pass, exactly as `propose` would draft from it (same random draws): the
+        first continues the sequence's own slot, every other one a slot forked from it at its
+        prefix. Forks beyond the free slots are dropped, last verdicts first."""
+        found: list[list[Branch]] = [[] for _ in requests]
+        rows = [i for i, r in enumerate(requests) if r.gamma > 0 and r.seq_id in self._states
+                and 0 <= unverified[i] < len(r.token_ids) <= self.runner.max_seq_len]
+        if not rows or branches <= 0:
+            return found
+        try:
+            points = self._verdicts(rows, requests, unverified, branches)  # (rank, row, base, token)
+            forked = [p for p in points if p[0] > 0][: self.runner.num_free_slots]  # rank 0 continues its own slot
+            points = [p for p in points if p[0] == 0] + forked
+            asks = [dataclasses.replace(requests[i], token_ids=[*requests[i].token_ids[:base], token])
+                    for _, i, base, token in points]
+            tokens, probs = self._draft_branches(asks, [p[0] == 0 for p in points]) if asks else (None, None)
+        except BaseException:
+            for i in rows:  # unknown cache contents: rebuild these rows next time
+                self.release(requests[i].seq_id)
+            raise
+        for j, ((_, i, base, token), ask) in enumerate(zip(points, asks)):
+            n = self.fitting_gamma(ask)
+            found[i].append(Branch(base, token, tokens[j, :n].tolist(), None if probs is None else probs[j, :n]))
+        return found
+
+    def _verdicts(self, rows: list[int], requests: list[ProposalRequest], unverified: list[int],
+                  branches: int) -> list[tuple[int, int, int, int]]:
+        """Feed the given rows' unverified drafts (after rolling back to the history they
+        confirm) and rank the draft's tokens at every drafted position and after the last.
+        Returns each row's first `branches` verdicts (look_ahead's order) as (rank, row, kept
+        history length, token), rank 0 first, for verdicts whose history still fits."""
+        states = [self._states[requests[i].seq_id] for i in rows]
+        chunks = []
+        for i, state in zip(rows, states):
+            history = requests[i].token_ids
+            keep = min(common_prefix_length(state.cached, history), len(history) - unverified[i] - 1)
+            self.runner.truncate(state.slot, keep)
+            del state.cached[keep:]
+            chunks.append(history[keep:])
+            state.cached.extend(history[keep:])
+        logits = self.runner.forward([s.slot for s in states], chunks, last_only=False)  # [n, T, draft vocab]
+        points = []
+        for k, (i, chunk) in enumerate(zip(rows, chunks)):
+            u, history = unverified[i], requests[i].token_ids
+            ranked = self._fit_vocab(logits[k, len(chunk) - u - 1 : len(chunk)])  # [u + 1, vocab]
+            order = ranked.topk(min(branches + 1, ranked.shape[-1]), dim=-1).indices.tolist()  # [u + 1, branches + 1]
+            start, row = len(history) - u, []  # the round's history length
+            for j, best in enumerate(order):
+                drafted = history[start + j] if j < u else None
+                others = [t for t in best if t != drafted]
+                row += [(rank + (j < u), j, i, start + j, t) for rank, t in enumerate(others)
+                        if start + j < self.runner.max_seq_len]
+            points += [(rank, i, base, t) for rank, _, i, base, t in sorted(row)[:branches]]
+        return sorted(points, key=lambda point: point[0])
+
+    def _draft_branches(self, asks: list[ProposalRequest], own: list[bool]):
+        """Draft each ask: on its sequence's own slot where `own` (the slot holds all of the
+        ask's history but its last token), else on a slot forked from it at that history
+        (freed afterwards). Returns _draft's (tokens, q)."""
+        forks, states = [], []
+        try:
+            for ask, on_own in zip(asks, own):
+                state = self._states[ask.seq_id]
+                if not on_own:
+                    base = len(ask.token_ids) - 1
+                    state = _DraftState(self.runner.fork_slot(state.slot, base), ask.token_ids[:-1])
+                    forks.append(state)
+                states.append(state)
+            return self._draft(asks, [self.fitting_gamma(ask) for ask in asks], states)
+        finally:
+            for fork in forks:
+                self.runner.free_slot(fork.slot)
+
+    def _draft(self, requests: list[ProposalRequest], gammas: list[int], states: list[_DraftState] | None = None):
+        """Draft gammas[j] tokens for row j (on the given cache states; default: each
+        sequence's own). Returns tokens [n, max γ] (-1 padded) and q weights [n, max γ,
+        vocab] (zeros past a row's γ), or None when every row is greedy."""
+        states = states if states is not None else [self._claim(r.seq_id) for r in requests]
         batch = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests])
         logits = self._catch_up(requests, states)  # [n, vocab]
         tokens = torch.full((len(requests), max(gammas)), -1, dtype=torch.long)  # [n, max γ]

@@ -1,8 +1,9 @@
 """Drafting ahead (pipelined rounds) changes when drafts are made, never what is generated.
 
-The engine drafts round k + 1 while the target verifies round k, assuming every draft of
-round k is accepted; the look-ahead is used only where that held and its first token equals
-the target's final token, and thrown away (rolled back) everywhere else.
+The engine drafts round k + 1 while the target verifies round k, for the verdicts of round
+k the draft finds likeliest (branches: every draft accepted, or a rejection at some position
+with the draft's next-best token there); the branch whose verdict happened becomes round
+k + 1's drafts, the others are thrown away (rolled back).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from specdec.draft_ahead import DraftAhead
 from specdec.engine import SpeculativeEngine
 from specdec.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
-from specdec.proposers.base import Proposal
+from specdec.proposers.base import Branch
 from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
@@ -48,12 +49,15 @@ class ConcurrentVerifier(Verifier):
 
 
 def pipelined(num_slots: int = 8, max_seq_len: int = 256, min_acceptance: float = 0.0, gamma: int = 4,
-              micro_batches: bool = True):
+              micro_batches: bool = True, branches: int = 3, draft_slots: int | None = None,
+              max_rows: int | None = None):
+    """draft_slots: the draft's cache (default num_slots + 16, room for the look-ahead's forks)."""
     target = ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=num_slots, max_seq_len=max_seq_len)
-    draft = ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=num_slots, max_seq_len=max_seq_len)
+    draft = ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=draft_slots or num_slots + 16,
+                                        max_seq_len=max_seq_len)
     proposer = DraftModelProposer(draft, target.vocab_size, wire_dtype=torch.float16)
     return SpeculativeEngine(ConcurrentVerifier(TargetVerifier(target)), proposer, gamma=gamma,
-                             draft_ahead=DraftAhead(min_acceptance, micro_batches))
+                             draft_ahead=DraftAhead(min_acceptance, micro_batches, branches, max_rows))
 
 
 def target_logits(histories: list[list[int]]) -> np.ndarray:
@@ -66,30 +70,25 @@ def target_logits(histories: list[list[int]]) -> np.ndarray:
 # --- the look-ahead bookkeeping ------------------------------------------------------------
 
 
-def _proposal(rows: list[list[int]]) -> Proposal:
-    width = max(len(r) for r in rows)
-    p = Proposal.empty(len(rows), width)
-    for i, r in enumerate(rows):
-        p.token_ids[i, : len(r)] = torch.tensor(r)
-        p.num_drafted[i] = len(r)
-    return p
-
-
-def test_a_look_ahead_is_kept_only_when_every_draft_was_accepted_and_its_first_token_was_right():
+def test_the_branch_whose_verdict_happened_becomes_the_next_rounds_drafts():
     ahead = DraftAhead()
-    request = VerifyRequest("a", [1, 2], [3, 4], SamplingParams())
-    look = _proposal([[5, 6, 7]])  # guesses: final token 5, then drafts 6, 7
-    ahead.keep(request, VerifyResult("a", [3, 4, 5], 2), look, 0)
+    request = VerifyRequest("a", [1, 2], [3, 4], SamplingParams())  # history [1, 2], drafts 3 and 4
+    branches = [Branch(4, 5, [6, 7]),  # both accepted, then bonus 5
+                Branch(3, 9, [10, 11]),  # 3 accepted, 4 rejected: the target emits 9
+                Branch(2, 8, [12])]  # 3 rejected: the target emits 8
+    ahead.keep(request, VerifyResult("a", [3, 4, 5], 2), branches)
     assert ahead.take("a", [1, 2, 3, 4, 5], gamma=4) == ([6, 7], None)
-    ahead.keep(request, VerifyResult("a", [3, 4, 9], 2), look, 0)  # the final token differs
-    ahead.keep(dataclasses.replace(request, seq_id="b"), VerifyResult("b", [3, 8], 1), look, 0)  # a rejection
-    assert ahead.take("a", [1, 2, 3, 4, 9], 4) == ([], None) and ahead.take("b", [1, 2, 3, 8], 4) == ([], None)
-    assert ahead.hits == 1
+    ahead.keep(request, VerifyResult("a", [3, 9], 1), branches)
+    assert ahead.take("a", [1, 2, 3, 9], gamma=4) == ([10, 11], None)
+    ahead.keep(request, VerifyResult("a", [3, 4, 13], 2), branches)  # a bonus token no branch guessed
+    ahead.keep(dataclasses.replace(request, seq_id="b"), VerifyResult("b", [7], 0), branches)  # 7, not 8
+    assert ahead.take("a", [1, 2, 3, 4, 13], 4) == ([], None) and ahead.take("b", [1, 2, 7], 4) == ([], None)
+    assert (ahead.hits, ahead.rejection_hits) == (2, 1)
 
 
 def test_a_look_ahead_is_cut_to_the_rows_gamma_and_used_once():
     ahead = DraftAhead()
-    ahead.keep(VerifyRequest("a", [1], [], SamplingParams()), VerifyResult("a", [5], 0), _proposal([[5, 6, 7, 8]]), 0)
+    ahead.keep(VerifyRequest("a", [1], [], SamplingParams()), VerifyResult("a", [5], 0), [Branch(1, 5, [6, 7, 8])])
     assert ahead.take("a", [1, 5], gamma=2) == ([6, 7], None)
     assert ahead.take("a", [1, 5], gamma=2) == ([], None)
 
@@ -105,13 +104,30 @@ def test_rows_with_low_acceptance_stop_drafting_ahead():
 # --- through the engine ----------------------------------------------------------------------
 
 
-def test_a_lone_request_looks_ahead_and_keeps_the_targets_greedy_output(prompt_ids, hf_greedy):
-    engine = pipelined()
+@pytest.mark.parametrize("branches", [1, 4])
+def test_a_lone_request_looks_ahead_and_keeps_the_targets_greedy_output(prompt_ids, hf_greedy, branches):
+    engine = pipelined(branches=branches)
     [result] = engine.generate([GenerationRequest(prompt_ids[0], 48, ignore_eos=True)])
     assert result.token_ids == hf_greedy(prompt_ids[0], 48)
     ahead = engine.draft_ahead
     assert 0 < ahead.hits < ahead.rows_ahead, "some look-aheads were used, others rolled back"
     assert engine.stats.accepted > 0
+    if branches > 1:
+        assert ahead.rejection_hits > 0, "some rounds after a rejection had their drafts ready"
+    else:
+        assert ahead.rejection_hits == 0
+
+
+def test_branching_on_rejections_makes_more_look_aheads_usable(prompt_ids):
+    """Both runs see the same rounds (greedy): branches for a rejection at the drafted
+    positions turn some of the rounds that rejected a draft into rounds whose next drafts
+    were ready."""
+    rates = []
+    for branches in (1, 4):
+        engine = pipelined(branches=branches)
+        engine.generate([GenerationRequest(p, 48, ignore_eos=True) for p in prompt_ids[:1]])
+        rates.append(engine.draft_ahead.hit_rate)
+    assert rates[1] > rates[0] + 0.1, rates
 
 
 def test_two_micro_batches_take_turns_and_keep_the_targets_greedy_output(prompt_ids, hf_greedy):
@@ -121,6 +137,17 @@ def test_two_micro_batches_take_turns_and_keep_the_targets_greedy_output(prompt_
     assert [r.token_ids for r in results] == [hf_greedy(p, 32) for p in prompt_ids[:5]]
     assert engine.draft_ahead.stored > 0 and engine.stats.accepted > 0
     assert engine.profile.rounds > max(r.stats.rounds for r in results), "each step verified a part of the batch"
+
+
+def test_steps_with_more_rows_than_max_rows_run_sequential_rounds_and_keep_the_output(prompt_ids, hf_greedy):
+    """max_rows 1: three requests together never look ahead (no extra draft work); the last
+    one left alone does."""
+    engine = pipelined(micro_batches=False, max_rows=1)
+    jobs = [(prompt_ids[0], 12), (prompt_ids[1], 12), (prompt_ids[2], 40)]
+    results = engine.generate([GenerationRequest(p, n, ignore_eos=True) for p, n in jobs])
+    assert [r.token_ids for r in results] == [hf_greedy(p, n) for p, n in jobs]
+    alone = results[2].stats.rounds - max(r.stats.rounds for r in results[:2])
+    assert 0 < engine.draft_ahead.rows_ahead <= alone, "only the steps with one row looked ahead"
 
 
 def test_a_seeded_sampled_request_repeats_exactly_when_drafting_ahead(prompt_ids):
@@ -152,36 +179,42 @@ def conditional_p_value(pairs: list[tuple[int, int]], second: dict[int, dict[int
     return float(stats.chi2.sf(statistic, dof)) if dof else 1.0
 
 
+START = 291  # the one-token prompt: after it the draft's next-best token is often the recovered one
+
+
 class RecordingDraftAhead(DraftAhead):
-    """Remembers which rows' third token will be verified from a look-ahead draft: the
-    look-ahead made in round 1 (whose history is the one-token prompt and one draft) was
-    right. (Round 2's look-ahead hits depend on the third token itself: not recorded.)"""
+    """Remembers the rows whose round 1 (the one-token prompt and one draft) had a usable
+    look-ahead: all accepted (x3 is verified from a look-ahead draft), or x1 rejected and
+    recovered as the branch assumed (x2 is). (Round 2's hits depend on x3 itself: not recorded.)"""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.hit_ids: set[str] = set()
+        self.rejection_hit_ids: set[str] = set()
 
-    def keep(self, request, result, proposal, row) -> None:
+    def keep(self, request, result, branches) -> None:
         hits = self.hits
-        super().keep(request, result, proposal, row)
+        super().keep(request, result, branches)
         if self.hits > hits and len(request.token_ids) + len(request.draft_token_ids) == 2:
-            self.hit_ids.add(request.seq_id)
+            rejected = result.num_accepted < len(request.draft_token_ids)
+            (self.rejection_hit_ids if rejected else self.hit_ids).add(request.seq_id)
 
 
 def run_rows(params: SamplingParams, micro_batches: bool, chunks: int = 4):
-    """Three tokens for each of chunks x 1024 rows at γ = 1; returns their tokens and the
-    ids of rows whose third token was verified from a look-ahead draft."""
+    """Three tokens for each of chunks x 1024 rows at γ = 1; returns their tokens and, per
+    row, 3 when its x3 was verified from a look-ahead draft, 2 when its x2 was, else 0."""
     tokens, hit_rows = [], []
     for chunk in range(chunks):
-        engine = pipelined(num_slots=1024, max_seq_len=8, gamma=1, micro_batches=micro_batches)
+        engine = pipelined(num_slots=1024, max_seq_len=8, gamma=1, micro_batches=micro_batches, draft_slots=3 * 1024)
         engine.draft_ahead = RecordingDraftAhead(0.0, micro_batches)
-        ids = [engine.add_request(GenerationRequest([481], 3, dataclasses.replace(params, seed=7_000_000 + chunk * 1024 + i),
+        ids = [engine.add_request(GenerationRequest([START], 3, dataclasses.replace(params, seed=7_000_000 + chunk * 1024 + i),
                                                     gamma=1, mode="on", ignore_eos=True)) for i in range(1024)]
         while engine.has_unfinished():
             engine.step()
         for seq_id in ids:
             tokens.append(engine.result(seq_id).token_ids)
-            hit_rows.append(seq_id in engine.draft_ahead.hit_ids)
+            recorded = engine.draft_ahead
+            hit_rows.append(3 if seq_id in recorded.hit_ids else 2 if seq_id in recorded.rejection_hit_ids else 0)
     return tokens, hit_rows
 
 
@@ -190,28 +223,34 @@ def run_rows(params: SamplingParams, micro_batches: bool, chunks: int = 4):
 @pytest.mark.parametrize("micro_batches", [False, True], ids=["look-ahead", "micro-batches"])
 def test_tokens_drafted_ahead_follow_the_targets_distribution(micro_batches):
     """γ = 1, three tokens per row. Micro-batches: half the rows are drafted for while the
-    other half is verified. Look-ahead: while round 1 verifies x1's draft, the draft guesses
-    the round's bonus x2 (e0) and drafts x3 after it; where x1 was accepted and e0 == x2, x3
-    is that look-ahead draft verified against the target (accepted, or recovered).
+    other half is verified. Look-ahead: while round 1 verifies x1's draft, the draft branches:
+    x1 accepted and bonus x2 one of its two best guesses, each with a draft for x3; or x1
+    rejected and recovered as its next-best token, with a draft for x2. Where the verdict
+    matches a branch, its draft is verified against the target (accepted, or recovered).
     (x1, x2) must follow p(x1) p(x2 | x1); the rows whose x3 was drafted ahead must follow
-    p(x3 | x1, x2) given their (x1, x2): their q must be the draft's q for x3, no other."""
+    p(x3 | x1, x2) given their (x1, x2), and those whose x2 was, p(x2 | x1) given x1: their q
+    must be the draft's q for that token, no other."""
     params = SamplingParams(temperature=1.0, top_k=3)
-    p1 = reference_probs(target_logits([[481]])[0], params)
+    p1 = reference_probs(target_logits([[START]])[0], params)
     support = [int(x) for x in np.flatnonzero(p1)]
     vocab = len(p1)
     second = {x1: as_table(reference_probs(logits, params))
-              for x1, logits in zip(support, target_logits([[481, x1] for x1 in support]))}
+              for x1, logits in zip(support, target_logits([[START, x1] for x1 in support]))}
     joint = {x1 * vocab + x2: p1[x1] * p2 for x1 in support for x2, p2 in second[x1].items()}
     tokens, hits = run_rows(params, micro_batches)
     pv = p_value(np.array([t[0] * vocab + t[1] for t in tokens]), joint)
     assert pv > ALPHA / 2, f"joint chi-squared p-value {pv:.2e} over {len(tokens)} rows"
     if micro_batches:
         return
-    ahead = [t for t, hit in zip(tokens, hits) if hit]
+    after_rejection = [t for t, hit in zip(tokens, hits) if hit == 2]
+    assert len(after_rejection) > 0.05 * len(tokens), f"x2 must often be drafted ahead ({len(after_rejection)} rows)"
+    pv = conditional_p_value([(t[0], t[1]) for t in after_rejection], second)
+    assert pv > ALPHA / 2, f"rows drafted ahead after a rejection: chi-squared p-value {pv:.2e}"
+    ahead = [t for t, hit in zip(tokens, hits) if hit == 3]
     assert len(ahead) > 0.15 * len(tokens), f"x3 must often be drafted ahead ({len(ahead)} rows)"
     prefixes = sorted({(t[0], t[1]) for t in ahead})
     third = {pair: as_table(reference_probs(logits, params))
-             for pair, logits in zip(prefixes, target_logits([[481, *pair] for pair in prefixes]))}
+             for pair, logits in zip(prefixes, target_logits([[START, *pair] for pair in prefixes]))}
     pv = conditional_p_value([((t[0], t[1]), t[2]) for t in ahead], third)
     assert pv > ALPHA / 2, f"drafted-ahead rows: chi-squared p-value {pv:.2e} over {len(ahead)} rows"
 

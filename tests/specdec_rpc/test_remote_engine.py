@@ -21,7 +21,7 @@ from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
 from specdec.target_verifier import TargetVerifier
 from specdec.verifier import VerifyRequest
-from specdec_rpc.draft_servicer import DraftServicer
+from specdec_rpc.draft_servicer import DraftServicer, load_wire_draft_proposer
 from specdec_rpc.history_sync import HistorySender, sampling_to_proto
 from specdec_rpc.lease_renewer import LeaseRenewer
 from specdec_rpc.public_api import to_stats
@@ -127,6 +127,8 @@ def test_drafting_ahead_while_the_remote_target_verifies_keeps_the_output(
     assert [r.token_ids for r in engine.generate(greedy)] == [hf_greedy(p, MAX_NEW) for p in prompt_ids[:prompts]]
     ahead = engine.draft_ahead
     assert (ahead.stored > 0) if micro_batches else (0 < ahead.hits <= ahead.rows_ahead)
+    if proposer == "draft" and not micro_batches:
+        assert ahead.rejection_hits > 0, "the draft worker's branches after a rejection came over the wire"
     sampled = GenerationRequest(prompt_ids[2], MAX_NEW, SamplingParams(temperature=0.9, seed=12), ignore_eos=True)
     runs = [remote_engine(proposer, 4, draft_ahead=DraftAhead(0.0, micro_batches)).generate([sampled]) for _ in range(2)]
     assert runs[0][0].token_ids == runs[1][0].token_ids
@@ -405,4 +407,51 @@ def test_the_draft_sends_float16_exact_q_that_the_target_decodes_bit_exactly(wor
         assert proposal.probs[0].gather(-1, proposal.token_ids[0, :, None]).min() > 0
     finally:
         proposer.release("q-check")
+        proposer.close()
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_k=40, seed=3)],
+                         ids=["greedy", "sampled"])
+def test_the_draft_workers_look_ahead_branches_equal_the_in_process_proposers(workers, prompt_ids, sampling):
+    """Look-ahead over gRPC: the same branches (verdict, drafts and q, float16-exact) as the
+    draft model in this process."""
+    local = load_wire_draft_proposer(CONFIG)
+    remote = RemoteProposer(workers["draft"].address)
+    try:
+        found = []
+        for proposer in (local, remote):
+            history = list(prompt_ids[3])
+            drafted = proposer.propose([ProposalRequest("ahead", history, sampling, gamma=4)]).drafted(0)
+            ask = ProposalRequest("ahead", [*history, *drafted], sampling, gamma=3)
+            found.append(proposer.look_ahead([ask], [len(drafted)], branches=6)[0])
+        (mine, theirs) = found
+        assert len(theirs) == 6
+        assert [(b.base_length, b.token_id, b.token_ids) for b in theirs] == \
+            [(b.base_length, b.token_id, b.token_ids) for b in mine]
+        for here, there in zip(mine, theirs):
+            assert (here.probs is None) == (there.probs is None) == sampling.is_greedy
+            if here.probs is not None:
+                assert torch.equal(here.probs, there.probs)
+    finally:
+        remote.release("ahead")
+        remote.close()
+
+
+def test_a_look_ahead_with_bad_counts_is_refused_and_costs_no_request(workers, prompt_ids):
+    """Internal input is checked too: unverified counts that do not match the sequences, or
+    more branches than the worker allows, are INVALID_ARGUMENT (the router then simply
+    has no look-ahead that round)."""
+    stub = worker_pb2_grpc.DraftWorkerStub(grpc.insecure_channel(workers["draft"].address))
+    delta = HistorySender().delta("bad-ahead", list(prompt_ids[0]), SamplingParams())
+    for fields in ({"unverified": [1, 2]}, {"unverified": [1], "branches": 99}):
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Propose(worker_pb2.ProposeRequest(sequences=[delta], gammas=[2], lease_id="l", **fields), timeout=10)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    proposer = RemoteProposer(workers["draft"].address)
+    try:
+        ask = ProposalRequest("never-drafted", list(prompt_ids[0]), SamplingParams(), gamma=2)
+        assert proposer.look_ahead([ask], [len(prompt_ids[0])], branches=2) == [[]], "more drafts than history"
+        assert proposer.failures == 0
+    finally:
+        proposer.release("never-drafted")
         proposer.close()

@@ -124,3 +124,28 @@ def test_non_positive_dimensions_are_rejected_by_name(field):
     kwargs[field] = 0
     with pytest.raises(ValueError, match=f"{field}=0"):
         KVCache(**kwargs)
+
+
+def test_copy_prefix_forks_a_slot_that_then_grows_on_its_own():
+    cache = _cache()
+    source, fork = cache.allocate(), cache.allocate()
+    keys = torch.randn(1, 5, 2, 4)
+    cache.write(0, torch.full((1, 5), source), torch.arange(5)[None], keys, -keys)
+    cache.advance(source, 5)
+    cache.copy_prefix(source, fork, 3)
+    assert cache.length(fork) == 3 and cache.length(source) == 5
+    fork_keys, fork_values = cache.gather(0, torch.tensor([fork]), 3)
+    assert torch.equal(fork_keys[0], keys[0, :3]) and torch.equal(fork_values[0], -keys[0, :3])
+    cache.write(0, torch.full((1, 1), fork), torch.tensor([[3]]), torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4))
+    assert torch.equal(cache.gather(0, torch.tensor([source]), 5)[0][0], keys[0]), "the source is untouched"
+
+
+def test_copy_prefix_refuses_a_length_past_the_source_or_a_free_target():
+    cache = _cache()
+    source, fork = cache.allocate(), cache.allocate()
+    cache.advance(source, 2)
+    with pytest.raises(ValueError, match="length=3"):
+        cache.copy_prefix(source, fork, 3)
+    cache.free(fork)
+    with pytest.raises(InvalidSlotError):
+        cache.copy_prefix(source, fork, 1)

@@ -53,6 +53,22 @@ def test_slots_are_allocated_freed_and_exhausted(runner):
     runner.forward([b], [[1]])
 
 
+def test_a_forked_slot_continues_exactly_like_its_source(runner):
+    """fork_slot(slot, n): a new slot with the first n tokens; both then grow apart."""
+    source = runner.allocate_slot()
+    runner.forward([source], [[1, 2, 3, 4]])
+    fork = runner.fork_slot(source, 3)
+    assert runner.slot_length(fork) == 3 and runner.num_free_slots == 0
+    forked = runner.forward([fork], [[9]], last_only=True)
+    runner.truncate(source, 3)
+    direct = runner.forward([source], [[9]], last_only=True)
+    assert torch.allclose(forked, direct, atol=1e-6)
+    with pytest.raises(CacheFullError):  # a fork needs a free slot
+        runner.fork_slot(source, 2)
+    runner.free_slot(fork)
+    assert runner.num_free_slots == 1
+
+
 def test_truncate_rolls_back_slot_length(runner):
     slot = runner.allocate_slot()
     runner.forward([slot], [[1, 2, 3, 4]])

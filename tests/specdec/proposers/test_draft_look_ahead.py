@@ -1,0 +1,136 @@
+"""The draft model's look-ahead: while a round is verified, it drafts the next round for the
+likeliest verdicts (every draft accepted; a rejection at the first, second, ... draft with
+the draft's next-best token there; a next-best bonus token), each on a forked slot, exactly
+as a fresh proposal from that history would."""
+
+import pytest
+import torch
+
+from specdec.model_paths import resolve_model_path
+from specdec.models.model_runner import ModelRunner
+from specdec.proposers.base import ProposalRequest
+from specdec.proposers.draft_proposer import DraftModelProposer
+from specdec.sampling_params import SamplingParams
+
+GREEDY = SamplingParams()
+SAMPLED = SamplingParams(temperature=0.8, top_k=50, seed=5)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=12, max_seq_len=128)
+
+
+def proposer_for(runner):
+    return DraftModelProposer(runner, runner.vocab_size, wire_dtype=torch.float16)
+
+
+def drafted_round(proposer, history, sampling=GREEDY, gamma=4, seq_id="s"):
+    """The round's history plus the drafts the proposer made for it (the look-ahead's input)."""
+    proposal = proposer.propose([ProposalRequest(seq_id, history, sampling, gamma=gamma)])
+    return [*history, *proposal.drafted(0)]
+
+
+def look(proposer, ahead, unverified=4, branches=6, sampling=GREEDY, gamma=4, seq_id="s"):
+    return proposer.look_ahead([ProposalRequest(seq_id, ahead, sampling, gamma=gamma)], [unverified], branches)[0]
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_each_branch_drafts_what_a_fresh_proposal_from_its_history_drafts(runner, prompt_ids, sampling):
+    proposer = proposer_for(runner)
+    ahead = drafted_round(proposer, prompt_ids[0], sampling)
+    branches = look(proposer, ahead, sampling=sampling)
+    assert branches
+    for branch in branches:
+        fresh = proposer_for(runner)
+        history = [*ahead[: branch.base_length], branch.token_id]
+        expected = fresh.propose([ProposalRequest("fresh", history, sampling, gamma=4)])
+        fresh.release("fresh")
+        assert branch.token_ids == expected.drafted(0), f"branch at {branch.base_length}"
+        if sampling is SAMPLED:
+            assert torch.equal(branch.probs, expected.probs[0, : len(branch.token_ids)])
+        else:
+            assert branch.probs is None
+    proposer.release("s")
+
+
+def test_six_branches_are_all_accepted_a_rejection_at_every_draft_and_a_second_bonus_token(runner, prompt_ids):
+    proposer = proposer_for(runner)
+    start = len(prompt_ids[1])
+    ahead = drafted_round(proposer, prompt_ids[1])
+    branches = look(proposer, ahead, branches=6)
+    bases = [b.base_length for b in branches]
+    assert bases == [start + 4, start, start + 1, start + 2, start + 3, start + 4], "likeliest first"
+    assert [b.base_length for b in look(proposer, ahead, branches=2)] == [start + 4, start]
+    for branch in branches:
+        if branch.base_length < len(ahead):
+            assert branch.token_id != ahead[branch.base_length], "a rejection emits another token than the draft"
+    bonus = [b.token_id for b in branches if b.base_length == len(ahead)]
+    assert len(set(bonus)) == 2
+    assert bonus[0] == proposer_for(runner).propose([ProposalRequest("x", ahead, GREEDY, gamma=1)]).drafted(0)[0], \
+        "the first bonus branch is the draft's own next guess"
+    proposer.release("s")
+
+
+def test_one_branch_is_the_plain_look_ahead(runner, prompt_ids):
+    proposer = proposer_for(runner)
+    ahead = drafted_round(proposer, prompt_ids[2])
+    [branch] = look(proposer, ahead, branches=1)
+    chain = proposer_for(runner).propose([ProposalRequest("c", ahead, GREEDY, gamma=5)]).drafted(0)
+    assert (branch.base_length, branch.token_id, branch.token_ids) == (len(ahead), chain[0], chain[1:])
+    proposer.release("s")
+
+
+def test_forks_beyond_the_free_slots_are_dropped_least_likely_first_and_are_freed(runner, prompt_ids):
+    proposer = proposer_for(runner)
+    ahead = drafted_round(proposer, prompt_ids[0])
+    hold = [runner.allocate_slot() for _ in range(runner.num_free_slots - 2)]
+    try:
+        branches = look(proposer, ahead, branches=6)
+        assert len(branches) == 3 and runner.num_free_slots == 2, "all accepted on the own slot, two forks"
+        assert [b.base_length for b in branches] == [len(ahead), len(ahead) - 4, len(ahead) - 3]
+        while runner.num_free_slots:
+            hold.append(runner.allocate_slot())
+        [branch] = look(proposer, ahead, branches=6)
+        assert branch.base_length == len(ahead), "with no free slot, the plain look-ahead remains"
+    finally:
+        for slot in hold:
+            runner.free_slot(slot)
+    proposer.release("s")
+
+
+def test_a_round_without_drafts_branches_on_the_targets_next_token(runner, prompt_ids):
+    proposer = proposer_for(runner)
+    history = drafted_round(proposer, prompt_ids[0])  # the sequence is known to the draft
+    branches = look(proposer, history, unverified=0, branches=2)
+    assert [b.base_length for b in branches] == [len(history), len(history)]
+    proposer.release("s")
+
+
+def test_unknown_sequences_and_bad_counts_get_no_branches(runner, prompt_ids):
+    proposer = proposer_for(runner)
+    ahead = drafted_round(proposer, prompt_ids[0])
+    assert look(proposer, ahead, seq_id="never-proposed") == []
+    assert look(proposer, ahead, unverified=len(ahead)) == [], "more drafts than history"
+    assert look(proposer, ahead, gamma=0) == []
+    proposer.release("s")
+
+
+def test_a_failed_look_ahead_forgets_its_rows_and_frees_every_fork(runner, prompt_ids, monkeypatch):
+    proposer = proposer_for(runner)
+    ahead = drafted_round(proposer, prompt_ids[0])
+    free = runner.num_free_slots
+    forward = runner.forward
+    calls = []
+
+    def fails_on_the_branches(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:  # the scoring forward passes; the branches' first forward fails
+            raise RuntimeError("device lost")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "forward", fails_on_the_branches)
+    with pytest.raises(RuntimeError, match="device lost"):
+        look(proposer, ahead)
+    monkeypatch.undo()
+    assert "s" not in proposer._states and runner.num_free_slots == free + 1
