@@ -83,8 +83,8 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
     def state(self) -> WorkerState:
         """The cache and leases now (read on the event loop, which owns the lease table)."""
         runner = self.proposer.runner
-        return WorkerState(runner.cache.num_slots, runner.num_free_slots, len(self.leases.table), len(self.histories),
-                           self.leases.table.expired_sequences)
+        return WorkerState(runner.cache.num_slots, self.proposer.num_free_slots, len(self.leases.table),
+                           len(self.histories), self.leases.table.expired_sequences)
 
     async def Propose(self, request: worker_pb2.ProposeRequest, context: grpc.aio.ServicerContext):
         with self.leases.call(request.lease_id):
@@ -179,7 +179,7 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
             vocab_size=self.proposer.vocab_size,
             max_seq_len=runner.max_seq_len,
             num_slots=runner.cache.num_slots,
-            free_slots=runner.num_free_slots,
+            free_slots=self.proposer.num_free_slots,
             tensor_parallel_size=1,
             calls=self.stats.calls,
             sequences=self.stats.sequences,

@@ -54,6 +54,12 @@ class DraftModelProposer(Proposer):
         self.wire_dtype = wire_dtype
         self._q_dtype = wire_dtype or torch.float32
         self._states: dict[str, _DraftState] = {}
+        self._forks = 0  # slots a look-ahead in progress holds for its branches
+
+    @property
+    def num_free_slots(self) -> int:
+        """Slots free for sequences: a look-ahead's forks (held only while it runs) count as free."""
+        return self.runner.num_free_slots + self._forks
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         # [batch, draft_vocab] -> [batch, vocab_size]
@@ -179,11 +185,13 @@ class DraftModelProposer(Proposer):
                     base = len(ask.token_ids) - 1
                     state = _DraftState(self.runner.fork_slot(state.slot, base), ask.token_ids[:-1])
                     forks.append(state)
+                    self._forks += 1
                 states.append(state)
             return self._draft(asks, [self.fitting_gamma(ask) for ask in asks], states)
         finally:
             for fork in forks:
                 self.runner.free_slot(fork.slot)
+                self._forks -= 1
 
     def _draft(self, requests: list[ProposalRequest], gammas: list[int], states: list[_DraftState] | None = None):
         """Draft gammas[j] tokens for row j (on the given cache states; default: each

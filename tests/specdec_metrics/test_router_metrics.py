@@ -6,28 +6,7 @@ from specdec_metrics.router_metrics import RouterMetrics
 from specdec.server_status import PolicyStatus
 from specdec.policy.speculation_policy import Crossover
 from specdec.stats import SpecStats
-
-
-class Fake:
-    def __init__(self, name, description="", tag_keys=(), boundaries=None):
-        self.name, self.value, self.by_tag, self.observed = name, 0.0, {}, []
-        self.tag_keys, self.default_tags = tag_keys, {}
-
-    def set_default_tags(self, tags):
-        assert set(tags) <= set(self.tag_keys)
-        self.default_tags = tags
-
-    def inc(self, value=1.0, tags=None):
-        self.value += value
-        if tags:
-            key = tuple(sorted(tags.items()))
-            self.by_tag[key] = self.by_tag.get(key, 0.0) + value
-
-    def set(self, value, tags=None):
-        self.value = value
-
-    def observe(self, value, tags=None):
-        self.observed.append((value, tuple(sorted((tags or {}).items()))) if tags else value)
+from fake_metrics import Fake
 
 
 def engine_with(rounds):

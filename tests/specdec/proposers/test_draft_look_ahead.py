@@ -134,3 +134,23 @@ def test_a_failed_look_ahead_forgets_its_rows_and_frees_every_fork(runner, promp
         look(proposer, ahead)
     monkeypatch.undo()
     assert "s" not in proposer._states and runner.num_free_slots == free + 1
+
+
+def test_while_a_look_ahead_runs_its_forks_still_count_as_free_for_sequences(runner, prompt_ids, monkeypatch):
+    """The worker reports the slots free for sequences (WorkerInfo, metrics): a look-ahead's
+    forks are held only during the call."""
+    proposer = proposer_for(runner)
+    ahead = drafted_round(proposer, prompt_ids[0])
+    before = proposer.num_free_slots
+    seen = []
+    draft = proposer._draft
+
+    def watching(*args, **kwargs):
+        seen.append((proposer.num_free_slots, runner.num_free_slots))
+        return draft(*args, **kwargs)
+
+    monkeypatch.setattr(proposer, "_draft", watching)
+    branches = look(proposer, ahead, branches=4)
+    assert seen == [(before, before - (len(branches) - 1))], "three forks held during the call, reported free"
+    assert proposer.num_free_slots == runner.num_free_slots == before
+    proposer.release("s")
