@@ -201,7 +201,8 @@ class SpeculativeEngine:
         ahead = self.draft_ahead if overlap else None
         now, later = ahead.split(batch, gammas) if ahead is not None else (batch, [])
         gamma_now = [gammas[seq.seq_id] for seq in now]
-        proposal = self._ready_drafts(now, gamma_now) if ahead is not None else self._propose(now, gamma_now)
+        proposal, fresh = self._ready_drafts(now, gamma_now) if ahead is not None else \
+            (self._propose(now, gamma_now), set(range(len(now))))
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
         requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(now)]
@@ -220,7 +221,8 @@ class SpeculativeEngine:
             outputs.append(output)
             drafted.append(counts[0])
             accepted.append(counts[1])
-        self._record(start, proposed, verified, ahead_s, (gamma_now, drafted, accepted), prefill)
+        asked = [g if i in fresh else 0 for i, g in enumerate(gamma_now)]  # drafted by this round's own call
+        self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill)
         return outputs
 
     def _note_unavailable(self, batch: list[Sequence], gammas: list[int], proposal: Proposal) -> None:
@@ -231,9 +233,10 @@ class SpeculativeEngine:
                 missing = int(proposal.num_drafted[i]) == 0
                 seq.stats.speculation_unavailable = missing and self.proposer.unavailable(seq.request.proposer) is not None
 
-    def _ready_drafts(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
+    def _ready_drafts(self, batch: list[Sequence], gammas: list[int]) -> tuple[Proposal, set[int]]:
         """Each row's drafts made ahead when they continue its history; the other speculating
-        rows are proposed for now, before their verification."""
+        rows are proposed for now, before their verification. Returns the proposal and the
+        rows proposed for now."""
         ready = [self.draft_ahead.take(seq.seq_id, seq.token_ids, g) for seq, g in zip(batch, gammas)]
         missing = [i for i, (ids, _) in enumerate(ready) if not ids and gammas[i] > 0]
         self._propose_compute_s = 0.0
@@ -242,7 +245,7 @@ class SpeculativeEngine:
             for j, i in enumerate(missing):
                 ids = fresh.drafted(j)
                 ready[i] = (ids, None if fresh.probs is None or not ids else fresh.probs[j, : len(ids)])
-        return Proposal.from_rows(ready, max(gammas, default=0))
+        return Proposal.from_rows(ready, max(gammas, default=0)), set(missing)
 
     def _during_verify(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas):
         """The proposer's work while the target verifies `now` (DraftAhead.asks): drafts for
@@ -278,7 +281,10 @@ class SpeculativeEngine:
 
     def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts, prefill: int) -> None:
         """The round's profile and the policy's measurements. counts: each row's (asked γ,
-        drafted, accepted) as three lists; prefill: prompt tokens the target read besides."""
+        drafted, accepted) as three lists, asked γ 0 for rows whose drafts were made ahead;
+        prefill: prompt tokens the target read besides. The policy's draft cost is only the
+        proposer call the round waited for before its verify: drafting ahead ran during the
+        verify call, whose time (verified - proposed) covers it where it took longer."""
         propose_s = proposed - start + ahead_s
         round_s = time.perf_counter() - start
         self.profile.record(
@@ -288,7 +294,7 @@ class SpeculativeEngine:
             overlapped_s=ahead_s,
         )
         if self.policy is not None:
-            self.policy.record(RoundSample.from_rows(*counts, propose_s, verified - proposed, round_s, prefill))
+            self.policy.record(RoundSample.from_rows(*counts, proposed - start, verified - proposed, round_s, prefill))
 
     def _admit(self) -> None:
         """Waiting requests join while the verifier has free slots. A running request takes

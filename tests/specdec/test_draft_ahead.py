@@ -23,6 +23,7 @@ from specdec.proposers.base import Branch
 from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
+from specdec.policy.speculation_policy import fixed_plan
 from specdec.target_verifier import TargetVerifier
 from specdec.verifier import Verifier, VerifyRequest, VerifyResult
 from token_statistics import ALPHA, as_table, p_value, reference_probs
@@ -148,6 +149,38 @@ def test_steps_with_more_rows_than_max_rows_run_sequential_rounds_and_keep_the_o
     assert [r.token_ids for r in results] == [hf_greedy(p, n) for p, n in jobs]
     alone = results[2].stats.rounds - max(r.stats.rounds for r in results[:2])
     assert 0 < engine.draft_ahead.rows_ahead <= alone, "only the steps with one row looked ahead"
+
+
+class RecordingPolicy:
+    """The static plan, keeping every round's measurements."""
+
+    def __init__(self) -> None:
+        self.samples = []
+
+    def on_arrival(self, count: int = 1) -> None: ...
+
+    def set_load(self, in_flight: int, queued: int) -> None: ...
+
+    def plan(self, rows, default_gamma):
+        return fixed_plan(rows, default_gamma)
+
+    def record(self, sample) -> None:
+        self.samples.append(sample)
+
+
+def test_the_policy_sees_no_draft_call_in_rounds_whose_drafts_were_made_ahead(prompt_ids):
+    """The cost model learns what a proposer call costs the round it waits for: a round that
+    verifies drafts made during the previous verify has none (asked γ 0, no draft time),
+    though its drafted tokens still count for acceptance."""
+    engine = pipelined()
+    engine.policy = RecordingPolicy()
+    engine.generate([GenerationRequest(prompt_ids[0], 48, ignore_eos=True)])
+    ahead_rounds = [s for s in engine.policy.samples if s.drafted and not s.draft_rows]
+    hits = engine.draft_ahead.hits  # each used by the next round, but perhaps the last (the request ended)
+    assert hits > 0 and hits - 1 <= len(ahead_rounds) <= hits
+    assert all(s.gamma == 0 and s.draft_seconds < 0.005 for s in ahead_rounds)
+    assert all(s.draft_rows == 1 and s.gamma > 0 and s.draft_seconds > 0 for s in engine.policy.samples
+               if s not in ahead_rounds and s.drafted)
 
 
 def test_a_seeded_sampled_request_repeats_exactly_when_drafting_ahead(prompt_ids):
