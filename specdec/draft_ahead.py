@@ -8,11 +8,11 @@ target verifies and the target would idle while the proposer drafts. Two ways ov
   history; next step the halves swap. Every draft is used; nothing is speculative.
 * **Look-ahead** (PEARL's "post-verify", Liu et al., ICLR 2025), for a lone group: while
   the target verifies a row's drafts d1..dγ, the proposer drafts the next round for the
-  verdicts it finds likeliest (`Proposer.look_ahead`), each a *branch*: "the history keeps
-  its first n tokens, then the target emits t". The plain look-ahead has one branch, every
-  di accepted and the bonus token the draft's own next guess; a draft model ranks verdicts
-  by its own probabilities (a rejection at some position and its next-best token there,
-  or all accepted and one of its best bonus tokens) and drafts the `branches` likeliest.
+  verdicts worth guessing (`Proposer.look_ahead`), each a *branch*: "the history keeps its
+  first n tokens, then the target emits t". The plain look-ahead has one branch, every di
+  accepted and the bonus token the draft's own next guess; a draft model also drafts for a
+  rejection at d1, d2, ... with its next-best token there and for its next-best bonus token
+  (in that order, `branches` of them).
 
 When the verdict arrives, the branch that assumed it (if any) is used: its drafts continue
 exactly the history the sequence now has, and become the next round's drafts with the q
@@ -63,8 +63,8 @@ class DraftAhead:
         not look ahead: its look-ahead would mostly be thrown away (wasted draft work).
     micro_batches: split a batch of several requests into two halves that take turns
         (False: every step verifies the whole batch and looks ahead).
-    branches: how many verdicts of a round a look-ahead drafts for (the likeliest; 1: the
-        likeliest only, usually that every draft is accepted).
+    branches: how many verdicts of a round a look-ahead drafts for (Proposer.look_ahead's
+        order; 1: only that every draft is accepted).
     max_rows: look ahead only while the step verifies at most this many speculating rows
         (None: any number); larger steps wait for the verdict (sequential rounds).
     """
@@ -135,7 +135,8 @@ class DraftAhead:
         asks = []
         fits = self.max_rows is None or sum(1 for seq in now if gammas[seq.seq_id] > 0) <= self.max_rows
         for seq, request in zip(now, requests):
-            looks = fits and gammas[seq.seq_id] > 0 and self.wants(seq.stats.drafted, seq.stats.accepted, seq.stats.rounds)
+            stats = seq.stats
+            looks = fits and gammas[seq.seq_id] > 0 and self.wants(stats.drafted, stats.accepted, stats.rounds)
             asks.append(ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids],
                                         seq.request.sampling, seq.request.proposer, gammas[seq.seq_id] if looks else 0))
         self.rows_ahead += sum(1 for ask in asks if ask.gamma > 0)
