@@ -20,6 +20,7 @@ forked from the sequence's own (see `look_ahead`).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -55,11 +56,14 @@ class DraftModelProposer(Proposer):
         self._q_dtype = wire_dtype or torch.float32
         self._states: dict[str, _DraftState] = {}
         self._forks = 0  # slots a look-ahead in progress holds for its branches
+        self._forks_lock = threading.Lock()  # num_free_slots may be read from another thread
 
     @property
     def num_free_slots(self) -> int:
-        """Slots free for sequences: a look-ahead's forks (held only while it runs) count as free."""
-        return self.runner.num_free_slots + self._forks
+        """Slots free for sequences: a look-ahead's forks (held only while it runs) count as
+        free. Safe to read from another thread while a look-ahead runs."""
+        with self._forks_lock:
+            return self.runner.num_free_slots + self._forks
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         # [batch, draft_vocab] -> [batch, vocab_size]
@@ -183,15 +187,17 @@ class DraftModelProposer(Proposer):
                 state = self._states[ask.seq_id]
                 if not on_own:
                     base = len(ask.token_ids) - 1
-                    state = _DraftState(self.runner.fork_slot(state.slot, base), ask.token_ids[:-1])
+                    with self._forks_lock:
+                        state = _DraftState(self.runner.fork_slot(state.slot, base), ask.token_ids[:-1])
+                        self._forks += 1
                     forks.append(state)
-                    self._forks += 1
                 states.append(state)
             return self._draft(asks, [self.fitting_gamma(ask) for ask in asks], states)
         finally:
             for fork in forks:
-                self.runner.free_slot(fork.slot)
-                self._forks -= 1
+                with self._forks_lock:
+                    self.runner.free_slot(fork.slot)
+                    self._forks -= 1
 
     def _draft(self, requests: list[ProposalRequest], gammas: list[int], states: list[_DraftState] | None = None):
         """Draft gammas[j] tokens for row j (on the given cache states; default: each

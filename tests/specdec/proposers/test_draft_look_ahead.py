@@ -3,6 +3,9 @@ likeliest verdicts (every draft accepted; a rejection at the first, second, ... 
 the draft's next-best token there; a next-best bonus token), each on a forked slot, exactly
 as a fresh proposal from that history would."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -153,4 +156,28 @@ def test_while_a_look_ahead_runs_its_forks_still_count_as_free_for_sequences(run
     branches = look(proposer, ahead, branches=4)
     assert seen == [(before, before - (len(branches) - 1))], "three forks held during the call, reported free"
     assert proposer.num_free_slots == runner.num_free_slots == before
+    proposer.release("s")
+
+
+def test_a_reader_on_another_thread_never_sees_a_fork_taken_from_the_free_slots(runner, prompt_ids):
+    """The worker's event loop reads num_free_slots while a look-ahead forks and frees slots
+    on the worker thread: every reading is the slots free for sequences."""
+    proposer = proposer_for(runner)
+    ahead = drafted_round(proposer, prompt_ids[0])
+    expected, readings, done = proposer.num_free_slots, set(), threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            readings.add(proposer.num_free_slots)
+            time.sleep(0)  # let the look-ahead run between readings
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(10):
+            look(proposer, ahead, branches=6)
+    finally:
+        done.set()
+        reader.join()
+    assert readings == {expected}
     proposer.release("s")
