@@ -13,8 +13,9 @@ Isolation: every row drafts exactly its own γ, clipped to what fits its context
 that call are forgotten (their slots freed), so the next call rebuilds them from history.
 
 Drafting ahead (`look_ahead`, while the target verifies a round): the draft ranks its own
-tokens at every drafted position and branches on the likeliest verdicts, each on a slot
-forked from the sequence's own (see `look_ahead`).
+tokens at every drafted position and drafts the next round for several verdicts of this one
+(all accepted; a rejection at d1, d2, ... with its next-best token), each on a slot forked
+from the sequence's own (see `look_ahead`).
 """
 
 from __future__ import annotations
