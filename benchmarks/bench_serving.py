@@ -16,6 +16,12 @@ concurrent streams (N = 1, 4, 8), each stream taking the next prompt when it fin
   a lone request's draft drafts the next round for the likeliest verdicts while the
   target verifies; steps with more requests run sequential rounds).
 
+Every setup runs `--runs` times (3), interleaved: after starting a server stack, each run
+measures the in-process reference and then the server at each level, so that a faster or
+slower spell of the (shared) machine affects both alike. The tables show the median of the
+runs; the last one each server setup's tokens/s over the in-process row measured just
+before it, median and range over the runs.
+
 A second table shows where a round's time went (means per round, ms: draft and target
 compute, each call's hop, the router's bookkeeping, draft time hidden behind the verify
 call, the whole round) and the look-ahead hit rate (share of look-aheads whose branch
@@ -25,7 +31,8 @@ Columns: tokens/s = all generated tokens / wall time; TTFT = time to the first c
 ITL = inter-token latency: each chunk's gap to the previous chunk of its stream, split
 evenly over the chunk's tokens (a round confirms several tokens at once).
 
-Usage: python benchmarks/bench_serving.py [--prompts 8] [--max-new-tokens 128] [--concurrency 1 4 8] [--json out.json]
+Usage: python benchmarks/bench_serving.py [--prompts 8] [--max-new-tokens 128] [--concurrency 1 4 8] [--runs 3]
+       [--config override.yaml] [--json out.json]
 """
 
 from __future__ import annotations
@@ -112,50 +119,49 @@ async def run_level(stream: StreamFactory, prompts: list[str], max_new: int, con
     }
 
 
-async def run_all(
-    stream: StreamFactory, prompts: list[str], max_new: int, levels: list[int], label: str, profile: ProfileReader,
-    progress: Progress,
-) -> list[dict]:
-    await run_level(stream, prompts[:1], 8, 1)  # warm-up
-    rows = []
-    for level in levels:
-        progress.step(f"{label}, {level} streams")
-        before = await profile()
-        row = {"setup": label, **await run_level(stream, prompts, max_new, level)}
-        row["profile"] = profile_delta(before, await profile())
-        rows.append(row)
-        print(f"  {label} x{level}: {row['tokens_per_s']:.1f} tokens/s", flush=True)
-    return rows
+class InProcess:
+    """The in-process reference: AsyncEngine over the engine in this process (one torch
+    thread per model, as each Ray worker actor gets), speculation mode ON."""
 
+    def __init__(self, config: SpecdecConfig, max_streams: int) -> None:
+        torch.set_num_threads(1)
+        self.built = build_engine(config)
+        self.loop = AsyncEngine(self.built.engine, max_concurrent_requests=max_streams)
 
-def in_process_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels: list[int],
-                    progress: Progress) -> list[dict]:
-    torch.set_num_threads(1)
-    built = build_engine(config)
-    loop = AsyncEngine(built.engine, max_concurrent_requests=max(levels))
-
-    async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
+    async def stream(self, prompt: str, n: int) -> AsyncIterator[list[int]]:
         # mode ON: the configured γ, as the server rows (AUTO would let the policy choose γ)
-        async with loop.submit(GenerationRequest(built.encode(prompt), n, mode="on")) as s:
+        async with self.loop.submit(GenerationRequest(self.built.encode(prompt), n, mode="on")) as s:
             async for out in s:
                 yield out.new_token_ids
 
-    async def profile() -> dict:
-        return {"rounds": built.engine.profile.rounds, **built.engine.profile.means_ms()}
+    async def profile(self) -> dict:
+        profile = self.built.engine.profile
+        return {"rounds": profile.rounds, **profile.means_ms()}
 
-    try:
-        return asyncio.run(run_all(stream, prompts, max_new, levels, "in-process", profile, progress))
-    finally:
-        loop.shutdown()
+    def close(self) -> None:
+        self.loop.shutdown()
 
 
-def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels: list[int], label: str,
-                progress: Progress, modes: tuple[str, ...] = ("on",)) -> list[dict]:
-    """Start `specdec serve`'s stack on `config` and run every level once per speculation mode."""
+async def measure(stream: StreamFactory, profile: ProfileReader, prompts: list[str], max_new: int, level: int,
+                  label: str, run: int) -> dict:
+    """One row: every prompt through `level` streams, with the round profile of that row."""
+    before = await profile()
+    row = {"setup": label, "run": run, **await run_level(stream, prompts, max_new, level)}
+    row["profile"] = profile_delta(before, await profile())
+    print(f"  run {run}: {label} x{level}: {row['tokens_per_s']:.1f} tokens/s", flush=True)
+    return row
+
+
+def server_runs(config: SpecdecConfig, reference: InProcess, prompts: list[str], max_new: int, levels: list[int],
+                label: str, progress: Progress, modes: tuple[str, ...], runs: int) -> list[dict]:
+    """Start `specdec serve`'s stack on `config`; then `runs` times, for each level, the
+    in-process reference and the server in every speculation mode, one after the other (so
+    that a slower or faster spell of the machine affects all of them alike)."""
     from actors.app import free_port, start_app
     from specdec_rpc.client import AsyncSpecdecClient
 
-    config = load_config(overrides={**config.model_dump(), "serving": {**config.serving.model_dump(), "port": free_port(), "http_port": free_port()}})
+    ports = {"port": free_port(), "http_port": free_port()}
+    config = load_config(overrides={**config.model_dump(), "serving": {**config.serving.model_dump(), **ports}})
     app = start_app(config, ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
 
     async def main() -> list[dict]:
@@ -166,20 +172,72 @@ def server_rows(config: SpecdecConfig, prompts: list[str], max_new: int, levels:
                 return {"rounds": p.rounds, "ahead": p.rows_drafted_ahead, "hit_rate": p.look_ahead_hit_rate,
                         **{part: getattr(p, part) for part in PROFILE_PARTS}}
 
-            for mode in modes:
+            def served(mode: str) -> StreamFactory:
                 async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
-                    # mode ON: the configured γ, as in-process (AUTO would follow the load monitor)
                     async for chunk in client.generate_stream(prompt, max_new_tokens=n, mode=mode):
                         yield list(chunk.token_ids)
+                return stream
 
-                name = f"{label}, speculation {mode}"
-                rows += await run_all(stream, prompts, max_new, levels, name, profile, progress)
+            for stream in (reference.stream, served(modes[0])):  # warm-up
+                await run_level(stream, prompts[:1], 8, 1)
+            for run in range(1, runs + 1):
+                for level in levels:
+                    progress.step(f"{label}: run {run}, {level} streams")
+                    rows.append(await measure(reference.stream, reference.profile, prompts, max_new, level,
+                                              "in-process", run))
+                    for mode in modes:
+                        rows.append(await measure(served(mode), profile, prompts, max_new, level,
+                                                  f"{label}, speculation {mode}", run))
         return rows
 
     try:
         return asyncio.run(main())
     finally:
         app.shutdown()
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """One row per (setup, streams): the median over its runs of every figure (and of every
+    part of the round profile)."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["setup"], row["streams"]), []).append(row)
+    out = []
+    for (setup, streams), group in groups.items():
+        figures = ("tokens", "tokens_per_s", "ttft_p50_ms", "itl_p50_ms", "itl_p99_ms")
+        medians = {key: statistics.median(r[key] for r in group) for key in figures}
+        profiles = [r["profile"] for r in group if r.get("profile")]
+        profile = {}
+        if profiles:
+            profile = {key: statistics.median(p[key] for p in profiles) for key in ("rounds", *PROFILE_PARTS)}
+            hits = [p["hit_rate"] for p in profiles if p.get("hit_rate") is not None]
+            profile["hit_rate"] = statistics.median(hits) if hits else None
+        out.append({"setup": setup, "streams": streams, "runs": len(group), **medians, "profile": profile})
+    return out
+
+
+def ratios(rows: list[dict], over: str = "in-process") -> list[dict]:
+    """Each other setup's tokens/s over `over`'s, each taken against the `over` row measured
+    just before it (same run and streams), then the median and range over the runs."""
+    last: dict[int, dict] = {}  # streams -> the latest reference row
+    found: dict[tuple[str, int], list[float]] = {}
+    for row in rows:
+        if row["setup"] == over:
+            last[row["streams"]] = row
+        elif row["streams"] in last:
+            found.setdefault((row["setup"], row["streams"]), []).append(
+                row["tokens_per_s"] / last[row["streams"]]["tokens_per_s"])
+    return [{"setup": setup, "streams": streams, "over": over, "median": statistics.median(v), "low": min(v),
+             "high": max(v), "runs": len(v)} for (setup, streams), v in found.items()]
+
+
+def ratio_markdown(found: list[dict]) -> str:
+    lines = ["| setup | streams | tokens/s over in-process (median of runs) | range | runs |",
+             "|---|---:|---:|---|---:|"]
+    for r in found:
+        lines.append(f"| {r['setup']} | {r['streams']} | {r['median']:.2f} | {r['low']:.2f}–{r['high']:.2f} "
+                     f"| {r['runs']} |")
+    return "\n".join(lines)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -207,8 +265,9 @@ def profile_markdown(rows: list[dict]) -> str:
         if p:
             parts = " | ".join(f"{round(p[part], 2) or 0.0:.2f}" for part in PROFILE_PARTS)
             hit = "–" if p.get("hit_rate") is None else f"{p['hit_rate']:.0%}"
-            lines.append(f"| {r['setup']} | {r['streams']} | {p['rounds']} | {parts} | {hit} |")
+            lines.append(f"| {r['setup']} | {r['streams']} | {round(p['rounds'])} | {parts} | {hit} |")
     return "\n".join(lines)
+
 
 
 def main() -> None:
@@ -216,24 +275,31 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--runs", type=int, default=3, help="runs of every setup, interleaved (medians reported)")
     parser.add_argument("--config", action="append", default=[], help="YAML override file(s)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
-    config = load_config(*args.config)
     prompts = bundled_prompts()[: args.prompts]
     sequential = load_config(*args.config, overrides={"speculation": {"overlap": False}})
     pipelined = load_config(*args.config, overrides={"speculation": {"overlap": True}})
-    levels = args.concurrency
-    with Progress(4 * len(levels), "bench_serving") as progress:  # in-process, server ON / OFF, drafting ahead
-        rows = in_process_rows(config, prompts, args.max_new_tokens, levels, progress)
-        rows += server_rows(sequential, prompts, args.max_new_tokens, levels, "server", progress, ("on", "off"))
-        rows += server_rows(pipelined, prompts, args.max_new_tokens, levels, "server, drafting ahead", progress)
-    print(markdown(rows))
+    levels, runs, n = args.concurrency, args.runs, args.max_new_tokens
+    reference = InProcess(load_config(*args.config), max(levels))
+    try:
+        with Progress(2 * runs * len(levels), "bench_serving") as progress:
+            rows = server_runs(sequential, reference, prompts, n, levels, "server", progress, ("on", "off"), runs)
+            rows += server_runs(pipelined, reference, prompts, n, levels, "server, drafting ahead", progress,
+                                ("on",), runs)
+    finally:
+        reference.close()
+    medians, found = summary(rows), ratios(rows)
+    print(markdown(medians))
     print()
-    print(profile_markdown(rows))
+    print(profile_markdown(medians))
+    print()
+    print(ratio_markdown(found))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump({"runs": rows, "medians": medians, "ratios": found}, f, indent=2)
 
 
 if __name__ == "__main__":
