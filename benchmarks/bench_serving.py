@@ -247,7 +247,7 @@ def markdown(rows: list[dict]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['setup']} | {r['streams']} | {r['tokens']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.1f} "
+            f"| {r['setup']} | {r['streams']} | {r['tokens']:.0f} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']:.1f} "
             f"| {r['itl_p50_ms']:.1f} | {r['itl_p99_ms']:.1f} |"
         )
     return "\n".join(lines)
