@@ -18,7 +18,10 @@ the load window has emptied, so every run starts from the same state.
 Per (QPS, policy): requests measured / completed / rejected (RESOURCE_EXHAUSTED),
 throughput = tokens streamed during the measurement interval / its length (all requests),
 TTFT p50, ITL p50 / p99 (each chunk's gap to the previous chunk of its stream, split evenly
-over the chunk's tokens), acceptance α = accepted / drafted (final-chunk stats), and the
+over the chunk's tokens), the share of chunks that carried a single token (rounds that kept
+no draft: every round of plain decoding; a speculative round whose first draft was rejected,
+which took a whole draft + verify for one token and makes speculation's ITL tail) with their
+median gap, acceptance α = accepted / drafted (final-chunk stats), and the
 fraction of requests that speculated (drafted > 0). Then, per QPS, how close AUTO is to
 the better fixed policy: AUTO tokens/s / max(ON, OFF), AUTO ITL p50 and p99 / min(ON, OFF)
 (goals: ≥ 0.95 and ≤ 1.10), and a second plot of AUTO's γ and on/off state over time.
@@ -164,6 +167,16 @@ async def run_point(client, prompts: list[str], schedule: list[tuple[float, int]
     return results, switch, start
 
 
+def one_token_rounds(done: list[RequestResult]) -> tuple[float, float]:
+    """(share of the streamed chunks after each request's first that carried one token,
+    median gap before those chunks in ms). Such a chunk is a round that kept no draft (every
+    round of plain decoding; a speculative round whose first draft was rejected)."""
+    gaps = [(b[0] - a[0], b[1]) for r in done for a, b in zip(r.chunks, r.chunks[1:])]
+    single = [gap for gap, n in gaps if n == 1]
+    return (len(single) / len(gaps) if gaps else float("nan"),
+            1000 * statistics.median(single) if single else float("nan"))
+
+
 def summarize(qps: float, policy: str, results: list[RequestResult], warmup: float, duration: float,
               switch: list[tuple[float, bool, int]]) -> dict:
     measured = [r for r in results if r.measured]
@@ -174,6 +187,7 @@ def summarize(qps: float, policy: str, results: list[RequestResult], warmup: flo
     accepted = sum(r.accepted for r in done)
     speculated = [r for r in done if r.drafted > 0 or r.speculation_enabled]
     measured_switch = [s for s in switch if warmup <= s[0] < warmup + duration]
+    single_share, single_gap = one_token_rounds(done)
     return {
         "qps": qps,
         "policy": policy,
@@ -185,6 +199,8 @@ def summarize(qps: float, policy: str, results: list[RequestResult], warmup: flo
         "ttft_p50_ms": 1000 * statistics.median(r.ttft for r in done) if done else float("nan"),
         "itl_p50_ms": 1000 * percentile(itl, 50),
         "itl_p99_ms": 1000 * percentile(itl, 99),
+        "one_token_chunk_share": single_share,
+        "one_token_gap_p50_ms": single_gap,
         "acceptance": accepted / drafted if drafted else None,
         "drafted": drafted,
         "accepted": accepted,
@@ -203,13 +219,15 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| QPS | policy | sent | done | rejected/failed | tokens/s | TTFT p50 (ms) | ITL p50 (ms) | ITL p99 (ms) | α | speculated |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| QPS | policy | sent | done | rejected/failed | tokens/s | TTFT p50 (ms) | ITL p50 (ms) | ITL p99 (ms) "
+        "| 1-token chunks | their gap p50 (ms) | α | speculated |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['qps']:g} | {r['policy']} | {r['sent']} | {r['completed']} | {r['rejected'] + r['failed']} "
             f"| {fmt(r['tokens_per_s'])} | {fmt(r['ttft_p50_ms'])} | {fmt(r['itl_p50_ms'])} | {fmt(r['itl_p99_ms'])} "
+            f"| {fmt(100 * r['one_token_chunk_share'], '.0f')}% | {fmt(r['one_token_gap_p50_ms'])} "
             f"| {fmt(r['acceptance'], '.2f')} | {fmt(100 * r['speculated_fraction'], '.0f')}% |"
         )
     return "\n".join(lines)

@@ -12,9 +12,11 @@ concurrent streams (N = 1, 4, 8), each stream taking the next prompt when it fin
 * server: `specdec serve`'s stack started here (draft worker, target group, router behind
   Serve's gRPC proxy), streaming GenerateChunks with AsyncSpecdecClient: rounds one after
   the other (speculation.overlap false), with speculation ON and OFF (plain decoding);
-* server, drafting ahead: the same with the default configuration (speculation.overlap:
-  a lone request's draft drafts the next round for the likeliest verdicts while the
-  target verifies; steps with more requests run sequential rounds).
+* server, drafting ahead: the same with speculation.overlap on and overlap_measured off: a
+  lone request's draft always drafts the next round for several verdicts of the round being
+  verified while the target verifies; steps with more requests run sequential rounds;
+* server, default: the default configuration (overlap_measured: a lone request's rounds run
+  in blocks with and without looking ahead, and the faster way is kept).
 
 Every setup runs `--runs` times (3), interleaved: after starting a server stack, each run
 measures the in-process reference and then the server at each level, so that a faster or
@@ -280,15 +282,19 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
     prompts = bundled_prompts()[: args.prompts]
-    sequential = load_config(*args.config, overrides={"speculation": {"overlap": False}})
-    pipelined = load_config(*args.config, overrides={"speculation": {"overlap": True}})
+    stacks = [  # (label, speculation overrides, speculation modes)
+        ("server", {"overlap": False}, ("on", "off")),
+        ("server, drafting ahead", {"overlap": True, "overlap_measured": False}, ("on",)),
+        ("server, default", {}, ("on",)),
+    ]
     levels, runs, n = args.concurrency, args.runs, args.max_new_tokens
     reference = InProcess(load_config(*args.config), max(levels))
     try:
-        with Progress(2 * runs * len(levels), "bench_serving") as progress:
-            rows = server_runs(sequential, reference, prompts, n, levels, "server", progress, ("on", "off"), runs)
-            rows += server_runs(pipelined, reference, prompts, n, levels, "server, drafting ahead", progress,
-                                ("on",), runs)
+        with Progress(len(stacks) * runs * len(levels), "bench_serving") as progress:
+            rows = []
+            for label, speculation, modes in stacks:
+                config = load_config(*args.config, overrides={"speculation": speculation})
+                rows += server_runs(config, reference, prompts, n, levels, label, progress, modes, runs)
     finally:
         reference.close()
     medians, found = summary(rows), ratios(rows)

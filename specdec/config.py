@@ -69,6 +69,11 @@ class SpeculationConfig(StrictModel):
         1, ge=1, le=4096, description="With overlap: look ahead only while at most this many requests speculate "
         "in a step; larger steps run sequential rounds.",
     )
+    overlap_measured: bool = Field(
+        True, description="With overlap: run a lone request's rounds in blocks with and without looking ahead and "
+        "keep the way that emits more tokens per second (re-measuring the other now and then); false = always "
+        "look ahead where allowed.",
+    )
     overlap_min_acceptance: float = Field(
         0.3, ge=0, le=1, description="A request drafts ahead only while its own acceptance rate is at least this."
     )

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.overlap_choice import OverlapChoice
 from specdec.proposers.base import Branch, Proposal, ProposalRequest
 from specdec.sequence import Sequence
 from specdec.verifier import VerifyRequest, VerifyResult
@@ -67,14 +68,18 @@ class DraftAhead:
         order; 1: only that every draft is accepted).
     max_rows: look ahead only while the step verifies at most this many speculating rows
         (None: any number); larger steps wait for the verdict (sequential rounds).
+    choice: measures rounds that could look ahead with and without doing so and keeps the
+        faster way (None: they always look ahead).
     """
 
     def __init__(self, min_acceptance: float = 0.3, micro_batches: bool = True, branches: int = 3,
-                 max_rows: int | None = None) -> None:
+                 max_rows: int | None = None, choice: OverlapChoice | None = None) -> None:
         self.min_acceptance = min_acceptance
         self.micro_batches = micro_batches
         self.branches = branches
         self.max_rows = max_rows
+        self.choice = choice
+        self._could_look_ahead = False  # the step being run could look ahead (counted by `choice`)
         self._ready: dict[str, LookAhead] = {}
         self.rows_ahead = 0  # rows that looked ahead
         self.hits = 0  # ... whose look-ahead became the next round's drafts
@@ -134,6 +139,9 @@ class DraftAhead:
                                     gammas[seq.seq_id]) for seq in later]
         asks = []
         fits = self.max_rows is None or sum(1 for seq in now if gammas[seq.seq_id] > 0) <= self.max_rows
+        first_round = any(seq.stats.rounds == 0 for seq in now)  # a prefill: not a typical round's time
+        self._could_look_ahead = fits and not first_round and any(gammas[seq.seq_id] > 0 for seq in now)
+        fits = fits and (self.choice is None or self.choice.looks_ahead)
         for seq, request in zip(now, requests):
             stats = seq.stats
             looks = fits and gammas[seq.seq_id] > 0 and self.wants(stats.drafted, stats.accepted, stats.rounds)
@@ -141,6 +149,13 @@ class DraftAhead:
                                         seq.request.sampling, seq.request.proposer, gammas[seq.seq_id] if looks else 0))
         self.rows_ahead += sum(1 for ask in asks if ask.gamma > 0)
         return asks
+
+    def round_done(self, emitted: int, seconds: float) -> None:
+        """The step's round emitted `emitted` tokens in `seconds`: counted by the choice when
+        the step could look ahead."""
+        if self.choice is not None and self._could_look_ahead:
+            self.choice.record(emitted, seconds)
+        self._could_look_ahead = False
 
     def after_verdict(self, later: list[Sequence], requests, results, meanwhile) -> None:
         """Keep what was proposed during verification: the other half's drafts (a Proposal),

@@ -223,6 +223,8 @@ class SpeculativeEngine:
             accepted.append(counts[1])
         asked = [g if i in fresh else 0 for i, g in enumerate(gamma_now)]  # drafted by this round's own call
         self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill)
+        if ahead is not None:
+            ahead.round_done(sum(len(result.emitted) for result in results), time.perf_counter() - start)
         return outputs
 
     def _note_unavailable(self, batch: list[Sequence], gammas: list[int], proposal: Proposal) -> None:

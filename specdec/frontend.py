@@ -201,8 +201,17 @@ class Frontend:
             policy=served.monitor.status() if served.monitor is not None else static_policy(engine.gamma),
             round_profile_ms=dict(profile.means_ms()), rounds_profiled=profile.rounds,
             draft_ahead=(ahead.rows_ahead, ahead.hit_rate) if ahead is not None else None,
+            overlap_choice=_overlap_choice(ahead),
             speculation_unavailable=engine.proposer.unavailable_reason,
         )
+
+
+def _overlap_choice(ahead) -> tuple[float, float, bool] | None:
+    """ServerStatus.overlap_choice of the engine's measured choice (None without one)."""
+    choice = None if ahead is None else ahead.choice
+    if choice is None:
+        return None
+    return choice.rates[True] or 0.0, choice.rates[False] or 0.0, choice.looks_ahead
 
 
 @dataclass

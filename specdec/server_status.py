@@ -58,6 +58,7 @@ class ServerStatus:
     policy: the load monitor's view, or a static one (no monitor: the configured γ).
     round_profile_ms: mean milliseconds per round part (see specdec.round_profile), with
         "rounds"; drafted-ahead rows and the look-ahead hit rate when drafting ahead.
+    overlap_choice: the measured choice of drafting ahead (specdec.overlap_choice), when on.
     speculation_unavailable: why speculation cannot run now (None when it can).
     """
 
@@ -74,6 +75,8 @@ class ServerStatus:
     round_profile_ms: dict[str, float] = field(default_factory=dict)
     rounds_profiled: int = 0
     draft_ahead: tuple[int, float] | None = None  # (rows drafted ahead, look-ahead hit rate)
+    # (tokens/s looking ahead, tokens/s in sequential rounds (0 = not measured), looking ahead now)
+    overlap_choice: tuple[float, float, bool] | None = None
     speculation_unavailable: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -75,9 +75,20 @@ def format_status(stats: Any) -> str:
         ("mean accepted length", f"{stats.mean_accepted_length:.2f} (window {stats.window_mean_accepted_length:.2f})"),
         ("requests running", str(stats.requests_running)),
         ("round (ms)", _profile(stats.round_profile)),
+        ("drafting ahead", _drafting_ahead(stats.round_profile)),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _drafting_ahead(p: Any) -> str:
+    """The look-ahead's hit rate and the measured choice between looking ahead and not."""
+    if not p.rows_drafted_ahead and not p.look_ahead_tokens_per_s:
+        return "-"
+    rate = lambda x: f"{x:.0f} tokens/s" if x else "not measured yet"  # noqa: E731
+    return (f"{'on' if p.looking_ahead else 'off'} for a lone request; {p.look_ahead_hit_rate:.0%} of "
+            f"{p.rows_drafted_ahead} look-aheads used; measured {rate(p.look_ahead_tokens_per_s)} looking ahead, "
+            f"{rate(p.sequential_tokens_per_s)} without")
 
 
 def _round_cost(stats: Any) -> str:

@@ -93,6 +93,9 @@ def to_stats_response(status: ServerStatus) -> specdec_pb2.GetStatsResponse:
         setattr(response.round_profile, name, value)
     if status.draft_ahead is not None:
         response.round_profile.rows_drafted_ahead, response.round_profile.look_ahead_hit_rate = status.draft_ahead
+    if status.overlap_choice is not None:
+        profile = response.round_profile
+        profile.look_ahead_tokens_per_s, profile.sequential_tokens_per_s, profile.looking_ahead = status.overlap_choice
     _set_policy_view(response, policy)
     if status.speculation_unavailable is not None:
         response.speculation_enabled = False

@@ -22,6 +22,7 @@ from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Branch
 from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec.request import GenerationRequest
+from specdec.overlap_choice import OverlapChoice
 from specdec.sampling_params import SamplingParams
 from specdec.policy.speculation_policy import fixed_plan
 from specdec.target_verifier import TargetVerifier
@@ -51,14 +52,14 @@ class ConcurrentVerifier(Verifier):
 
 def pipelined(num_slots: int = 8, max_seq_len: int = 256, min_acceptance: float = 0.0, gamma: int = 4,
               micro_batches: bool = True, branches: int = 3, draft_slots: int | None = None,
-              max_rows: int | None = None):
+              max_rows: int | None = None, choice: OverlapChoice | None = None):
     """draft_slots: the draft's cache (default num_slots + 16, room for the look-ahead's forks)."""
     target = ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=num_slots, max_seq_len=max_seq_len)
     draft = ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=draft_slots or num_slots + 16,
                                         max_seq_len=max_seq_len)
     proposer = DraftModelProposer(draft, target.vocab_size, wire_dtype=torch.float16)
     return SpeculativeEngine(ConcurrentVerifier(TargetVerifier(target)), proposer, gamma=gamma,
-                             draft_ahead=DraftAhead(min_acceptance, micro_batches, branches, max_rows))
+                             draft_ahead=DraftAhead(min_acceptance, micro_batches, branches, max_rows, choice))
 
 
 def target_logits(histories: list[list[int]]) -> np.ndarray:
@@ -149,6 +150,21 @@ def test_steps_with_more_rows_than_max_rows_run_sequential_rounds_and_keep_the_o
     assert [r.token_ids for r in results] == [hf_greedy(p, n) for p, n in jobs]
     alone = results[2].stats.rounds - max(r.stats.rounds for r in results[:2])
     assert 0 < engine.draft_ahead.rows_ahead <= alone, "only the steps with one row looked ahead"
+
+
+def test_a_measured_choice_runs_blocks_with_and_without_looking_ahead_and_keeps_the_output(prompt_ids, hf_greedy):
+    """Blocks of 4 rounds: the first looks ahead, the second runs sequential rounds, then the
+    faster way by the measured tokens per second. Rounds of several requests (max_rows 1) and
+    the prefill round are not counted; the output is the target's greedy output either way."""
+    choice = OverlapChoice(block_rounds=4, explore_every=2)
+    engine = pipelined(micro_batches=False, max_rows=1, choice=choice)
+    jobs = [(prompt_ids[0], 8), (prompt_ids[1], 64)]
+    results = engine.generate([GenerationRequest(p, n, ignore_eos=True) for p, n in jobs])
+    assert [r.token_ids for r in results] == [hf_greedy(p, n) for p, n in jobs]
+    assert choice.rates[True] is not None and choice.rates[False] is not None, "both ways were measured"
+    ahead = engine.draft_ahead
+    alone = results[1].stats.rounds - results[0].stats.rounds - 1  # the lone request's rounds, after its prefill
+    assert 0 < ahead.rows_ahead < alone, "some of the lone request's rounds looked ahead, others did not"
 
 
 class RecordingPolicy:

@@ -98,3 +98,20 @@ def test_a_draft_worker_that_is_down_is_reported_not_hidden(prompt_ids, hf_greed
         assert not stats.speculation_enabled and stats.reason.startswith("speculation unavailable: draft worker")
     finally:
         backend.close()
+
+
+def test_stats_carry_the_measured_choice_of_drafting_ahead_and_the_status_shows_it():
+    from specdec.server_status import ServerStatus
+    from specdec_cli.client_cli import format_status
+    from specdec_rpc.public_service import to_stats_response
+
+    status = ServerStatus(ready=True, problems=(), rounds=90, drafted=200, accepted=120, acceptance_rate=0.6,
+                          mean_accepted_length=2.3, requests_running=1, requests_waiting=0,
+                          round_profile_ms={"round_ms": 12.0}, rounds_profiled=90, draft_ahead=(40, 0.5),
+                          overlap_choice=(180.0, 0.0, True))
+    profile = to_stats_response(status).round_profile
+    assert (profile.rows_drafted_ahead, profile.look_ahead_hit_rate) == (40, 0.5)
+    assert (profile.look_ahead_tokens_per_s, profile.sequential_tokens_per_s, profile.looking_ahead) == (180.0, 0.0, True)
+    line = next(line for line in format_status(to_stats_response(status)).splitlines() if line.startswith("drafting"))
+    assert "on for a lone request" in line and "50% of 40" in line
+    assert "180 tokens/s looking ahead, not measured yet without" in line
