@@ -70,7 +70,7 @@ class SpeculationConfig(StrictModel):
         "in a step; larger steps run sequential rounds.",
     )
     overlap_measured: bool = Field(
-        True, description="With overlap: run a lone request's rounds in blocks with and without looking ahead and "
+        False, description="With overlap: run a lone request's rounds in blocks with and without looking ahead and "
         "keep the way that emits more tokens per second (re-measuring the other now and then); false = always "
         "look ahead where allowed.",
     )
