@@ -77,6 +77,11 @@ class SpeculationConfig(StrictModel):
     overlap_min_acceptance: float = Field(
         0.3, ge=0, le=1, description="A request drafts ahead only while its own acceptance rate is at least this."
     )
+    look_ahead_min_hit_rate: float = Field(
+        0.3, ge=0, le=1, description="With overlap: greedy and sampled requests each look ahead only while that "
+        "kind's look-aheads hit at least this share of the time (measured; a few still look ahead to keep it "
+        "measured; 0 = always).",
+    )
     look_ahead_branches: int = Field(
         4, ge=1, le=16, description="Draft-model look-ahead (with overlap): for how many verdicts of the round being "
         "verified the draft drafts the next round (1 = only for 'every draft accepted').",

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.look_ahead_hits import LookAheadHits
 from specdec.overlap_choice import OverlapChoice
 from specdec.proposers.base import Branch, Proposal, ProposalRequest
 from specdec.sequence import Sequence
@@ -70,15 +71,19 @@ class DraftAhead:
         (None: any number); larger steps wait for the verdict (sequential rounds).
     choice: measures rounds that could look ahead with and without doing so and keeps the
         faster way (None: they always look ahead).
+    hits: counts how often greedy and sampled rows' look-aheads hit; a kind that rarely
+        hits stops looking ahead (None: LookAheadHits(0.0), every kind looks ahead).
     """
 
     def __init__(self, min_acceptance: float = 0.3, micro_batches: bool = True, branches: int = 3,
-                 max_rows: int | None = None, choice: OverlapChoice | None = None) -> None:
+                 max_rows: int | None = None, choice: OverlapChoice | None = None,
+                 hits: LookAheadHits | None = None) -> None:
         self.min_acceptance = min_acceptance
         self.micro_batches = micro_batches
         self.branches = branches
         self.max_rows = max_rows
         self.choice = choice
+        self.kind_hits = hits or LookAheadHits(min_hit_rate=0.0)
         self._could_look_ahead = False  # the step being run could look ahead (counted by `choice`)
         self._ready: dict[str, LookAhead] = {}
         self.rows_ahead = 0  # rows that looked ahead
@@ -137,18 +142,22 @@ class DraftAhead:
         if later:
             return [ProposalRequest(seq.seq_id, seq.token_ids, seq.request.sampling, seq.request.proposer,
                                     gammas[seq.seq_id]) for seq in later]
-        asks = []
         fits = self.max_rows is None or sum(1 for seq in now if gammas[seq.seq_id] > 0) <= self.max_rows
         first_round = any(seq.stats.rounds == 0 for seq in now)  # a prefill: not a typical round's time
-        self._could_look_ahead = fits and not first_round and any(gammas[seq.seq_id] > 0 for seq in now)
-        fits = fits and (self.choice is None or self.choice.looks_ahead)
-        for seq, request in zip(now, requests):
-            stats = seq.stats
-            looks = fits and gammas[seq.seq_id] > 0 and self.wants(stats.drafted, stats.accepted, stats.rounds)
-            asks.append(ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids],
-                                        seq.request.sampling, seq.request.proposer, gammas[seq.seq_id] if looks else 0))
+        worth = [fits and gammas[seq.seq_id] > 0 and self._worth_looking_ahead(seq) for seq in now]
+        self._could_look_ahead = not first_round and any(worth)
+        chosen = self.choice is None or self.choice.looks_ahead
+        asks = [ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids], seq.request.sampling,
+                                seq.request.proposer, gammas[seq.seq_id] if chosen and looks else 0)
+                for seq, request, looks in zip(now, requests, worth)]
         self.rows_ahead += sum(1 for ask in asks if ask.gamma > 0)
         return asks
+
+    def _worth_looking_ahead(self, seq: Sequence) -> bool:
+        """The row's own acceptance and its kind's (greedy or sampled) hit rate allow it."""
+        stats = seq.stats
+        return self.wants(stats.drafted, stats.accepted, stats.rounds) and \
+            self.kind_hits.allows(seq.request.sampling.is_greedy)
 
     def round_done(self, emitted: int, seconds: float) -> None:
         """The step's round emitted `emitted` tokens in `seconds`: counted by the choice when
@@ -170,12 +179,14 @@ class DraftAhead:
     def keep(self, request: VerifyRequest, result: VerifyResult, branches: list[Branch]) -> None:
         """Store the branch that assumed this verdict as the row's next drafts (if any)."""
         base = len(request.token_ids) + result.num_accepted  # the history the verdict keeps
-        for branch in branches:
-            if branch.base_length == base and branch.token_id == result.emitted[-1] and branch.token_ids:
-                self._ready[request.seq_id] = LookAhead(base + 1, branch.token_ids, branch.probs)
-                self.hits += 1
-                self.rejection_hits += result.num_accepted < len(request.draft_token_ids)
-                return
+        hit = next((b for b in branches if b.base_length == base and b.token_id == result.emitted[-1]
+                    and b.token_ids), None)
+        if branches:
+            self.kind_hits.record(request.sampling.is_greedy, hit is not None)
+        if hit is not None:
+            self._ready[request.seq_id] = LookAhead(base + 1, hit.token_ids, hit.probs)
+            self.hits += 1
+            self.rejection_hits += result.num_accepted < len(request.draft_token_ids)
 
     def forget(self, seq_id: str) -> None:
         self._ready.pop(seq_id, None)

@@ -19,6 +19,7 @@ from typing import Any
 from specdec import proposer_registry as registry
 from specdec.config import CacheConfig, ModelsConfig, SpecdecConfig, SpeculationConfig
 from specdec.draft_ahead import DraftAhead
+from specdec.look_ahead_hits import LookAheadHits
 from specdec.overlap_choice import OverlapChoice
 from specdec.engine import SpeculativeEngine
 from specdec.async_engine import AsyncEngine
@@ -90,7 +91,8 @@ def make_engine(
         max_stop_string_chars=generation.max_stop_string_chars,
         draft_ahead=DraftAhead(speculation.overlap_min_acceptance, speculation.overlap_micro_batches,
                                speculation.look_ahead_branches, speculation.overlap_max_rows,
-                               OverlapChoice() if speculation.overlap_measured else None) if ahead else None,
+                               OverlapChoice() if speculation.overlap_measured else None,
+                               LookAheadHits(speculation.look_ahead_min_hit_rate)) if ahead else None,
     )
 
 

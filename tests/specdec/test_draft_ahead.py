@@ -16,6 +16,7 @@ import torch
 from scipy import stats
 
 from specdec.draft_ahead import DraftAhead
+from specdec.look_ahead_hits import LookAheadHits
 from specdec.engine import SpeculativeEngine
 from specdec.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
@@ -52,14 +53,14 @@ class ConcurrentVerifier(Verifier):
 
 def pipelined(num_slots: int = 8, max_seq_len: int = 256, min_acceptance: float = 0.0, gamma: int = 4,
               micro_batches: bool = True, branches: int = 3, draft_slots: int | None = None,
-              max_rows: int | None = None, choice: OverlapChoice | None = None):
+              max_rows: int | None = None, choice: OverlapChoice | None = None, hits: LookAheadHits | None = None):
     """draft_slots: the draft's cache (default num_slots + 16, room for the look-ahead's forks)."""
     target = ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=num_slots, max_seq_len=max_seq_len)
     draft = ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=draft_slots or num_slots + 16,
                                         max_seq_len=max_seq_len)
     proposer = DraftModelProposer(draft, target.vocab_size, wire_dtype=torch.float16)
     return SpeculativeEngine(ConcurrentVerifier(TargetVerifier(target)), proposer, gamma=gamma,
-                             draft_ahead=DraftAhead(min_acceptance, micro_batches, branches, max_rows, choice))
+                             draft_ahead=DraftAhead(min_acceptance, micro_batches, branches, max_rows, choice, hits))
 
 
 def target_logits(histories: list[list[int]]) -> np.ndarray:
@@ -118,6 +119,19 @@ def test_a_lone_request_looks_ahead_and_keeps_the_targets_greedy_output(prompt_i
         assert ahead.rejection_hits > 0, "some rounds after a rejection had their drafts ready"
     else:
         assert ahead.rejection_hits == 0
+
+
+def test_a_kind_whose_look_aheads_miss_stops_looking_ahead_and_the_other_kind_still_does(prompt_ids, hf_greedy):
+    hits = LookAheadHits(min_hit_rate=1.0, warmup=4, probe_every=4)  # one miss puts a kind below the bar
+    engine = pipelined(micro_batches=False, hits=hits)
+    sampled = GenerationRequest(prompt_ids[1], 48, SamplingParams(temperature=1.0, seed=3), ignore_eos=True)
+    [first] = engine.generate([sampled])
+    ahead, rounds = engine.draft_ahead, first.stats.rounds
+    assert hits.looks[False] == ahead.rows_ahead and hits.trusted_rate(False) < 1.0
+    assert 4 <= ahead.rows_ahead <= 4 + rounds // 4 + 1, (ahead.rows_ahead, rounds)  # warm-up, then probes only
+    [greedy] = engine.generate([GenerationRequest(prompt_ids[0], 48, ignore_eos=True)])
+    assert greedy.token_ids == hf_greedy(prompt_ids[0], 48)
+    assert hits.looks[True] >= 4, "greedy rows are judged by their own look-aheads"
 
 
 def test_branching_on_rejections_makes_more_look_aheads_usable(prompt_ids):
