@@ -187,16 +187,23 @@ class SpeculationPolicy:
 
     def remembered(self, snapshot: LoadSnapshot) -> LoadSnapshot:
         """The snapshot, with acceptance and the cost model from the last one that measured
-        them where its window holds too few drafts (speculation off: exploration only)."""
-        if snapshot.alpha is not None and snapshot.round_cost is not None:
+        them where its window holds too few drafts (speculation off: exploration only; a
+        pause in the traffic). A thin window (fewer than ENOUGH_DRAFTED drafted tokens or
+        ENOUGH_DRAFT_CALLS calls) does not measure acceptance, its few drafts are a coin
+        toss: they only move the remembered α by their count (the remembered one weighs as
+        ENOUGH_DRAFTED tokens), and the remembered per-position curve stands."""
+        thin = self._needs_measurements(snapshot)
+        if snapshot.alpha is not None and snapshot.round_cost is not None and not thin:
             self._measured = snapshot
             return snapshot
         if self._measured is None:
             return snapshot
         last = self._measured
-        alpha, positions = snapshot.alpha, snapshot.alpha_per_position
-        if alpha is None:
-            alpha, positions = last.alpha, last.alpha_per_position
+        alpha, positions = last.alpha, last.alpha_per_position
+        if snapshot.alpha is not None and snapshot.drafted > 0:
+            alpha = (snapshot.alpha * snapshot.drafted + last.alpha * ENOUGH_DRAFTED) / (snapshot.drafted + ENOUGH_DRAFTED)
+            if not thin:  # measured acceptance, but no cost model yet: the window's own curve
+                alpha, positions = snapshot.alpha, snapshot.alpha_per_position
         return replace(snapshot, alpha=alpha, alpha_per_position=positions,
                        round_cost=snapshot.round_cost or last.round_cost)
 

@@ -192,6 +192,25 @@ def test_acceptance_and_costs_are_remembered_while_the_window_has_no_drafts():
     assert forgetful.plan(empty, auto(1), 110.0, 4).gammas == (2,)  # the fallback γ
 
 
+def test_a_thin_window_does_not_switch_speculation_off_on_a_few_unlucky_drafts():
+    """Between requests at low load the window may hold a handful of drafts; their
+    acceptance is a coin toss and only moves the remembered α by its count. A window that
+    really measured a low acceptance does switch speculation off."""
+    from dataclasses import replace
+
+    policy = SpeculationPolicy(settings(min_dwell_s=0.0))
+    measured = snapshot(alpha=0.8)
+    assert policy.update_switch(measured, 1, 100.0) is True
+    unlucky = replace(measured, alpha=0.1, alpha_per_position=(0.1,), drafted=6.0, draft_calls=3.0, measured_at=101.0)
+    assert policy.update_switch(unlucky, 1, 101.0) is True
+    kept = policy.remembered(unlucky)
+    assert kept.alpha == pytest.approx((0.1 * 6 + measured.alpha * 64) / 70)
+    assert kept.alpha_per_position == measured.alpha_per_position
+    assert policy.plan(unlucky, auto(1), 101.0, 4).gammas[0] > 0
+    low = snapshot(alpha=0.1, at=102.0)
+    assert low.drafted >= 64 and policy.update_switch(low, 1, 102.0) is False
+
+
 def test_once_off_it_stays_off_while_measurements_thin_out():
     """Off at a large batch, few draft calls remain in the window (exploration only): too
     few for a cost model, but that is no reason to fall back to speculating."""
