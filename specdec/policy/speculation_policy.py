@@ -200,10 +200,10 @@ class SpeculationPolicy:
             return snapshot
         last = self._measured
         alpha, positions = last.alpha, last.alpha_per_position
-        if snapshot.alpha is not None and snapshot.drafted > 0:
+        if snapshot.alpha is not None and not thin:  # acceptance measured, the cost model not yet
+            alpha, positions = snapshot.alpha, snapshot.alpha_per_position
+        elif snapshot.alpha is not None and snapshot.drafted > 0:
             alpha = (snapshot.alpha * snapshot.drafted + last.alpha * ENOUGH_DRAFTED) / (snapshot.drafted + ENOUGH_DRAFTED)
-            if not thin:  # measured acceptance, but no cost model yet: the window's own curve
-                alpha, positions = snapshot.alpha, snapshot.alpha_per_position
         return replace(snapshot, alpha=alpha, alpha_per_position=positions,
                        round_cost=snapshot.round_cost or last.round_cost)
 
