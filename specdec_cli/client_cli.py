@@ -82,13 +82,16 @@ def format_status(stats: Any) -> str:
 
 
 def _drafting_ahead(p: Any) -> str:
-    """The look-ahead's hit rate and the measured choice between looking ahead and not."""
+    """The look-ahead's hit rate, and the measured choice between looking ahead and not
+    (speculation.overlap_measured; without it a lone request always looks ahead)."""
     if not p.rows_drafted_ahead and not p.look_ahead_tokens_per_s:
         return "-"
+    used = f"{p.look_ahead_hit_rate:.0%} of {p.rows_drafted_ahead} look-aheads used"
+    if not (p.look_ahead_tokens_per_s or p.sequential_tokens_per_s):
+        return used
     rate = lambda x: f"{x:.0f} tokens/s" if x else "not measured yet"  # noqa: E731
-    return (f"{'on' if p.looking_ahead else 'off'} for a lone request; {p.look_ahead_hit_rate:.0%} of "
-            f"{p.rows_drafted_ahead} look-aheads used; measured {rate(p.look_ahead_tokens_per_s)} looking ahead, "
-            f"{rate(p.sequential_tokens_per_s)} without")
+    return (f"{'on' if p.looking_ahead else 'off'} for a lone request; {used}; measured "
+            f"{rate(p.look_ahead_tokens_per_s)} looking ahead, {rate(p.sequential_tokens_per_s)} without")
 
 
 def _round_cost(stats: Any) -> str:

@@ -101,6 +101,8 @@ def test_a_draft_worker_that_is_down_is_reported_not_hidden(prompt_ids, hf_greed
 
 
 def test_stats_carry_the_measured_choice_of_drafting_ahead_and_the_status_shows_it():
+    from dataclasses import replace
+
     from specdec.server_status import ServerStatus
     from specdec_cli.client_cli import format_status
     from specdec_rpc.public_service import to_stats_response
@@ -115,3 +117,6 @@ def test_stats_carry_the_measured_choice_of_drafting_ahead_and_the_status_shows_
     line = next(line for line in format_status(to_stats_response(status)).splitlines() if line.startswith("drafting"))
     assert "on for a lone request" in line and "50% of 40" in line
     assert "180 tokens/s looking ahead, not measured yet without" in line
+    always = replace(status, overlap_choice=None)  # the default: a lone request always looks ahead
+    line = next(line for line in format_status(to_stats_response(always)).splitlines() if line.startswith("drafting"))
+    assert "50% of 40 look-aheads used" in line and "for a lone request" not in line
