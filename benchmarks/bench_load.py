@@ -2,8 +2,9 @@
 
 One server (`specdec serve`'s stack: draft worker, target group, router behind Serve's gRPC
 proxy, in-process load store) on the bundled pair. For each offered QPS the same seeded
-open-loop Poisson arrival schedule of the same prompts is played three times, once per
-policy, selected per request with the gRPC speculation mode:
+open-loop Poisson arrival schedule of the same prompts is played once per policy, selected
+per request with the gRPC speculation mode, and that `--repeats` times (2) with a fresh
+schedule each time:
 
 * on   -- mode ON with a fixed γ (--on-gamma, default the config's γ = 4): always speculate;
 * off  -- mode OFF: plain batched decoding, no draft calls;
@@ -13,7 +14,10 @@ policy, selected per request with the gRPC speculation mode:
 
 Each run lasts warm-up + duration seconds of arrivals; requests arriving in the warm-up
 are sent but not measured. Between runs the benchmark waits until the server is idle and
-the load window has emptied, so every run starts from the same state.
+the load window has emptied, so every run starts from the same state. The policies' order
+alternates between repeats (ON OFF AUTO, then AUTO OFF ON): this machine's speed drifts by
+up to 1.7× within an hour, and runs of one policy after another would otherwise compare
+a fast spell with a slow one. Each point pools its repeats' requests.
 
 Per (QPS, policy): requests measured / completed / rejected (RESOURCE_EXHAUSTED),
 throughput = tokens streamed during the measurement interval / its length (all requests),
@@ -24,13 +28,14 @@ which took a whole draft + verify for one token and makes speculation's ITL tail
 median gap, acceptance α = accepted / drafted (final-chunk stats), and the
 fraction of requests that speculated (drafted > 0). Then, per QPS, how close AUTO is to
 the better fixed policy: AUTO tokens/s / max(ON, OFF), AUTO ITL p50 and p99 / min(ON, OFF)
-(goals: ≥ 0.95 and ≤ 1.10), and a second plot of AUTO's γ and on/off state over time.
+(goals: ≥ 0.95 and ≤ 1.10), each with its range over the repeats, which fixed policy is
+best at each figure, and a second plot of AUTO's γ and on/off state over time.
 
-Defaults fit 2 CPU cores (~10 minutes): sampled requests (temperature 1, where the bundled
+Defaults fit 2 CPU cores (~13 minutes): sampled requests (temperature 1, where the bundled
 draft's acceptance is lower than greedy), 32 cache slots so that batches grow large
 enough for the verify forward to dominate, loads from light to past saturation.
 
-Usage: python benchmarks/bench_load.py [--qps 1 4 8 16] [--duration 15] [--warmup 6]
+Usage: python benchmarks/bench_load.py [--qps 1 4 8 16] [--repeats 2] [--duration 15] [--warmup 6]
        [--max-new-tokens 48] [--temperature 1.0] [--num-slots 32] [--plot PNG] [--json FILE]
 """
 
@@ -177,8 +182,11 @@ def one_token_rounds(done: list[RequestResult]) -> tuple[float, float]:
             1000 * statistics.median(single) if single else float("nan"))
 
 
-def summarize(qps: float, policy: str, results: list[RequestResult], warmup: float, duration: float,
-              switch: list[tuple[float, bool, int]]) -> dict:
+def summarize(qps: float, policy: str, runs: list[tuple[list[RequestResult], list]], warmup: float,
+              duration: float) -> dict:
+    """One (QPS, policy) point over its runs (repeats of the schedule, pooled: every measured
+    request of every run counts once); the switch timeline shown is the first run's."""
+    results = [r for run, _ in runs for r in run]
     measured = [r for r in results if r.measured]
     done = [r for r in measured if r.done]
     itl = [x for r in done for x in r.itl]
@@ -186,16 +194,17 @@ def summarize(qps: float, policy: str, results: list[RequestResult], warmup: flo
     drafted = sum(r.drafted for r in done)
     accepted = sum(r.accepted for r in done)
     speculated = [r for r in done if r.drafted > 0 or r.speculation_enabled]
-    measured_switch = [s for s in switch if warmup <= s[0] < warmup + duration]
+    measured_switch = [s for _, switch in runs for s in switch if warmup <= s[0] < warmup + duration]
     single_share, single_gap = one_token_rounds(done)
     return {
         "qps": qps,
         "policy": policy,
+        "runs": len(runs),
         "sent": len(measured),
         "completed": len(done),
         "rejected": sum(r.error == "RESOURCE_EXHAUSTED" for r in measured),
         "failed": sum(bool(r.error) and r.error != "RESOURCE_EXHAUSTED" for r in measured),
-        "tokens_per_s": window_tokens / duration,
+        "tokens_per_s": window_tokens / (duration * len(runs)),
         "ttft_p50_ms": 1000 * statistics.median(r.ttft for r in done) if done else float("nan"),
         "itl_p50_ms": 1000 * percentile(itl, 50),
         "itl_p99_ms": 1000 * percentile(itl, 99),
@@ -209,7 +218,7 @@ def summarize(qps: float, policy: str, results: list[RequestResult], warmup: flo
         # from GetStats (when the server has it): share of the measured time the switch was on
         "switch_on_fraction": (sum(s[1] for s in measured_switch) / len(measured_switch)) if measured_switch else None,
         "switch_timeline": [{"t": round(t, 2), "on": on, "gamma": g, "qps": round(q, 2), "running": n}
-                            for t, on, g, q, n in switch],
+                            for t, on, g, q, n in runs[0][1]] if runs else [],
     }
 
 
@@ -236,13 +245,29 @@ def markdown(rows: list[dict]) -> str:
 GOALS = {"tokens_per_s": 0.95, "itl_p50_ms": 1.10, "itl_p99_ms": 1.10}  # AUTO / the better fixed policy
 
 
-def closeness(rows: list[dict]) -> tuple[str, list[dict]]:
-    """Per QPS: AUTO vs the better fixed policy (throughput: higher is better, goal ≥ 0.95;
-    ITL p50 and p99: lower is better, goal ≤ 1.10)."""
+def ratios(on: dict, off: dict, auto: dict) -> dict:
+    """AUTO over the better fixed policy, per figure (throughput: the higher of ON and OFF;
+    each ITL figure: the lower of ON's and OFF's, so AUTO must match ON's p50 and OFF's p99
+    where each fixed policy wins one of them)."""
+    out = {}
+    for key in GOALS:
+        pick = max if key == "tokens_per_s" else min
+        reference = pick(on[key], off[key])
+        out[key] = auto[key] / reference if reference else float("nan")
+    return out
+
+
+def closeness(rows: list[dict], repeats: list[list[dict]] = ()) -> tuple[str, list[dict]]:
+    """Per QPS: AUTO vs the better fixed policy on the pooled runs (throughput: higher is
+    better, goal ≥ 0.95; ITL p50 and p99: lower is better, goal ≤ 1.10), with the range of
+    each ratio over the repeats (`repeats`: the rows of each repeat alone) and which fixed
+    policy is best at ITL p50 and at p99 ("on / off": they differ, AUTO must beat each at
+    its own)."""
     by = {(r["qps"], r["policy"]): r for r in rows}
+    each = [{(r["qps"], r["policy"]): r for r in rep} for rep in repeats]
     lines = [
-        "| QPS | ON / OFF tokens/s | better | AUTO / best tokens/s (≥ 0.95) | AUTO / best ITL p50 (≤ 1.10) "
-        "| AUTO / best ITL p99 (≤ 1.10) | AUTO requests speculated | goals met |",
+        "| QPS | ON / OFF tokens/s | best tokens/s, ITL p50, p99 | AUTO / best tokens/s (≥ 0.95) "
+        "| AUTO / best ITL p50 (≤ 1.10) | AUTO / best ITL p99 (≤ 1.10) | AUTO requests speculated | goals met |",
         "|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     out = []
@@ -250,20 +275,26 @@ def closeness(rows: list[dict]) -> tuple[str, list[dict]]:
         on, off, auto = (by.get((qps, p)) for p in POLICIES)
         if not (on and off and auto):
             continue
-        best = max((on, off), key=lambda r: r["tokens_per_s"])
-        c = {"qps": qps, "better": best["policy"], "on_over_off": on["tokens_per_s"] / off["tokens_per_s"]}
-        for key, goal in GOALS.items():
-            pick = max if key == "tokens_per_s" else min
-            reference = pick(on[key], off[key])
-            c[f"auto_{key}_ratio"] = auto[key] / reference if reference else float("nan")
+        best = [max((on, off), key=lambda r: r["tokens_per_s"])["policy"],
+                *(min((on, off), key=lambda r: r[k])["policy"] for k in ("itl_p50_ms", "itl_p99_ms"))]
+        c = {"qps": qps, "better": best[0], "best_by_figure": best,
+             "on_over_off": on["tokens_per_s"] / off["tokens_per_s"]}
+        pooled = ratios(on, off, auto)
+        spread = [ratios(*(rep[(qps, p)] for p in POLICIES)) for rep in each
+                  if all((qps, p) in rep for p in POLICIES)]
+        cells = []
+        for key, value in pooled.items():
+            c[f"auto_{key}_ratio"] = value
+            c[f"auto_{key}_ratio_range"] = [min(r[key] for r in spread), max(r[key] for r in spread)] if spread else None
+            span = c[f"auto_{key}_ratio_range"]
+            cells.append(fmt(value, ".2f") + (f" ({span[0]:.2f}–{span[1]:.2f})" if span and len(spread) > 1 else ""))
         c["auto_speculated_fraction"] = auto["speculated_fraction"]
         c["goals_met"] = (c["auto_tokens_per_s_ratio"] >= GOALS["tokens_per_s"]
                           and c["auto_itl_p50_ms_ratio"] <= GOALS["itl_p50_ms"]
                           and c["auto_itl_p99_ms_ratio"] <= GOALS["itl_p99_ms"])
         out.append(c)
         lines.append(
-            f"| {qps:g} | {c['on_over_off']:.2f} | {c['better']} | {fmt(c['auto_tokens_per_s_ratio'], '.2f')} "
-            f"| {fmt(c['auto_itl_p50_ms_ratio'], '.2f')} | {fmt(c['auto_itl_p99_ms_ratio'], '.2f')} "
+            f"| {qps:g} | {c['on_over_off']:.2f} | {', '.join(best)} | {' | '.join(cells)} "
             f"| {fmt(100 * c['auto_speculated_fraction'], '.0f')}% | {'yes' if c['goals_met'] else 'no'} |"
         )
     return "\n".join(lines), out
@@ -356,33 +387,48 @@ def server_config(args: argparse.Namespace) -> SpecdecConfig:
     })
 
 
-async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> list[dict]:
+async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> tuple[list[dict], list[list[dict]]]:
+    """Every QPS, every policy, `--repeats` times. Within a repeat each policy plays the same
+    schedule; the order alternates (ON OFF AUTO, then AUTO OFF ON, ...), so that a machine
+    whose speed drifts during the sweep does not favour whichever policy runs first. Returns
+    the pooled rows and each repeat's own rows (for the ratios' spread)."""
     from specdec_rpc.client import AsyncSpecdecClient
 
-    rows: list[dict] = []
+    runs: dict[tuple[float, str], list] = {}
+    repeats: list[list[dict]] = [[] for _ in range(args.repeats)]
     async with AsyncSpecdecClient(address, timeout_s=120.0) as client:
         # warm the whole path (draft, target, both modes) once; not measured
         await asyncio.gather(*(one_request(client, prompts[i], m, 8, time.perf_counter(), RequestResult(0, False), 60)
                                for i, m in enumerate(("on", "off"))))
-        with Progress(len(args.qps) * len(args.policies), "bench_load") as progress:
+        with Progress(len(args.qps) * len(args.policies) * args.repeats, "bench_load") as progress:
             for k, qps in enumerate(args.qps):
-                schedule = poisson_schedule(qps, args.warmup + args.duration, len(prompts), args.seed * 1000 + k)
-                for policy in args.policies:
-                    progress.step(f"{qps:g} requests/s, policy {policy}")
-                    gamma = args.on_gamma if policy == "on" else 0
-                    results, switch, start = await run_point(client, prompts, schedule, policy, gamma, args)
-                    row = summarize(qps, policy, results, args.warmup, args.duration, switch)
-                    rows.append(row)
-                    print(f"  qps {qps:g} {policy:>4}: {row['completed']}/{row['sent']} done, "
-                          f"{row['tokens_per_s']:.1f} tokens/s, ITL p50 {fmt(row['itl_p50_ms'])} ms, "
-                          f"TTFT p50 {fmt(row['ttft_p50_ms'])} ms, speculated {fmt(100 * row['speculated_fraction'], '.0f')}%",
-                          flush=True)
-                    # the next run starts from the same state: idle and the load window empty
-                    # (then the switch is back on after its dwell time)
-                    settle = args.window_s + args.min_dwell_s + 0.5
-                    last_arrival = start + (schedule[-1][0] if schedule else 0.0)
-                    await asyncio.sleep(max(0.0, last_arrival + settle - time.perf_counter()))
-    return rows
+                for rep in range(args.repeats):
+                    schedule = poisson_schedule(qps, args.warmup + args.duration, len(prompts),
+                                                args.seed * 1000 + k + 100 * rep)
+                    order = args.policies if rep % 2 == 0 else args.policies[::-1]
+                    for policy in order:
+                        progress.step(f"{qps:g} requests/s, repeat {rep + 1}, policy {policy}")
+                        run = await play(client, prompts, schedule, qps, policy, args)
+                        runs.setdefault((qps, policy), []).append(run)
+                        repeats[rep].append(summarize(qps, policy, [run], args.warmup, args.duration))
+    rows = [summarize(qps, policy, point, args.warmup, args.duration) for (qps, policy), point in runs.items()]
+    return rows, repeats
+
+
+async def play(client, prompts: list[str], schedule: list[tuple[float, int]], qps: float, policy: str,
+               args: argparse.Namespace) -> tuple[list[RequestResult], list]:
+    """One run of the schedule with one policy, then wait until the next run can start from
+    the same state: idle and the load window empty (the switch back on after its dwell)."""
+    gamma = args.on_gamma if policy == "on" else 0
+    results, switch, start = await run_point(client, prompts, schedule, policy, gamma, args)
+    row = summarize(qps, policy, [(results, switch)], args.warmup, args.duration)
+    print(f"  qps {qps:g} {policy:>4}: {row['completed']}/{row['sent']} done, "
+          f"{row['tokens_per_s']:.1f} tokens/s, ITL p50 {fmt(row['itl_p50_ms'])} ms, "
+          f"p99 {fmt(row['itl_p99_ms'])} ms, speculated {fmt(100 * row['speculated_fraction'], '.0f')}%", flush=True)
+    settle = args.window_s + args.min_dwell_s + 0.5
+    last_arrival = start + (schedule[-1][0] if schedule else 0.0)
+    await asyncio.sleep(max(0.0, last_arrival + settle - time.perf_counter()))
+    return results, switch
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -403,6 +449,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--qps", type=float, nargs="+", default=[1.0, 4.0, 8.0, 16.0], help="offered loads (requests/s)")
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds of arrivals per run")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs of each (QPS, policy), pooled; the policies' order alternates between repeats")
     parser.add_argument("--warmup", type=float, default=6.0, help="unmeasured seconds of arrivals first (policy settles)")
     parser.add_argument("--drain-s", type=float, default=30.0, help="most seconds to wait for a run's last requests")
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -421,8 +469,8 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=RESULTS_DIR / "load_sweep.png", help="PNG output")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw rows to this JSON file")
     args = parser.parse_args()
-    if any(q <= 0 for q in args.qps) or args.duration <= 0 or args.warmup < 0:
-        parser.error("--qps values and --duration must be > 0, --warmup >= 0")
+    if any(q <= 0 for q in args.qps) or args.duration <= 0 or args.warmup < 0 or args.repeats < 1:
+        parser.error("--qps values and --duration must be > 0, --warmup >= 0, --repeats >= 1")
 
     from actors.app import start_app
 
@@ -439,7 +487,7 @@ def main() -> None:
     try:
         signal.signal(signal.SIGTERM, _interrupt)
         print(f"server ready after {time.perf_counter() - t0:.0f}s", flush=True)
-        rows = asyncio.run(sweep(app.address, args, prompts))
+        rows, repeats = asyncio.run(sweep(app.address, args, prompts))
     except KeyboardInterrupt:
         print("interrupted; shutting the server down", flush=True)
         raise
@@ -449,17 +497,17 @@ def main() -> None:
     print()
     print(markdown(rows))
     print()
-    table, close = closeness(rows)
+    table, close = closeness(rows, repeats)
     if close:
-        print("AUTO vs the better fixed policy at each QPS (tokens/s ratio: higher is better, 1.00 = as good; "
-              "ITL ratios: lower is better, 1.00 = as good):")
+        print(f"AUTO vs the better fixed policy at each QPS, {args.repeats} repeats pooled, each repeat's range in "
+              "brackets (tokens/s ratio: higher is better, 1.00 = as good; ITL ratios: lower is better, 1.00 = as good):")
         print()
         print(table)
     lm = config.load_monitor
     override = f"; operator override off above {lm.disable_qps:g} req/s" if lm.disable_qps is not None else ""
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"
     title = (f"bundled pair, {sampling}, {args.max_new_tokens} new tokens, {args.num_slots} slots, "
-             f"{args.duration:g}s per point; AUTO = goodput plan{override}")
+             f"{args.repeats} × {args.duration:g}s per point; AUTO = goodput plan{override}")
     plot(rows, args.plot, title)
     timeline_path = args.plot.with_name(args.plot.stem + "_timeline.png")
     plot_timeline(rows, timeline_path, args.warmup, args.duration)
@@ -467,7 +515,9 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                                         "rows": rows, "auto_vs_best": close}, indent=2))
+                                         "rows": rows, "auto_vs_best": close,
+                                         "repeats": [[{k: v for k, v in r.items() if k != "switch_timeline"} for r in rep]
+                                                     for rep in repeats]}, indent=2))
         print(f"rows: {args.json}")
     print(f"total runtime: {time.perf_counter() - t0:.0f}s")
 
