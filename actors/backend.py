@@ -36,7 +36,8 @@ def load_store(config: SpecdecConfig) -> LoadStore | None:
 
     lm = config.load_monitor
     return RedisLoadStore(url, lm.deployment, lm.window_s, lm.bucket_s, lm.replica_ttl_s,
-                          timeout_s=lm.timeout_s, password=os.environ.get(REDIS_PASSWORD_ENV) or None)
+                          timeout_s=lm.timeout_s, password=os.environ.get(REDIS_PASSWORD_ENV) or None,
+                          cost_window_s=lm.cost_window_s)
 
 
 def load_monitor(config: SpecdecConfig) -> LoadMonitor | None:

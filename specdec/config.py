@@ -153,6 +153,10 @@ class LoadMonitorConfig(StrictModel):
     deployment: str = Field("default", description="Key namespace in Redis; one per specdec deployment.")
     window_s: float = Field(10.0, gt=0, description="Sliding window of QPS and acceptance measurements, seconds.")
     bucket_s: float = Field(1.0, gt=0, description="Time bucket of the window (its resolution), seconds.")
+    cost_window_s: float = Field(
+        60.0, gt=0, description="Sliding window of the round timings the cost model is fitted on, seconds (>= "
+        "window_s): a round's cost belongs to the deployment, not to the moment's load."
+    )
     refresh_s: float = Field(0.1, gt=0, description="Background push/refresh period of each router, seconds.")
     timeout_s: float = Field(0.05, gt=0, le=0.05, description="Redis call timeout, seconds (<= 50 ms).")
     replica_ttl_s: float = Field(5.0, gt=0, description="A router silent this long no longer counts, seconds.")
@@ -194,6 +198,9 @@ class LoadMonitorConfig(StrictModel):
     def _override_complete(self) -> "LoadMonitorConfig":
         if (self.disable_qps is None) != (self.enable_qps is None):
             raise ValueError("load_monitor.disable_qps and load_monitor.enable_qps are set together (or neither)")
+        if self.cost_window_s < self.window_s:
+            raise ValueError(f"load_monitor.cost_window_s ({self.cost_window_s}) must be >= "
+                             f"load_monitor.window_s ({self.window_s})")
         return self
 
 

@@ -2,6 +2,7 @@
 
 Keys (namespaced per deployment, all with TTLs so dead replicas age out):
   {prefix}:win:{bucket}  hash of additive sums for one time bucket (HINCRBYFLOAT), TTL ≈ window
+  {prefix}:cost:{bucket} the round cost model's sums alone, in coarser buckets, TTL ≈ cost window
   {prefix}:replicas      hash replica id -> "in_flight queued at"; stale entries are ignored
   {prefix}:switch        hash {enabled, since}: the shared load switch (compare-and-set)
   {prefix}:push:{id}     marks a push as applied (TTL ≈ window): a retried push is a no-op
@@ -14,17 +15,27 @@ from __future__ import annotations
 import redis
 
 from specdec.policy.load_stats import LoadSnapshot, StatsWindow
-from specdec.policy.load_store import LoadStore, SwitchState
+from specdec.policy.load_store import LoadStore, SwitchState, cost_bucket_s
 from specdec.policy.window_ring import bucket_start
 
+# KEYS: window bucket, replicas, push marker ('' = none), cost bucket. ARGV: window TTL,
+# replica id, its gauge, replicas TTL, cost TTL, the number of window fields, then the window's
+# (field, value) pairs, then the cost bucket's.
 PUSH_SCRIPT = """
 if KEYS[3] ~= '' and not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[1]) then
   return 0
 end
-for i = 5, #ARGV, 2 do
+local last = 6 + 2 * tonumber(ARGV[6])
+for i = 7, last, 2 do
   redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
+if #ARGV > last then
+  for i = last + 1, #ARGV, 2 do
+    redis.call('HINCRBYFLOAT', KEYS[4], ARGV[i], ARGV[i + 1])
+  end
+  redis.call('EXPIRE', KEYS[4], ARGV[5])
+end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 1
@@ -57,13 +68,17 @@ class RedisLoadStore(LoadStore):
         switch_ttl_s: float = 3600.0,
         timeout_s: float = 0.05,
         password: str | None = None,
+        cost_window_s: float | None = None,
     ) -> None:
+        """cost_window_s: how long the round cost sums are kept (None: window_s)."""
         self.client = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, password=password,
             decode_responses=True, retry_on_timeout=False,
         )
         self.prefix = f"specdec:{deployment}"
         self.window_s, self.bucket_s = window_s, bucket_s
+        self.cost_window_s = max(window_s, cost_window_s or window_s)
+        self.cost_bucket_s = cost_bucket_s(self.cost_window_s, bucket_s)
         self.replica_ttl_s, self.switch_ttl_s = replica_ttl_s, switch_ttl_s
         self._push = self.client.register_script(PUSH_SCRIPT)
         self._cas = self.client.register_script(CAS_SCRIPT)
@@ -72,33 +87,43 @@ class RedisLoadStore(LoadStore):
     def num_buckets(self) -> int:
         return max(1, round(self.window_s / self.bucket_s))
 
+    @property
+    def num_cost_buckets(self) -> int:
+        return max(1, round(self.cost_window_s / self.cost_bucket_s))
+
     def push(
         self, replica_id: str, delta: StatsWindow, at: float, in_flight: int, queued: int, push_id: str | None = None
     ) -> bool:
         key = f"{self.prefix}:win:{bucket_start(at, self.bucket_s)}"
+        cost_key = f"{self.prefix}:cost:{bucket_start(at, self.cost_bucket_s)}"
         fields = [x for k, v in delta.sums.items() if v for x in (k, repr(float(v)))]
+        costs = [x for k, v in delta.costs().sums.items() if v for x in (k, repr(float(v)))]
         ttl = int(self.window_s + 2 * self.bucket_s) + 1
+        cost_ttl = int(self.cost_window_s + 2 * self.cost_bucket_s) + 1
         gauge = f"{in_flight} {queued} {at!r}"
         marker = f"{self.prefix}:push:{push_id}" if push_id is not None else ""
-        return bool(self._push(keys=[key, f"{self.prefix}:replicas", marker],
-                               args=[ttl, replica_id, gauge, int(self.replica_ttl_s * 4) + 1, *fields]))
+        return bool(self._push(keys=[key, f"{self.prefix}:replicas", marker, cost_key],
+                               args=[ttl, replica_id, gauge, int(self.replica_ttl_s * 4) + 1, cost_ttl,
+                                     len(fields) // 2, *fields, *costs]))
 
     def snapshot(self, now: float) -> LoadSnapshot:
-        newest = bucket_start(now, self.bucket_s)
         pipe = self.client.pipeline(transaction=False)
-        for bucket in range(newest - self.num_buckets + 1, newest + 1):
-            pipe.hgetall(f"{self.prefix}:win:{bucket}")
+        for name, bucket_s, count in (("win", self.bucket_s, self.num_buckets),
+                                      ("cost", self.cost_bucket_s, self.num_cost_buckets)):
+            newest = bucket_start(now, bucket_s)
+            for bucket in range(newest - count + 1, newest + 1):
+                pipe.hgetall(f"{self.prefix}:{name}:{bucket}")
         pipe.hgetall(f"{self.prefix}:replicas")
-        *windows, replicas = pipe.execute()
-        total = StatsWindow()
-        for window in windows:
-            total.merge({k: float(v) for k, v in window.items()})
+        *hashes, replicas = pipe.execute()
+        total, costs = StatsWindow(), StatsWindow()
+        for i, bucket in enumerate(hashes):
+            (total if i < self.num_buckets else costs).merge({k: float(v) for k, v in bucket.items()})
         in_flight = queued = 0.0
         for value in replicas.values():
             f, q, at = value.split()
             if now - float(at) <= self.replica_ttl_s:
                 in_flight, queued = in_flight + float(f), queued + float(q)
-        return LoadSnapshot.from_window(total, self.window_s, in_flight, queued, measured_at=now)
+        return LoadSnapshot.from_window(total, self.window_s, in_flight, queued, measured_at=now, costs=costs)
 
     def switch_state(self) -> SwitchState:
         raw = self.client.hgetall(f"{self.prefix}:switch")

@@ -42,10 +42,12 @@ class LoadMonitor:
         window_s: float = 10.0,
         breaker: CircuitBreaker | None = None,
         clock: Callable[[], float] = time.time,
+        cost_window_s: float | None = None,
     ) -> None:
-        """store: the shared store (None = this process only)."""
+        """store: the shared store (None = this process only); window_s / cost_window_s:
+        this replica's own measurements (the fallback), as the store keeps them."""
         self.store = store
-        self.local = InProcessLoadStore(window_s=window_s)
+        self.local = InProcessLoadStore(window_s=window_s, cost_window_s=cost_window_s)
         self.policy = policy
         self.replica_id = replica_id
         self.refresh_s = refresh_s
@@ -231,4 +233,5 @@ def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, repli
         thresholds=thresholds,
     )
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
-    return LoadMonitor(store, SpeculationPolicy(settings), replica_id, config.refresh_s, config.window_s, breaker)
+    return LoadMonitor(store, SpeculationPolicy(settings), replica_id, config.refresh_s, config.window_s, breaker,
+                       cost_window_s=config.cost_window_s)

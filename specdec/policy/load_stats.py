@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from specdec.policy.round_cost import RoundCostModel, RoundShape, add_round_timing
+from specdec.policy.round_cost import RoundCostModel, RoundShape, add_round_timing, is_cost_key
 
 
 MIN_POSITION_SAMPLES = 8  # drafted tokens a position needs before its acceptance is reported
@@ -91,6 +91,10 @@ class StatsWindow:
     def get(self, key: str) -> float:
         return self.sums.get(key, 0.0)
 
+    def costs(self) -> "StatsWindow":
+        """The round cost model's sums alone (a store keeps them over the cost window)."""
+        return StatsWindow(defaultdict(float, {k: v for k, v in self.sums.items() if is_cost_key(k)}))
+
 
 @dataclass(frozen=True)
 class LoadSnapshot:
@@ -109,8 +113,11 @@ class LoadSnapshot:
 
     @classmethod
     def from_window(
-        cls, window: StatsWindow, window_s: float, in_flight: float, queued: float, measured_at: float
+        cls, window: StatsWindow, window_s: float, in_flight: float, queued: float, measured_at: float,
+        costs: StatsWindow | None = None,
     ) -> "LoadSnapshot":
+        """The figures of `window` (the last window_s seconds); the round cost model from
+        `costs` (the sums of the longer cost window; None = `window`'s own)."""
         drafted = window.get("drafted")
         positions = []
         i = 0
@@ -124,7 +131,7 @@ class LoadSnapshot:
             alpha=window.get("accepted") / drafted if drafted > 0 else None,
             alpha_per_position=tuple(positions),
             mean_accepted_length=(window.get("accepted") + rows) / rows if (rows := window.get("sequence_rounds")) else None,
-            round_cost=RoundCostModel.from_sums(window.sums),
+            round_cost=RoundCostModel.from_sums((window if costs is None else costs).sums),
             measured_at=measured_at,
             drafted=drafted,
             draft_calls=window.get("draft:n"),

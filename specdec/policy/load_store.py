@@ -13,6 +13,13 @@ from dataclasses import dataclass
 from specdec.policy.load_stats import LoadSnapshot, StatsWindow
 from specdec.policy.window_ring import WindowRing
 
+COST_BUCKETS = 10  # the cost window's resolution: a tenth of it (it changes slowly; fewer reads)
+
+
+def cost_bucket_s(cost_window_s: float, bucket_s: float) -> float:
+    """The time bucket of the round-cost sums: a tenth of their window, at least bucket_s."""
+    return max(bucket_s, cost_window_s / COST_BUCKETS)
+
 
 @dataclass(frozen=True)
 class SwitchState:
@@ -36,7 +43,8 @@ class LoadStore(ABC):
 
     @abstractmethod
     def snapshot(self, now: float) -> LoadSnapshot:
-        """Sum every replica's recent measurements (dead replicas age out)."""
+        """Sum every replica's recent measurements (dead replicas age out): the last
+        window_s seconds, and the round cost model's sums over the last cost_window_s."""
 
     @abstractmethod
     def switch_state(self) -> SwitchState:
@@ -50,10 +58,14 @@ class LoadStore(ABC):
 class InProcessLoadStore(LoadStore):
     """A LoadStore in this process's memory (thread-safe)."""
 
-    def __init__(self, window_s: float = 10.0, bucket_s: float = 1.0, replica_ttl_s: float = 5.0) -> None:
+    def __init__(self, window_s: float = 10.0, bucket_s: float = 1.0, replica_ttl_s: float = 5.0,
+                 cost_window_s: float | None = None) -> None:
+        """cost_window_s: how long the round cost sums are kept (None: window_s)."""
         self.window_s = window_s
+        self.cost_window_s = max(window_s, cost_window_s or window_s)
         self.replica_ttl_s = replica_ttl_s
         self._ring = WindowRing(window_s, bucket_s)
+        self._costs = WindowRing(self.cost_window_s, cost_bucket_s(self.cost_window_s, bucket_s))
         self._replicas: dict[str, tuple[int, int, float]] = {}
         self._switch = SwitchState()
         self._lock = threading.Lock()
@@ -69,16 +81,17 @@ class InProcessLoadStore(LoadStore):
                     return False
                 self._applied[push_id] = at
             self._ring.add(delta, at)
+            self._costs.add(delta.costs(), at)
             self._replicas[replica_id] = (in_flight, queued, at)
             return True
 
     def snapshot(self, now: float) -> LoadSnapshot:
         with self._lock:
             alive = [(f, q) for f, q, at in self._replicas.values() if now - at <= self.replica_ttl_s]
-            window = self._ring.recent(now)
+            window, costs = self._ring.recent(now), self._costs.recent(now)
         in_flight = sum(f for f, _ in alive)
         queued = sum(q for _, q in alive)
-        return LoadSnapshot.from_window(window, self.window_s, in_flight, queued, measured_at=now)
+        return LoadSnapshot.from_window(window, self.window_s, in_flight, queued, measured_at=now, costs=costs)
 
     def switch_state(self) -> SwitchState:
         with self._lock:

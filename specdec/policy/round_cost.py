@@ -22,6 +22,12 @@ adding (`StatsWindow` in Redis). Draft calls at one γ only cannot separate the 
 fixed cost from its steps' cost; a tiny ridge term then splits them, which predicts the rounds
 measured exactly and corrects itself once other γs are seen (the policy's exploration).
 
+What a round costs belongs to the deployment (models, devices, network), not to the
+moment's load: its sums are kept over a longer window than QPS and acceptance
+(`load_monitor.cost_window_s`, `COST_KEYS`). Fitted on a few seconds of rounds in which γ
+barely varied, the draft's fixed and per-step costs cannot be told apart, and such a fit
+switched speculation off at three rows that a minute of rounds showed it paid for.
+
 A linear fit is trusted only near the rounds it was fitted on: fitted on batches of 32
 plain rows, its slope says little about 32 rows drafting 8 tokens each. `drafted_limit`
 is the trust region: the most drafted tokens a round may plan, from the mean and spread
@@ -37,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 VERIFY, DRAFT = "verify", "draft"
+COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", "cost_rounds", "overhead_seconds")  # the sums `add_round_timing` adds
 MIN_ROUNDS, MIN_DRAFT_CALLS = 16, 4  # timings needed before the model is trusted at all
 RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features, biases nothing else
 # The draft's per-row-step term is penalised more: while every call had the same number of
@@ -161,6 +168,11 @@ def _high(sums: Mapping[str, float], prefix: str, i: int) -> float:
     mean = sums.get(f"{prefix}:xx:0:{i}", 0.0) / n
     spread = max(0.0, sums.get(f"{prefix}:xx:{i}:{i}", 0.0) / n - mean * mean) ** 0.5
     return mean + 2.0 * spread + max(2.0, 0.25 * mean)
+
+
+def is_cost_key(key: str) -> bool:
+    """Whether a sum belongs to the round cost model (kept over the longer cost window)."""
+    return key.startswith(COST_KEYS)
 
 
 def add_round_timing(add: Callable[[str, float], None], shape: RoundShape, verify_s: float, draft_s: float,

@@ -88,6 +88,7 @@ def test_later_overrides_win_and_nested_keys_merge():
         ({"speculation": {"ngram": {"n_min": 5, "n_max": 2}}}, "n_min"),
         ({"cache": {"num_slots": 0}}, "num_slots"),
         ({"models": {"dtype": "int8"}}, "dtype"),
+        ({"load_monitor": {"window_s": 30.0, "cost_window_s": 10.0}}, "cost_window_s"),
     ],
 )
 def test_bad_values_are_rejected_naming_the_field(overrides, field):

@@ -57,6 +57,28 @@ def test_old_windows_and_dead_replicas_age_out(store):
     assert snap.qps == pytest.approx(1.0) and snap.in_flight == 1
 
 
+def test_the_cost_model_outlives_the_load_window_for_every_replica(redis_server, request):
+    """Round timings are kept over cost_window_s: 30 s later the load window is empty, the
+    cost model fitted on both replicas' rounds is not."""
+    stores = [RedisLoadStore(redis_server.url, deployment=request.node.name, window_s=10.0, cost_window_s=60.0)
+              for _ in range(2)]
+    now = time.time()
+    for name, s in zip("ab", stores):
+        w = StatsWindow()
+        for gamma in (1, 2, 4, 8) * 4:
+            w.add_round(RoundSample(1, gamma, gamma, 1, 0.008 + 0.001 * gamma, 0.01 + 0.0002 * gamma, draft_rows=1))
+        w.add_arrival(5)
+        s.push(name, w, now - 30, in_flight=1, queued=0)
+    snap = stores[1].snapshot(now)
+    assert snap.qps == 0.0 and snap.alpha is None
+    assert snap.round_cost is not None and snap.round_cost.draft_s(1, 4) == pytest.approx(0.012, rel=1e-3)
+    assert stores[0].snapshot(now + 80).round_cost is None  # past the cost window
+    cost_keys = stores[0].client.keys(f"{stores[0].prefix}:cost:*")
+    assert cost_keys and all(0 < stores[0].client.ttl(k) <= 73 for k in cost_keys)
+    for s in stores:
+        s.close()
+
+
 def test_keys_are_namespaced_per_deployment_and_carry_ttls(redis_server, store):
     store.push("a", delta(arrivals=1), time.time(), 0, 0)
     other = RedisLoadStore(redis_server.url, deployment="someone-else")
