@@ -31,7 +31,7 @@ the better fixed policy: AUTO tokens/s / max(ON, OFF), AUTO ITL p50 and p99 / mi
 (goals: ≥ 0.95 and ≤ 1.10), each with its range over the repeats, which fixed policy is
 best at each figure, and a second plot of AUTO's γ and on/off state over time.
 
-Defaults fit 2 CPU cores (~13 minutes): sampled requests (temperature 1, where the bundled
+Defaults fit 2 CPU cores (~11 minutes): sampled requests (temperature 1, where the bundled
 draft's acceptance is lower than greedy), 32 cache slots so that batches grow large
 enough for the verify forward to dominate, loads from light to past saturation.
 
