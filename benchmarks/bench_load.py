@@ -260,9 +260,10 @@ def ratios(on: dict, off: dict, auto: dict) -> dict:
 def closeness(rows: list[dict], repeats: list[list[dict]] = ()) -> tuple[str, list[dict]]:
     """Per QPS: AUTO vs the better fixed policy on the pooled runs (throughput: higher is
     better, goal ≥ 0.95; ITL p50 and p99: lower is better, goal ≤ 1.10), with the range of
-    each ratio over the repeats (`repeats`: the rows of each repeat alone) and which fixed
-    policy is best at ITL p50 and at p99 ("on / off": they differ, AUTO must beat each at
-    its own)."""
+    each ratio over the repeats (`repeats`: the rows of each repeat alone; a ratio of
+    pooled figures need not lie between the repeats' ratios, which differ in size and
+    speed) and which fixed policy is best at throughput, ITL p50 and p99 (e.g. "off, on,
+    off": AUTO must match each at its own figure)."""
     by = {(r["qps"], r["policy"]): r for r in rows}
     each = [{(r["qps"], r["policy"]): r for r in rep} for rep in repeats]
     lines = [
@@ -285,8 +286,8 @@ def closeness(rows: list[dict], repeats: list[list[dict]] = ()) -> tuple[str, li
         cells = []
         for key, value in pooled.items():
             c[f"auto_{key}_ratio"] = value
-            c[f"auto_{key}_ratio_range"] = [min(r[key] for r in spread), max(r[key] for r in spread)] if spread else None
-            span = c[f"auto_{key}_ratio_range"]
+            span = [min(r[key] for r in spread), max(r[key] for r in spread)] if spread else None
+            c[f"auto_{key}_ratio_range"] = span
             cells.append(fmt(value, ".2f") + (f" ({span[0]:.2f}–{span[1]:.2f})" if span and len(spread) > 1 else ""))
         c["auto_speculated_fraction"] = auto["speculated_fraction"]
         c["goals_met"] = (c["auto_tokens_per_s_ratio"] >= GOALS["tokens_per_s"]
