@@ -1,0 +1,50 @@
+"""The QPS sweep's verdict: AUTO against the better fixed policy per figure, its repeats pooled."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_load  # noqa: E402
+
+
+def row(policy, tokens_per_s, p50, p99, qps=4.0):
+    return {"qps": qps, "policy": policy, "tokens_per_s": tokens_per_s, "itl_p50_ms": p50, "itl_p99_ms": p99,
+            "speculated_fraction": 1.0 if policy != "off" else 0.0}
+
+
+def test_auto_must_match_on_at_p50_and_off_at_p99_where_each_wins_one():
+    rows = [row("on", 100, 10.0, 50.0), row("off", 100, 15.0, 30.0), row("auto", 99, 10.5, 32.0)]
+    _, (c,) = bench_load.closeness(rows)
+    assert c["best_by_figure"][1:] == ["on", "off"]
+    assert c["auto_itl_p50_ms_ratio"] == pytest.approx(10.5 / 10.0)
+    assert c["auto_itl_p99_ms_ratio"] == pytest.approx(32.0 / 30.0)
+    assert c["goals_met"]
+    rows[2] = row("auto", 99, 10.5, 40.0)  # ON's tail: 1.33x OFF's p99
+    assert not bench_load.closeness(rows)[1][0]["goals_met"]
+
+
+def test_each_ratio_carries_its_range_over_the_repeats():
+    repeats = [[row("on", 100, 10.0, 50.0), row("off", 100, 15.0, 30.0), row("auto", 100, 12.0, 30.0)],
+               [row("on", 100, 10.0, 50.0), row("off", 100, 15.0, 30.0), row("auto", 100, 9.0, 45.0)]]
+    pooled = [row("on", 100, 10.0, 50.0), row("off", 100, 15.0, 30.0), row("auto", 100, 10.5, 36.0)]
+    table, (c,) = bench_load.closeness(pooled, repeats)
+    assert c["auto_itl_p50_ms_ratio_range"] == pytest.approx([0.9, 1.2])
+    assert c["auto_itl_p99_ms_ratio_range"] == pytest.approx([1.0, 1.5])
+    assert "1.05 (0.90–1.20)" in table
+
+
+def test_a_point_pools_every_measured_request_of_its_runs():
+    def run(itl, tokens_at):
+        res = bench_load.RequestResult(arrival=7.0, measured=True, tokens=len(tokens_at), done=True)
+        res.itl, res.chunks = list(itl), [(t, 1) for t in tokens_at]
+        warm = bench_load.RequestResult(arrival=1.0, measured=False, done=True)  # in the warm-up: not counted
+        warm.itl = [9.9]
+        return [res, warm], []
+
+    point = bench_load.summarize(4.0, "off", [run([0.010, 0.010], [6.5, 7.0, 8.0]), run([0.030], [7.0, 30.0])],
+                                 warmup=6.0, duration=10.0)
+    assert (point["runs"], point["sent"], point["completed"]) == (2, 2, 2)
+    assert point["tokens_per_s"] == pytest.approx(4 / (2 * 10.0))  # tokens streamed in the measured 10 s of each run
+    assert point["itl_p50_ms"] == pytest.approx(10.0)
