@@ -409,17 +409,18 @@ async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> t
                     order = args.policies if rep % 2 == 0 else args.policies[::-1]
                     for policy in order:
                         progress.step(f"{qps:g} requests/s, repeat {rep + 1}, policy {policy}")
-                        run = await play(client, prompts, schedule, qps, policy, args)
+                        run, row = await play(client, prompts, schedule, qps, policy, args)
                         runs.setdefault((qps, policy), []).append(run)
-                        repeats[rep].append(summarize(qps, policy, [run], args.warmup, args.duration))
+                        repeats[rep].append(row)
     rows = [summarize(qps, policy, point, args.warmup, args.duration) for (qps, policy), point in runs.items()]
     return rows, repeats
 
 
 async def play(client, prompts: list[str], schedule: list[tuple[float, int]], qps: float, policy: str,
-               args: argparse.Namespace) -> tuple[list[RequestResult], list]:
+               args: argparse.Namespace) -> tuple[tuple[list[RequestResult], list], dict]:
     """One run of the schedule with one policy, then wait until the next run can start from
-    the same state: idle and the load window empty (the switch back on after its dwell)."""
+    the same state: idle and the load window empty (the switch back on after its dwell).
+    Returns the run (requests, switch timeline) and its own summary."""
     gamma = args.on_gamma if policy == "on" else 0
     results, switch, start = await run_point(client, prompts, schedule, policy, gamma, args)
     row = summarize(qps, policy, [(results, switch)], args.warmup, args.duration)
@@ -429,7 +430,7 @@ async def play(client, prompts: list[str], schedule: list[tuple[float, int]], qp
     settle = args.window_s + args.min_dwell_s + 0.5
     last_arrival = start + (schedule[-1][0] if schedule else 0.0)
     await asyncio.sleep(max(0.0, last_arrival + settle - time.perf_counter()))
-    return results, switch
+    return (results, switch), row
 
 
 def _interrupt(signum: int, frame: object) -> None:

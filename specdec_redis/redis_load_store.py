@@ -15,7 +15,7 @@ from __future__ import annotations
 import redis
 
 from specdec.policy.load_stats import LoadSnapshot, StatsWindow
-from specdec.policy.load_store import LoadStore, SwitchState, cost_bucket_s
+from specdec.policy.load_store import LoadStore, SwitchState, cost_window
 from specdec.policy.window_ring import bucket_start
 
 # KEYS: window bucket, replicas, push marker ('' = none), cost bucket. ARGV: window TTL,
@@ -77,8 +77,7 @@ class RedisLoadStore(LoadStore):
         )
         self.prefix = f"specdec:{deployment}"
         self.window_s, self.bucket_s = window_s, bucket_s
-        self.cost_window_s = max(window_s, cost_window_s or window_s)
-        self.cost_bucket_s = cost_bucket_s(self.cost_window_s, bucket_s)
+        self.cost_window_s, self.cost_bucket_s = cost_window(window_s, bucket_s, cost_window_s)
         self.replica_ttl_s, self.switch_ttl_s = replica_ttl_s, switch_ttl_s
         self._push = self.client.register_script(PUSH_SCRIPT)
         self._cas = self.client.register_script(CAS_SCRIPT)

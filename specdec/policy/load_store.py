@@ -16,9 +16,12 @@ from specdec.policy.window_ring import WindowRing
 COST_BUCKETS = 10  # the cost window's resolution: a tenth of it (it changes slowly; fewer reads)
 
 
-def cost_bucket_s(cost_window_s: float, bucket_s: float) -> float:
-    """The time bucket of the round-cost sums: a tenth of their window, at least bucket_s."""
-    return max(bucket_s, cost_window_s / COST_BUCKETS)
+def cost_window(window_s: float, bucket_s: float, cost_window_s: float | None) -> tuple[float, float]:
+    """(seconds, bucket seconds) a store keeps the round-cost sums for: cost_window_s, at
+    least the load window (None: the load window), in buckets of a tenth of it, at least
+    bucket_s."""
+    seconds = max(window_s, cost_window_s or window_s)
+    return seconds, max(bucket_s, seconds / COST_BUCKETS)
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,10 @@ class InProcessLoadStore(LoadStore):
                  cost_window_s: float | None = None) -> None:
         """cost_window_s: how long the round cost sums are kept (None: window_s)."""
         self.window_s = window_s
-        self.cost_window_s = max(window_s, cost_window_s or window_s)
+        self.cost_window_s, cost_bucket_s = cost_window(window_s, bucket_s, cost_window_s)
         self.replica_ttl_s = replica_ttl_s
         self._ring = WindowRing(window_s, bucket_s)
-        self._costs = WindowRing(self.cost_window_s, cost_bucket_s(self.cost_window_s, bucket_s))
+        self._costs = WindowRing(self.cost_window_s, cost_bucket_s)
         self._replicas: dict[str, tuple[int, int, float]] = {}
         self._switch = SwitchState()
         self._lock = threading.Lock()
