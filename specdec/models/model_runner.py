@@ -1,7 +1,8 @@
 """ModelRunner: the engine-facing API over a serving model and its slot KV cache.
 
 Sequences are identified by cache slots. ``forward`` appends tokens to several slots in
-one batched call (ragged lengths are right-padded internally) and returns logits;
+one batched call (ragged lengths are right-padded internally, very different ones split
+into a few forwards) and returns logits;
 ``truncate`` rolls a slot back in O(1) after draft tokens are rejected.
 """
 
@@ -12,6 +13,7 @@ import torch
 from specdec.models.kv_cache import KVCache
 from specdec.models.llama import LlamaForServing
 from specdec.models.loader import load_model
+from specdec.models.padding_groups import padding_groups
 
 
 class ModelRunner:
@@ -86,9 +88,32 @@ class ModelRunner:
 
         Returns [B, T, V] with T = max row length (entries past a row's length are undefined) or,
         with ``last_only``, [B, V] at each row's last token (lm_head runs only there). Each slot's
-        length grows by exactly ``len(token_ids[b])``.
+        length grows by exactly ``len(token_ids[b])``. Rows of very different lengths (a prompt
+        among decode rows) run as a few forwards of similar lengths (`padding_groups`): each
+        row attends only to its own slot, so the split changes the cost, not the result.
         """
         lengths = self._validate(slot_ids, token_ids)
+        groups = padding_groups([len(row) for row in token_ids])
+        if len(groups) == 1:
+            return self._forward_padded(slot_ids, token_ids, lengths, last_only)
+        width = max(len(row) for row in token_ids)
+        out = None
+        for rows in groups:
+            logits = self._forward_padded([slot_ids[i] for i in rows], [token_ids[i] for i in rows],
+                                          [lengths[i] for i in rows], last_only)  # [g, V] or [g, T_g, V]
+            if out is None:
+                shape = (len(slot_ids), *logits.shape[1:]) if last_only else (len(slot_ids), width, logits.shape[-1])
+                out = logits.new_zeros(shape)
+            index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            if last_only:
+                out[index] = logits
+            else:
+                out[index, : logits.shape[1]] = logits
+        return out
+
+    def _forward_padded(self, slot_ids: list[int], token_ids: list[list[int]], lengths: list[int],
+                        last_only: bool) -> torch.Tensor:
+        """One forward, every row right-padded to the longest (`forward`, already validated)."""
         counts = [len(row) for row in token_ids]
         width = max(counts)
         device = self.model.device

@@ -41,6 +41,34 @@ def test_forward_grows_each_slot_by_its_own_token_count(runner):
     assert (runner.slot_length(a), runner.slot_length(b)) == (3, 3)
 
 
+def test_a_prompt_among_decode_rows_runs_apart_and_gives_what_each_row_gives_alone(tiny_checkpoint):
+    """One 40-token row and three 1-token rows: split into two forwards (no padding to 40),
+    with the logits and cache lengths each row gets when it runs alone."""
+    path = str(tiny_checkpoint("llama"))
+    batched, alone = (ModelRunner.from_pretrained(path, num_slots=4, max_seq_len=64) for _ in range(2))
+    rows = [[3, 4, 5], [7] * 40, [9], [11, 12]]
+    history = [[1, 2], [1], [1, 2, 3], [2]]
+    slots = [batched.allocate_slot() for _ in rows]
+    solo = [alone.allocate_slot() for _ in rows]
+    for runner, ids in ((batched, slots), (alone, solo)):
+        for slot, past in zip(ids, history):
+            runner.forward([slot], [past])
+    calls, inner = [], batched.model.forward_hidden
+    batched.model.forward_hidden = lambda input_ids, *a: calls.append(tuple(input_ids.shape)) or inner(input_ids, *a)
+    full = batched.forward(slots, rows)
+    assert full.shape == (4, 40, 256)
+    assert sorted(calls) == [(1, 40), (3, 3)]  # the prompt alone, the others padded to 3
+    for i, (slot, row) in enumerate(zip(solo, rows)):
+        own = alone.forward([slot], [row])[0]  # [len(row), vocab]
+        assert torch.allclose(full[i, : len(row)], own, atol=1e-4)
+        assert batched.slot_length(slots[i]) == alone.slot_length(slot) == len(history[i]) + len(row)
+    more = [[5], [6] * 20, [7], [8]]
+    last = batched.forward(slots, more, last_only=True)
+    assert last.shape == (4, 256)
+    for i, (slot, row) in enumerate(zip(solo, more)):
+        assert torch.allclose(last[i], alone.forward([slot], [row], last_only=True)[0], atol=1e-4)
+
+
 def test_slots_are_allocated_freed_and_exhausted(runner):
     a, b = runner.allocate_slot(), runner.allocate_slot()
     assert runner.num_free_slots == 0
