@@ -19,8 +19,8 @@ draft step whatever the batch; d_row_step one more row in a step.
 Each coefficient is fitted by non-negative least squares over additive sums (Σ x·xᵀ,
 Σ x·y, n), so that the sums of any number of router replicas and time buckets merge by
 adding (`StatsWindow` in Redis). Draft calls at one γ only cannot separate the call's
-fixed cost from its steps' cost; a tiny ridge term then splits them, which predicts the rounds
-measured exactly and corrects itself once other γs are seen (the policy's exploration).
+fixed cost from its steps' cost; a small ridge term then gives it to the steps (`DRAFT_RIDGE`),
+which predicts the rounds measured exactly and corrects itself once other γs are seen.
 
 What a round costs belongs to the deployment (models, devices, network), not to the
 moment's load: its sums are kept over a longer window than QPS and acceptance
@@ -46,10 +46,15 @@ VERIFY, DRAFT = "verify", "draft"
 COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", "cost_rounds", "overhead_seconds")  # the sums `add_round_timing` adds
 MIN_ROUNDS, MIN_DRAFT_CALLS = 16, 4  # timings needed before the model is trusted at all
 RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features, biases nothing else
-# The draft's per-row-step term is penalised more: while every call had the same number of
-# rows (one request at a time) it cannot be told from the per-step term, and a step's cost
-# is then taken as the batch's, not as growing with rows that were never measured.
-DRAFT_RIDGE = (RIDGE, RIDGE, 1e-4)
+# The draft's fixed and per-row-step terms are penalised more than its per-step term. While
+# every call had the same number of rows (one request at a time) the per-row-step term cannot
+# be told from the per-step one, and a step's cost is then taken as the batch's, not as
+# growing with rows that were never measured. While every call drafted the same γ (mode ON
+# traffic) the call's fixed cost cannot be told from its steps', and the cost is then taken
+# as the steps': a shorter γ is predicted cheaper, as an autoregressive draft is, so the plan
+# (and its round-time bound) still tries it and measures the truth; taken as fixed, every
+# shorter γ would look as dear as the measured one and speculation would stop altogether.
+DRAFT_RIDGE = (1e-6, RIDGE, 1e-4)
 
 
 @dataclass(frozen=True)
@@ -152,10 +157,11 @@ class RoundCostModel:
         d = self.draft
         return d[0] + d[1] * steps + d[2] * draft_rows * steps
 
-    def round_s(self, gammas: list[int] | tuple[int, ...]) -> float:
-        """Predicted seconds of a round in which row i drafts gammas[i] tokens."""
+    def round_s(self, gammas: list[int] | tuple[int, ...], prompt_tokens: int = 0) -> float:
+        """Predicted seconds of a round in which row i drafts gammas[i] tokens and the target
+        also reads `prompt_tokens` (the prompts of rows in their first round)."""
         drafting = [g for g in gammas if g > 0]
-        tokens = sum(gammas) + len(gammas)
+        tokens = sum(gammas) + len(gammas) + prompt_tokens
         return self.overhead_s + self.verify_s(tokens) + self.draft_s(len(drafting), max(drafting, default=0))
 
 

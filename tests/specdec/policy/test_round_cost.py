@@ -113,3 +113,20 @@ def test_one_request_at_a_time_does_not_make_drafting_for_more_rows_look_dearer(
     fitted = RoundCostModel.from_sums(window.sums)
     assert fitted.draft_s(1, 4) == pytest.approx(0.014, rel=1e-3)
     assert fitted.draft[2] < 0.01 * fitted.draft[1]
+
+
+def test_calls_at_one_gamma_give_their_cost_to_the_steps_and_other_gammas_correct_it():
+    """γ = 4 only (mode ON traffic): a shorter γ is predicted cheaper in proportion, as an
+    autoregressive draft is, so the plan still tries it; rounds at other γs then fit the truth."""
+    window = StatsWindow()
+    for k in range(40):
+        add_round_timing(window.add, RoundShape(1, 5, 1, 4), TRUE.verify_s(5), TRUE.draft_s(1, 4), 0.0)
+    one_gamma = RoundCostModel.from_sums(window.sums)
+    assert one_gamma.draft_s(1, 4) == pytest.approx(TRUE.draft_s(1, 4), rel=1e-3)
+    assert one_gamma.draft_s(1, 1) == pytest.approx(TRUE.draft_s(1, 4) / 4, rel=0.05)
+    for k in range(40):
+        steps = 1 + k % 4
+        add_round_timing(window.add, RoundShape(1, 1 + steps, 1, steps), TRUE.verify_s(1 + steps),
+                         TRUE.draft_s(1, steps), 0.0)
+    varied = RoundCostModel.from_sums(window.sums)
+    assert varied.draft_s(1, 1) == pytest.approx(TRUE.draft_s(1, 1), rel=0.02)
