@@ -206,7 +206,7 @@ class SpeculativeEngine:
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
         requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(now)]
-        prefill = sum(len(seq.token_ids) - 1 for seq in now if seq.stats.rounds == 0)  # prompts the target reads
+        prefill = sum(self._unread_prompt(seq) for seq in now)  # prompts the target reads
         pending = self.verifier.verify_async(requests)
         meanwhile, ahead_s = self._during_verify(now, later, requests, gammas) if ahead is not None else (None, 0.0)
         results = pending.result()
@@ -339,7 +339,13 @@ class SpeculativeEngine:
         room = self.verifier.max_seq_len - len(seq.token_ids)
         cap = max(0, min(self.gamma_max, seq.remaining - 1, room))
         pinned = request.sampling.seed is not None and not request.sampling.is_greedy
-        return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id)
+        return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id,
+                        self._unread_prompt(seq))
+
+    @staticmethod
+    def _unread_prompt(seq: Sequence) -> int:
+        """Tokens the target reads for a row besides its γ + 1: its prompt, in its first round."""
+        return len(seq.token_ids) - 1 if seq.stats.rounds == 0 else 0
 
     def _gamma_for(self, seq: Sequence) -> int:
         """This round's planned γ for a row of the batch."""

@@ -15,10 +15,20 @@ by Dinkelbach's iteration: with λ the current goodput, each row independently m
 E_i(γ) − λ · cost_i(γ), then λ is updated, until the choice repeats. γ = 0 for every row —
 plain decoding — is what the plan chooses when drafting costs more than it emits (a poor
 proposer, or a large batch whose verify forward is compute-bound).
+
+Goodput is a mean; the latency tail is the round whose first draft is rejected: every row
+then gets one token for the whole round, the draft's steps included. `max_round_ratio`
+bounds a plan's predicted round at that many times the same batch decoded plainly (its
+rows at their least γ, without the prompts it reads), so speculation cannot stretch the
+gap between two tokens beyond it, in any row: plans over the bound lose their least likely
+drafts until they fit. A round that prefills a newcomer's prompt is already long: it
+drafts only what still fits (often nothing), which keeps speculation out of the rounds
+that make plain decoding's own tail.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,11 +84,14 @@ class Plan:
 
 
 def plan_gammas(
-    curves: np.ndarray, lo: list[int], hi: list[int], cost: RoundCostModel, margin: float = 0.0
+    curves: np.ndarray, lo: list[int], hi: list[int], cost: RoundCostModel, margin: float = 0.0,
+    max_round_ratio: float = 0.0, prompt_tokens: int = 0,
 ) -> Plan:
     """The goodput-maximising γ per row (ties go to fewer draft steps). A plan that speculates
     more than the rows' least γ must beat that plain plan by `margin` (a fraction), so that
-    noise in the measurements does not switch speculation on for nothing.
+    noise in the measurements does not switch speculation on for nothing, and its round may
+    take at most `max_round_ratio` times the plain plan's without prompts (0 = unbounded).
+    prompt_tokens: what the target reads this round besides the rows' γ + 1 tokens.
     curves: # [rows, gamma_max] P_i(k), k = 1 … gamma_max; lo, hi: each row's bounds."""
     rows = len(lo)
     assert curves.ndim == 2 and curves.shape[0] == rows == len(hi), (curves.shape, len(lo), len(hi))
@@ -89,14 +102,16 @@ def plan_gammas(
         raise ValueError(f"need 0 <= lo <= hi <= {curves.shape[1]}, got lo={lo}, hi={hi}")
     emitted = np.concatenate([np.ones((rows, 1)), 1.0 + np.cumsum(curves, axis=1)], axis=1)  # [rows, gamma_max + 1]
     plain = tuple(int(x) for x in lo_a)
-    plain_goodput = _goodput(emitted, plain, cost)
+    plain_goodput = _goodput(emitted, plain, cost, prompt_tokens)
     best, best_goodput = plain, plain_goodput
     previous, falling = 0.0, 0
     budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
+    slowest = cost.round_s(plain) * max_round_ratio if max_round_ratio > 0 else float("inf")
     for steps in range(int(lo_a.max()) + 1, int(hi_a.max()) + 1):
-        gammas = _within_budget(emitted, _plan_for_steps(emitted, lo_a, np.minimum(hi_a, steps), steps, cost),
-                                lo_a, budget)
-        value = _goodput(emitted, gammas, cost)
+        gammas = _plan_for_steps(emitted, lo_a, np.minimum(hi_a, steps), steps, cost, prompt_tokens)
+        gammas = _within_budget(emitted, gammas, lo_a, budget)
+        gammas = _within_time(emitted, gammas, lo_a, lambda g: cost.round_s(g, prompt_tokens), slowest)
+        value = _goodput(emitted, gammas, cost, prompt_tokens)
         if value > best_goodput * (1.0 + 1e-12):
             best, best_goodput = gammas, value
         falling = falling + 1 if value < previous else 0
@@ -116,28 +131,48 @@ def _within_budget(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray,
     if chosen.sum() <= budget:
         return gammas
     excess = int(np.ceil(chosen.sum() - budget))
-    rows, ks = np.nonzero((np.arange(emitted.shape[1])[None, :] > lo[:, None])
-                          & (np.arange(emitted.shape[1])[None, :] <= chosen[:, None]))
+    rows, ks = _drafts_beyond(lo, chosen, emitted.shape[1])
     gain = emitted[rows, ks] - emitted[rows, ks - 1]
     drop = np.argsort(gain, kind="stable")[:excess]
     return tuple(int(x) for x in chosen - np.bincount(rows[drop], minlength=len(chosen)))
 
 
-def _goodput(emitted: np.ndarray, gammas: tuple[int, ...], cost: RoundCostModel) -> float:
+def _within_time(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray,
+                 round_s: Callable[[tuple[int, ...]], float], slowest_s: float) -> tuple[int, ...]:
+    """Trim the plan until its predicted round takes at most `slowest_s` seconds, taking back
+    the drafts least likely to be accepted first (as `_within_budget`)."""
+    chosen = np.asarray(gammas).copy()
+    if round_s(gammas) <= slowest_s:
+        return gammas
+    rows, ks = _drafts_beyond(lo, chosen, emitted.shape[1])
+    for drop in np.argsort(emitted[rows, ks] - emitted[rows, ks - 1], kind="stable"):
+        chosen[rows[drop]] -= 1
+        if round_s(tuple(chosen)) <= slowest_s:
+            break
+    return tuple(int(x) for x in chosen)
+
+
+def _drafts_beyond(lo: np.ndarray, chosen: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, k) of every drafted token k of the plan above its row's least γ."""
+    g = np.arange(width)[None, :]
+    return np.nonzero((g > lo[:, None]) & (g <= chosen[:, None]))
+
+
+def _goodput(emitted: np.ndarray, gammas: tuple[int, ...], cost: RoundCostModel, prompt_tokens: int) -> float:
     tokens = float(emitted[np.arange(len(gammas)), list(gammas)].sum())
-    seconds = cost.round_s(gammas)
+    seconds = cost.round_s(gammas, prompt_tokens)
     return tokens / seconds if seconds > 0 else float("inf")
 
 
 def _plan_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: int,
-                    cost: RoundCostModel) -> tuple[int, ...]:
+                    cost: RoundCostModel, prompt_tokens: int) -> tuple[int, ...]:
     """Dinkelbach's iteration for a round of `steps` draft steps: per-row choices at price λ."""
     rows, width = emitted.shape
     g = np.arange(width)
     allowed = (g[None, :] >= lo[:, None]) & (g[None, :] <= hi[:, None])  # [rows, gamma_max + 1]
     v_fixed, v_token = cost.verify
     d_fixed, d_step, d_row_step = cost.draft
-    fixed = cost.overhead_s + v_fixed + v_token * rows + d_fixed + d_step * steps
+    fixed = cost.overhead_s + v_fixed + v_token * (rows + prompt_tokens) + d_fixed + d_step * steps
     row_cost = v_token * g + d_row_step * steps * (g > 0)  # [gamma_max + 1]
     choice = lo.copy()
     for _ in range(16):
@@ -151,23 +186,25 @@ def _plan_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: 
     return tuple(int(x) for x in choice)
 
 
-def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_rows: int = 256) -> int | None:
+def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_rows: int = 256,
+                   max_round_ratio: float = 0.0) -> int | None:
     """The smallest batch of rows like `curve` (P(first k accepted)) at which speculating
     no longer pays (every row plans γ = 0); None when it pays up to max_rows."""
     lo_rows, hi_rows = 1, max_rows
-    if speculation_pays(curve, cost, gamma_max, hi_rows):
+    if speculation_pays(curve, cost, gamma_max, hi_rows, max_round_ratio=max_round_ratio):
         return None
     while lo_rows < hi_rows:  # goodput gain shrinks as rows grow: bisect
         mid = (lo_rows + hi_rows) // 2
-        if speculation_pays(curve, cost, gamma_max, mid):
+        if speculation_pays(curve, cost, gamma_max, mid, max_round_ratio=max_round_ratio):
             lo_rows = mid + 1
         else:
             hi_rows = mid
     return lo_rows
 
 
-def speculation_pays(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, rows: int, margin: float = 0.0) -> bool:
+def speculation_pays(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, rows: int, margin: float = 0.0,
+                     max_round_ratio: float = 0.0) -> bool:
     """Whether a batch of `rows` rows like `curve` (P(first k accepted)) plans any γ > 0,
-    gaining at least `margin` over plain decoding."""
+    gaining at least `margin` over plain decoding (within the round-time bound)."""
     curves = np.broadcast_to(curve[:gamma_max], (rows, min(gamma_max, len(curve))))
-    return any(plan_gammas(curves, [0] * rows, [gamma_max] * rows, cost, margin).gammas)
+    return any(plan_gammas(curves, [0] * rows, [gamma_max] * rows, cost, margin, max_round_ratio).gammas)

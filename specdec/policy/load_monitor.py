@@ -230,6 +230,7 @@ def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, repli
         explore_interval_s=config.explore_interval_s,
         explore_gamma=config.explore_gamma,
         explore_rows=config.explore_rows,
+        max_round_ratio=config.max_round_ratio,
         thresholds=thresholds,
     )
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)

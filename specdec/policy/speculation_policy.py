@@ -51,6 +51,7 @@ class PolicySettings:
     explore_interval_s: float = 5.0  # at most one exploration round per this many seconds (0 = never)
     explore_gamma: int = 4  # exploration rounds draft 1, 2, … explore_gamma tokens in turn
     explore_rows: int = 1  # at most this many rows explore in such a round
+    max_round_ratio: float = 0.0  # a planned round takes at most this × the plain round (0 = unbounded)
     thresholds: LoadThresholds | None = None  # an operator's forced load switch (None = follow the plan)
 
 
@@ -61,7 +62,8 @@ class RowState:
     mode / requested_gamma: the request's speculation settings (None = not set); pinned: a
     seeded sampled request (its tokens depend on the schedule: it keeps the server's γ);
     cap: the most γ it may draft now (budget, context, caps); drafted / accepted: its own
-    counts so far; seq_id: names it in logs and previews.
+    counts so far; seq_id: names it in logs and previews; prompt_tokens: what the target
+    reads for it this round besides its γ + 1 tokens (its prompt, in its first round).
     """
 
     mode: str
@@ -71,6 +73,7 @@ class RowState:
     accepted: int = 0
     pinned: bool = False
     seq_id: str = ""
+    prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ class SpeculationPolicy:
             return self.switch.enabled
         margin = 0.0 if self.switch.enabled else self.settings.min_gain
         pays = speculation_pays(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
-                                max(1, running), margin)
+                                max(1, running), margin, self.settings.max_round_ratio)
         self.switch.set(pays, now)
         return self.switch.enabled
 
@@ -170,7 +173,8 @@ class SpeculationPolicy:
             else:
                 reason = f"off: speculating does not pay at {len(rows)} rows"
             return self._decision(lo, free, rows, False, reason, explore)
-        plan = plan_gammas(self._curves(snapshot, rows), lo, hi, snapshot.round_cost)
+        plan = plan_gammas(self._curves(snapshot, rows), lo, hi, snapshot.round_cost,
+                           max_round_ratio=s.max_round_ratio, prompt_tokens=sum(r.prompt_tokens for r in rows))
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
         return self._decision(list(plan.gammas), free, rows, True, reason, explore)
@@ -181,7 +185,8 @@ class SpeculationPolicy:
         snapshot = self.remembered(snapshot) if snapshot is not None else None
         if snapshot is None or snapshot.alpha is None or snapshot.round_cost is None or not self.settings.gamma_max:
             return Crossover(None, None)
-        rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max)
+        rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
+                              max_round_ratio=self.settings.max_round_ratio)
         residence_s = snapshot.in_flight / snapshot.qps if snapshot.qps > 0 and snapshot.in_flight > 0 else None
         return Crossover(rows, rows / residence_s if rows is not None and residence_s else None)
 

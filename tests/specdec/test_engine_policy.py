@@ -150,3 +150,24 @@ def test_the_in_process_engine_plans_gamma_by_goodput_by_default(make_engine, pr
     good = make_engine("draft", gamma=4, load_monitor={"enabled": True})
     [g] = good.engine.generate([GenerationRequest(prompt_ids[0], 96, ignore_eos=True)])
     assert g.token_ids == r.token_ids and g.stats.mean_accepted_length > 1.5
+
+
+class RowRecorder(TogglingPolicy):
+    def __init__(self):
+        super().__init__(period=1)
+        self.seen: list[list[RowState]] = []
+
+    def plan(self, rows, default_gamma):
+        self.seen.append(list(rows))
+        return super().plan(rows, default_gamma)
+
+
+def test_the_policy_hears_the_prompt_a_row_brings_to_its_first_round_only(make_engine, prompt_ids):
+    built = make_engine("draft", gamma=2)
+    recorder = RowRecorder()
+    built.engine.policy = recorder
+    built.engine.generate([GenerationRequest(prompt_ids[0], 6, ignore_eos=True)])
+    first, *later = recorder.seen
+    assert [r.prompt_tokens for r in first] == [len(prompt_ids[0]) - 1]
+    assert later and all(r.prompt_tokens == 0 for rows in later for r in rows)
+    assert recorder.samples[0].prefill_tokens == len(prompt_ids[0]) - 1

@@ -152,3 +152,54 @@ def test_plans_stay_inside_the_cost_models_trust_region():
     assert sum(chosen.gammas[:16]) >= sum(chosen.gammas[16:])
     assert narrow.drafted_limit(32) == 8 and narrow.drafted_limit(50) == 0
     assert plan(alphas, FREE_DRAFTS).gammas == (8,) * 32  # unbounded: everything
+
+
+def test_the_round_time_bound_shortens_gamma_so_a_rejected_draft_costs_at_most_that_many_plain_rounds():
+    """Goodput alone drafts a long γ for a row that accepts nearly everything; the bound keeps
+    the round (what a row whose first draft is rejected waits for one token) within 2 plain ones."""
+    slow_steps = RoundCostModel(verify=(0.010, 0.0005), draft=(0.001, 0.004, 0.0))
+    free = plan([0.95], slow_steps)
+    bounded = plan_gammas(geometric(0.95)[None, :], [0], [8], slow_steps, max_round_ratio=2.0)
+    plain_s = slow_steps.round_s((0,))
+    assert slow_steps.round_s(free.gammas) > 2 * plain_s
+    assert 0 < bounded.gammas[0] < free.gammas[0]
+    assert slow_steps.round_s(bounded.gammas) <= 2 * plain_s < slow_steps.round_s((bounded.gammas[0] + 1,))
+
+
+def test_a_bounded_batch_drafts_less_but_still_drafts():
+    cheap_tokens = RoundCostModel(verify=(0.010, 0.0002), draft=(0.001, 0.002, 0.0001))
+    alphas = [0.95] * 4 + [0.6] * 4
+    curves = np.stack([geometric(a) for a in alphas])
+    free = plan_gammas(curves, [0] * 8, [8] * 8, cheap_tokens)
+    bounded = plan_gammas(curves, [0] * 8, [8] * 8, cheap_tokens, max_round_ratio=1.5)
+    plain_s = cheap_tokens.round_s((0,) * 8)
+    assert cheap_tokens.round_s(free.gammas) > 1.5 * plain_s >= cheap_tokens.round_s(bounded.gammas)
+    assert any(bounded.gammas) and sum(bounded.gammas[:4]) >= sum(bounded.gammas[4:])
+    assert all(b <= f for b, f in zip(bounded.gammas, free.gammas))
+
+
+def test_a_bound_that_no_draft_fits_means_plain_decoding_and_no_crossover_beyond_it():
+    costly_call = RoundCostModel(verify=(0.010, 0.0), draft=(0.012, 0.001, 0.0))  # the call alone > a plain round
+    assert plan([0.9], costly_call).gammas != (0,)
+    assert plan_gammas(geometric(0.9)[None, :], [0], [8], costly_call, max_round_ratio=2.0).gammas == (0,)
+    assert crossover_rows(geometric(0.9), costly_call, 8, max_round_ratio=2.0) == 1
+
+
+def test_rows_that_fix_their_gamma_keep_it_under_the_bound():
+    curves = np.stack([geometric(0.9)] * 2)
+    chosen = plan_gammas(curves, [8, 0], [8, 8], CPU_TINY_PAIR, max_round_ratio=1.01)
+    assert chosen.gammas[0] == 8
+
+
+def test_a_newcomers_prompt_counts_in_the_round_and_a_prefill_round_that_is_already_long_stays_plain():
+    per_token = RoundCostModel(verify=(0.010, 0.0005), draft=(0.002, 0.002, 0.0))
+    curve = geometric(0.8)[None, :]
+    plain_s = per_token.round_s((0,))
+    assert per_token.round_s((0,), prompt_tokens=30) == pytest.approx(plain_s + 30 * 0.0005)
+    steady = plan_gammas(curve, [0], [8], per_token, max_round_ratio=2.0)
+    assert steady.gammas[0] > 0
+    prefill = plan_gammas(curve, [0], [8], per_token, max_round_ratio=2.0, prompt_tokens=10)  # 5.5 ms short of 2×
+    assert 0 < prefill.gammas[0] < steady.gammas[0]
+    long_prompt = plan_gammas(curve, [0], [8], per_token, max_round_ratio=2.0, prompt_tokens=30)  # > 2× already
+    assert long_prompt.gammas == (0,)
+    assert plan_gammas(curve, [0], [8], per_token, prompt_tokens=30).gammas[0] > 0  # unbounded goodput drafts on

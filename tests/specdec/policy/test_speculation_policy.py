@@ -59,6 +59,19 @@ def test_good_acceptance_and_cheap_drafts_speculate():
     assert d.enabled and d.gammas[0] >= 3 and "goodput plan" in d.reason
 
 
+def test_the_round_time_bound_shortens_what_the_plan_drafts_and_where_it_pays():
+    """A draft step as dear as a third of the verify: goodput alone drafts long rounds, the
+    bound keeps each round within 1.5 plain ones (measured through the window's fit)."""
+    dear_steps = RoundCostModel(verify=(0.010, 0.0005), draft=(0.0005, 0.003, 0.0), overhead_s=0.0005)
+    measured = snapshot(alpha=0.95, cost=dear_steps)
+    free = SpeculationPolicy(settings()).plan(measured, auto(1), 100.0, 4)
+    bounded_policy = SpeculationPolicy(settings(max_round_ratio=1.5))
+    bounded = bounded_policy.plan(measured, auto(1), 100.0, 4)
+    fit = measured.round_cost
+    assert fit.round_s(free.gammas) > 1.5 * fit.round_s((0,))
+    assert 0 < bounded.gammas[0] < free.gammas[0] and fit.round_s(bounded.gammas) <= 1.5 * fit.round_s((0,))
+
+
 def test_poor_acceptance_means_plain_decoding():
     d = SpeculationPolicy(settings()).plan(snapshot(alpha=0.05), auto(4), 100.0, 4)
     assert d.gammas == (0, 0, 0, 0) and d.gamma == 0
