@@ -78,6 +78,8 @@ class SpeculativeEngine:
         self.policy = policy
         self.last_decision = Decision(gamma, gamma > 0, "static γ")
         self._planned: dict[str, int] = {}  # seq id -> its γ this round
+        self._proposer_saw: dict[str, int] = {}  # seq id -> history length at its last proposal
+        self._catch_up_read = 0  # history tokens this round's proposer call read before drafting
         self._gamma_caps: dict[str, int] = {}  # seq id -> the most γ it could draft this round
         self.stats = SpecStats()
         self.proposer_failures = 0  # rounds that ran without drafts because the proposer failed
@@ -197,6 +199,7 @@ class SpeculativeEngine:
         verifies: for the other rows (two micro-batches), or ahead for these (look-ahead).
         Returns the outputs of the rows verified in this step."""
         start = time.perf_counter()
+        self._catch_up_read = 0
         gammas = {seq.seq_id: self._gamma_for(seq) for seq in batch}
         ahead = self.draft_ahead if overlap else None
         now, later = ahead.split(batch, gammas) if ahead is not None else (batch, [])
@@ -259,6 +262,8 @@ class SpeculativeEngine:
         if not any(used):
             return None, 0.0
         active = [ask for ask, use in zip(asks, used) if use]
+        for ask in active:
+            self._proposer_saw[ask.seq_id] = len(ask.token_ids)
         try:
             if later:
                 meanwhile = self.proposer.propose(active).spread(used)
@@ -296,7 +301,8 @@ class SpeculativeEngine:
             overlapped_s=ahead_s,
         )
         if self.policy is not None:
-            self.policy.record(RoundSample.from_rows(*counts, proposed - start, verified - proposed, round_s, prefill))
+            self.policy.record(RoundSample.from_rows(*counts, proposed - start, verified - proposed, round_s, prefill,
+                                                     self._catch_up_read))
 
     def _admit(self) -> None:
         """Waiting requests join while the verifier has free slots. A running request takes
@@ -340,7 +346,11 @@ class SpeculativeEngine:
         cap = max(0, min(self.gamma_max, seq.remaining - 1, room))
         pinned = request.sampling.seed is not None and not request.sampling.is_greedy
         return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id,
-                        self._unread_prompt(seq))
+                        self._unread_prompt(seq), self._catch_up(seq))
+
+    def _catch_up(self, seq: Sequence) -> int:
+        """History tokens the proposer has not seen for a row (what it reads before drafting)."""
+        return len(seq.token_ids) - self._proposer_saw.get(seq.seq_id, 0)
 
     @staticmethod
     def _unread_prompt(seq: Sequence) -> int:
@@ -361,6 +371,9 @@ class SpeculativeEngine:
             return full
         requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
                                     batch[i].request.proposer, gammas[i]) for i in rows]
+        for i in rows:
+            self._catch_up_read += self._catch_up(batch[i])
+            self._proposer_saw[batch[i].seq_id] = len(batch[i].token_ids)
         try:
             part = self.proposer.propose(requests)
             self._propose_compute_s = getattr(self.proposer, "last_compute_s", None)
@@ -406,6 +419,7 @@ class SpeculativeEngine:
 
     def _retire(self, seq: Sequence) -> None:
         self._finished[seq.seq_id] = seq
+        self._proposer_saw.pop(seq.seq_id, None)
         if self.draft_ahead is not None:
             self.draft_ahead.forget(seq.seq_id)
         if seq in self._waiting:

@@ -85,15 +85,18 @@ class Plan:
 
 def plan_gammas(
     curves: np.ndarray, lo: list[int], hi: list[int], cost: RoundCostModel, margin: float = 0.0,
-    max_round_ratio: float = 0.0, prompt_tokens: int = 0,
+    max_round_ratio: float = 0.0, prompt_tokens: int = 0, catch_up: list[int] | None = None,
 ) -> Plan:
     """The goodput-maximising γ per row (ties go to fewer draft steps). A plan that speculates
     more than the rows' least γ must beat that plain plan by `margin` (a fraction), so that
     noise in the measurements does not switch speculation on for nothing, and its round may
     take at most `max_round_ratio` times the plain plan's without prompts (0 = unbounded).
-    prompt_tokens: what the target reads this round besides the rows' γ + 1 tokens.
+    prompt_tokens: what the target reads this round besides the rows' γ + 1 tokens;
+    catch_up: what the proposer reads of each row's history before drafting for it (None: 0).
     curves: # [rows, gamma_max] P_i(k), k = 1 … gamma_max; lo, hi: each row's bounds."""
     rows = len(lo)
+    read = np.zeros(rows) if catch_up is None else np.asarray(catch_up, dtype=np.float64)  # [rows]
+    assert read.shape == (rows,), (read.shape, rows)
     assert curves.ndim == 2 and curves.shape[0] == rows == len(hi), (curves.shape, len(lo), len(hi))
     if rows == 0:
         return Plan((), 0.0, 0.0)
@@ -102,16 +105,17 @@ def plan_gammas(
         raise ValueError(f"need 0 <= lo <= hi <= {curves.shape[1]}, got lo={lo}, hi={hi}")
     emitted = np.concatenate([np.ones((rows, 1)), 1.0 + np.cumsum(curves, axis=1)], axis=1)  # [rows, gamma_max + 1]
     plain = tuple(int(x) for x in lo_a)
-    plain_goodput = _goodput(emitted, plain, cost, prompt_tokens)
+    seconds = lambda gammas: cost.round_s(gammas, prompt_tokens, read)  # noqa: E731
+    plain_goodput = _goodput(emitted, plain, seconds)
     best, best_goodput = plain, plain_goodput
     previous, falling = 0.0, 0
     budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
     slowest = cost.round_s(plain) * max_round_ratio if max_round_ratio > 0 else float("inf")
     for steps in range(int(lo_a.max()) + 1, int(hi_a.max()) + 1):
-        gammas = _plan_for_steps(emitted, lo_a, np.minimum(hi_a, steps), steps, cost, prompt_tokens)
+        gammas = _plan_for_steps(emitted, lo_a, np.minimum(hi_a, steps), steps, cost, prompt_tokens, read)
         gammas = _within_budget(emitted, gammas, lo_a, budget)
-        gammas = _within_time(emitted, gammas, lo_a, lambda g: cost.round_s(g, prompt_tokens), slowest)
-        value = _goodput(emitted, gammas, cost, prompt_tokens)
+        gammas = _within_time(emitted, gammas, lo_a, seconds, slowest)
+        value = _goodput(emitted, gammas, seconds)
         if value > best_goodput * (1.0 + 1e-12):
             best, best_goodput = gammas, value
         falling = falling + 1 if value < previous else 0
@@ -140,16 +144,25 @@ def _within_budget(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray,
 def _within_time(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray,
                  round_s: Callable[[tuple[int, ...]], float], slowest_s: float) -> tuple[int, ...]:
     """Trim the plan until its predicted round takes at most `slowest_s` seconds, taking back
-    the drafts least likely to be accepted first (as `_within_budget`)."""
-    chosen = np.asarray(gammas).copy()
+    the drafts least likely to be accepted first (as `_within_budget`). The round only gets
+    shorter with every draft taken back, so the fewest to take back is found by bisection."""
     if round_s(gammas) <= slowest_s:
         return gammas
+    chosen = np.asarray(gammas)
     rows, ks = _drafts_beyond(lo, chosen, emitted.shape[1])
-    for drop in np.argsort(emitted[rows, ks] - emitted[rows, ks - 1], kind="stable"):
-        chosen[rows[drop]] -= 1
-        if round_s(tuple(chosen)) <= slowest_s:
-            break
-    return tuple(int(x) for x in chosen)
+    order = rows[np.argsort(emitted[rows, ks] - emitted[rows, ks - 1], kind="stable")]
+
+    def trimmed(count: int) -> tuple[int, ...]:
+        return tuple(int(x) for x in chosen - np.bincount(order[:count], minlength=len(chosen)))
+
+    low, high = 1, len(order)  # taking back all of them leaves the plain plan, which is the floor
+    while low < high:
+        middle = (low + high) // 2
+        if round_s(trimmed(middle)) <= slowest_s:
+            high = middle
+        else:
+            low = middle + 1
+    return trimmed(low)
 
 
 def _drafts_beyond(lo: np.ndarray, chosen: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,27 +171,28 @@ def _drafts_beyond(lo: np.ndarray, chosen: np.ndarray, width: int) -> tuple[np.n
     return np.nonzero((g > lo[:, None]) & (g <= chosen[:, None]))
 
 
-def _goodput(emitted: np.ndarray, gammas: tuple[int, ...], cost: RoundCostModel, prompt_tokens: int) -> float:
+def _goodput(emitted: np.ndarray, gammas: tuple[int, ...], round_s: Callable[[tuple[int, ...]], float]) -> float:
     tokens = float(emitted[np.arange(len(gammas)), list(gammas)].sum())
-    seconds = cost.round_s(gammas, prompt_tokens)
+    seconds = round_s(gammas)
     return tokens / seconds if seconds > 0 else float("inf")
 
 
 def _plan_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: int,
-                    cost: RoundCostModel, prompt_tokens: int) -> tuple[int, ...]:
+                    cost: RoundCostModel, prompt_tokens: int, catch_up: np.ndarray) -> tuple[int, ...]:
     """Dinkelbach's iteration for a round of `steps` draft steps: per-row choices at price λ."""
     rows, width = emitted.shape
     g = np.arange(width)
     allowed = (g[None, :] >= lo[:, None]) & (g[None, :] <= hi[:, None])  # [rows, gamma_max + 1]
     v_fixed, v_token = cost.verify
-    d_fixed, d_step, d_row_step = cost.draft
+    d_fixed, d_step, d_row_step, d_catch_up = cost.draft
     fixed = cost.overhead_s + v_fixed + v_token * (rows + prompt_tokens) + d_fixed + d_step * steps
-    row_cost = v_token * g + d_row_step * steps * (g > 0)  # [gamma_max + 1]
+    drafting = d_row_step * steps + d_catch_up * catch_up  # [rows]: a row's share of the call
+    row_cost = v_token * g[None, :] + drafting[:, None] * (g[None, :] > 0)  # [rows, gamma_max + 1]
     choice = lo.copy()
     for _ in range(16):
         taken = emitted[np.arange(rows), choice]
-        price = taken.sum() / (fixed + row_cost[choice].sum())
-        score = np.where(allowed, emitted - price * row_cost[None, :], -np.inf)
+        price = taken.sum() / (fixed + row_cost[np.arange(rows), choice].sum())
+        score = np.where(allowed, emitted - price * row_cost, -np.inf)
         new = score.argmax(axis=1)  # the first maximum: ties go to the smaller γ
         if (new == choice).all():
             break

@@ -4,7 +4,7 @@ A round runs one proposer call (γ draft steps for the rows that draft) and one 
 forward over every row's verified tokens, plus fixed bookkeeping. Measured in seconds:
 
     verify_s ≈ v_fixed + v_token · tokens            tokens = Σ (drafted_i + 1) + prompt tokens
-    draft_s  ≈ d_fixed + d_step · steps + d_row_step · draft_rows · steps
+    draft_s  ≈ d_fixed + d_step · steps + d_row_step · draft_rows · steps + d_catch_up · catch_up
     round_s  ≈ verify_s + draft_s (0 when nobody drafts) + overhead_s
 
 (SmartSpec, "Optimizing Speculative Decoding for Serving LLMs Using Goodput", 2024, fits a
@@ -14,7 +14,12 @@ CPU every token costs, a drafted token as much as a row's pending one (each atte
 its row's context), so the target's cost is not split by rows: rows and tokens move
 together whenever rows draft alike, and a per-row term could not be told apart from the
 per-token one. d_fixed holds the proposer call's fixed cost (a network hop); d_step one
-draft step whatever the batch; d_row_step one more row in a step.
+draft step whatever the batch; d_row_step one more row in a step; d_catch_up each token the
+draft reads before it drafts (catch_up: each drafting row's history since the proposer last
+saw it: a few tokens while a row drafts every round, its whole prompt and everything
+decoded plainly since when it starts drafting again). Without that term, the dear first
+calls of rows that drafted now and then (the policy's own exploration, speculation coming
+back on) read as a large fixed cost of every call, and short rounds looked unprofitable.
 
 Each coefficient is fitted by non-negative least squares over additive sums (Σ x·xᵀ,
 Σ x·y, n), so that the sums of any number of router replicas and time buckets merge by
@@ -54,7 +59,7 @@ RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features
 # as the steps': a shorter γ is predicted cheaper, as an autoregressive draft is, so the plan
 # (and its round-time bound) still tries it and measures the truth; taken as fixed, every
 # shorter γ would look as dear as the measured one and speculation would stop altogether.
-DRAFT_RIDGE = (1e-6, RIDGE, 1e-4)
+DRAFT_RIDGE = (1e-6, RIDGE, 1e-4, 1e-4)  # the catch-up term, like the per-row one, only where measured apart
 
 
 @dataclass(frozen=True)
@@ -63,19 +68,21 @@ class RoundShape:
 
     rows: sequences verified; tokens: Σ (drafted_i + 1) over them, plus the prompt tokens of
     rows in their first round; draft_rows: rows the proposer was asked to draft for; steps:
-    the largest γ asked (draft steps run in turn).
+    the largest γ asked (draft steps run in turn); catch_up: tokens of those rows' histories
+    the proposer had not seen.
     """
 
     rows: int
     tokens: int
     draft_rows: int
     steps: int
+    catch_up: int = 0
 
     def verify_features(self) -> tuple[float, float]:
         return (1.0, float(self.tokens))
 
-    def draft_features(self) -> tuple[float, float, float]:
-        return (1.0, float(self.steps), float(self.draft_rows * self.steps))
+    def draft_features(self) -> tuple[float, float, float, float]:
+        return (1.0, float(self.steps), float(self.draft_rows * self.steps), float(self.catch_up))
 
 
 def add_point(add: Callable[[str, float], None], prefix: str, x: tuple[float, ...], y: float) -> None:
@@ -116,17 +123,21 @@ def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
 class RoundCostModel:
     """Predicted seconds of a round's parts (coefficients in seconds, all ≥ 0).
 
-    verify: (v_fixed, v_token); draft: (d_fixed, d_step, d_row_step);
-    overhead_s: the rest of a round (router bookkeeping, streaming), per round.
+    verify: (v_fixed, v_token); draft: (d_fixed, d_step, d_row_step, d_catch_up), the last
+    0 when left out; overhead_s: the rest of a round (router bookkeeping, streaming), per round.
     """
 
     verify: tuple[float, float]
-    draft: tuple[float, float, float]
+    draft: tuple[float, ...]
     overhead_s: float = 0.0
     verify_tokens_high: float = float("inf")  # trust region: verified tokens per round measured up to about this
     draft_tokens_high: float = float("inf")  # ... and drafted tokens (draft rows × γ) per call
 
     def __post_init__(self) -> None:
+        if len(self.draft) == 3:
+            object.__setattr__(self, "draft", (*self.draft, 0.0))
+        if len(self.verify) != 2 or len(self.draft) != 4:
+            raise ValueError(f"need 2 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
         if min(*self.verify, *self.draft, self.overhead_s) < 0:
             raise ValueError(f"round cost coefficients must be >= 0, got {self}")
 
@@ -137,7 +148,7 @@ class RoundCostModel:
         rounds is noise, and speculation's cost is unknown before the proposer ran)."""
         if sums.get(f"{VERIFY}:n", 0.0) < MIN_ROUNDS or sums.get(f"{DRAFT}:n", 0.0) < MIN_DRAFT_CALLS:
             return None
-        verify, draft = fit_nonnegative(sums, VERIFY, 2), fit_nonnegative(sums, DRAFT, 3, DRAFT_RIDGE)
+        verify, draft = fit_nonnegative(sums, VERIFY, 2), fit_nonnegative(sums, DRAFT, 4, DRAFT_RIDGE)
         if verify is None or draft is None or sum(verify) <= 0:
             return None
         rounds = sums.get("cost_rounds", 0.0)
@@ -151,18 +162,21 @@ class RoundCostModel:
     def verify_s(self, tokens: float) -> float:
         return self.verify[0] + self.verify[1] * tokens
 
-    def draft_s(self, draft_rows: float, steps: float) -> float:
+    def draft_s(self, draft_rows: float, steps: float, catch_up: float = 0.0) -> float:
         if draft_rows <= 0 or steps <= 0:
             return 0.0
         d = self.draft
-        return d[0] + d[1] * steps + d[2] * draft_rows * steps
+        return d[0] + d[1] * steps + d[2] * draft_rows * steps + d[3] * catch_up
 
-    def round_s(self, gammas: list[int] | tuple[int, ...], prompt_tokens: int = 0) -> float:
-        """Predicted seconds of a round in which row i drafts gammas[i] tokens and the target
-        also reads `prompt_tokens` (the prompts of rows in their first round)."""
+    def round_s(self, gammas: list[int] | tuple[int, ...], prompt_tokens: int = 0,
+                catch_up: list[int] | tuple[int, ...] | None = None) -> float:
+        """Predicted seconds of a round in which row i drafts gammas[i] tokens (reading
+        catch_up[i] tokens of its history first) and the target also reads `prompt_tokens`
+        (the prompts of rows in their first round)."""
         drafting = [g for g in gammas if g > 0]
+        read = sum(c for g, c in zip(gammas, catch_up) if g > 0) if catch_up is not None else 0
         tokens = sum(gammas) + len(gammas) + prompt_tokens
-        return self.overhead_s + self.verify_s(tokens) + self.draft_s(len(drafting), max(drafting, default=0))
+        return self.overhead_s + self.verify_s(tokens) + self.draft_s(len(drafting), max(drafting, default=0), read)
 
 
 def _high(sums: Mapping[str, float], prefix: str, i: int) -> float:

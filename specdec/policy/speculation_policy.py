@@ -63,7 +63,9 @@ class RowState:
     seeded sampled request (its tokens depend on the schedule: it keeps the server's γ);
     cap: the most γ it may draft now (budget, context, caps); drafted / accepted: its own
     counts so far; seq_id: names it in logs and previews; prompt_tokens: what the target
-    reads for it this round besides its γ + 1 tokens (its prompt, in its first round).
+    reads for it this round besides its γ + 1 tokens (its prompt, in its first round);
+    catch_up_tokens: what the proposer would read of its history before drafting for it
+    (all of it the first time, everything decoded plainly since its last draft).
     """
 
     mode: str
@@ -74,6 +76,7 @@ class RowState:
     pinned: bool = False
     seq_id: str = ""
     prompt_tokens: int = 0
+    catch_up_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,8 @@ class SpeculationPolicy:
                 reason = f"off: speculating does not pay at {len(rows)} rows"
             return self._decision(lo, free, rows, False, reason, explore)
         plan = plan_gammas(self._curves(snapshot, rows), lo, hi, snapshot.round_cost,
-                           max_round_ratio=s.max_round_ratio, prompt_tokens=sum(r.prompt_tokens for r in rows))
+                           max_round_ratio=s.max_round_ratio, prompt_tokens=sum(r.prompt_tokens for r in rows),
+                           catch_up=[r.catch_up_tokens for r in rows])
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
         return self._decision(list(plan.gammas), free, rows, True, reason, explore)

@@ -171,3 +171,20 @@ def test_the_policy_hears_the_prompt_a_row_brings_to_its_first_round_only(make_e
     assert [r.prompt_tokens for r in first] == [len(prompt_ids[0]) - 1]
     assert later and all(r.prompt_tokens == 0 for rows in later for r in rows)
     assert recorder.samples[0].prefill_tokens == len(prompt_ids[0]) - 1
+
+
+def test_the_policy_hears_what_the_draft_must_catch_up_on_and_the_round_records_what_it_read(make_engine, prompt_ids):
+    """Drafting every round, a row's catch-up is the tokens of its last round; after plain
+    rounds it is everything since its last draft; the first time, its whole history."""
+    built = make_engine("draft", gamma=2)
+    recorder = RowRecorder()
+    recorder.period = 2  # two drafting rounds, two plain ones, ...
+    built.engine.policy = recorder
+    built.engine.generate([GenerationRequest(prompt_ids[0], 20, ignore_eos=True)])
+    seen = [rows[0].catch_up_tokens for rows in recorder.seen]
+    emitted = [s.accepted + 1 for s in recorder.samples]
+    assert seen[0] == len(prompt_ids[0])  # nothing seen yet
+    assert recorder.samples[0].catch_up_tokens == len(prompt_ids[0])
+    assert seen[1] == emitted[0]  # drafted last round: only what that round emitted
+    assert seen[4] == sum(emitted[1:4])  # after two plain rounds: those rounds' tokens too
+    assert all(s.catch_up_tokens == 0 for s in recorder.samples if s.gamma == 0)

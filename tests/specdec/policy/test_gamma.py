@@ -203,3 +203,13 @@ def test_a_newcomers_prompt_counts_in_the_round_and_a_prefill_round_that_is_alre
     long_prompt = plan_gammas(curve, [0], [8], per_token, max_round_ratio=2.0, prompt_tokens=30)  # > 2× already
     assert long_prompt.gammas == (0,)
     assert plan_gammas(curve, [0], [8], per_token, prompt_tokens=30).gammas[0] > 0  # unbounded goodput drafts on
+
+
+def test_a_row_that_must_catch_up_on_a_long_history_waits_while_the_others_draft():
+    reading = RoundCostModel(verify=(0.010, 0.0003), draft=(0.001, 0.002, 0.0003, 0.0002))
+    curves = np.stack([geometric(0.8)] * 3)
+    steady = plan_gammas(curves, [0] * 3, [8] * 3, reading, catch_up=[3, 3, 3])
+    one_behind = plan_gammas(curves, [0] * 3, [8] * 3, reading, catch_up=[3, 3, 120])
+    assert all(steady.gammas)
+    assert one_behind.gammas[2] == 0 and all(one_behind.gammas[:2])
+    assert all(plan_gammas(curves, [0] * 3, [8] * 3, reading).gammas)  # no catch-up given: none priced

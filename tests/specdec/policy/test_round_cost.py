@@ -130,3 +130,25 @@ def test_calls_at_one_gamma_give_their_cost_to_the_steps_and_other_gammas_correc
                          TRUE.draft_s(1, steps), 0.0)
     varied = RoundCostModel.from_sums(window.sums)
     assert varied.draft_s(1, 1) == pytest.approx(TRUE.draft_s(1, 1), rel=0.02)
+
+
+def test_the_history_a_draft_reads_first_is_its_own_cost_not_the_calls():
+    """Rows that drafted every round read a few tokens; rows starting again read their whole
+    history. Fitted apart, the call's fixed cost stays what it is and a long catch-up is priced."""
+    true = RoundCostModel(verify=(0.010, 0.0016), draft=(0.0015, 0.003, 0.0004, 0.00005))
+    window = StatsWindow()
+    for k in range(60):
+        steps, rows = 1 + k % 4, 1 + k % 3
+        read = rows * (2 if k % 5 else 70)  # now and then a row comes back after plain rounds
+        shape = RoundShape(rows, rows * (steps + 1), rows, steps, read)
+        add_round_timing(window.add, shape, true.verify_s(shape.tokens), true.draft_s(rows, steps, read), 0.0)
+    fitted = RoundCostModel.from_sums(window.sums)
+    assert fitted.draft == pytest.approx(true.draft, rel=1e-3, abs=1e-6)
+    assert fitted.round_s([2, 2], catch_up=[2, 70]) == pytest.approx(true.round_s([2, 2], catch_up=[2, 70]), rel=1e-3)
+    assert fitted.round_s([2, 0], catch_up=[2, 70]) < fitted.round_s([2, 2], catch_up=[2, 70])  # only drafting rows read
+
+
+def test_a_three_term_draft_model_has_no_catch_up_cost():
+    assert RoundCostModel(verify=(0.01, 0.001), draft=(0.001, 0.002, 0.0)).draft == (0.001, 0.002, 0.0, 0.0)
+    with pytest.raises(ValueError, match="draft"):
+        RoundCostModel(verify=(0.01, 0.001), draft=(0.001, 0.002))
