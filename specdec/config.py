@@ -180,10 +180,10 @@ class LoadMonitorConfig(StrictModel):
     explore_gamma: int = Field(4, ge=1, description="Exploration rounds draft 1, 2, … this many tokens in turn.")
     explore_rows: int = Field(1, ge=1, description="At most this many requests draft in an exploration round.")
     max_round_ratio: float = Field(
-        2.0, ge=0, description="A round the policy plans may take at most this many times as long as the same "
+        0.0, ge=0, description="A round the policy plans may take at most this many times as long as the same "
         "batch decoded plainly (predicted by the cost model): a request whose first draft is rejected gets one "
         "token for the whole round, so this bounds how far speculation stretches the gap between two tokens "
-        "(the ITL tail). 0 = unbounded (pure goodput)."
+        "(the ITL tail), at the cost of speculating less. 0 = unbounded (pure goodput)."
     )
     disable_qps: float | None = Field(
         None, gt=0, description="Operator override: cluster-wide requests/s above which speculation is forced off "
