@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence as Seq
 from specdec.draft_ahead import DraftAhead
 from specdec.errors import WorkerError
 from specdec.policy.load_stats import RoundSample
+from specdec.proposer_view import ProposerView
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
 from specdec.request import GenerationRequest, RequestLimits
 from specdec.round_profile import RoundProfile
@@ -78,8 +79,7 @@ class SpeculativeEngine:
         self.policy = policy
         self.last_decision = Decision(gamma, gamma > 0, "static γ")
         self._planned: dict[str, int] = {}  # seq id -> its γ this round
-        self._proposer_saw: dict[str, int] = {}  # seq id -> history length at its last proposal
-        self._catch_up_read = 0  # history tokens this round's proposer call read before drafting
+        self._proposer_view = ProposerView()  # what the proposer must catch up on, per row
         self._gamma_caps: dict[str, int] = {}  # seq id -> the most γ it could draft this round
         self.stats = SpecStats()
         self.proposer_failures = 0  # rounds that ran without drafts because the proposer failed
@@ -199,7 +199,7 @@ class SpeculativeEngine:
         verifies: for the other rows (two micro-batches), or ahead for these (look-ahead).
         Returns the outputs of the rows verified in this step."""
         start = time.perf_counter()
-        self._catch_up_read = 0
+        self._proposer_view.start_round()
         gammas = {seq.seq_id: self._gamma_for(seq) for seq in batch}
         ahead = self.draft_ahead if overlap else None
         now, later = ahead.split(batch, gammas) if ahead is not None else (batch, [])
@@ -263,7 +263,7 @@ class SpeculativeEngine:
             return None, 0.0
         active = [ask for ask, use in zip(asks, used) if use]
         for ask in active:
-            self._proposer_saw[ask.seq_id] = len(ask.token_ids)
+            self._proposer_view.drafting_ahead(ask.seq_id, len(ask.token_ids))
         try:
             if later:
                 meanwhile = self.proposer.propose(active).spread(used)
@@ -302,7 +302,7 @@ class SpeculativeEngine:
         )
         if self.policy is not None:
             self.policy.record(RoundSample.from_rows(*counts, proposed - start, verified - proposed, round_s, prefill,
-                                                     self._catch_up_read))
+                                                     self._proposer_view.read))
 
     def _admit(self) -> None:
         """Waiting requests join while the verifier has free slots. A running request takes
@@ -346,11 +346,7 @@ class SpeculativeEngine:
         cap = max(0, min(self.gamma_max, seq.remaining - 1, room))
         pinned = request.sampling.seed is not None and not request.sampling.is_greedy
         return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id,
-                        self._unread_prompt(seq), self._catch_up(seq))
-
-    def _catch_up(self, seq: Sequence) -> int:
-        """History tokens the proposer has not seen for a row (what it reads before drafting)."""
-        return len(seq.token_ids) - self._proposer_saw.get(seq.seq_id, 0)
+                        self._unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)))
 
     @staticmethod
     def _unread_prompt(seq: Sequence) -> int:
@@ -372,8 +368,7 @@ class SpeculativeEngine:
         requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
                                     batch[i].request.proposer, gammas[i]) for i in rows]
         for i in rows:
-            self._catch_up_read += self._catch_up(batch[i])
-            self._proposer_saw[batch[i].seq_id] = len(batch[i].token_ids)
+            self._proposer_view.proposing(batch[i].seq_id, len(batch[i].token_ids))
         try:
             part = self.proposer.propose(requests)
             self._propose_compute_s = getattr(self.proposer, "last_compute_s", None)
@@ -419,7 +414,7 @@ class SpeculativeEngine:
 
     def _retire(self, seq: Sequence) -> None:
         self._finished[seq.seq_id] = seq
-        self._proposer_saw.pop(seq.seq_id, None)
+        self._proposer_view.forget(seq.seq_id)
         if self.draft_ahead is not None:
             self.draft_ahead.forget(seq.seq_id)
         if seq in self._waiting:
