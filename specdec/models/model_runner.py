@@ -97,14 +97,12 @@ class ModelRunner:
         if len(groups) == 1:
             return self._forward_padded(slot_ids, token_ids, lengths, last_only)
         width = max(len(row) for row in token_ids)
-        out = None
+        shape = (len(slot_ids), self.vocab_size) if last_only else (len(slot_ids), width, self.vocab_size)
+        out = torch.zeros(shape, dtype=torch.float32, device=self.model.device)  # [B, V] or [B, T, V]
         for rows in groups:
             logits = self._forward_padded([slot_ids[i] for i in rows], [token_ids[i] for i in rows],
                                           [lengths[i] for i in rows], last_only)  # [g, V] or [g, T_g, V]
-            if out is None:
-                shape = (len(slot_ids), *logits.shape[1:]) if last_only else (len(slot_ids), width, logits.shape[-1])
-                out = logits.new_zeros(shape)
-            index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            index = torch.tensor(rows, dtype=torch.long, device=out.device)
             if last_only:
                 out[index] = logits
             else:
