@@ -105,7 +105,8 @@ def plan_gammas(
         raise ValueError(f"need 0 <= lo <= hi <= {curves.shape[1]}, got lo={lo}, hi={hi}")
     emitted = np.concatenate([np.ones((rows, 1)), 1.0 + np.cumsum(curves, axis=1)], axis=1)  # [rows, gamma_max + 1]
     plain = tuple(int(x) for x in lo_a)
-    seconds = lambda gammas: cost.round_s(gammas, prompt_tokens, read)  # noqa: E731
+    read_list = read.tolist()  # round_s sums it per call: plain floats, not numpy scalars
+    seconds = lambda gammas: cost.round_s(gammas, prompt_tokens, read_list)  # noqa: E731
     plain_goodput = _goodput(emitted, plain, seconds)
     best, best_goodput = plain, plain_goodput
     previous, falling = 0.0, 0
@@ -135,10 +136,8 @@ def _within_budget(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray,
     if chosen.sum() <= budget:
         return gammas
     excess = int(np.ceil(chosen.sum() - budget))
-    rows, ks = _drafts_beyond(lo, chosen, emitted.shape[1])
-    gain = emitted[rows, ks] - emitted[rows, ks - 1]
-    drop = np.argsort(gain, kind="stable")[:excess]
-    return tuple(int(x) for x in chosen - np.bincount(rows[drop], minlength=len(chosen)))
+    drop = _least_likely_first(emitted, lo, chosen)[:excess]
+    return tuple(int(x) for x in chosen - np.bincount(drop, minlength=len(chosen)))
 
 
 def _within_time(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray,
@@ -149,8 +148,7 @@ def _within_time(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray,
     if round_s(gammas) <= slowest_s:
         return gammas
     chosen = np.asarray(gammas)
-    rows, ks = _drafts_beyond(lo, chosen, emitted.shape[1])
-    order = rows[np.argsort(emitted[rows, ks] - emitted[rows, ks - 1], kind="stable")]
+    order = _least_likely_first(emitted, lo, chosen)
 
     def trimmed(count: int) -> tuple[int, ...]:
         return tuple(int(x) for x in chosen - np.bincount(order[:count], minlength=len(chosen)))
@@ -165,10 +163,12 @@ def _within_time(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray,
     return trimmed(low)
 
 
-def _drafts_beyond(lo: np.ndarray, chosen: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row, k) of every drafted token k of the plan above its row's least γ."""
-    g = np.arange(width)[None, :]
-    return np.nonzero((g > lo[:, None]) & (g <= chosen[:, None]))
+def _least_likely_first(emitted: np.ndarray, lo: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """The row of every drafted token of the plan above its row's least γ, the drafts least
+    likely to be accepted first (P_i(k) does not grow with k: a row's last ones first)."""
+    g = np.arange(emitted.shape[1])[None, :]
+    rows, ks = np.nonzero((g > lo[:, None]) & (g <= chosen[:, None]))
+    return rows[np.argsort(emitted[rows, ks] - emitted[rows, ks - 1], kind="stable")]
 
 
 def _goodput(emitted: np.ndarray, gammas: tuple[int, ...], round_s: Callable[[tuple[int, ...]], float]) -> float:
