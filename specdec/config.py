@@ -181,9 +181,11 @@ class LoadMonitorConfig(StrictModel):
     explore_rows: int = Field(1, ge=1, description="At most this many requests draft in an exploration round.")
     max_round_ratio: float = Field(
         0.0, ge=0, description="A round the policy plans may take at most this many times as long as the same "
-        "batch decoded plainly (predicted by the cost model): a request whose first draft is rejected gets one "
-        "token for the whole round, so this bounds how far speculation stretches the gap between two tokens "
-        "(the ITL tail), at the cost of speculating less. 0 = unbounded (pure goodput)."
+        "batch decoded plainly while it reads a newcomer's prompt (its mean, measured; or this round's prompts "
+        "when longer): plain decoding's own long rounds, predicted by the cost model. A request whose first "
+        "draft is rejected gets one token for the whole round, so this bounds how far speculation stretches "
+        "the gap between two tokens (the ITL tail) past plain decoding's, at the cost of speculating less. "
+        "0 = unbounded (pure goodput)."
     )
     disable_qps: float | None = Field(
         None, gt=0, description="Operator override: cluster-wide requests/s above which speculation is forced off "
@@ -204,9 +206,6 @@ class LoadMonitorConfig(StrictModel):
     def _consistent(self) -> "LoadMonitorConfig":
         if (self.disable_qps is None) != (self.enable_qps is None):
             raise ValueError("load_monitor.disable_qps and load_monitor.enable_qps are set together (or neither)")
-        if 0 < self.max_round_ratio < 1:
-            raise ValueError(f"load_monitor.max_round_ratio must be 0 (unbounded) or >= 1 (no round that drafts "
-                             f"is faster than a plain one), got {self.max_round_ratio}")
         if self.cost_window_s < self.window_s:
             raise ValueError(f"load_monitor.cost_window_s ({self.cost_window_s}) must be >= "
                              f"load_monitor.window_s ({self.window_s})")

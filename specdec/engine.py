@@ -209,7 +209,8 @@ class SpeculativeEngine:
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
         requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(now)]
-        prefill = sum(self._unread_prompt(seq) for seq in now)  # prompts the target reads
+        prompts = [self._unread_prompt(seq) for seq in now]
+        prefill = (sum(1 for p in prompts if p), sum(prompts))  # (rows, tokens) of the prompts the target reads
         pending = self.verifier.verify_async(requests)
         meanwhile, ahead_s = self._during_verify(now, later, requests, gammas) if ahead is not None else (None, 0.0)
         results = pending.result()
@@ -286,10 +287,11 @@ class SpeculativeEngine:
             return
         self._propose_compute_s = (before or 0.0) + (wall if compute is None else compute)
 
-    def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts, prefill: int) -> None:
+    def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts,
+                prefill: tuple[int, int]) -> None:
         """The round's profile and the policy's measurements. counts: each row's (asked γ,
         drafted, accepted) as three lists, asked γ 0 for rows whose drafts were made ahead;
-        prefill: prompt tokens the target read besides. The policy's draft cost is only the
+        prefill: the rows whose prompt the target read besides, and its tokens. The policy's draft cost is only the
         proposer call the round waited for before its verify: drafting ahead ran during the
         verify call, whose time (verified - proposed) covers it where it took longer."""
         propose_s = proposed - start + ahead_s

@@ -17,13 +17,15 @@ plain decoding — is what the plan chooses when drafting costs more than it emi
 proposer, or a large batch whose verify forward is compute-bound).
 
 Goodput is a mean; the latency tail is the round whose first draft is rejected: every row
-then gets one token for the whole round, the draft's steps included. `max_round_ratio`
-bounds a plan's predicted round at that many times the same batch decoded plainly (its
-rows at their least γ, without the prompts it reads), so speculation cannot stretch the
-gap between two tokens beyond it, in any row: plans over the bound lose their least likely
-drafts until they fit. A round that prefills a newcomer's prompt is already long: it
-drafts only what still fits (often nothing), which keeps speculation out of the rounds
-that make plain decoding's own tail.
+then gets one token for the whole round, the draft's steps included. Plain decoding has a
+tail too: its rounds that read a newcomer's prompt. `max_round_ratio` bounds a plan's
+predicted round at that many times such a round of the same batch decoded plainly (its
+rows at their least γ, reading this round's prompts or, when they are shorter, one
+newcomer's mean prompt: `RoundCostModel.prefill_round_s`), so speculation cannot stretch
+the gap between two tokens, in any row, past the gaps plain decoding has anyway. Plans
+over the bound lose their least likely drafts until they fit: at 1.0 a round that
+prefills a typical prompt drafts nothing, and the other rounds draft what fits in the
+time a prefill round would take.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def plan_gammas(
     """The goodput-maximising γ per row (ties go to fewer draft steps). A plan that speculates
     more than the rows' least γ must beat that plain plan by `margin` (a fraction), so that
     noise in the measurements does not switch speculation on for nothing, and its round may
-    take at most `max_round_ratio` times the plain plan's without prompts (0 = unbounded).
+    take at most `max_round_ratio` times the plain plan's with a newcomer's prompt
+    (`RoundCostModel.prefill_round_s`; 0 = unbounded).
     prompt_tokens: what the target reads this round besides the rows' γ + 1 tokens;
     catch_up: what the proposer reads of each row's history before drafting for it (None: 0).
     curves: # [rows, gamma_max] P_i(k), k = 1 … gamma_max; lo, hi: each row's bounds."""
@@ -111,7 +114,7 @@ def plan_gammas(
     best, best_goodput = plain, plain_goodput
     previous, falling = 0.0, 0
     budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
-    slowest = cost.round_s(plain) * max_round_ratio if max_round_ratio > 0 else float("inf")
+    slowest = cost.prefill_round_s(plain, prompt_tokens) * max_round_ratio if max_round_ratio > 0 else float("inf")
     for steps in range(int(lo_a.max()) + 1, int(hi_a.max()) + 1):
         gammas = _plan_for_steps(emitted, lo_a, np.minimum(hi_a, steps), steps, cost, prompt_tokens, read)
         gammas = _within_budget(emitted, gammas, lo_a, budget)
@@ -183,9 +186,9 @@ def _plan_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: 
     rows, width = emitted.shape
     g = np.arange(width)
     allowed = (g[None, :] >= lo[:, None]) & (g[None, :] <= hi[:, None])  # [rows, gamma_max + 1]
-    v_fixed, v_token = cost.verify
+    v_fixed, v_token, v_prompt = cost.verify
     d_fixed, d_step, d_row_step, d_catch_up = cost.draft
-    fixed = cost.overhead_s + v_fixed + v_token * (rows + prompt_tokens) + d_fixed + d_step * steps
+    fixed = cost.overhead_s + v_fixed + v_token * rows + v_prompt * prompt_tokens + d_fixed + d_step * steps
     drafting = d_row_step * steps + d_catch_up * catch_up  # [rows]: a row's share of the call
     row_cost = v_token * g[None, :] + drafting[:, None] * (g[None, :] > 0)  # [rows, gamma_max + 1]
     choice = lo.copy()

@@ -29,8 +29,9 @@ class RoundSample:
     draft_seconds: the proposer call; verify_seconds: the target call; draft_rows: rows the
     proposer was asked to draft for; round_seconds: the whole round (0 = not measured);
     prefill_tokens: prompt tokens the target read this round besides each row's pending
-    token (rows in their first round), which its verify time includes; catch_up_tokens:
-    tokens of the drafting rows' histories the proposer read before drafting.
+    token (rows in their first round), which its verify time includes; prefill_rows: those
+    rows; catch_up_tokens: tokens of the drafting rows' histories the proposer read before
+    drafting.
     """
 
     batch_size: int
@@ -45,24 +46,26 @@ class RoundSample:
     round_seconds: float = 0.0
     prefill_tokens: int = 0
     catch_up_tokens: int = 0
+    prefill_rows: int = 0
 
     @classmethod
     def from_rows(cls, asked: list[int], drafted: list[int], accepted: list[int], draft_s: float,
-                  verify_s: float, round_s: float = 0.0, prefill_tokens: int = 0,
+                  verify_s: float, round_s: float = 0.0, prefill: tuple[int, int] = (0, 0),
                   catch_up_tokens: int = 0) -> "RoundSample":
-        """A batched round's measurements from each row's asked γ, drafted and accepted counts."""
+        """A batched round's measurements from each row's asked γ, drafted and accepted counts;
+        prefill: (rows in their first round, their prompts' tokens)."""
         longest = max(drafted, default=0)
         per_drafted = [sum(1 for d in drafted if d > i) for i in range(longest)]
         per_accepted = [sum(1 for a in accepted if a > i) for i in range(longest)]
         return cls(len(drafted), max(asked, default=0), sum(drafted), sum(accepted), draft_s, verify_s,
-                   tuple(per_accepted), tuple(per_drafted), sum(1 for g in asked if g > 0), round_s, prefill_tokens,
-                   catch_up_tokens)
+                   tuple(per_accepted), tuple(per_drafted), sum(1 for g in asked if g > 0), round_s, prefill[1],
+                   catch_up_tokens, prefill[0])
 
     @property
     def shape(self) -> RoundShape:
         draft_rows = self.draft_rows if self.draft_rows or not self.gamma else self.batch_size
         return RoundShape(self.batch_size, self.drafted + self.batch_size + self.prefill_tokens, draft_rows, self.gamma,
-                          self.catch_up_tokens)
+                          self.catch_up_tokens, self.prefill_rows, self.prefill_tokens)
 
 
 @dataclass

@@ -3,12 +3,16 @@
 A round runs one proposer call (γ draft steps for the rows that draft) and one target
 forward over every row's verified tokens, plus fixed bookkeeping. Measured in seconds:
 
-    verify_s ≈ v_fixed + v_token · tokens            tokens = Σ (drafted_i + 1) + prompt tokens
+    verify_s ≈ v_fixed + v_token · tokens + v_prompt · prompt tokens      tokens = Σ (drafted_i + 1)
     draft_s  ≈ d_fixed + d_step · steps + d_row_step · draft_rows · steps + d_catch_up · catch_up
     round_s  ≈ verify_s + draft_s (0 when nobody drafts) + overhead_s
 
 (SmartSpec, "Optimizing Speculative Decoding for Serving LLMs Using Goodput", 2024, fits a
-batch's time as a linear function of its tokens in the same way.) On a GPU at small
+batch's time as a linear function of its tokens in the same way.) A newcomer's prompt is
+read in one batched forward and sampled once, a verified token is sampled (and its draft
+judged) on its own, so the two are priced apart: on the bundled pair over gRPC a prompt
+token measured about a fifth of a verified one, and one price for both fitted prefill
+rounds and drafting rounds equally badly (plain rounds predicted 40 % dear). On a GPU at small
 batches v_token is small (verification is memory-bound) and grows with the batch; on a
 CPU every token costs, a drafted token as much as a row's pending one (each attends over
 its row's context), so the target's cost is not split by rows: rows and tokens move
@@ -38,6 +42,11 @@ plain rows, its slope says little about 32 rows drafting 8 tokens each. `drafted
 is the trust region: the most drafted tokens a round may plan, from the mean and spread
 of the verified and drafted tokens measured (additive sums too). Plans stay inside it,
 their rounds widen it, so speculation grows into a new regime step by step.
+
+Plain decoding's own longest rounds are those that read a newcomer's prompt. The model
+keeps the mean prompt such a round read (`prompt_tokens`, from the `prefill:` sums), so a
+round-time bound can be set against that round (`prefill_round_s`): speculation then may
+not stretch a gap past the ones plain decoding has anyway.
 """
 
 from __future__ import annotations
@@ -48,7 +57,8 @@ from dataclasses import dataclass
 import numpy as np
 
 VERIFY, DRAFT = "verify", "draft"
-COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", "cost_rounds", "overhead_seconds")  # the sums `add_round_timing` adds
+PREFILL = "prefill"
+COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", f"{PREFILL}:", "cost_rounds", "overhead_seconds")  # the sums `add_round_timing` adds
 MIN_ROUNDS, MIN_DRAFT_CALLS = 16, 4  # timings needed before the model is trusted at all
 RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features, biases nothing else
 # The draft's fixed and per-row-step terms are penalised more than its per-step term. While
@@ -69,7 +79,8 @@ class RoundShape:
     rows: sequences verified; tokens: Σ (drafted_i + 1) over them, plus the prompt tokens of
     rows in their first round; draft_rows: rows the proposer was asked to draft for; steps:
     the largest γ asked (draft steps run in turn); catch_up: tokens of those rows' histories
-    the proposer had not seen.
+    the proposer had not seen; prompts, prompt_tokens: the rows in their first round and
+    their prompts' tokens (part of tokens).
     """
 
     rows: int
@@ -77,9 +88,11 @@ class RoundShape:
     draft_rows: int
     steps: int
     catch_up: int = 0
+    prompts: int = 0
+    prompt_tokens: int = 0
 
-    def verify_features(self) -> tuple[float, float]:
-        return (1.0, float(self.tokens))
+    def verify_features(self) -> tuple[float, float, float]:
+        return (1.0, float(self.tokens - self.prompt_tokens), float(self.prompt_tokens))
 
     def draft_features(self) -> tuple[float, float, float, float]:
         return (1.0, float(self.steps), float(self.draft_rows * self.steps), float(self.catch_up))
@@ -123,21 +136,25 @@ def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
 class RoundCostModel:
     """Predicted seconds of a round's parts (coefficients in seconds, all ≥ 0).
 
-    verify: (v_fixed, v_token); draft: (d_fixed, d_step, d_row_step, d_catch_up), the last
-    0 when left out; overhead_s: the rest of a round (router bookkeeping, streaming), per round.
+    verify: (v_fixed, v_token, v_prompt), v_prompt = v_token when left out; draft: (d_fixed,
+    d_step, d_row_step, d_catch_up), the last 0 when left out; overhead_s: the rest of a round
+    (router bookkeeping, streaming), per round.
     """
 
-    verify: tuple[float, float]
+    verify: tuple[float, ...]
     draft: tuple[float, ...]
     overhead_s: float = 0.0
     verify_tokens_high: float = float("inf")  # trust region: verified tokens per round measured up to about this
     draft_tokens_high: float = float("inf")  # ... and drafted tokens (draft rows × γ) per call
+    prompt_tokens: float = 0.0  # a newcomer's mean prompt, in tokens, as measured (0 = none seen)
 
     def __post_init__(self) -> None:
+        if len(self.verify) == 2:
+            object.__setattr__(self, "verify", (*self.verify, self.verify[1]))
         if len(self.draft) == 3:
             object.__setattr__(self, "draft", (*self.draft, 0.0))
-        if len(self.verify) != 2 or len(self.draft) != 4:
-            raise ValueError(f"need 2 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
+        if len(self.verify) != 3 or len(self.draft) != 4:
+            raise ValueError(f"need 2 or 3 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
         if min(*self.verify, *self.draft, self.overhead_s) < 0:
             raise ValueError(f"round cost coefficients must be >= 0, got {self}")
 
@@ -148,19 +165,24 @@ class RoundCostModel:
         rounds is noise, and speculation's cost is unknown before the proposer ran)."""
         if sums.get(f"{VERIFY}:n", 0.0) < MIN_ROUNDS or sums.get(f"{DRAFT}:n", 0.0) < MIN_DRAFT_CALLS:
             return None
-        verify, draft = fit_nonnegative(sums, VERIFY, 2), fit_nonnegative(sums, DRAFT, 4, DRAFT_RIDGE)
+        prompts_read = sums.get(f"{VERIFY}:xx:2:2", 0.0) > 0  # else a prompt token is priced as a verified one
+        verify, draft = fit_nonnegative(sums, VERIFY, 3 if prompts_read else 2), fit_nonnegative(sums, DRAFT, 4, DRAFT_RIDGE)
         if verify is None or draft is None or sum(verify) <= 0:
             return None
         rounds = sums.get("cost_rounds", 0.0)
         overhead = sums.get("overhead_seconds", 0.0) / rounds if rounds > 0 else 0.0
-        return cls(verify, draft, max(0.0, overhead), _high(sums, VERIFY, 1), _high(sums, DRAFT, 2))
+        prompts = sums.get(f"{PREFILL}:rows", 0.0)
+        prompt_tokens = sums.get(f"{PREFILL}:tokens", 0.0) / prompts if prompts > 0 else 0.0
+        return cls(verify, draft, max(0.0, overhead), _high(sums, VERIFY, 1), _high(sums, DRAFT, 2), prompt_tokens)
 
     def drafted_limit(self, rows: int) -> float:
         """The most tokens a round of `rows` rows may draft in all (the trust region)."""
         return max(0.0, min(self.verify_tokens_high - rows, self.draft_tokens_high))
 
-    def verify_s(self, tokens: float) -> float:
-        return self.verify[0] + self.verify[1] * tokens
+    def verify_s(self, tokens: float, prompt_tokens: float = 0.0) -> float:
+        """The target's call for `tokens` verified tokens (Σ (drafted_i + 1)) and `prompt_tokens`
+        of newcomers' prompts."""
+        return self.verify[0] + self.verify[1] * tokens + self.verify[2] * prompt_tokens
 
     def draft_s(self, draft_rows: float, steps: float, catch_up: float = 0.0) -> float:
         if draft_rows <= 0 or steps <= 0:
@@ -168,15 +190,21 @@ class RoundCostModel:
         d = self.draft
         return d[0] + d[1] * steps + d[2] * draft_rows * steps + d[3] * catch_up
 
-    def round_s(self, gammas: list[int] | tuple[int, ...], prompt_tokens: int = 0,
+    def round_s(self, gammas: list[int] | tuple[int, ...], prompt_tokens: float = 0,
                 catch_up: list[int] | tuple[int, ...] | None = None) -> float:
         """Predicted seconds of a round in which row i drafts gammas[i] tokens (reading
         catch_up[i] tokens of its history first) and the target also reads `prompt_tokens`
         (the prompts of rows in their first round)."""
         drafting = [g for g in gammas if g > 0]
         read = sum(c for g, c in zip(gammas, catch_up) if g > 0) if catch_up is not None else 0
-        tokens = sum(gammas) + len(gammas) + prompt_tokens
-        return self.overhead_s + self.verify_s(tokens) + self.draft_s(len(drafting), max(drafting, default=0), read)
+        tokens = sum(gammas) + len(gammas)
+        return (self.overhead_s + self.verify_s(tokens, prompt_tokens)
+                + self.draft_s(len(drafting), max(drafting, default=0), read))
+
+    def prefill_round_s(self, gammas: list[int] | tuple[int, ...], prompt_tokens: int = 0) -> float:
+        """Predicted seconds of the round in which these rows also read `prompt_tokens` or,
+        when that is less, one newcomer's mean prompt: plain decoding's long rounds."""
+        return self.round_s(gammas, max(float(prompt_tokens), self.prompt_tokens))
 
 
 def _high(sums: Mapping[str, float], prefix: str, i: int) -> float:
@@ -205,3 +233,6 @@ def add_round_timing(add: Callable[[str, float], None], shape: RoundShape, verif
         add_point(add, DRAFT, shape.draft_features(), draft_s)
     add("cost_rounds", 1.0)
     add("overhead_seconds", max(0.0, round_s - verify_s - draft_s))
+    if shape.prompts > 0:
+        add(f"{PREFILL}:rows", float(shape.prompts))
+        add(f"{PREFILL}:tokens", float(shape.prompt_tokens))

@@ -89,7 +89,6 @@ def test_later_overrides_win_and_nested_keys_merge():
         ({"cache": {"num_slots": 0}}, "num_slots"),
         ({"models": {"dtype": "int8"}}, "dtype"),
         ({"load_monitor": {"window_s": 30.0, "cost_window_s": 10.0}}, "cost_window_s"),
-        ({"load_monitor": {"max_round_ratio": 0.5}}, "max_round_ratio"),
         ({"load_monitor": {"max_round_ratio": -1}}, "max_round_ratio"),
     ],
 )

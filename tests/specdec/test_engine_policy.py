@@ -171,6 +171,7 @@ def test_the_policy_hears_the_prompt_a_row_brings_to_its_first_round_only(make_e
     assert [r.prompt_tokens for r in first] == [len(prompt_ids[0]) - 1]
     assert later and all(r.prompt_tokens == 0 for rows in later for r in rows)
     assert recorder.samples[0].prefill_tokens == len(prompt_ids[0]) - 1
+    assert [s.prefill_rows for s in recorder.samples] == [1] + [0] * (len(recorder.samples) - 1)
 
 
 def test_the_policy_hears_what_the_draft_must_catch_up_on_and_the_round_records_what_it_read(make_engine, prompt_ids):

@@ -191,18 +191,25 @@ def test_rows_that_fix_their_gamma_keep_it_under_the_bound():
     assert chosen.gammas[0] == 8
 
 
-def test_a_newcomers_prompt_counts_in_the_round_and_a_prefill_round_that_is_already_long_stays_plain():
-    per_token = RoundCostModel(verify=(0.010, 0.0005), draft=(0.002, 0.002, 0.0))
+def test_the_bound_is_set_against_plain_decodings_own_long_round_the_one_that_reads_a_newcomers_prompt():
+    """At 1.0 a steady round may take what a plain round with a mean prompt takes (plain
+    decoding's tail), a round that reads a prompt as long as that drafts nothing, and a
+    prompt shorter than the mean leaves the rest of that time to drafts."""
+    per_token = RoundCostModel(verify=(0.010, 0.0005), draft=(0.002, 0.002, 0.0), prompt_tokens=20)
     curve = geometric(0.8)[None, :]
-    plain_s = per_token.round_s((0,))
-    assert per_token.round_s((0,), prompt_tokens=30) == pytest.approx(plain_s + 30 * 0.0005)
-    steady = plan_gammas(curve, [0], [8], per_token, max_round_ratio=2.0)
-    assert steady.gammas[0] > 0
-    prefill = plan_gammas(curve, [0], [8], per_token, max_round_ratio=2.0, prompt_tokens=10)  # 5.5 ms short of 2×
-    assert 0 < prefill.gammas[0] < steady.gammas[0]
-    long_prompt = plan_gammas(curve, [0], [8], per_token, max_round_ratio=2.0, prompt_tokens=30)  # > 2× already
-    assert long_prompt.gammas == (0,)
-    assert plan_gammas(curve, [0], [8], per_token, prompt_tokens=30).gammas[0] > 0  # unbounded goodput drafts on
+    assert per_token.round_s((0,), prompt_tokens=30) == pytest.approx(per_token.round_s((0,)) + 30 * 0.0005)
+    assert per_token.prefill_round_s((0,)) == pytest.approx(per_token.round_s((0,), prompt_tokens=20))
+    assert per_token.prefill_round_s((0,), prompt_tokens=50) == pytest.approx(per_token.round_s((0,), prompt_tokens=50))
+    free = plan_gammas(curve, [0], [8], per_token)
+    steady = plan_gammas(curve, [0], [8], per_token, max_round_ratio=1.0)
+    assert 0 < steady.gammas[0] < free.gammas[0]
+    assert per_token.round_s(steady.gammas) <= per_token.prefill_round_s((0,)) < per_token.round_s((steady.gammas[0] + 1,))
+    assert plan_gammas(curve, [0], [8], per_token, max_round_ratio=1.0, prompt_tokens=20).gammas == (0,)
+    short = plan_gammas(curve, [0], [8], per_token, max_round_ratio=1.0, prompt_tokens=10)  # 5 ms left for drafts
+    assert 0 < short.gammas[0] < steady.gammas[0]
+    assert plan_gammas(curve, [0], [8], per_token, prompt_tokens=20).gammas[0] > 0  # unbounded goodput drafts on
+    no_prompt_seen = RoundCostModel(verify=(0.010, 0.0005), draft=(0.002, 0.002, 0.0))
+    assert plan_gammas(curve, [0], [8], no_prompt_seen, max_round_ratio=1.0).gammas == (0,)
 
 
 def test_a_row_that_must_catch_up_on_a_long_history_waits_while_the_others_draft():

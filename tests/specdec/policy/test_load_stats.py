@@ -25,7 +25,7 @@ def test_the_snapshot_carries_the_round_cost_fitted_from_its_rounds():
         for g in (0, 2, 4, 8):
             w.merge(window_with([g], batch=batch, draft_overhead=0.002))
     cost = LoadSnapshot.from_window(w, 10.0, 0, 0, measured_at=0.0).round_cost
-    assert cost.verify == pytest.approx((0.008, 0.0005), rel=1e-4)
+    assert cost.verify == pytest.approx((0.008, 0.0005, 0.0005), rel=1e-4)  # no prompt read: priced as a token
     assert cost.draft_s(1, 4) == pytest.approx(0.002 + 0.003 * 4)
 
 
@@ -81,5 +81,5 @@ def test_mean_accepted_length_comes_from_the_same_window_as_alpha():
 
 
 def test_prompt_tokens_read_in_a_round_count_as_verified_tokens():
-    sample = RoundSample.from_rows([4, 0], [4, 0], [2, 0], 0.01, 0.5, 0.52, prefill_tokens=300)
+    sample = RoundSample.from_rows([4, 0], [4, 0], [2, 0], 0.01, 0.5, 0.52, prefill=(1, 300))
     assert sample.shape.tokens == 4 + 2 + 300

@@ -152,3 +152,39 @@ def test_a_three_term_draft_model_has_no_catch_up_cost():
     assert RoundCostModel(verify=(0.01, 0.001), draft=(0.001, 0.002, 0.0)).draft == (0.001, 0.002, 0.0, 0.0)
     with pytest.raises(ValueError, match="draft"):
         RoundCostModel(verify=(0.01, 0.001), draft=(0.001, 0.002))
+
+
+def test_the_model_keeps_a_newcomers_mean_prompt_from_the_rounds_that_read_prompts():
+    window = timed_rounds(n=50)
+    assert RoundCostModel.from_sums(window.sums).prompt_tokens == 0.0  # no prompt read yet
+    for prompts, tokens in ((1, 60), (2, 140), (0, 0)):
+        shape = RoundShape(4, 4 + tokens, 0, 0, prompts=prompts, prompt_tokens=tokens)
+        add_round_timing(window.add, shape, TRUE.verify_s(shape.tokens), 0.0, TRUE.verify_s(shape.tokens))
+    fitted = RoundCostModel.from_sums(window.sums)
+    assert fitted.prompt_tokens == pytest.approx(200 / 3)
+    assert fitted.prefill_round_s([0] * 4) == pytest.approx(fitted.round_s([0] * 4, prompt_tokens=200 / 3))
+    assert fitted.verify == pytest.approx(TRUE.verify, rel=1e-4)  # prefill rounds are fitted like any other
+
+
+def test_a_prompt_token_is_priced_apart_from_a_verified_token():
+    """A newcomer's prompt is read in one batched forward; a verified token is sampled and
+    judged on its own. Priced alike, prefill rounds would pull the fit's fixed cost up and a
+    plain round would be predicted far dearer than it is."""
+    true = RoundCostModel(verify=(0.005, 0.0009, 0.00015), draft=(0.001, 0.0015, 0.0002))
+    rng = random.Random(3)
+    window, one_price_window = StatsWindow(), StatsWindow()
+    for _ in range(300):
+        rows, gamma = rng.randint(1, 4), rng.choice((0, 2, 4))
+        prompts = 1 if rng.random() < 0.2 else 0
+        shape = RoundShape(rows, rows * (gamma + 1) + 64 * prompts, rows if gamma else 0, gamma,
+                           prompts=prompts, prompt_tokens=64 * prompts)
+        verify, draft = true.verify_s(rows * (gamma + 1), shape.prompt_tokens), true.draft_s(shape.draft_rows, gamma)
+        add_round_timing(window.add, shape, verify, draft, 0.0)
+        unmarked = RoundShape(shape.rows, shape.tokens, shape.draft_rows, gamma)  # prompts as plain tokens
+        add_round_timing(one_price_window.add, unmarked, verify, draft, 0.0)
+    fitted = RoundCostModel.from_sums(window.sums)
+    assert fitted.verify == pytest.approx(true.verify, rel=1e-3)
+    assert fitted.round_s([0]) == pytest.approx(true.round_s([0]), rel=1e-3)
+    assert fitted.prefill_round_s([0]) == pytest.approx(true.round_s([0], prompt_tokens=64), rel=1e-3)
+    one_price = RoundCostModel.from_sums(one_price_window.sums)
+    assert one_price.round_s([0]) > 1.2 * true.round_s([0])
