@@ -291,9 +291,10 @@ class SpeculativeEngine:
                 prefill: tuple[int, int]) -> None:
         """The round's profile and the policy's measurements. counts: each row's (asked γ,
         drafted, accepted) as three lists, asked γ 0 for rows whose drafts were made ahead;
-        prefill: the rows whose prompt the target read besides, and its tokens. The policy's draft cost is only the
-        proposer call the round waited for before its verify: drafting ahead ran during the
-        verify call, whose time (verified - proposed) covers it where it took longer."""
+        prefill: (rows whose prompt the target read besides, those prompts' tokens). The
+        policy's draft cost is only the proposer call the round waited for before its verify:
+        drafting ahead ran during the verify call, whose time (verified - proposed) covers it
+        where it took longer."""
         propose_s = proposed - start + ahead_s
         round_s = time.perf_counter() - start
         self.profile.record(

@@ -10,9 +10,10 @@ forward over every row's verified tokens, plus fixed bookkeeping. Measured in se
 (SmartSpec, "Optimizing Speculative Decoding for Serving LLMs Using Goodput", 2024, fits a
 batch's time as a linear function of its tokens in the same way.) A newcomer's prompt is
 read in one batched forward and sampled once, a verified token is sampled (and its draft
-judged) on its own, so the two are priced apart: on the bundled pair over gRPC a prompt
-token measured about a fifth of a verified one, and one price for both fitted prefill
-rounds and drafting rounds equally badly (plain rounds predicted 40 % dear). On a GPU at small
+judged) on its own, so the two are priced apart. On the bundled pair over gRPC a prompt
+token was fitted at about a fifth of a verified one. Fitted on the same logged rounds, one
+price for both predicted prefill rounds 7–9 % dear and γ = 4 rounds 10 % cheap; the split
+fit was within 5 % of both. On a GPU at small
 batches v_token is small (verification is memory-bound) and grows with the batch; on a
 CPU every token costs, a drafted token as much as a row's pending one (each attends over
 its row's context), so the target's cost is not split by rows: rows and tokens move
