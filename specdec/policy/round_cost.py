@@ -1,30 +1,36 @@
 """What a round costs at the current batch: a linear model learnt online from round timings.
 
 A round runs one proposer call (γ draft steps for the rows that draft) and one target
-forward over every row's verified tokens, plus fixed bookkeeping. Measured in seconds:
+forward over every row's pending token and drafted tokens, plus fixed bookkeeping. Measured
+in seconds:
 
-    verify_s ≈ v_fixed + v_token · tokens + v_prompt · prompt tokens      tokens = Σ (drafted_i + 1)
+    verify_s ≈ v_fixed + v_row · rows + v_drafted · drafted + v_prompt · prompt tokens
     draft_s  ≈ d_fixed + d_step · steps + d_row_step · draft_rows · steps + d_catch_up · catch_up
     round_s  ≈ verify_s + draft_s (0 when nobody drafts) + overhead_s
 
 (SmartSpec, "Optimizing Speculative Decoding for Serving LLMs Using Goodput", 2024, fits a
-batch's time as a linear function of its tokens in the same way.) A newcomer's prompt is
-read in one batched forward and sampled once, a verified token is sampled (and its draft
-judged) on its own, so the two are priced apart. On the bundled pair over gRPC a prompt
-token was fitted at about a fifth of a verified one. Fitted on the same logged rounds, one
-price for both predicted prefill rounds 7–9 % dear and γ = 4 rounds 10 % cheap; the split
-fit was within 5 % of both. On a GPU at small
-batches v_token is small (verification is memory-bound) and grows with the batch; on a
-CPU every token costs, a drafted token as much as a row's pending one (each attends over
-its row's context), so the target's cost is not split by rows: rows and tokens move
-together whenever rows draft alike, and a per-row term could not be told apart from the
-per-token one. d_fixed holds the proposer call's fixed cost (a network hop); d_step one
-draft step whatever the batch; d_row_step one more row in a step; d_catch_up each token the
-draft reads before it drafts (catch_up: each drafting row's history since the proposer last
-saw it: a few tokens while a row drafts every round, its whole prompt and everything
-decoded plainly since when it starts drafting again). Without that term, the dear first
-calls of rows that drafted now and then (the policy's own exploration, speculation coming
-back on) read as a large fixed cost of every call, and short rounds looked unprofitable.
+batch's time as a linear function of its tokens in the same way.) The target's three
+kinds of token are priced apart:
+* a row (its pending token) brings its own attention over its context, its own sampling
+  and bookkeeping;
+* a drafted token only lengthens its row's forward (one more query) and is judged;
+* a newcomer's prompt is read in one batched forward and sampled once.
+On the bundled pair over gRPC (2 CPU cores) a plain round's extra row was fitted at 1.2-2.2
+ms and a drafted token in-process costs about 0.5 ms. One price for a row and a drafted
+token, fitted on a window of plain rounds (speculation off, or OFF traffic), took a drafted
+token for a whole row: a γ = 4 round looked 5-8 ms dearer than it was, and the plan kept
+speculation off for the next minute of rounds (whose drafts would have measured the truth).
+Where the rounds cannot tell the two apart (no drafts in the window, or every row drafting
+the same γ), a small fusion penalty makes them equal (`DRAFTED_TIE`): the one price, as
+before. On a GPU at small batches both are small (verification is memory-bound) and v_fixed
+holds most of the call. d_fixed holds the proposer call's fixed cost (a network hop);
+d_step one draft step whatever the batch; d_row_step one more row in a step; d_catch_up each
+token the draft reads before it drafts (catch_up: each drafting row's history since the
+proposer last saw it: a few tokens while a row drafts every round, its whole prompt and
+everything decoded plainly since when it starts drafting again). Without that term, the dear
+first calls of rows that drafted now and then (the policy's own exploration, speculation
+coming back on) read as a large fixed cost of every call, and short rounds looked
+unprofitable.
 
 Each coefficient is fitted by non-negative least squares over additive sums (Σ x·xᵀ,
 Σ x·y, n), so that the sums of any number of router replicas and time buckets merge by
@@ -57,7 +63,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-VERIFY, DRAFT = "verify", "draft"
+# The target's sums are kept under "target" (features 1, rows, drafted, prompt tokens); routers
+# before the row / drafted split added "verify" sums of (1, tokens, prompt tokens), which this
+# model does not read (they leave the load window within window_s of an upgrade).
+VERIFY, DRAFT = "target", "draft"
 PREFILL = "prefill"
 COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", f"{PREFILL}:", "cost_rounds", "overhead_seconds")  # the sums `add_round_timing` adds
 MIN_ROUNDS, MIN_DRAFT_CALLS = 16, 4  # timings needed before the model is trusted at all
@@ -71,6 +80,9 @@ RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features
 # (and its round-time bound) still tries it and measures the truth; taken as fixed, every
 # shorter γ would look as dear as the measured one and speculation would stop altogether.
 DRAFT_RIDGE = (1e-6, RIDGE, 1e-4, 1e-4)  # the catch-up term, like the per-row one, only where measured apart
+# The target's per-row and per-drafted-token prices are pulled together by this weight
+# (relative to Σ rows²): nothing where drafted tokens vary apart from rows, one price where they do not.
+DRAFTED_TIE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -92,8 +104,13 @@ class RoundShape:
     prompts: int = 0
     prompt_tokens: int = 0
 
-    def verify_features(self) -> tuple[float, float, float]:
-        return (1.0, float(self.tokens - self.prompt_tokens), float(self.prompt_tokens))
+    @property
+    def drafted(self) -> int:
+        """Drafted tokens verified (tokens less the rows' pending tokens and the prompts)."""
+        return self.tokens - self.rows - self.prompt_tokens
+
+    def verify_features(self) -> tuple[float, float, float, float]:
+        return (1.0, float(self.rows), float(self.drafted), float(self.prompt_tokens))
 
     def draft_features(self) -> tuple[float, float, float, float]:
         return (1.0, float(self.steps), float(self.draft_rows * self.steps), float(self.catch_up))
@@ -109,10 +126,11 @@ def add_point(add: Callable[[str, float], None], prefix: str, x: tuple[float, ..
 
 
 def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
-                    ridge: tuple[float, ...] | None = None) -> tuple[float, ...] | None:
-    """w ≥ 0 minimising Σ (y − w · x)² + Σ ridge_i · Σx_i² · w_i² from the sums under
-    `prefix` (None without data). Active set: solve, drop the most negative coefficient,
-    solve again."""
+                    ridge: tuple[float, ...] | None = None,
+                    tie: tuple[int, int, float] | None = None) -> tuple[float, ...] | None:
+    """w ≥ 0 minimising Σ (y − w · x)² + Σ ridge_i · Σx_i² · w_i² (+ with tie = (i, j, λ),
+    λ · Σx_i² · (w_i − w_j)²) from the sums under `prefix` (None without data). Active set:
+    solve, drop the most negative coefficient, solve again."""
     if sums.get(f"{prefix}:n", 0.0) <= 0:
         return None
     a = np.zeros((k, k))
@@ -120,7 +138,15 @@ def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
     for i in range(k):
         for j in range(i, k):
             a[i, j] = a[j, i] = sums.get(f"{prefix}:xx:{i}:{j}", 0.0)
-    a += np.diag(np.maximum(np.diag(a), 1e-12) * np.asarray(ridge or (RIDGE,) * k))
+    scale = np.maximum(np.diag(a), 1e-12)
+    a += np.diag(scale * np.asarray(ridge or (RIDGE,) * k))
+    if tie is not None and max(tie[:2]) < k:
+        i, j, weight = tie
+        pull = weight * scale[i]
+        a[i, i] += pull
+        a[j, j] += pull
+        a[i, j] -= pull
+        a[j, i] -= pull
     active = list(range(k))
     w = np.zeros(k)
     while active:
@@ -137,8 +163,9 @@ def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
 class RoundCostModel:
     """Predicted seconds of a round's parts (coefficients in seconds, all ≥ 0).
 
-    verify: (v_fixed, v_token, v_prompt), v_prompt = v_token when left out; draft: (d_fixed,
-    d_step, d_row_step, d_catch_up), the last 0 when left out; overhead_s: the rest of a round
+    verify: (v_fixed, v_row, v_drafted, v_prompt); (v_fixed, v_token[, v_prompt]) prices a
+    row, a drafted token (and a prompt token, when left out) alike; draft: (d_fixed, d_step,
+    d_row_step, d_catch_up), the last 0 when left out; overhead_s: the rest of a round
     (router bookkeeping, streaming), per round.
     """
 
@@ -150,12 +177,13 @@ class RoundCostModel:
     prompt_tokens: float = 0.0  # a newcomer's mean prompt, in tokens, as measured (0 = none seen)
 
     def __post_init__(self) -> None:
-        if len(self.verify) == 2:
-            object.__setattr__(self, "verify", (*self.verify, self.verify[1]))
+        if len(self.verify) in (2, 3):  # one price for a row and a drafted token
+            fixed, token, *prompt = self.verify
+            object.__setattr__(self, "verify", (fixed, token, token, prompt[0] if prompt else token))
         if len(self.draft) == 3:
             object.__setattr__(self, "draft", (*self.draft, 0.0))
-        if len(self.verify) != 3 or len(self.draft) != 4:
-            raise ValueError(f"need 2 or 3 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
+        if len(self.verify) != 4 or len(self.draft) != 4:
+            raise ValueError(f"need 2 to 4 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
         if min(*self.verify, *self.draft, self.overhead_s) < 0:
             raise ValueError(f"round cost coefficients must be >= 0, got {self}")
 
@@ -166,24 +194,29 @@ class RoundCostModel:
         rounds is noise, and speculation's cost is unknown before the proposer ran)."""
         if sums.get(f"{VERIFY}:n", 0.0) < MIN_ROUNDS or sums.get(f"{DRAFT}:n", 0.0) < MIN_DRAFT_CALLS:
             return None
-        prompts_read = sums.get(f"{VERIFY}:xx:2:2", 0.0) > 0  # else a prompt token is priced as a verified one
-        verify, draft = fit_nonnegative(sums, VERIFY, 3 if prompts_read else 2), fit_nonnegative(sums, DRAFT, 4, DRAFT_RIDGE)
+        prompts_read = sums.get(f"{VERIFY}:xx:3:3", 0.0) > 0  # else a prompt token is priced as a row
+        verify = fit_nonnegative(sums, VERIFY, 4 if prompts_read else 3, tie=(1, 2, DRAFTED_TIE))
+        draft = fit_nonnegative(sums, DRAFT, 4, DRAFT_RIDGE)
         if verify is None or draft is None or sum(verify) <= 0:
             return None
+        if not prompts_read:
+            verify = (*verify, verify[1])
         rounds = sums.get("cost_rounds", 0.0)
         overhead = sums.get("overhead_seconds", 0.0) / rounds if rounds > 0 else 0.0
         prompts = sums.get(f"{PREFILL}:rows", 0.0)
         prompt_tokens = sums.get(f"{PREFILL}:tokens", 0.0) / prompts if prompts > 0 else 0.0
-        return cls(verify, draft, max(0.0, overhead), _high(sums, VERIFY, 1), _high(sums, DRAFT, 2), prompt_tokens)
+        return cls(verify, draft, max(0.0, overhead), _high(sums, VERIFY, (1, 2)), _high(sums, DRAFT, (2,)),
+                   prompt_tokens)
 
     def drafted_limit(self, rows: int) -> float:
         """The most tokens a round of `rows` rows may draft in all (the trust region)."""
         return max(0.0, min(self.verify_tokens_high - rows, self.draft_tokens_high))
 
-    def verify_s(self, tokens: float, prompt_tokens: float = 0.0) -> float:
-        """The target's call for `tokens` verified tokens (Σ (drafted_i + 1)) and `prompt_tokens`
-        of newcomers' prompts."""
-        return self.verify[0] + self.verify[1] * tokens + self.verify[2] * prompt_tokens
+    def verify_s(self, rows: float, drafted: float = 0.0, prompt_tokens: float = 0.0) -> float:
+        """The target's call for `rows` rows with `drafted` drafted tokens in all, also reading
+        `prompt_tokens` of newcomers' prompts."""
+        v = self.verify
+        return v[0] + v[1] * rows + v[2] * drafted + v[3] * prompt_tokens
 
     def draft_s(self, draft_rows: float, steps: float, catch_up: float = 0.0) -> float:
         if draft_rows <= 0 or steps <= 0:
@@ -198,8 +231,7 @@ class RoundCostModel:
         (the prompts of rows in their first round)."""
         drafting = [g for g in gammas if g > 0]
         read = sum(c for g, c in zip(gammas, catch_up) if g > 0) if catch_up is not None else 0
-        tokens = sum(gammas) + len(gammas)
-        return (self.overhead_s + self.verify_s(tokens, prompt_tokens)
+        return (self.overhead_s + self.verify_s(len(gammas), sum(gammas), prompt_tokens)
                 + self.draft_s(len(drafting), max(drafting, default=0), read))
 
     def prefill_round_s(self, gammas: list[int] | tuple[int, ...], prompt_tokens: int = 0) -> float:
@@ -208,14 +240,16 @@ class RoundCostModel:
         return self.round_s(gammas, max(float(prompt_tokens), self.prompt_tokens))
 
 
-def _high(sums: Mapping[str, float], prefix: str, i: int) -> float:
-    """The top of the trust region for feature i: its mean + 2 standard deviations, plus a
-    quarter of the mean (at least 2 tokens) to grow into."""
+def _high(sums: Mapping[str, float], prefix: str, features: tuple[int, ...]) -> float:
+    """The top of the trust region for the sum of these features (e.g. rows + drafted: the
+    verified tokens): its mean + 2 standard deviations, plus a quarter of the mean (at least
+    2 tokens) to grow into."""
     n = sums.get(f"{prefix}:n", 0.0)
     if n <= 0:
         return 0.0
-    mean = sums.get(f"{prefix}:xx:0:{i}", 0.0) / n
-    spread = max(0.0, sums.get(f"{prefix}:xx:{i}:{i}", 0.0) / n - mean * mean) ** 0.5
+    mean = sum(sums.get(f"{prefix}:xx:0:{i}", 0.0) for i in features) / n
+    square = sum(sums.get(f"{prefix}:xx:{min(i, j)}:{max(i, j)}", 0.0) for i in features for j in features) / n
+    spread = max(0.0, square - mean * mean) ** 0.5
     return mean + 2.0 * spread + max(2.0, 0.25 * mean)
 
 

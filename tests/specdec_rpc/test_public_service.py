@@ -120,3 +120,22 @@ def test_stats_carry_the_measured_choice_of_drafting_ahead_and_the_status_shows_
     always = replace(status, overlap_choice=None)  # the default: a lone request always looks ahead
     line = next(line for line in format_status(to_stats_response(always)).splitlines() if line.startswith("drafting"))
     assert "50% of 40 look-aheads used" in line and "for a lone request" not in line
+
+
+def test_stats_carry_each_round_cost_coefficient_under_its_own_name():
+    from specdec.policy.round_cost import RoundCostModel
+    from specdec.server_status import PolicyStatus
+    from specdec_cli.client_cli import _round_cost
+    from specdec_rpc.public_service import _set_policy_view
+
+    cost = RoundCostModel(verify=(0.010, 0.0015, 0.0004, 0.0002), draft=(0.003, 0.002, 0.0005, 0.00005),
+                          overhead_s=0.0003, prompt_tokens=64.0)
+    response = pb.GetStatsResponse()
+    _set_policy_view(response, PolicyStatus(round_cost=cost))
+    c = response.round_cost
+    assert (c.verify_fixed_ms, c.verify_row_ms, c.verify_drafted_token_ms, c.verify_prompt_token_ms) == \
+        pytest.approx((10.0, 1.5, 0.4, 0.2))
+    assert (c.draft_fixed_ms, c.draft_step_ms, c.draft_row_step_ms, c.draft_catch_up_token_ms, c.overhead_ms) == \
+        pytest.approx((3.0, 2.0, 0.5, 0.05, 0.3))
+    line = _round_cost(response)
+    assert "10.00 + 1.50/row + 0.40/drafted token + 0.200/prompt token (mean prompt 64)" in line
