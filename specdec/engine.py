@@ -226,7 +226,8 @@ class SpeculativeEngine:
             drafted.append(counts[0])
             accepted.append(counts[1])
         asked = [g if i in fresh else 0 for i, g in enumerate(gamma_now)]  # drafted by this round's own call
-        self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill)
+        planned_s = self.last_decision.planned_s if len(now) == len(self._planned) else 0.0  # the plan's whole batch
+        self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill, planned_s)
         if ahead is not None:
             ahead.round_done(sum(len(result.emitted) for result in results), time.perf_counter() - start)
         return outputs
@@ -288,10 +289,11 @@ class SpeculativeEngine:
         self._propose_compute_s = (before or 0.0) + (wall if compute is None else compute)
 
     def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts,
-                prefill: tuple[int, int]) -> None:
+                prefill: tuple[int, int], planned_s: float) -> None:
         """The round's profile and the policy's measurements. counts: each row's (asked γ,
         drafted, accepted) as three lists, asked γ 0 for rows whose drafts were made ahead;
-        prefill: (rows whose prompt the target read besides, those prompts' tokens). The
+        prefill: (rows whose prompt the target read besides, those prompts' tokens); planned_s:
+        the round as the plan predicted it (0: not the plan's whole batch). The
         policy's draft cost is only the proposer call the round waited for before its verify:
         drafting ahead ran during the verify call, whose time (verified - proposed) covers it
         where it took longer."""
@@ -305,7 +307,7 @@ class SpeculativeEngine:
         )
         if self.policy is not None:
             self.policy.record(RoundSample.from_rows(*counts, proposed - start, verified - proposed, round_s, prefill,
-                                                     self._proposer_view.read))
+                                                     self._proposer_view.read, planned_s))
 
     def _admit(self) -> None:
         """Waiting requests join while the verifier has free slots. A running request takes

@@ -102,7 +102,8 @@ def _round_cost(stats: Any) -> str:
             f"token + {c.verify_prompt_token_ms:.3f}/prompt token (mean prompt {c.prompt_tokens:.0f}), "
             f"draft {c.draft_fixed_ms:.2f} + {c.draft_step_ms:.2f}/step + {c.draft_row_step_ms:.2f}/row/step "
             f"+ {c.draft_catch_up_token_ms:.3f}/token read, "
-            f"other {c.overhead_ms:.2f}")
+            f"other {c.overhead_ms:.2f}; measured / predicted: drafting rounds x{c.drafting_scale:.2f}, "
+            f"plain rounds x{c.plain_scale:.2f}")
 
 
 def _crossover(stats: Any) -> str:

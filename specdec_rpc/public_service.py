@@ -113,6 +113,8 @@ def _set_policy_view(response: Any, policy: PolicyStatus) -> None:
             setattr(response.round_cost, name, 1000.0 * seconds)
         response.round_cost.overhead_ms = 1000.0 * cost.overhead_s
         response.round_cost.prompt_tokens = cost.prompt_tokens
+        response.round_cost.drafting_scale = cost.drafting_scale
+        response.round_cost.plain_scale = cost.plain_scale
     response.crossover_rows = crossover.rows or 0
     response.crossover_qps = crossover.qps or 0.0
     response.off_because_of_load = policy.off_because_of_load

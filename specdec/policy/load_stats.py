@@ -31,7 +31,7 @@ class RoundSample:
     prefill_tokens: prompt tokens the target read this round besides each row's pending
     token (rows in their first round), which its verify time includes; prefill_rows: those
     rows; catch_up_tokens: tokens of the drafting rows' histories the proposer read before
-    drafting.
+    drafting; planned_seconds: the round as its plan predicted it (0 = no priced plan).
     """
 
     batch_size: int
@@ -47,11 +47,12 @@ class RoundSample:
     prefill_tokens: int = 0
     catch_up_tokens: int = 0
     prefill_rows: int = 0
+    planned_seconds: float = 0.0
 
     @classmethod
     def from_rows(cls, asked: list[int], drafted: list[int], accepted: list[int], draft_s: float,
                   verify_s: float, round_s: float = 0.0, prefill: tuple[int, int] = (0, 0),
-                  catch_up_tokens: int = 0) -> "RoundSample":
+                  catch_up_tokens: int = 0, planned_s: float = 0.0) -> "RoundSample":
         """A batched round's measurements from each row's asked γ, drafted and accepted counts;
         prefill: (rows in their first round, their prompts' tokens)."""
         longest = max(drafted, default=0)
@@ -59,7 +60,7 @@ class RoundSample:
         per_accepted = [sum(1 for a in accepted if a > i) for i in range(longest)]
         return cls(len(drafted), max(asked, default=0), sum(drafted), sum(accepted), draft_s, verify_s,
                    tuple(per_accepted), tuple(per_drafted), sum(1 for g in asked if g > 0), round_s, prefill[1],
-                   catch_up_tokens, prefill[0])
+                   catch_up_tokens, prefill[0], planned_s)
 
     @property
     def shape(self) -> RoundShape:
@@ -89,7 +90,8 @@ class StatsWindow:
             self.add(f"drafted_pos:{i}", d)
             self.add(f"accepted_pos:{i}", a)
         round_s = sample.round_seconds or sample.draft_seconds + sample.verify_seconds
-        add_round_timing(self.add, sample.shape, sample.verify_seconds, sample.draft_seconds, round_s)
+        add_round_timing(self.add, sample.shape, sample.verify_seconds, sample.draft_seconds, round_s,
+                         sample.planned_seconds)
 
     def merge(self, other: "StatsWindow | dict[str, float]") -> None:
         items = other.sums.items() if isinstance(other, StatsWindow) else other.items()

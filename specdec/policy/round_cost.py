@@ -15,11 +15,11 @@ kinds of token are priced apart:
   and bookkeeping;
 * a drafted token only lengthens its row's forward (one more query) and is judged;
 * a newcomer's prompt is read in one batched forward and sampled once.
-On the bundled pair over gRPC (2 CPU cores) a plain round's extra row was fitted at 1.2-2.2
-ms and a drafted token in-process costs about 0.5 ms. One price for a row and a drafted
-token, fitted on a window of plain rounds (speculation off, or OFF traffic), took a drafted
-token for a whole row: a γ = 4 round looked 5-8 ms dearer than it was, and the plan kept
-speculation off for the next minute of rounds (whose drafts would have measured the truth).
+On the bundled pair over gRPC (2 CPU cores) one price for both was fitted at 0.6 ms under ON
+traffic and rose to 1.5-2.2 ms after a minute of plain rounds (speculation off, or OFF
+traffic), while a drafted token costs about 0.5 ms more in a forward in-process: fitted on
+plain rounds, one price takes a drafted token for a whole row, and a γ = 4 round looked
+4-7 ms dearer than it was, just when only drafting rounds could have measured the truth.
 Where the rounds cannot tell the two apart (no drafts in the window, or every row drafting
 the same γ), a small fusion penalty makes them equal (`DRAFTED_TIE`): the one price, as
 before. On a GPU at small batches both are small (verification is memory-bound) and v_fixed
@@ -50,6 +50,18 @@ is the trust region: the most drafted tokens a round may plan, from the mean and
 of the verified and drafted tokens measured (additive sums too). Plans stay inside it,
 their rounds widen it, so speculation grows into a new regime step by step.
 
+A linear model of the parts misses what the parts do to each other, and it prices a round
+as planned: the draft's look-ahead (drafts made during the previous verify, so the round
+waits for no proposer call), the two workers sharing a host's cores, a worker woken from
+idle. So each planned round's predicted seconds (uncalibrated, `base_round_s`) are summed
+with its measured seconds, apart for rounds that verified drafts and plain ones, and a
+round's prediction is scaled by measured / predicted of its kind (`drafting_scale`,
+`plain_scale`; shrunk towards 1 by CALIBRATION_PRIOR_S of rounds, within CALIBRATION_LIMITS).
+On the bundled pair over gRPC at 1 request/s the parts' sum priced ON's γ = 4 rounds at
+39-45 ms where they took about 33 ms (look-ahead), and plain rounds at 14.8 ms where the
+answers streamed at 17 ms a token: uncalibrated, plain decoding looked 13 % faster than
+speculating, measured it was 5-30 % slower.
+
 Plain decoding's own longest rounds are those that read a newcomer's prompt. The model
 keeps the mean prompt such a round read (`prompt_tokens`, from the `prefill:` sums), so a
 round-time bound can be set against that round (`prefill_round_s`): speculation then may
@@ -68,8 +80,11 @@ import numpy as np
 # model does not read (they leave the load window within window_s of an upgrade).
 VERIFY, DRAFT = "target", "draft"
 PREFILL = "prefill"
-COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", f"{PREFILL}:", "cost_rounds", "overhead_seconds")  # the sums `add_round_timing` adds
+CALIBRATION = "calibration"
+COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", f"{PREFILL}:", f"{CALIBRATION}:", "cost_rounds", "overhead_seconds")  # the sums `add_round_timing` adds
 MIN_ROUNDS, MIN_DRAFT_CALLS = 16, 4  # timings needed before the model is trusted at all
+CALIBRATION_PRIOR_S = 0.5  # a kind's scale counts this many seconds of rounds measured as predicted
+CALIBRATION_LIMITS = (0.25, 4.0)  # a scale outside these says the model is broken, not biased
 RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features, biases nothing else
 # The draft's fixed and per-row-step terms are penalised more than its per-step term. While
 # every call had the same number of rows (one request at a time) the per-row-step term cannot
@@ -175,6 +190,8 @@ class RoundCostModel:
     verify_tokens_high: float = float("inf")  # trust region: verified tokens per round measured up to about this
     draft_tokens_high: float = float("inf")  # ... and drafted tokens (draft rows × γ) per call
     prompt_tokens: float = 0.0  # a newcomer's mean prompt, in tokens, as measured (0 = none seen)
+    drafting_scale: float = 1.0  # measured / predicted seconds of planned rounds that verified drafts
+    plain_scale: float = 1.0  # ... and of planned plain rounds
 
     def __post_init__(self) -> None:
         if len(self.verify) in (2, 3):  # one price for a row and a drafted token
@@ -186,6 +203,8 @@ class RoundCostModel:
             raise ValueError(f"need 2 to 4 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
         if min(*self.verify, *self.draft, self.overhead_s) < 0:
             raise ValueError(f"round cost coefficients must be >= 0, got {self}")
+        if min(self.drafting_scale, self.plain_scale) <= 0:
+            raise ValueError(f"calibration scales must be > 0, got {self.drafting_scale}, {self.plain_scale}")
 
     @classmethod
     def from_sums(cls, sums: Mapping[str, float]) -> "RoundCostModel | None":
@@ -206,7 +225,7 @@ class RoundCostModel:
         prompts = sums.get(f"{PREFILL}:rows", 0.0)
         prompt_tokens = sums.get(f"{PREFILL}:tokens", 0.0) / prompts if prompts > 0 else 0.0
         return cls(verify, draft, max(0.0, overhead), _high(sums, VERIFY, (1, 2)), _high(sums, DRAFT, (2,)),
-                   prompt_tokens)
+                   prompt_tokens, _scale(sums, "drafting"), _scale(sums, "plain"))
 
     def drafted_limit(self, rows: int) -> float:
         """The most tokens a round of `rows` rows may draft in all (the trust region)."""
@@ -228,7 +247,13 @@ class RoundCostModel:
                 catch_up: list[int] | tuple[int, ...] | None = None) -> float:
         """Predicted seconds of a round in which row i drafts gammas[i] tokens (reading
         catch_up[i] tokens of its history first) and the target also reads `prompt_tokens`
-        (the prompts of rows in their first round)."""
+        (the prompts of rows in their first round), calibrated by what such rounds took."""
+        scale = self.drafting_scale if any(g > 0 for g in gammas) else self.plain_scale
+        return scale * self.base_round_s(gammas, prompt_tokens, catch_up)
+
+    def base_round_s(self, gammas: list[int] | tuple[int, ...], prompt_tokens: float = 0,
+                     catch_up: list[int] | tuple[int, ...] | None = None) -> float:
+        """`round_s` from the parts alone (uncalibrated): what a plan records as predicted."""
         drafting = [g for g in gammas if g > 0]
         read = sum(c for g, c in zip(gammas, catch_up) if g > 0) if catch_up is not None else 0
         return (self.overhead_s + self.verify_s(len(gammas), sum(gammas), prompt_tokens)
@@ -253,16 +278,29 @@ def _high(sums: Mapping[str, float], prefix: str, features: tuple[int, ...]) -> 
     return mean + 2.0 * spread + max(2.0, 0.25 * mean)
 
 
+def _scale(sums: Mapping[str, float], kind: str) -> float:
+    """Measured / predicted seconds of the planned rounds of one kind, shrunk towards 1."""
+    planned = sums.get(f"{CALIBRATION}:{kind}:planned", 0.0)
+    measured = sums.get(f"{CALIBRATION}:{kind}:measured", 0.0)
+    low, high = CALIBRATION_LIMITS
+    return min(high, max(low, (measured + CALIBRATION_PRIOR_S) / (planned + CALIBRATION_PRIOR_S)))
+
+
 def is_cost_key(key: str) -> bool:
     """Whether a sum belongs to the round cost model (kept over the longer cost window)."""
     return key.startswith(COST_KEYS)
 
 
 def add_round_timing(add: Callable[[str, float], None], shape: RoundShape, verify_s: float, draft_s: float,
-                     round_s: float) -> None:
-    """Add one round's timings to the sums `RoundCostModel.from_sums` reads."""
+                     round_s: float, planned_s: float = 0.0) -> None:
+    """Add one round's timings to the sums `RoundCostModel.from_sums` reads; planned_s: the
+    round's seconds as its plan predicted them (`base_round_s`; 0 = not a priced plan)."""
     if shape.rows <= 0:
         return
+    if planned_s > 0 and round_s > 0:
+        kind = "drafting" if shape.drafted > 0 else "plain"
+        add(f"{CALIBRATION}:{kind}:planned", planned_s)
+        add(f"{CALIBRATION}:{kind}:measured", round_s)
     add_point(add, VERIFY, shape.verify_features(), verify_s)
     if shape.draft_rows > 0 and shape.steps > 0:
         add_point(add, DRAFT, shape.draft_features(), draft_s)

@@ -85,6 +85,7 @@ class Decision:
     enabled: bool  # the on/off state (the operator's switch, or the plan's)
     reason: str  # why, for status displays and logs
     gammas: tuple[int, ...] = ()  # each row's γ this round, in the order of the rows
+    planned_s: float = 0.0  # the plan's round as the cost model's parts predict it (0 = not a priced plan)
 
 
 @dataclass(frozen=True)
@@ -175,13 +176,25 @@ class SpeculationPolicy:
                 reason = f"load high (qps {snapshot.qps:.1f}, in flight {snapshot.in_flight:.0f}): switched off"
             else:
                 reason = f"off: speculating does not pay at {len(rows)} rows"
-            return self._decision(lo, free, rows, False, reason, explore)
+            return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore)
         plan = plan_gammas(self._curves(snapshot, rows), lo, hi, snapshot.round_cost,
                            max_round_ratio=s.max_round_ratio, prompt_tokens=sum(r.prompt_tokens for r in rows),
                            catch_up=[r.catch_up_tokens for r in rows])
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
-        return self._decision(list(plan.gammas), free, rows, True, reason, explore)
+        return self._priced(self._decision(list(plan.gammas), free, rows, True, reason, explore), snapshot, rows,
+                            explore)
+
+    @staticmethod
+    def _priced(decision: Decision, snapshot: LoadSnapshot, rows: list[RowState], explore: bool) -> Decision:
+        """The decision with its round's predicted seconds (`RoundCostModel.base_round_s`), so
+        that what the round then takes calibrates the model; exploration rounds are not
+        plans (a few rows drafting after a pause) and are not priced."""
+        if explore or snapshot.round_cost is None:
+            return decision
+        planned_s = snapshot.round_cost.base_round_s(decision.gammas, sum(r.prompt_tokens for r in rows),
+                                                     [r.catch_up_tokens for r in rows])
+        return replace(decision, planned_s=planned_s)
 
     def crossover(self, snapshot: LoadSnapshot | None) -> Crossover:
         """Rows per round (and requests/s) beyond which speculation does not pay, for a row

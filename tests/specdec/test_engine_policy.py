@@ -189,3 +189,21 @@ def test_the_policy_hears_what_the_draft_must_catch_up_on_and_the_round_records_
     assert seen[1] == emitted[0]  # drafted last round: only what that round emitted
     assert seen[4] == sum(emitted[1:4])  # after two plain rounds: those rounds' tokens too
     assert all(s.catch_up_tokens == 0 for s in recorder.samples if s.gamma == 0)
+
+
+class PricedPolicy(TogglingPolicy):
+    """Prices each plan: the k-th (from 1) is predicted to take k ms."""
+
+    def plan(self, rows, default_gamma):
+        from dataclasses import replace
+
+        return replace(super().plan(rows, default_gamma), planned_s=0.001 * (self.rounds))
+
+
+def test_each_round_reports_what_its_plan_predicted_it_would_take(make_engine, prompt_ids):
+    built = make_engine("draft", gamma=2)
+    policy = PricedPolicy(period=2)
+    built.engine.policy = policy
+    built.engine.generate([GenerationRequest(prompt_ids[0], 8, ignore_eos=True)])
+    assert [s.planned_seconds for s in policy.samples] == [0.001 * (k + 1) for k in range(len(policy.samples))]
+    assert all(s.round_seconds > 0 for s in policy.samples)

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from specdec.policy.round_cost import RoundCostModel, RoundShape, add_point, add_round_timing, fit_nonnegative
+from specdec.policy.round_cost import (CALIBRATION_LIMITS, CALIBRATION_PRIOR_S, RoundCostModel, RoundShape, add_point,
+                                     add_round_timing, fit_nonnegative)
 from specdec.policy.load_stats import StatsWindow
 
 TRUE = RoundCostModel(verify=(0.010, 0.0016), draft=(0.0015, 0.003, 0.0004), overhead_s=0.0005)
@@ -224,3 +225,33 @@ def test_a_prompt_token_is_priced_apart_from_a_verified_token():
     assert fitted.prefill_round_s([0]) == pytest.approx(true.round_s([0], prompt_tokens=64), rel=1e-3)
     one_price = RoundCostModel(verify=fit_nonnegative(one_price_window.sums, "one", 2), draft=true.draft)
     assert one_price.round_s([0]) > 1.2 * true.round_s([0])
+
+
+def test_planned_rounds_calibrate_predictions_by_kind():
+    """Rounds that verified drafts took 0.6x what the parts' sum predicted (the look-ahead had
+    drafted them), plain ones 1.2x: each kind's prediction is scaled by its own ratio."""
+    window = timed_rounds(n=50)
+    for _ in range(40):
+        add_round_timing(window.add, RoundShape(1, 5, 1, 4), 0.010, 0.010, 0.6 * 0.030, planned_s=0.030)
+        add_round_timing(window.add, RoundShape(1, 1, 0, 0), 0.012, 0.0, 1.2 * 0.012, planned_s=0.012)
+    fitted = RoundCostModel.from_sums(window.sums)
+    prior = CALIBRATION_PRIOR_S
+    assert fitted.drafting_scale == pytest.approx((40 * 0.018 + prior) / (40 * 0.030 + prior))
+    assert fitted.plain_scale == pytest.approx((40 * 0.0144 + prior) / (40 * 0.012 + prior))
+    assert fitted.round_s([4]) == pytest.approx(fitted.drafting_scale * fitted.base_round_s([4]))
+    assert fitted.round_s([0, 0]) == pytest.approx(fitted.plain_scale * fitted.base_round_s([0, 0]))
+
+
+def test_without_planned_rounds_the_parts_are_the_prediction():
+    fitted = RoundCostModel.from_sums(timed_rounds(n=50).sums)
+    assert (fitted.drafting_scale, fitted.plain_scale) == (1.0, 1.0)
+    assert fitted.round_s([2, 0]) == fitted.base_round_s([2, 0])
+
+
+def test_a_calibration_far_off_is_bounded():
+    window = timed_rounds(n=50)
+    for _ in range(200):
+        add_round_timing(window.add, RoundShape(1, 5, 1, 4), 0.01, 0.01, 2.0, planned_s=0.02)
+    assert RoundCostModel.from_sums(window.sums).drafting_scale == CALIBRATION_LIMITS[1]
+    with pytest.raises(ValueError, match="scales"):
+        RoundCostModel(verify=(0.01, 0.001), draft=(0.0, 0.0, 0.0), plain_scale=0.0)

@@ -235,3 +235,29 @@ def test_once_off_it_stays_off_while_measurements_thin_out():
     thin = replace(snap, round_cost=None)
     assert policy.plan(thin, auto(32), 100.5, 4).gammas == (0,) * 32
     assert SpeculationPolicy(settings()).plan(thin, auto(2), 100.5, 4).gammas == (2, 2)  # on: the fallback γ
+
+
+def test_a_plan_records_its_predicted_round_and_exploration_does_not():
+    from dataclasses import replace
+
+    snap = snapshot(alpha=0.9)
+    rows = [RowState("auto", None, 8, prompt_tokens=30, catch_up_tokens=31), RowState("auto", None, 8)]
+    d = SpeculationPolicy(settings()).plan(snap, rows, 100.0, 4)
+    assert d.planned_s == pytest.approx(snap.round_cost.base_round_s(d.gammas, 30, [31, 0]))
+    exploring = SpeculationPolicy(settings(explore_interval_s=2.0))
+    thin = replace(snapshot(alpha=0.05), drafted=10, draft_calls=3)
+    d = exploring.plan(thin, auto(2), 100.0, 4)
+    assert any(d.gammas) and d.planned_s == 0.0
+
+
+def test_rounds_measured_faster_than_their_parts_turn_speculation_on():
+    """The parts' sum says one row drafting does not pay; the planned drafting rounds took
+    half of what it predicted (the look-ahead drafted them during the verify): it pays."""
+    from dataclasses import replace
+
+    dear_draft = RoundCostModel(verify=(0.010, 0.0018), draft=(0.012, 0.004, 0.0), overhead_s=0.0005)
+    snap = snapshot(alpha=0.6, cost=dear_draft)
+    policy = SpeculationPolicy(settings())
+    assert policy.plan(snap, auto(1), 100.0, 4).gammas == (0,)
+    calibrated = replace(snap, round_cost=replace(snap.round_cost, drafting_scale=0.5))
+    assert policy.plan(calibrated, auto(1), 100.0, 4).gammas[0] > 0
