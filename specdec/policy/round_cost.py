@@ -57,10 +57,8 @@ idle. So each planned round's predicted seconds (uncalibrated, `base_round_s`) a
 with its measured seconds, apart for rounds that verified drafts and plain ones, and a
 round's prediction is scaled by measured / predicted of its kind (`drafting_scale`,
 `plain_scale`; shrunk towards 1 by CALIBRATION_PRIOR_S of rounds, within CALIBRATION_LIMITS).
-On the bundled pair over gRPC at 1 request/s the parts' sum priced ON's γ = 4 rounds at
-39-45 ms where they took about 33 ms (look-ahead), and plain rounds at 14.8 ms where the
-answers streamed at 17 ms a token: uncalibrated, plain decoding looked 13 % faster than
-speculating, measured it was 5-30 % slower.
+On the bundled pair over gRPC at 1 request/s the scales came out at 0.92-1.0 (drafting)
+and 0.92-0.98 (plain): there the parts' sum was within 8 % of the rounds.
 
 Plain decoding's own longest rounds are those that read a newcomer's prompt. The model
 keeps the mean prompt such a round read (`prompt_tokens`, from the `prefill:` sums), so a
