@@ -79,7 +79,8 @@ import numpy as np
 VERIFY, DRAFT = "target", "draft"
 PREFILL = "prefill"
 CALIBRATION = "calibration"
-COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", f"{PREFILL}:", f"{CALIBRATION}:", "cost_rounds", "overhead_seconds")  # the sums `add_round_timing` adds
+# the sums `add_round_timing` adds
+COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", f"{PREFILL}:", f"{CALIBRATION}:", "cost_rounds", "overhead_seconds")
 MIN_ROUNDS, MIN_DRAFT_CALLS = 16, 4  # timings needed before the model is trusted at all
 CALIBRATION_PRIOR_S = 0.5  # a kind's scale counts this many seconds of rounds measured as predicted
 CALIBRATION_LIMITS = (0.25, 4.0)  # a scale outside these says the model is broken, not biased
