@@ -297,7 +297,8 @@ def add_round_timing(add: Callable[[str, float], None], shape: RoundShape, verif
     if shape.rows <= 0:
         return
     if planned_s > 0 and round_s > 0:
-        kind = "drafting" if shape.drafted > 0 else "plain"
+        # the kind `round_s` priced it as: drafts planned (a call asked for them, or made ahead)
+        kind = "drafting" if shape.steps > 0 or shape.drafted > 0 else "plain"
         add(f"{CALIBRATION}:{kind}:planned", planned_s)
         add(f"{CALIBRATION}:{kind}:measured", round_s)
     add_point(add, VERIFY, shape.verify_features(), verify_s)

@@ -242,6 +242,17 @@ def test_planned_rounds_calibrate_predictions_by_kind():
     assert fitted.round_s([0, 0]) == pytest.approx(fitted.plain_scale * fitted.base_round_s([0, 0]))
 
 
+def test_a_planned_drafting_round_whose_proposer_drafted_nothing_calibrates_drafting_rounds():
+    """round_s priced it as a drafting round (its plan asked for drafts); had it counted as
+    plain, its planned draft call would pull the plain rounds' scale down."""
+    window = timed_rounds(n=50)
+    for _ in range(40):
+        add_round_timing(window.add, RoundShape(1, 1, 1, 4), 0.010, 0.002, 0.012, planned_s=0.024)
+    fitted = RoundCostModel.from_sums(window.sums)
+    assert fitted.plain_scale == 1.0
+    assert fitted.drafting_scale == pytest.approx((40 * 0.012 + CALIBRATION_PRIOR_S) / (40 * 0.024 + CALIBRATION_PRIOR_S))
+
+
 def test_without_planned_rounds_the_parts_are_the_prediction():
     fitted = RoundCostModel.from_sums(timed_rounds(n=50).sums)
     assert (fitted.drafting_scale, fitted.plain_scale) == (1.0, 1.0)
