@@ -269,11 +269,11 @@ def ratios(on: dict, off: dict, auto: dict, per_figure: bool = False) -> dict:
     """AUTO over the better fixed policy (`better_policy`) at every figure; with per_figure,
     over the better of ON and OFF at each figure on its own (throughput: the higher; each ITL
     figure: the lower), which asks AUTO for ON's p50 and OFF's p99 where each wins one."""
-    better = better_policy(on, off)
+    better = None if per_figure else better_policy(on, off)
     out = {}
     for key in GOALS:
         pick = max if key == "tokens_per_s" else min
-        reference = pick(on[key], off[key]) if per_figure else better[key]
+        reference = pick(on[key], off[key]) if better is None else better[key]
         out[key] = auto[key] / reference if reference else float("nan")
     return out
 
