@@ -186,9 +186,10 @@ def _plan_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: 
     rows, width = emitted.shape
     g = np.arange(width)
     allowed = (g[None, :] >= lo[:, None]) & (g[None, :] <= hi[:, None])  # [rows, gamma_max + 1]
-    v_fixed, v_row, v_drafted, v_prompt = cost.verify
+    v_fixed, v_row, v_drafted, v_prompt, v_speculating = cost.verify
     d_fixed, d_step, d_row_step, d_catch_up = cost.draft
-    fixed = cost.overhead_s + v_fixed + v_row * rows + v_prompt * prompt_tokens + d_fixed + d_step * steps
+    fixed = (cost.overhead_s + v_fixed + v_row * rows + v_prompt * prompt_tokens + v_speculating
+             + d_fixed + d_step * steps)
     drafting = d_row_step * steps + d_catch_up * catch_up  # [rows]: a row's share of the call
     row_cost = v_drafted * g[None, :] + drafting[:, None] * (g[None, :] > 0)  # [rows, gamma_max + 1]
     choice = lo.copy()

@@ -5,6 +5,7 @@ forward over every row's pending token and drafted tokens, plus fixed bookkeepin
 in seconds:
 
     verify_s ≈ v_fixed + v_row · rows + v_drafted · drafted + v_prompt · prompt tokens
+               + v_speculating (when the round verifies any draft)
     draft_s  ≈ d_fixed + d_step · steps + d_row_step · draft_rows · steps + d_catch_up · catch_up
     round_s  ≈ verify_s + draft_s (0 when nobody drafts) + overhead_s
 
@@ -22,8 +23,17 @@ plain rounds, one price takes a drafted token for a whole row, and a γ = 4 roun
 4-7 ms dearer than it was, just when only drafting rounds could have measured the truth.
 Where the rounds cannot tell the two apart (no drafts in the window, or every row drafting
 the same γ), a small fusion penalty makes them equal (`DRAFTED_TIE`): the one price, as
-before. On a GPU at small batches both are small (verification is memory-bound) and v_fixed
-holds most of the call. d_fixed holds the proposer call's fixed cost (a network hop);
+before. A round that verifies drafts also pays once for doing so (v_speculating): the proposal's
+transfer and the rejection sampler's setup and, on a shared host, the draft's look-ahead
+computing the next drafts on the cores the verify forward runs on. Without that term the
+fixed extra was spread over the drafted tokens: on the bundled pair over gRPC (2 CPU cores)
+the target's fixed cost was fitted at 28-34 ms under ON traffic and 20-23 ms under OFF
+traffic at the same load, and after a minute of plain rounds a drafted token was priced
+at 2-3 ms instead of 0.4-0.9 ms, which kept speculation off at 1-4 rows where ON streamed
+1.6× faster than OFF. Where every round verified drafts (ON traffic) the term cannot be
+told from v_fixed and a ridge gives it to v_fixed (`VERIFY_RIDGE`): plain rounds are then
+priced as drafting ones were, as before the term. On a GPU at small batches the per-token
+prices are small (verification is memory-bound) and v_fixed holds most of the call. d_fixed holds the proposer call's fixed cost (a network hop);
 d_step one draft step whatever the batch; d_row_step one more row in a step; d_catch_up each
 token the draft reads before it drafts (catch_up: each drafting row's history since the
 proposer last saw it: a few tokens while a row drafts every round, its whole prompt and
@@ -73,7 +83,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The target's sums are kept under "target" (features 1, rows, drafted, prompt tokens); routers
+# The target's sums are kept under "target" (features 1, rows, drafted, prompt tokens, speculating); routers
 # before the row / drafted split added "verify" sums of (1, tokens, prompt tokens), which this
 # model does not read (they leave the load window within window_s of an upgrade).
 VERIFY, DRAFT = "target", "draft"
@@ -94,6 +104,9 @@ RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features
 # (and its round-time bound) still tries it and measures the truth; taken as fixed, every
 # shorter γ would look as dear as the measured one and speculation would stop altogether.
 DRAFT_RIDGE = (1e-6, RIDGE, 1e-4, 1e-4)  # the catch-up term, like the per-row one, only where measured apart
+# The target's speculating term goes to its fixed cost where the two cannot be told apart
+# (every round verified drafts), and costs nothing where they can.
+VERIFY_RIDGE = (RIDGE, RIDGE, RIDGE, RIDGE, 1e-4)
 # The target's per-row and per-drafted-token prices are pulled together by this weight
 # (relative to Σ rows²): nothing where drafted tokens vary apart from rows, one price where they do not.
 DRAFTED_TIE = 1e-3
@@ -123,8 +136,8 @@ class RoundShape:
         """Drafted tokens verified (tokens less the rows' pending tokens and the prompts)."""
         return self.tokens - self.rows - self.prompt_tokens
 
-    def verify_features(self) -> tuple[float, float, float, float]:
-        return (1.0, float(self.rows), float(self.drafted), float(self.prompt_tokens))
+    def verify_features(self) -> tuple[float, float, float, float, float]:
+        return (1.0, float(self.rows), float(self.drafted), float(self.prompt_tokens), float(self.drafted > 0))
 
     def draft_features(self) -> tuple[float, float, float, float]:
         return (1.0, float(self.steps), float(self.draft_rows * self.steps), float(self.catch_up))
@@ -141,10 +154,12 @@ def add_point(add: Callable[[str, float], None], prefix: str, x: tuple[float, ..
 
 def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
                     ridge: tuple[float, ...] | None = None,
-                    tie: tuple[int, int, float] | None = None) -> tuple[float, ...] | None:
+                    tie: tuple[int, int, float] | None = None,
+                    features: tuple[int, ...] | None = None) -> tuple[float, ...] | None:
     """w ≥ 0 minimising Σ (y − w · x)² + Σ ridge_i · Σx_i² · w_i² (+ with tie = (i, j, λ),
-    λ · Σx_i² · (w_i − w_j)²) from the sums under `prefix` (None without data). Active set:
-    solve, drop the most negative coefficient, solve again."""
+    λ · Σx_i² · (w_i − w_j)²) from the sums under `prefix` (None without data), over the
+    first k features, or over `features` alone (indices below k; the others get 0). Active
+    set: solve, drop the most negative coefficient, solve again."""
     if sums.get(f"{prefix}:n", 0.0) <= 0:
         return None
     a = np.zeros((k, k))
@@ -153,7 +168,7 @@ def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
         for j in range(i, k):
             a[i, j] = a[j, i] = sums.get(f"{prefix}:xx:{i}:{j}", 0.0)
     scale = np.maximum(np.diag(a), 1e-12)
-    a += np.diag(scale * np.asarray(ridge or (RIDGE,) * k))
+    a += np.diag(scale * np.asarray((ridge or (RIDGE,) * k)[:k]))
     if tie is not None and max(tie[:2]) < k:
         i, j, weight = tie
         pull = weight * scale[i]
@@ -161,7 +176,7 @@ def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
         a[j, j] += pull
         a[i, j] -= pull
         a[j, i] -= pull
-    active = list(range(k))
+    active = list(range(k) if features is None else features)
     w = np.zeros(k)
     while active:
         sub = np.linalg.solve(a[np.ix_(active, active)], b[active])
@@ -177,8 +192,9 @@ def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
 class RoundCostModel:
     """Predicted seconds of a round's parts (coefficients in seconds, all ≥ 0).
 
-    verify: (v_fixed, v_row, v_drafted, v_prompt); (v_fixed, v_token[, v_prompt]) prices a
-    row, a drafted token (and a prompt token, when left out) alike; draft: (d_fixed, d_step,
+    verify: (v_fixed, v_row, v_drafted, v_prompt, v_speculating), the last 0 when left out;
+    (v_fixed, v_token[, v_prompt]) prices a row, a drafted token (and a prompt token, when
+    left out) alike; draft: (d_fixed, d_step,
     d_row_step, d_catch_up), the last 0 when left out; overhead_s: the rest of a round
     (router bookkeeping, streaming), per round.
     """
@@ -196,10 +212,12 @@ class RoundCostModel:
         if len(self.verify) in (2, 3):  # one price for a row and a drafted token
             fixed, token, *prompt = self.verify
             object.__setattr__(self, "verify", (fixed, token, token, prompt[0] if prompt else token))
+        if len(self.verify) == 4:
+            object.__setattr__(self, "verify", (*self.verify, 0.0))
         if len(self.draft) == 3:
             object.__setattr__(self, "draft", (*self.draft, 0.0))
-        if len(self.verify) != 4 or len(self.draft) != 4:
-            raise ValueError(f"need 2 to 4 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
+        if len(self.verify) != 5 or len(self.draft) != 4:
+            raise ValueError(f"need 2 to 5 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
         if min(*self.verify, *self.draft, self.overhead_s) < 0:
             raise ValueError(f"round cost coefficients must be >= 0, got {self}")
         if min(self.drafting_scale, self.plain_scale) <= 0:
@@ -213,12 +231,13 @@ class RoundCostModel:
         if sums.get(f"{VERIFY}:n", 0.0) < MIN_ROUNDS or sums.get(f"{DRAFT}:n", 0.0) < MIN_DRAFT_CALLS:
             return None
         prompts_read = sums.get(f"{VERIFY}:xx:3:3", 0.0) > 0  # else a prompt token is priced as a row
-        verify = fit_nonnegative(sums, VERIFY, 4 if prompts_read else 3, tie=(1, 2, DRAFTED_TIE))
+        features = (0, 1, 2) + ((3,) if prompts_read else ()) + ((4,) if sums.get(f"{VERIFY}:xx:4:4", 0.0) > 0 else ())
+        verify = fit_nonnegative(sums, VERIFY, 5, VERIFY_RIDGE, (1, 2, DRAFTED_TIE), features)
         draft = fit_nonnegative(sums, DRAFT, 4, DRAFT_RIDGE)
         if verify is None or draft is None or sum(verify) <= 0:
             return None
         if not prompts_read:
-            verify = (*verify, verify[1])
+            verify = (*verify[:3], verify[1], verify[4])
         rounds = sums.get("cost_rounds", 0.0)
         overhead = sums.get("overhead_seconds", 0.0) / rounds if rounds > 0 else 0.0
         prompts = sums.get(f"{PREFILL}:rows", 0.0)
@@ -234,7 +253,7 @@ class RoundCostModel:
         """The target's call for `rows` rows with `drafted` drafted tokens in all, also reading
         `prompt_tokens` of newcomers' prompts."""
         v = self.verify
-        return v[0] + v[1] * rows + v[2] * drafted + v[3] * prompt_tokens
+        return v[0] + v[1] * rows + v[2] * drafted + v[3] * prompt_tokens + (v[4] if drafted > 0 else 0.0)
 
     def draft_s(self, draft_rows: float, steps: float, catch_up: float = 0.0) -> float:
         if draft_rows <= 0 or steps <= 0:

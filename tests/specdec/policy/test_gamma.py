@@ -68,7 +68,8 @@ def test_a_single_request_gets_the_best_gamma():
 
 def test_the_plan_is_the_best_over_every_combination_of_small_batches():
     rng = random.Random(0)
-    costs = [CPU_TINY_PAIR, COMPUTE_BOUND, RoundCostModel((0.002, 0.0007), (0.003, 0.001, 0.0001), 0.001)]
+    costs = [CPU_TINY_PAIR, COMPUTE_BOUND, RoundCostModel((0.002, 0.0007), (0.003, 0.001, 0.0001), 0.001),
+             RoundCostModel((0.004, 0.0007, 0.0005, 0.0007, 0.006), (0.002, 0.001, 0.0001))]  # verifying drafts: +6 ms
     for _ in range(100):
         alphas = [rng.choice([0.0, 0.2, 0.5, 0.7, 0.9, 1.0]) for _ in range(rng.randint(1, 3))]
         cost = rng.choice(costs)
