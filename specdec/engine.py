@@ -351,7 +351,8 @@ class SpeculativeEngine:
         cap = max(0, min(self.gamma_max, seq.remaining - 1, room))
         pinned = request.sampling.seed is not None and not request.sampling.is_greedy
         return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id,
-                        self._unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)))
+                        self._unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)),
+                        seq.remaining)
 
     @staticmethod
     def _unread_prompt(seq: Sequence) -> int:

@@ -65,7 +65,8 @@ class RowState:
     counts so far; seq_id: names it in logs and previews; prompt_tokens: what the target
     reads for it this round besides its γ + 1 tokens (its prompt, in its first round);
     catch_up_tokens: what the proposer would read of its history before drafting for it
-    (all of it the first time, everything decoded plainly since its last draft).
+    (all of it the first time, everything decoded plainly since its last draft);
+    remaining_tokens: the most tokens it may still emit (0 = unknown).
     """
 
     mode: str
@@ -77,6 +78,7 @@ class RowState:
     seq_id: str = ""
     prompt_tokens: int = 0
     catch_up_tokens: int = 0
+    remaining_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,19 @@ class Crossover:
 
     rows: int | None  # rows per round at which the plan turns speculation off (None: never up to 256)
     qps: float | None  # requests/s that keep that many rows in flight (Little's law; None unknown)
+
+
+def amortised_catch_up(curves: np.ndarray, rows: list[RowState], hi: list[int]) -> list[float]:
+    """Each row's catch-up spread over the rounds it has left while drafting: the draft reads
+    a row's history once, and every later round of that row drafts without it. Charged to
+    one round, a row that decoded plainly for a while would look ever dearer to draft for,
+    the longer it waited. Rounds left: its remaining tokens over what a round of its
+    largest γ emits (unknown remaining tokens: one round). curves: # [rows, gamma_max]"""
+    shares = []
+    for row, curve, top in zip(rows, curves, hi):
+        per_round = 1.0 + float(curve[: max(1, top)].sum())
+        shares.append(row.catch_up_tokens / max(1.0, row.remaining_tokens / per_round))
+    return shares
 
 
 def fixed_plan(rows: list[RowState], default_gamma: int) -> Decision:
@@ -139,8 +154,8 @@ class SpeculationPolicy:
     def update_switch(self, snapshot: LoadSnapshot | None, running: int, now: float) -> bool:
         """Move the on/off state (in the background, not per round). The operator's override
         follows its QPS / in-flight thresholds; otherwise the state follows the plan for
-        `running` fresh requests (at least one): on while speculating pays at the current
-        batch, back on only when it gains min_gain (hysteresis), never sooner than
+        `running` fresh requests (at least one; the load monitor passes the window's mean
+        rows per round): on while speculating pays at that batch, back on only when it gains min_gain (hysteresis), never sooner than
         min_dwell_s after the last change."""
         if snapshot is None:
             return self.switch.enabled
@@ -177,9 +192,10 @@ class SpeculationPolicy:
             else:
                 reason = f"off: speculating does not pay at {len(rows)} rows"
             return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore)
-        plan = plan_gammas(self._curves(snapshot, rows), lo, hi, snapshot.round_cost,
+        curves = self._curves(snapshot, rows)
+        plan = plan_gammas(curves, lo, hi, snapshot.round_cost,
                            max_round_ratio=s.max_round_ratio, prompt_tokens=sum(r.prompt_tokens for r in rows),
-                           catch_up=[r.catch_up_tokens for r in rows])
+                           catch_up=amortised_catch_up(curves, rows, hi))
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
         return self._priced(self._decision(list(plan.gammas), free, rows, True, reason, explore), snapshot, rows,

@@ -2,6 +2,7 @@
 (hysteresis, dwell, the operator's override), exploration, fallback without fresh data."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -261,3 +262,21 @@ def test_rounds_measured_faster_than_their_parts_turn_speculation_on():
     assert policy.plan(snap, auto(1), 100.0, 4).gammas == (0,)
     calibrated = replace(snap, round_cost=replace(snap.round_cost, drafting_scale=0.5))
     assert policy.plan(calibrated, auto(1), 100.0, 4).gammas[0] > 0
+
+
+def test_a_row_that_decoded_plainly_for_a_while_drafts_again_when_it_has_rounds_left_to_pay_its_catch_up():
+    """The draft reads a row's history once: spread over the rounds the row has left, a long
+    catch-up does not keep a row that has most of its answer to go from drafting, and
+    still keeps one that is about to finish."""
+    reading = RoundCostModel(verify=(0.010, 0.0003), draft=(0.001, 0.002, 0.0003, 0.0002))
+    snap = replace(snapshot(alpha=0.8), round_cost=reading)  # a model that prices the catch-up
+    policy = SpeculationPolicy(settings())
+    behind = [RowState("auto", None, 8, catch_up_tokens=3)] * 2 + [RowState("auto", None, 8, catch_up_tokens=120)]
+    many_left = [replace(r, remaining_tokens=200) for r in behind]
+    few_left = [replace(r, remaining_tokens=3 if r.catch_up_tokens > 3 else 200) for r in behind]
+    assert policy.plan(snap, behind, 100.0, 4).gammas[2] == 0  # remaining unknown: one round pays it all
+    assert all(policy.plan(snap, many_left, 100.0, 4).gammas)
+    assert policy.plan(snap, few_left, 100.0, 4).gammas[2] == 0
+    assert policy.plan(snap, many_left, 100.0, 4).planned_s == pytest.approx(
+        reading.base_round_s(policy.plan(snap, many_left, 100.0, 4).gammas, 0, [3, 3, 120]))  # the round pays it all
+
