@@ -138,13 +138,21 @@ class LoadMonitor:
         if shared:
             state = store.switch_state()
             switch.enabled, switch.since = state.enabled, state.since
-        self.policy.update_switch(snapshot, self._load[0], now)
+        self.policy.update_switch(snapshot, self._switch_rows(snapshot), now)
         if not shared:
             return
         new = SwitchState(switch.enabled, switch.since)
         if new != state and not store.compare_and_set_switch(state, new):
             latest = store.switch_state()
             switch.enabled, switch.since = latest.enabled, latest.since
+
+    def _switch_rows(self, snapshot: LoadSnapshot) -> int:
+        """The batch the on/off state is decided at: the window's mean rows per round (the
+        sustained load), else the requests running now. At 1 request/s the running count
+        moves between 0 and 4 from one second to the next; followed, it switched speculation
+        off for a dwell time at every passing 3-row moment, though the rounds' own plan
+        already drafts less (or not at all) in rounds whose batch is large."""
+        return max(1, round(snapshot.mean_batch)) if snapshot.mean_batch > 0 else self._load[0]
 
     def start(self) -> None:
         if self._thread is None:

@@ -120,6 +120,7 @@ class LoadSnapshot:
     measured_at: float
     drafted: float = 0.0  # tokens drafted in the window (all replicas)
     draft_calls: float = 0.0  # proposer calls timed in the window
+    mean_batch: float = 0.0  # rows per round over the window (all replicas; 0 = no round)
 
     @classmethod
     def from_window(
@@ -145,4 +146,5 @@ class LoadSnapshot:
             measured_at=measured_at,
             drafted=drafted,
             draft_calls=window.get("draft:n"),
+            mean_batch=window.get("sequence_rounds") / window.get("rounds") if window.get("rounds") else 0.0,
         )

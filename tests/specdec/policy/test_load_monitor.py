@@ -222,3 +222,30 @@ def test_the_crossover_is_recomputed_at_most_once_a_second():
     clock.now += 1.0
     m.status()
     assert len(calls) == 2
+
+
+def test_the_switch_follows_the_sustained_batch_not_a_passing_burst_of_requests():
+    """Rounds of 1-4 rows: a moment with many requests running does not switch speculation
+    off (its rounds' own plans draft less); rounds that stay that large do."""
+    clock = Clock()
+    m = monitor(InProcessLoadStore(), clock, thresholds=None)
+
+    def rounds(rows_list):
+        for rows in rows_list:
+            for gamma in (0, 2, 4):
+                m.record(RoundSample(rows, gamma, rows * gamma, int(0.5 * rows * gamma), 0.001 + 0.003 * gamma,
+                                     0.010 + 0.003 * rows * (gamma + 1), accepted_per_position=(70, 49, 34, 24)[:gamma],
+                                     drafted_per_position=(100,) * gamma))
+
+    rounds((1, 2, 4, 1, 2, 4))
+    m.tick()
+    crossover = m.status().crossover.rows
+    assert crossover is not None and m.policy.switch.enabled
+    m.set_load(crossover + 4, 0)  # a burst: the rounds so far had 1-4 rows
+    clock.now += 2.0
+    m.tick()
+    assert m.policy.switch.enabled
+    rounds([crossover + 4] * 60)
+    clock.now += 2.0
+    m.tick()
+    assert m.snapshot.mean_batch > crossover and not m.policy.switch.enabled
