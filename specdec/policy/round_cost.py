@@ -33,7 +33,8 @@ at 2-3 ms instead of 0.4-0.9 ms, which kept speculation off at 1-4 rows where ON
 1.6× faster than OFF. Where every round verified drafts (ON traffic) the term cannot be
 told from v_fixed and a ridge gives it to v_fixed (`VERIFY_RIDGE`): plain rounds are then
 priced as drafting ones were, as before the term. On a GPU at small batches the per-token
-prices are small (verification is memory-bound) and v_fixed holds most of the call. d_fixed holds the proposer call's fixed cost (a network hop);
+prices are small (verification is memory-bound) and v_fixed holds most of the call.
+d_fixed holds the proposer call's fixed cost (a network hop);
 d_step one draft step whatever the batch; d_row_step one more row in a step; d_catch_up each
 token the draft reads before it drafts (catch_up: each drafting row's history since the
 proposer last saw it: a few tokens while a row drafts every round, its whole prompt and
@@ -83,9 +84,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The target's sums are kept under "target" (features 1, rows, drafted, prompt tokens, speculating); routers
-# before the row / drafted split added "verify" sums of (1, tokens, prompt tokens), which this
-# model does not read (they leave the load window within window_s of an upgrade).
+# The target's sums are kept under "target" (features 1, rows, drafted, prompt tokens, whether
+# any draft was verified); routers before the row / drafted split added "verify" sums of (1,
+# tokens, prompt tokens), which this model does not read (they leave the load window within
+# window_s of an upgrade); routers before the last feature add none for it (their drafting
+# rounds read as plain ones for that term until they leave the cost window).
 VERIFY, DRAFT = "target", "draft"
 PREFILL = "prefill"
 CALIBRATION = "calibration"
@@ -231,7 +234,8 @@ class RoundCostModel:
         if sums.get(f"{VERIFY}:n", 0.0) < MIN_ROUNDS or sums.get(f"{DRAFT}:n", 0.0) < MIN_DRAFT_CALLS:
             return None
         prompts_read = sums.get(f"{VERIFY}:xx:3:3", 0.0) > 0  # else a prompt token is priced as a row
-        features = (0, 1, 2) + ((3,) if prompts_read else ()) + ((4,) if sums.get(f"{VERIFY}:xx:4:4", 0.0) > 0 else ())
+        drafts_read = sums.get(f"{VERIFY}:xx:4:4", 0.0) > 0  # else verifying drafts costs nothing apart
+        features = (0, 1, 2) + ((3,) if prompts_read else ()) + ((4,) if drafts_read else ())
         verify = fit_nonnegative(sums, VERIFY, 5, VERIFY_RIDGE, (1, 2, DRAFTED_TIE), features)
         draft = fit_nonnegative(sums, DRAFT, 4, DRAFT_RIDGE)
         if verify is None or draft is None or sum(verify) <= 0:

@@ -155,8 +155,8 @@ class SpeculationPolicy:
         """Move the on/off state (in the background, not per round). The operator's override
         follows its QPS / in-flight thresholds; otherwise the state follows the plan for
         `running` fresh requests (at least one; the load monitor passes the window's mean
-        rows per round): on while speculating pays at that batch, back on only when it gains min_gain (hysteresis), never sooner than
-        min_dwell_s after the last change."""
+        rows per round): on while speculating pays at that batch, back on only when it gains
+        min_gain (hysteresis), never sooner than min_dwell_s after the last change."""
         if snapshot is None:
             return self.switch.enabled
         if self.settings.thresholds is not None:
