@@ -31,6 +31,15 @@ def record_good_rounds(m, n=16):
         m.record(good_round())
 
 
+def record_varied_rounds(m, batches):
+    """Rounds of each batch size at γ 0, 2 and 4, verify growing 3 ms per token, α about 0.5."""
+    for rows in batches:
+        for gamma in (0, 2, 4):
+            m.record(RoundSample(rows, gamma, rows * gamma, int(0.5 * rows * gamma), 0.001 + 0.003 * gamma,
+                                 0.010 + 0.003 * rows * (gamma + 1), accepted_per_position=(70, 49, 34, 24)[:gamma],
+                                 drafted_per_position=(100,) * gamma))
+
+
 def good_round():
     return RoundSample(1, 4, drafted=4, accepted=4, draft_seconds=0.002, verify_seconds=0.011,
                        accepted_per_position=(1, 1, 1, 1), drafted_per_position=(1, 1, 1, 1))
@@ -196,11 +205,7 @@ def test_without_a_store_or_thread_the_monitor_ticks_inline_on_record():
 def test_status_reports_the_cost_model_and_the_crossover():
     clock = Clock()
     m = monitor(InProcessLoadStore(), clock, thresholds=None)
-    for rows in (1, 2, 4, 1, 2, 4):
-        for gamma in (0, 2, 4):
-            m.record(RoundSample(rows, gamma, rows * gamma, int(0.5 * rows * gamma), 0.001 + 0.003 * gamma,
-                                 0.010 + 0.003 * rows * (gamma + 1), accepted_per_position=(70, 49, 34, 24)[:gamma],
-                                 drafted_per_position=(100,) * gamma))
+    record_varied_rounds(m, (1, 2, 4, 1, 2, 4))
     m.tick()
     m.set_load(1, 0)
     status = m.status()
@@ -229,15 +234,7 @@ def test_the_switch_follows_the_sustained_batch_not_a_passing_burst_of_requests(
     off (its rounds' own plans draft less); rounds that stay that large do."""
     clock = Clock()
     m = monitor(InProcessLoadStore(), clock, thresholds=None)
-
-    def rounds(rows_list):
-        for rows in rows_list:
-            for gamma in (0, 2, 4):
-                m.record(RoundSample(rows, gamma, rows * gamma, int(0.5 * rows * gamma), 0.001 + 0.003 * gamma,
-                                     0.010 + 0.003 * rows * (gamma + 1), accepted_per_position=(70, 49, 34, 24)[:gamma],
-                                     drafted_per_position=(100,) * gamma))
-
-    rounds((1, 2, 4, 1, 2, 4))
+    record_varied_rounds(m, (1, 2, 4, 1, 2, 4))
     m.tick()
     crossover = m.status().crossover.rows
     assert crossover is not None and m.policy.switch.enabled
@@ -245,7 +242,7 @@ def test_the_switch_follows_the_sustained_batch_not_a_passing_burst_of_requests(
     clock.now += 2.0
     m.tick()
     assert m.policy.switch.enabled
-    rounds([crossover + 4] * 60)
+    record_varied_rounds(m, [crossover + 4] * 60)
     clock.now += 2.0
     m.tick()
     assert m.snapshot.mean_batch > crossover and not m.policy.switch.enabled

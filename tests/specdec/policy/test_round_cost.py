@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from specdec.policy.round_cost import (CALIBRATION_LIMITS, CALIBRATION_PRIOR_S, DRAFTED_TIE, RoundCostModel, RoundShape, add_point,
-                                     add_round_timing, fit_nonnegative)
+from specdec.policy.round_cost import (CALIBRATION_LIMITS, CALIBRATION_PRIOR_S, DRAFTED_TIE, RoundCostModel, RoundShape,
+                                     add_point, add_round_timing, fit_nonnegative)
 from specdec.policy.load_stats import StatsWindow
 
 TRUE = RoundCostModel(verify=(0.010, 0.0016), draft=(0.0015, 0.003, 0.0004), overhead_s=0.0005)
