@@ -80,7 +80,7 @@ not stretch a gap past the ones plain decoding has anyway.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -248,6 +248,19 @@ class RoundCostModel:
         prompt_tokens = sums.get(f"{PREFILL}:tokens", 0.0) / prompts if prompts > 0 else 0.0
         return cls(verify, draft, max(0.0, overhead), _high(sums, VERIFY, (1, 2)), _high(sums, DRAFT, (2,)),
                    prompt_tokens, _scale(sums, "drafting"), _scale(sums, "plain"))
+
+    def with_drafting_of(self, measured: "RoundCostModel") -> "RoundCostModel":
+        """This model's plain-round prices with `measured`'s prices of drafting, and the two
+        trust regions joined: for a window that holds too few drafts to re-measure them
+        (speculation off: exploration only), beside a model fitted while rows drafted. A
+        drafting round's verify keeps `measured`'s fixed cost (v_fixed + v_speculating; the
+        latter is folded into v_fixed where every round drafted), a plain one this model's."""
+        v, m = self.verify, measured.verify
+        speculating = max(0.0, m[0] + m[4] - v[0])
+        return replace(self, verify=(v[0], v[1], m[2], v[3], speculating), draft=measured.draft,
+                       verify_tokens_high=max(self.verify_tokens_high, measured.verify_tokens_high),
+                       draft_tokens_high=max(self.draft_tokens_high, measured.draft_tokens_high),
+                       drafting_scale=measured.drafting_scale)
 
     def drafted_limit(self, rows: int) -> float:
         """The most tokens a round of `rows` rows may draft in all (the trust region)."""

@@ -129,6 +129,23 @@ def test_where_every_round_verified_drafts_the_extra_is_part_of_the_fixed_cost()
     assert fitted.round_s([3, 3]) == pytest.approx(true.round_s([3, 3]), rel=1e-3)
 
 
+def test_a_thin_windows_model_prices_plain_rounds_itself_and_drafting_as_last_measured():
+    """Speculation off: the window's plain rounds re-measure a plain round; drafting keeps
+    the prices and the trust region of the model fitted while rows drafted (whose
+    speculating extra was part of its fixed cost: every round drafted)."""
+    drafting = RoundCostModel(verify=(0.028, 0.0025, 0.0006, 0.0025, 0.0), draft=(0.006, 0.002, 0.001),
+                              verify_tokens_high=16.0, draft_tokens_high=12.0, drafting_scale=0.9)
+    plain = RoundCostModel(verify=(0.020, 0.003, 0.003, 0.002, 0.0), draft=(0.020, 0.0, 0.002, 0.0),
+                           verify_tokens_high=6.0, draft_tokens_high=3.0, drafting_scale=1.2, plain_scale=1.1)
+    joined = plain.with_drafting_of(drafting)
+    assert joined.verify_s(3) == plain.verify_s(3) and joined.plain_scale == plain.plain_scale
+    assert joined.verify_s(2, 8) == pytest.approx(drafting.verify_s(2, 8) + 2 * (0.003 - 0.0025))
+    assert joined.draft_s(2, 4, 30) == drafting.draft_s(2, 4, 30) and joined.drafting_scale == 0.9
+    assert joined.drafted_limit(2) == 12.0 and plain.drafted_limit(2) == 3.0
+    wider = drafting.with_drafting_of(plain)  # the regions join whichever way round
+    assert (wider.verify_tokens_high, wider.draft_tokens_high) == (16.0, 12.0)
+
+
 def test_negative_coefficients_are_refused():
     with pytest.raises(ValueError, match=">= 0"):
         RoundCostModel(verify=(0.01, -0.001), draft=(0.0, 0.0, 0.0))

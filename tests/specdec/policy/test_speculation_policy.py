@@ -238,6 +238,27 @@ def test_once_off_it_stays_off_while_measurements_thin_out():
     assert SpeculationPolicy(settings()).plan(thin, auto(2), 100.5, 4).gammas == (2, 2)  # on: the fallback γ
 
 
+def test_after_a_stretch_of_plain_rounds_drafting_is_priced_as_last_measured():
+    """Speculation off for a while: the window's model is fitted on plain rounds and a few
+    exploration calls (dear: one row, an idle worker) and its trust region shrank to plain
+    forwards. Taken as it is, drafting never pays again at 2 rows; priced as last measured
+    while rows drafted, it does. Where the last measurement said it does not pay, it stays off."""
+    explored = RoundCostModel(verify=(0.010, 0.0018, 0.0018, 0.0018), draft=(0.025, 0.003, 0.0003),
+                              overhead_s=0.0005, verify_tokens_high=4.0, draft_tokens_high=4.0)
+    thin = dict(round_cost=explored, drafted=10.0, draft_calls=3.0, measured_at=130.0)
+    policy = SpeculationPolicy(settings(min_dwell_s=0.0))
+    measured = snapshot(alpha=0.8)
+    assert policy.update_switch(measured, 2, 100.0) is True
+    after_plain = replace(measured, **thin)
+    assert SpeculationPolicy(settings()).plan(after_plain, auto(2), 130.0, 4).gammas == (0, 0)  # nothing measured before
+    assert all(policy.plan(after_plain, auto(2), 130.0, 4).gammas)
+    assert policy.update_switch(after_plain, 2, 130.0) is True
+    heavy = SpeculationPolicy(settings(min_dwell_s=0.0))
+    assert heavy.update_switch(snapshot(alpha=0.8, cost=HEAVY_VERIFY), 32, 100.0) is False
+    cheap_exploring = replace(explored, draft=(0.0, 0.0, 0.0), verify_tokens_high=400.0, draft_tokens_high=400.0)
+    assert heavy.update_switch(replace(measured, **{**thin, "round_cost": cheap_exploring}), 32, 130.0) is False
+
+
 def test_a_plan_records_its_predicted_round_and_exploration_does_not():
     from dataclasses import replace
 
