@@ -207,3 +207,27 @@ def test_each_round_reports_what_its_plan_predicted_it_would_take(make_engine, p
     built.engine.generate([GenerationRequest(prompt_ids[0], 8, ignore_eos=True)])
     assert [s.planned_seconds for s in policy.samples] == [0.001 * (k + 1) for k in range(len(policy.samples))]
     assert all(s.round_seconds > 0 for s in policy.samples)
+
+
+def test_a_round_is_timed_from_where_the_last_one_ended_while_rows_keep_running(make_engine, prompt_ids):
+    """What the loop does between two rounds (handing outputs to the streams) is part of
+    every round's cost; a pause with nothing running is not."""
+    import time
+
+    built = make_engine("draft", gamma=2)
+    policy = TogglingPolicy(period=2)
+    built.engine.policy = policy
+    built.engine.add_request(GenerationRequest(prompt_ids[0], 12, ignore_eos=True))
+    built.engine.step()
+    time.sleep(0.05)  # the loop's work between rounds
+    built.engine.step()
+    while built.engine.has_unfinished():
+        built.engine.step()
+    time.sleep(0.05)  # idle: nothing running
+    built.engine.add_request(GenerationRequest(prompt_ids[1], 2, ignore_eos=True))
+    built.engine.step()
+    first, second, *_, after_idle = policy.samples
+    assert second.round_seconds >= 0.05 > first.round_seconds
+    assert after_idle.round_seconds < 0.05
+    profiled = built.engine.profile
+    assert profiled.rounds == len(policy.samples) and profiled.round_s < sum(s.round_seconds for s in policy.samples)
