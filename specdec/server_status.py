@@ -25,7 +25,8 @@ class PolicyStatus:
     off_because_of_load: off while a lone request would speculate (past the crossover, or
         the operator's load switch).
     crossover: rows per round (and requests/s) beyond which speculation stops paying.
-    round_cost: the fitted round cost model (None until measured).
+    round_cost: the round cost model the plan uses (fitted; drafting as last measured while
+        the window holds few drafts; None until measured).
     qps / in_flight / queued: cluster-wide arrivals per second and load.
     alpha / mean_accepted_length / alpha_per_position: acceptance over the window (None
         until something was drafted).

@@ -184,7 +184,7 @@ class LoadMonitor:
             reason=decision.reason,
             off_because_of_load=self._off_because_of_load(decision, crossover),
             crossover=crossover,
-            round_cost=snap.round_cost if snap else None,
+            round_cost=self.policy.remembered(snap).round_cost if snap else None,  # the one the plan uses
             qps=snap.qps if snap else 0.0,
             in_flight=snap.in_flight if snap else 0.0,
             queued=snap.queued if snap else 0.0,
