@@ -31,7 +31,7 @@ from specdec.policy.load_stats import RoundSample
 from specdec.proposer_view import ProposerView
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
 from specdec.request import GenerationRequest, RequestLimits
-from specdec.round_profile import RoundProfile
+from specdec.round_timer import RoundTimer
 from specdec.sequence import Sequence
 from specdec.round_output import FINISH_ERROR, GenerationResult, RoundOutput
 from specdec.policy.speculation_policy import Decision, RoundPolicy, RowState, fixed_plan
@@ -83,9 +83,8 @@ class SpeculativeEngine:
         self._gamma_caps: dict[str, int] = {}  # seq id -> the most γ it could draft this round
         self.stats = SpecStats()
         self.proposer_failures = 0  # rounds that ran without drafts because the proposer failed
-        self.profile = RoundProfile()  # where the rounds' time went
-        self._ended_at: float | None = None  # when the last step ended, while rows kept running
-        self._lead_from: float | None = None  # where this step's policy timing starts (see _record)
+        self.timer = RoundTimer()
+        self.profile = self.timer.profile  # where the rounds' time went
         self.draft_ahead = draft_ahead
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -165,10 +164,10 @@ class SpeculativeEngine:
         """Admit waiting requests, then run one round for the running sequences (all of them;
         with micro-batches, the half whose drafts are ready)."""
         start = time.perf_counter()
-        self._lead_from = start if self._ended_at is None else self._ended_at
+        self.timer.step_started(start)
         self._admit()
         if not self._running:
-            self._ended_at = None
+            self.timer.step_ended(start, busy=False)
             return []
         batch = list(self._running)
         self._plan(batch)
@@ -179,7 +178,7 @@ class SpeculativeEngine:
             seq.stats.seconds += elapsed
             if seq.finished:
                 self._retire(seq)
-        self._ended_at = time.perf_counter() if self._running or self._waiting else None
+        self.timer.step_ended(time.perf_counter(), busy=bool(self._running or self._waiting))
         return outputs
 
     def _isolated_round(self, batch: list[Sequence]) -> list[RoundOutput]:
@@ -251,7 +250,7 @@ class SpeculativeEngine:
         rows proposed for now."""
         ready = [self.draft_ahead.take(seq.seq_id, seq.token_ids, g) for seq, g in zip(batch, gammas)]
         missing = [i for i, (ids, _) in enumerate(ready) if not ids and gammas[i] > 0]
-        self._propose_compute_s = 0.0
+        self.timer.propose_compute_s = 0.0
         if missing:
             fresh = self._propose([batch[i] for i in missing], [gammas[i] for i in missing])
             for j, i in enumerate(missing):
@@ -282,16 +281,8 @@ class SpeculativeEngine:
             self.proposer_failures += 1
             logger.exception("drafting ahead failed; the next round proposes as usual")
             return None, time.perf_counter() - start
-        self._add_propose_compute(time.perf_counter() - start)
+        self.timer.add_propose_compute(time.perf_counter() - start, getattr(self.proposer, "last_compute_s", None))
         return meanwhile, time.perf_counter() - start
-
-    def _add_propose_compute(self, wall: float) -> None:
-        """Add a proposer call's compute (its wall time when the proposer reports none)."""
-        compute = getattr(self.proposer, "last_compute_s", None)
-        before = self._propose_compute_s
-        if before is None and compute is None:
-            return
-        self._propose_compute_s = (before or 0.0) + (wall if compute is None else compute)
 
     def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts,
                 prefill: tuple[int, int], planned_s: float) -> None:
@@ -301,23 +292,12 @@ class SpeculativeEngine:
         the round as the plan predicted it (0: not the plan's whole batch). The
         policy's draft cost is only the proposer call the round waited for before its verify:
         drafting ahead ran during the verify call, whose time (verified - proposed) covers it
-        where it took longer. The policy's round also counts what the loop did since the
-        last round ended (handing its outputs to the streams, admitting, planning): every
-        round pays it, about 1.4 ms on the bundled pair over gRPC, 13 % of a plain round of
-        one row, and left out it made plain decoding look cheaper than it is."""
-        propose_s = proposed - start + ahead_s
-        end = time.perf_counter()
-        round_s = end - start
-        lead_from, self._lead_from = self._lead_from if self._lead_from is not None else start, None
-        self.profile.record(
-            (propose_s, self._propose_compute_s),
-            (verified - proposed, getattr(self.verifier, "last_compute_s", None)),
-            round_s,
-            overlapped_s=ahead_s,
-        )
+        where it took longer; its round counts from where the last one ended (`RoundTimer`)."""
+        verify_compute_s = getattr(self.verifier, "last_compute_s", None)
+        round_s = self.timer.round_done(start, proposed, verified, ahead_s, verify_compute_s)
         if self.policy is not None:
-            self.policy.record(RoundSample.from_rows(*counts, proposed - start, verified - proposed, end - lead_from,
-                                                     prefill, self._proposer_view.read, planned_s))
+            self.policy.record(RoundSample.from_rows(*counts, proposed - start, verified - proposed, round_s, prefill,
+                                                     self._proposer_view.read, planned_s))
 
     def _admit(self) -> None:
         """Waiting requests join while the verifier has free slots. A running request takes
@@ -378,7 +358,7 @@ class SpeculativeEngine:
         proposer costs this round its drafts (lossless), never a request."""
         full = Proposal.empty(len(batch), max(gammas))
         rows = [i for i, g in enumerate(gammas) if g > 0]
-        self._propose_compute_s: float | None = 0.0  # no call, no compute
+        self.timer.propose_compute_s = 0.0  # no call, no compute
         if not rows:
             return full
         requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
@@ -387,7 +367,7 @@ class SpeculativeEngine:
             self._proposer_view.proposing(batch[i].seq_id, len(batch[i].token_ids))
         try:
             part = self.proposer.propose(requests)
-            self._propose_compute_s = getattr(self.proposer, "last_compute_s", None)
+            self.timer.propose_compute_s = getattr(self.proposer, "last_compute_s", None)
         except Exception:
             self.proposer_failures += 1
             logger.exception("proposer failed; this round runs without drafts")
