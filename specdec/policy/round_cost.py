@@ -57,9 +57,14 @@ switched speculation off at three rows that a minute of rounds showed it paid fo
 
 A linear fit is trusted only near the rounds it was fitted on: fitted on batches of 32
 plain rows, its slope says little about 32 rows drafting 8 tokens each. `drafted_limit`
-is the trust region: the most drafted tokens a round may plan, from the mean and spread
-of the verified and drafted tokens measured (additive sums too). Plans stay inside it,
-their rounds widen it, so speculation grows into a new regime step by step.
+is the trust region: the most drafted tokens a round may plan. Its edge is the largest
+forward measured in at least EDGE_ROUNDS rounds (verified tokens per round, drafted
+tokens per proposer call; counted per quarter octave, so the counts add up too) and a
+quarter more. Plans stay inside it, their rounds widen it, so speculation grows into a
+new regime step by step. (Its edge was the mean + 2 standard deviations of all rounds:
+at 1-4 requests/s the many small plain rounds held it at 9-12 tokens, so 4 rows could
+draft only 1-2 tokens each, which did not pay for the draft call, where γ = 4 for each
+row gained 28 % per row.)
 
 A linear model of the parts misses what the parts do to each other, and it prices a round
 as planned: the draft's look-ahead (drafts made during the previous verify, so the round
@@ -113,6 +118,8 @@ VERIFY_RIDGE = (RIDGE, RIDGE, RIDGE, RIDGE, 1e-4)
 # The target's per-row and per-drafted-token prices are pulled together by this weight
 # (relative to Σ rows²): nothing where drafted tokens vary apart from rows, one price where they do not.
 DRAFTED_TIE = 1e-3
+EDGE_ROUNDS = 4  # rounds (calls) measured at or beyond a forward's size before it is inside the trust region
+EDGE_BINS = 4  # the trust region's counts are kept in bins of 2^(1/EDGE_BINS) (quarter octaves)
 
 
 @dataclass(frozen=True)
@@ -246,7 +253,7 @@ class RoundCostModel:
         overhead = sums.get("overhead_seconds", 0.0) / rounds if rounds > 0 else 0.0
         prompts = sums.get(f"{PREFILL}:rows", 0.0)
         prompt_tokens = sums.get(f"{PREFILL}:tokens", 0.0) / prompts if prompts > 0 else 0.0
-        return cls(verify, draft, max(0.0, overhead), _high(sums, VERIFY, (1, 2)), _high(sums, DRAFT, (2,)),
+        return cls(verify, draft, max(0.0, overhead), _edge(sums, VERIFY), _edge(sums, DRAFT),
                    prompt_tokens, _scale(sums, "drafting"), _scale(sums, "plain"))
 
     def with_drafting_of(self, measured: "RoundCostModel") -> "RoundCostModel":
@@ -300,17 +307,24 @@ class RoundCostModel:
         return self.round_s(gammas, max(float(prompt_tokens), self.prompt_tokens))
 
 
-def _high(sums: Mapping[str, float], prefix: str, features: tuple[int, ...]) -> float:
-    """The top of the trust region for the sum of these features (e.g. rows + drafted: the
-    verified tokens): its mean + 2 standard deviations, plus a quarter of the mean (at least
-    2 tokens) to grow into."""
-    n = sums.get(f"{prefix}:n", 0.0)
-    if n <= 0:
-        return 0.0
-    mean = sum(sums.get(f"{prefix}:xx:0:{i}", 0.0) for i in features) / n
-    square = sum(sums.get(f"{prefix}:xx:{min(i, j)}:{max(i, j)}", 0.0) for i in features for j in features) / n
-    spread = max(0.0, square - mean * mean) ** 0.5
-    return mean + 2.0 * spread + max(2.0, 0.25 * mean)
+def _edge(sums: Mapping[str, float], prefix: str) -> float:
+    """The top of the trust region for the forwards counted under `prefix` (verified tokens
+    per round, drafted tokens per call): the upper end of the largest bin with EDGE_ROUNDS
+    rounds at or beyond it, plus a quarter (at least 2 tokens) to grow into; 0 when none."""
+    key = f"{prefix}:edge:"
+    counts = sorted(((int(k[len(key):]), v) for k, v in sums.items() if k.startswith(key)), reverse=True)
+    seen = 0.0
+    for bin_, count in counts:
+        seen += count
+        if seen >= EDGE_ROUNDS:
+            top = 2.0 ** ((bin_ + 1) / EDGE_BINS)
+            return top + max(2.0, 0.25 * top)
+    return 0.0
+
+
+def _add_edge(add: Callable[[str, float], None], prefix: str, tokens: int) -> None:
+    """Count one forward of `tokens` (≥ 1) in its bin of the trust region."""
+    add(f"{prefix}:edge:{int(np.floor(EDGE_BINS * np.log2(max(1, tokens))))}", 1.0)
 
 
 def _scale(sums: Mapping[str, float], kind: str) -> float:
@@ -338,8 +352,10 @@ def add_round_timing(add: Callable[[str, float], None], shape: RoundShape, verif
         add(f"{CALIBRATION}:{kind}:planned", planned_s)
         add(f"{CALIBRATION}:{kind}:measured", round_s)
     add_point(add, VERIFY, shape.verify_features(), verify_s)
+    _add_edge(add, VERIFY, shape.rows + shape.drafted)
     if shape.draft_rows > 0 and shape.steps > 0:
         add_point(add, DRAFT, shape.draft_features(), draft_s)
+        _add_edge(add, DRAFT, shape.draft_rows * shape.steps)
     add("cost_rounds", 1.0)
     add("overhead_seconds", max(0.0, round_s - verify_s - draft_s))
     if shape.prompts > 0:

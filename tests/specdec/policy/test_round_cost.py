@@ -163,6 +163,25 @@ def test_the_trust_region_covers_what_was_measured_and_a_little_more():
     assert fitted.drafted_limit(64) == 0
 
 
+def test_many_small_plain_rounds_do_not_shrink_the_trust_region_below_the_drafting_rounds_measured():
+    """Low load: plain rounds of 1-4 rows and, among them, rounds of 4 rows drafting 4 each.
+    Those 4 rows may plan as many drafts again; 12 rows may not plan 4 each."""
+    window = StatsWindow()
+    for k in range(340):
+        rows, gamma = (4, 4) if k % 9 == 0 else (1 + k % 4, 0)
+        shape = RoundShape(rows, rows * (gamma + 1), rows if gamma else 0, gamma)
+        add_round_timing(window.add, shape, verify_s(TRUE, shape), TRUE.draft_s(shape.draft_rows, gamma), 0.0)
+    fitted = RoundCostModel.from_sums(window.sums)
+    assert fitted.drafted_limit(4) >= 16 and fitted.drafted_limit(12) < 12 * 4
+    few = StatsWindow()  # three rounds at 20 tokens are not yet inside it
+    for k in range(40):
+        rows, gamma = (4, 4) if k < 3 else (1 + k % 4, 0)
+        shape = RoundShape(rows, rows * (gamma + 1), rows if gamma else 0, gamma)
+        add_round_timing(few.add, shape, verify_s(TRUE, shape), TRUE.draft_s(shape.draft_rows, gamma), 0.0)
+    add_round_timing(few.add, RoundShape(1, 2, 1, 1), 0.01, 0.002, 0.0)  # the fourth call, small
+    assert RoundCostModel.from_sums(few.sums).drafted_limit(4) < 16
+
+
 def test_one_request_at_a_time_does_not_make_drafting_for_more_rows_look_dearer():
     """Calls of one row only: the per-row-step cost cannot be told from the per-step cost;
     it is taken as the step's, so two rows are not predicted to cost twice as much."""
