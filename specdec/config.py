@@ -151,11 +151,12 @@ class LoadMonitorConfig(StrictModel):
         "", description="Shared Redis, e.g. redis://host:6379/0 ('' = env SPECDEC_REDIS_URL, or local/in-process)."
     )
     deployment: str = Field("default", description="Key namespace in Redis; one per specdec deployment.")
-    window_s: float = Field(10.0, gt=0, description="Sliding window of QPS and acceptance measurements, seconds.")
+    window_s: float = Field(10.0, gt=0, description="Sliding window of QPS and batch measurements, seconds.")
     bucket_s: float = Field(1.0, gt=0, description="Time bucket of the window (its resolution), seconds.")
     cost_window_s: float = Field(
-        60.0, gt=0, description="Sliding window of the round timings the cost model is fitted on, seconds (>= "
-        "window_s): a round's cost belongs to the deployment, not to the moment's load."
+        60.0, gt=0, description="Sliding window of the round timings the cost model is fitted on and of the "
+        "acceptance the policy plans with, seconds (>= window_s): both belong to the deployment, not to the "
+        "moment's load."
     )
     refresh_s: float = Field(0.1, gt=0, description="Background push/refresh period of each router, seconds.")
     timeout_s: float = Field(0.05, gt=0, le=0.05, description="Redis call timeout, seconds (<= 50 ms).")

@@ -2,7 +2,10 @@
 
 Keys (namespaced per deployment, all with TTLs so dead replicas age out):
   {prefix}:win:{bucket}  hash of additive sums for one time bucket (HINCRBYFLOAT), TTL ≈ window
-  {prefix}:cost:{bucket} the round cost model's sums alone, in coarser buckets, TTL ≈ cost window
+  {prefix}:cost:{bucket} the deployment's sums alone (the round cost model's and acceptance's:
+                         `StatsWindow.deployment`), in coarser buckets, TTL ≈ cost window;
+                         routers that predate acceptance there add none (their drafts count
+                         once they are upgraded)
   {prefix}:replicas      hash replica id -> "in_flight queued at"; stale entries are ignored
   {prefix}:switch        hash {enabled, since}: the shared load switch (compare-and-set)
   {prefix}:push:{id}     marks a push as applied (TTL ≈ window): a retried push is a no-op
@@ -70,7 +73,7 @@ class RedisLoadStore(LoadStore):
         password: str | None = None,
         cost_window_s: float | None = None,
     ) -> None:
-        """cost_window_s: how long the round cost sums are kept (None: window_s)."""
+        """cost_window_s: how long the round cost and acceptance sums are kept (None: window_s)."""
         self.client = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, password=password,
             decode_responses=True, retry_on_timeout=False,
@@ -96,7 +99,7 @@ class RedisLoadStore(LoadStore):
         key = f"{self.prefix}:win:{bucket_start(at, self.bucket_s)}"
         cost_key = f"{self.prefix}:cost:{bucket_start(at, self.cost_bucket_s)}"
         fields = [x for k, v in delta.sums.items() if v for x in (k, repr(float(v)))]
-        costs = [x for k, v in delta.costs().sums.items() if v for x in (k, repr(float(v)))]
+        costs = [x for k, v in delta.deployment().sums.items() if v for x in (k, repr(float(v)))]
         ttl = int(self.window_s + 2 * self.bucket_s) + 1
         cost_ttl = int(self.cost_window_s + 2 * self.cost_bucket_s) + 1
         gauge = f"{in_flight} {queued} {at!r}"
@@ -122,7 +125,7 @@ class RedisLoadStore(LoadStore):
             f, q, at = value.split()
             if now - float(at) <= self.replica_ttl_s:
                 in_flight, queued = in_flight + float(f), queued + float(q)
-        return LoadSnapshot.from_window(total, self.window_s, in_flight, queued, measured_at=now, costs=costs)
+        return LoadSnapshot.from_window(total, self.window_s, in_flight, queued, measured_at=now, deployment=costs)
 
     def switch_state(self) -> SwitchState:
         raw = self.client.hgetall(f"{self.prefix}:switch")

@@ -3,9 +3,18 @@
 Every router replica adds what it observes (arrivals, rounds, drafted/accepted tokens per
 position, and each round's timings with its shape) into time windows; a store sums the
 recent windows of all replicas and `LoadSnapshot.from_window` turns the sums into the
-figures the policy needs: QPS, acceptance rate α and per-position acceptance (recent
-windows only, so they decay), and the round cost model (`specdec.policy.round_cost`), measured
+figures the policy needs: QPS and the batch over the recent load window, and over the
+longer cost window the deployment's own figures (`DEPLOYMENT_KEYS`): acceptance rate α,
+per-position acceptance and the round cost model (`specdec.policy.round_cost`), measured
 rather than configured.
+
+Acceptance belongs to the deployment (the proposer and target pair, the traffic's mix of
+prompts), not to the moment's load, as a round's cost does. Over a load window of a few
+seconds at 1 request/s it is one or two requests' α: on the bundled pair over gRPC, one hard
+prompt (α 0.38 in a 4 s window, against 0.64 over the minute) made the plan switch
+speculation off at one row, and while it was off the window held too few drafts to measure
+α again, so the policy went on planning with that one request's α. A request's own α still
+moves its own γ at once (`specdec.policy.gamma.row_prefix_acceptance`).
 """
 
 from __future__ import annotations
@@ -17,6 +26,15 @@ from specdec.policy.round_cost import RoundCostModel, RoundShape, add_round_timi
 
 
 MIN_POSITION_SAMPLES = 8  # drafted tokens a position needs before its acceptance is reported
+# the sums kept over the cost window besides the cost model's: acceptance (drafted, accepted,
+# drafted_pos:*, accepted_pos:*) and the rows it was measured over (mean accepted length)
+ACCEPTANCE_KEYS = ("drafted", "accepted", "sequence_rounds")
+
+
+def is_deployment_key(key: str) -> bool:
+    """Whether a sum describes the deployment (kept over the cost window): the round cost
+    model's, or acceptance's."""
+    return is_cost_key(key) or key.startswith(ACCEPTANCE_KEYS)
 
 
 @dataclass(frozen=True)
@@ -101,9 +119,10 @@ class StatsWindow:
     def get(self, key: str) -> float:
         return self.sums.get(key, 0.0)
 
-    def costs(self) -> "StatsWindow":
-        """The round cost model's sums alone (a store keeps them over the cost window)."""
-        return StatsWindow(defaultdict(float, {k: v for k, v in self.sums.items() if is_cost_key(k)}))
+    def deployment(self) -> "StatsWindow":
+        """The sums that describe the deployment alone (`is_deployment_key`: round costs and
+        acceptance; a store keeps them over the cost window)."""
+        return StatsWindow(defaultdict(float, {k: v for k, v in self.sums.items() if is_deployment_key(k)}))
 
 
 @dataclass(frozen=True)
@@ -113,38 +132,41 @@ class LoadSnapshot:
     qps: float
     in_flight: float
     queued: float
-    alpha: float | None  # None when nothing was drafted recently
+    alpha: float | None  # None when nothing was drafted in the cost window
     alpha_per_position: tuple[float, ...]  # P(first i + 1 accepted), positions drafted >= MIN_POSITION_SAMPLES times
     mean_accepted_length: float | None  # (accepted + sequence rounds) / sequence rounds; None = no rounds
     round_cost: RoundCostModel | None  # None until both target and proposer were timed
     measured_at: float
-    drafted: float = 0.0  # tokens drafted in the window (all replicas)
-    draft_calls: float = 0.0  # proposer calls timed in the window
-    mean_batch: float = 0.0  # rows per round over the window (all replicas; 0 = no round)
+    drafted: float = 0.0  # tokens drafted in the cost window (all replicas)
+    draft_calls: float = 0.0  # proposer calls timed in the cost window
+    mean_batch: float = 0.0  # rows per round over the load window (all replicas; 0 = no round)
 
     @classmethod
     def from_window(
         cls, window: StatsWindow, window_s: float, in_flight: float, queued: float, measured_at: float,
-        costs: StatsWindow | None = None,
+        deployment: StatsWindow | None = None,
     ) -> "LoadSnapshot":
-        """The figures of `window` (the last window_s seconds); the round cost model from
-        `costs` (the sums of the longer cost window; None = `window`'s own)."""
-        drafted = window.get("drafted")
+        """QPS and the batch from `window` (the last window_s seconds); acceptance and the
+        round cost model from `deployment` (the sums of the longer cost window; None =
+        `window`'s own)."""
+        lasting = window if deployment is None else deployment
+        drafted = lasting.get("drafted")
         positions = []
         i = 0
-        while window.get(f"drafted_pos:{i}") >= MIN_POSITION_SAMPLES:  # rarer positions: extrapolated
-            positions.append(window.get(f"accepted_pos:{i}") / window.get(f"drafted_pos:{i}"))
+        while lasting.get(f"drafted_pos:{i}") >= MIN_POSITION_SAMPLES:  # rarer positions: extrapolated
+            positions.append(lasting.get(f"accepted_pos:{i}") / lasting.get(f"drafted_pos:{i}"))
             i += 1
+        rows = lasting.get("sequence_rounds")
         return cls(
             qps=window.get("arrivals") / window_s if window_s > 0 else 0.0,
             in_flight=in_flight,
             queued=queued,
-            alpha=window.get("accepted") / drafted if drafted > 0 else None,
+            alpha=lasting.get("accepted") / drafted if drafted > 0 else None,
             alpha_per_position=tuple(positions),
-            mean_accepted_length=(window.get("accepted") + rows) / rows if (rows := window.get("sequence_rounds")) else None,
-            round_cost=RoundCostModel.from_sums((window if costs is None else costs).sums),
+            mean_accepted_length=(lasting.get("accepted") + rows) / rows if rows else None,
+            round_cost=RoundCostModel.from_sums(lasting.sums),
             measured_at=measured_at,
             drafted=drafted,
-            draft_calls=window.get("draft:n"),
+            draft_calls=lasting.get("draft:n"),
             mean_batch=window.get("sequence_rounds") / window.get("rounds") if window.get("rounds") else 0.0,
         )

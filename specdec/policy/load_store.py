@@ -17,9 +17,9 @@ COST_BUCKETS = 10  # the cost window's resolution: a tenth of it (it changes slo
 
 
 def cost_window(window_s: float, bucket_s: float, cost_window_s: float | None) -> tuple[float, float]:
-    """(seconds, bucket seconds) a store keeps the round-cost sums for: cost_window_s, at
-    least the load window (None: the load window), in buckets of a tenth of it, at least
-    bucket_s."""
+    """(seconds, bucket seconds) a store keeps the round-cost and acceptance sums for:
+    cost_window_s, at least the load window (None: the load window), in buckets of a tenth
+    of it, at least bucket_s."""
     seconds = max(window_s, cost_window_s or window_s)
     return seconds, max(bucket_s, seconds / COST_BUCKETS)
 
@@ -47,7 +47,8 @@ class LoadStore(ABC):
     @abstractmethod
     def snapshot(self, now: float) -> LoadSnapshot:
         """Sum every replica's recent measurements (dead replicas age out): the last
-        window_s seconds, and the round cost model's sums over the last cost_window_s."""
+        window_s seconds, and the deployment's sums (round costs, acceptance) over the last
+        cost_window_s."""
 
     @abstractmethod
     def switch_state(self) -> SwitchState:
@@ -63,7 +64,7 @@ class InProcessLoadStore(LoadStore):
 
     def __init__(self, window_s: float = 10.0, bucket_s: float = 1.0, replica_ttl_s: float = 5.0,
                  cost_window_s: float | None = None) -> None:
-        """cost_window_s: how long the round cost sums are kept (None: window_s)."""
+        """cost_window_s: how long the round cost and acceptance sums are kept (None: window_s)."""
         self.window_s = window_s
         self.cost_window_s, cost_bucket_s = cost_window(window_s, bucket_s, cost_window_s)
         self.replica_ttl_s = replica_ttl_s
@@ -84,7 +85,7 @@ class InProcessLoadStore(LoadStore):
                     return False
                 self._applied[push_id] = at
             self._ring.add(delta, at)
-            self._costs.add(delta.costs(), at)
+            self._costs.add(delta.deployment(), at)
             self._replicas[replica_id] = (in_flight, queued, at)
             return True
 
@@ -94,7 +95,7 @@ class InProcessLoadStore(LoadStore):
             window, costs = self._ring.recent(now), self._costs.recent(now)
         in_flight = sum(f for f, _ in alive)
         queued = sum(q for _, q in alive)
-        return LoadSnapshot.from_window(window, self.window_s, in_flight, queued, measured_at=now, costs=costs)
+        return LoadSnapshot.from_window(window, self.window_s, in_flight, queued, measured_at=now, deployment=costs)
 
     def switch_state(self) -> SwitchState:
         with self._lock:

@@ -57,9 +57,9 @@ def test_old_windows_and_dead_replicas_age_out(store):
     assert snap.qps == pytest.approx(1.0) and snap.in_flight == 1
 
 
-def test_the_cost_model_outlives_the_load_window_for_every_replica(redis_server, request):
-    """Round timings are kept over cost_window_s: 30 s later the load window is empty, the
-    cost model fitted on both replicas' rounds is not."""
+def test_the_cost_model_and_acceptance_outlive_the_load_window_for_every_replica(redis_server, request):
+    """Round timings and acceptance are kept over cost_window_s: 30 s later the load window
+    is empty, the cost model fitted on both replicas' rounds and their α are not."""
     stores = [RedisLoadStore(redis_server.url, deployment=request.node.name, window_s=10.0, cost_window_s=60.0)
               for _ in range(2)]
     now = time.time()
@@ -70,9 +70,11 @@ def test_the_cost_model_outlives_the_load_window_for_every_replica(redis_server,
         w.add_arrival(5)
         s.push(name, w, now - 30, in_flight=1, queued=0)
     snap = stores[1].snapshot(now)
-    assert snap.qps == 0.0 and snap.alpha is None
+    assert snap.qps == 0.0 and snap.mean_batch == 0.0
+    assert snap.drafted == 2 * 15 * 4 and snap.alpha == pytest.approx(2 * 16 / snap.drafted)  # one accepted a round
     assert snap.round_cost is not None and snap.round_cost.draft_s(1, 4) == pytest.approx(0.012, rel=1e-3)
-    assert stores[0].snapshot(now + 80).round_cost is None  # past the cost window
+    forgotten = stores[0].snapshot(now + 80)  # past the cost window
+    assert forgotten.round_cost is None and forgotten.alpha is None
     cost_keys = stores[0].client.keys(f"{stores[0].prefix}:cost:*")
     assert cost_keys and all(0 < stores[0].client.ttl(k) <= 73 for k in cost_keys)
     for s in stores:

@@ -1,4 +1,4 @@
-"""The in-process load store: the last window_s seconds of load, the cost model over cost_window_s."""
+"""The in-process load store: the last window_s seconds of load; the cost model and acceptance over cost_window_s."""
 
 import pytest
 
@@ -18,14 +18,16 @@ def rounds(gammas, arrivals=0):
     return w
 
 
-def test_the_cost_model_outlives_the_load_window():
+def test_the_cost_model_and_acceptance_outlive_the_load_window():
     store = InProcessLoadStore(window_s=4.0, bucket_s=1.0, cost_window_s=60.0)
     store.push("r", rounds([1, 2, 4, 8] * 8, arrivals=10), at=1000.0, in_flight=1, queued=0)
     later = store.snapshot(1010.0)  # the load window is empty, the cost window is not
-    assert later.qps == 0.0 and later.alpha is None
+    assert later.qps == 0.0 and later.mean_batch == 0.0
+    assert later.alpha == pytest.approx(7 / 15) and later.drafted == 15 * 8  # γ // 2 of γ accepted
     assert later.round_cost is not None
     assert later.round_cost.draft_s(1, 8) == pytest.approx(D_FIXED + 8 * D_STEP, rel=1e-3)
-    assert store.snapshot(1000.0 + 60.0 + 12.0).round_cost is None  # past the cost window: forgotten
+    forgotten = store.snapshot(1000.0 + 60.0 + 12.0)  # past the cost window
+    assert forgotten.round_cost is None and forgotten.alpha is None
 
 
 def test_seconds_of_rounds_at_one_gamma_do_not_undo_what_the_minute_measured():
@@ -48,10 +50,31 @@ def test_seconds_of_rounds_at_one_gamma_do_not_undo_what_the_minute_measured():
 def test_load_figures_still_come_from_the_short_window():
     store = InProcessLoadStore(window_s=4.0, bucket_s=1.0, cost_window_s=60.0)
     store.push("r", rounds([4] * 16, arrivals=40), at=1000.0, in_flight=3, queued=0)
-    store.push("r", rounds([2] * 16, arrivals=8), at=1030.0, in_flight=1, queued=0)
+    store.push("r", rounds([2] * 8, arrivals=8), at=1030.0, in_flight=1, queued=0)
     snap = store.snapshot(1030.5)
     assert snap.qps == pytest.approx(8 / 4.0)
-    assert snap.drafted == 32 and snap.alpha == pytest.approx(0.5)
+    assert snap.mean_batch == pytest.approx(1.0)
+
+
+def test_one_hard_request_in_the_load_window_does_not_set_the_deployments_acceptance():
+    """At 1 request/s a few seconds hold one or two requests. A minute of drafts accepted at
+    0.75, then 4 s of one request's drafts at 0.25: the policy plans fresh requests with the
+    minute's α (weighed by drafts), not with that request's; its per-position figures too."""
+    def drafts(count, accepted_of_4):
+        w = StatsWindow()
+        for _ in range(count):
+            w.add_round(RoundSample(1, 4, 4, accepted_of_4, 0.01, 0.01, tuple([1] * accepted_of_4 + [0] * (4 - accepted_of_4)),
+                                    (1, 1, 1, 1), 1, 0.02))
+        return w
+    store = InProcessLoadStore(window_s=4.0, bucket_s=1.0, cost_window_s=60.0)
+    for second in range(0, 50, 2):
+        store.push("r", drafts(10, 3), at=1010.0 + second, in_flight=1, queued=0)
+    store.push("r", drafts(20, 1), at=1062.0, in_flight=1, queued=0)
+    snap = store.snapshot(1063.0)
+    assert snap.alpha == pytest.approx((250 * 3 + 20 * 1) / (270 * 4))
+    assert snap.alpha_per_position[0] == pytest.approx(1.0)
+    assert snap.alpha_per_position[1] == pytest.approx(250 / 270)
+    assert snap.drafted == 270 * 4
 
 
 def test_a_cost_window_shorter_than_the_load_window_is_the_load_window():
