@@ -342,7 +342,7 @@ class SpeculativeEngine:
         pinned = request.sampling.seed is not None and not request.sampling.is_greedy
         return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id,
                         self._unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)),
-                        seq.remaining)
+                        seq.remaining, tuple(stats.drafted_per_position))
 
     @staticmethod
     def _unread_prompt(seq: Sequence) -> int:

@@ -65,17 +65,36 @@ def extend_prefix_acceptance(prefix: tuple[float, ...], length: int) -> np.ndarr
     return np.concatenate([probs, extra])
 
 
+def expected_accepted(cluster: np.ndarray, offered: tuple[int, ...]) -> float:
+    """The drafted tokens a row would have had accepted at the cluster's acceptance: offered[k]
+    of its rounds offered a (k + 1)-th drafted token, accepted with P(first k + 1 accepted).
+    Compared with accepted / drafted, the drafts after a round's first rejection (never
+    judged) do not count as rejections: a row drafting γ = 8 with the cluster's acceptance,
+    measured on γ = 4, would look a third worse than the cluster. cluster: # [gamma_max]"""
+    if not offered:
+        return 0.0
+    probs = extend_prefix_acceptance(tuple(float(p) for p in cluster), len(offered))  # [len(offered)]
+    return float(np.dot(np.asarray(offered, dtype=np.float64), probs))
+
+
 def row_prefix_acceptance(
-    cluster: np.ndarray, cluster_alpha: float, drafted: int, accepted: int, prior_tokens: float
+    cluster: np.ndarray, cluster_alpha: float, drafted: int, accepted: int, prior_tokens: float,
+    expected: float | None = None,
 ) -> np.ndarray:
-    """A row's P(first k accepted): the cluster's conditional rates, scaled by the row's own
-    acceptance α_i = (accepted + prior · α) / (drafted + prior) over the cluster's α. # [len(cluster)]"""
-    own = (accepted + prior_tokens * cluster_alpha) / (drafted + prior_tokens) if drafted + prior_tokens > 0 else 0.0
+    """A row's P(first k accepted): the cluster's conditional rates scaled by how the row's
+    accepted tokens compare with what the cluster's acceptance expected of its drafts
+    (`expected_accepted`; None: its drafts at the cluster's mean positions, drafted · α),
+    shrunk towards the cluster's as if the cluster had drafted prior_tokens tokens for it:
+    (accepted + prior · α) / (expected + prior · α). # [len(cluster)]"""
     if cluster_alpha <= 0:
+        own = accepted / (drafted + prior_tokens) if drafted + prior_tokens > 0 else 0.0
         return own ** np.arange(1, len(cluster) + 1)
+    prior = prior_tokens * cluster_alpha
+    expected = drafted * cluster_alpha if expected is None else expected
+    scale = (accepted + prior) / (expected + prior) if expected + prior > 0 else 1.0
     previous = np.concatenate([[1.0], cluster[:-1]])
     conditional = np.divide(cluster, previous, out=np.zeros_like(cluster), where=previous > 0)
-    return np.cumprod(np.minimum(1.0, conditional * (own / cluster_alpha)))
+    return np.cumprod(np.minimum(1.0, conditional * scale))
 
 
 @dataclass(frozen=True)

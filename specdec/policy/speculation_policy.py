@@ -31,8 +31,8 @@ from typing import Protocol
 
 import numpy as np
 
-from specdec.policy.gamma import (crossover_rows, extend_prefix_acceptance, plan_gammas, row_prefix_acceptance,
-                           speculation_pays)
+from specdec.policy.gamma import (crossover_rows, expected_accepted, extend_prefix_acceptance, plan_gammas,
+                                  row_prefix_acceptance, speculation_pays)
 from specdec.policy.load_stats import LoadSnapshot, RoundSample
 from specdec.policy.load_switch import LoadSwitch, LoadThresholds
 
@@ -62,8 +62,10 @@ class RowState:
     mode / requested_gamma: the request's speculation settings (None = not set); pinned: a
     seeded sampled request (its tokens depend on the schedule: it keeps the server's γ);
     cap: the most γ it may draft now (budget, context, caps); drafted / accepted: its own
-    counts so far; seq_id: names it in logs and previews; prompt_tokens: what the target
-    reads for it this round besides its γ + 1 tokens (its prompt, in its first round);
+    counts so far; drafted_per_position[k]: its rounds that offered a (k + 1)-th drafted
+    token (() = unknown: its drafts are taken to lie where the cluster's do); seq_id: names
+    it in logs and previews; prompt_tokens: what the target reads for it this round besides
+    its γ + 1 tokens (its prompt, in its first round);
     catch_up_tokens: what the proposer would read of its history before drafting for it
     (all of it the first time, everything decoded plainly since its last draft);
     remaining_tokens: the most tokens it may still emit (0 = unknown).
@@ -79,6 +81,7 @@ class RowState:
     prompt_tokens: int = 0
     catch_up_tokens: int = 0
     remaining_tokens: int = 0
+    drafted_per_position: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -271,10 +274,16 @@ class SpeculationPolicy:
 
     def _curves(self, snapshot: LoadSnapshot, rows: list[RowState]) -> np.ndarray:
         """P(first k accepted) per row, k = 1 … gamma_max. # [rows, gamma_max]"""
-        cluster, prior = self._cluster_curve(snapshot), self.settings.prior_tokens
+        cluster = self._cluster_curve(snapshot)
         if not rows:
             return np.zeros((0, len(cluster)))
-        return np.stack([row_prefix_acceptance(cluster, snapshot.alpha, r.drafted, r.accepted, prior) for r in rows])
+        return np.stack([self._row_curve(cluster, snapshot.alpha, row) for row in rows])
+
+    def _row_curve(self, cluster: np.ndarray, alpha: float, row: RowState) -> np.ndarray:
+        """A row's P(first k accepted): its accepted tokens against what the cluster's
+        acceptance expected of its drafts, position by position. # [gamma_max]"""
+        expected = expected_accepted(cluster, row.drafted_per_position) if row.drafted_per_position else None
+        return row_prefix_acceptance(cluster, alpha, row.drafted, row.accepted, self.settings.prior_tokens, expected)
 
     def _cluster_curve(self, snapshot: LoadSnapshot) -> np.ndarray:
         """The cluster's P(first k accepted), k = 1 … gamma_max (geometric in α where no

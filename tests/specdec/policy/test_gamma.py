@@ -6,8 +6,8 @@ import random
 import numpy as np
 import pytest
 
-from specdec.policy.gamma import (crossover_rows, expected_tokens, extend_prefix_acceptance, plan_gammas,
-                           row_prefix_acceptance)
+from specdec.policy.gamma import (crossover_rows, expected_accepted, expected_tokens, extend_prefix_acceptance,
+                                  plan_gammas, row_prefix_acceptance)
 from specdec.policy.round_cost import RoundCostModel
 
 # seconds: (fixed, per token) for the target; (fixed, per step, per row-step) for the draft
@@ -139,6 +139,25 @@ def test_a_row_with_its_own_history_moves_away_from_the_cluster_as_it_drafts_mor
     assert (np.diff(many) <= 0).all() and many[-1] > 0.9
     poor = row_prefix_acceptance(cluster, 0.5, drafted=200, accepted=2, prior_tokens=16)
     assert poor[0] < 0.1
+
+
+def test_a_row_drafting_longer_than_the_cluster_with_the_clusters_acceptance_follows_the_cluster():
+    """The drafts after a round's first rejection are never judged. A row that drafted 8 a
+    round for 100 rounds and had what the cluster's curve expects accepted keeps the cluster's
+    curve. Counted as accepted / drafted against the cluster's α (measured where rows drafted
+    4), it looked 25 % worse per position and planned as a poor row."""
+    cluster = 0.8 ** np.arange(1, 9)
+    cluster_alpha = float(cluster[:4].sum() / 4)  # accepted / drafted of rows drafting 4
+    offered = (100,) * 8
+    expected = expected_accepted(cluster, offered)
+    assert expected == pytest.approx(100 * cluster.sum())
+    accepted = round(expected)
+    row = row_prefix_acceptance(cluster, cluster_alpha, 800, accepted, 16, expected)
+    assert row == pytest.approx(cluster, rel=0.01)
+    counted_alike = row_prefix_acceptance(cluster, cluster_alpha, 800, accepted, 16)
+    assert counted_alike[3] < 0.4 * cluster[3]
+    assert expected_accepted(cluster, ()) == 0.0
+    assert expected_accepted(cluster[:2], (1, 1, 1)) == pytest.approx(0.8 + 0.64 + 0.64 * 0.8)  # continued
 
 
 def test_plans_stay_inside_the_cost_models_trust_region():

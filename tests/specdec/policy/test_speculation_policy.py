@@ -94,6 +94,20 @@ def test_a_row_uses_its_own_acceptance_shrunk_towards_the_clusters():
     assert gammas[0] >= 4 and gammas[1] == 0
 
 
+def test_a_row_that_drafted_long_rounds_at_the_clusters_acceptance_plans_as_a_fresh_row():
+    """Its drafts past each round's first rejection were never judged: measured against what
+    the cluster's per-position acceptance expected of the positions it offered, it is an
+    average row, not a poor one."""
+    snap = snapshot(alpha=0.9)
+    policy = SpeculationPolicy(settings())
+    fresh = policy.plan(snap, auto(1), 100.0, 4).gammas
+    curve = policy._cluster_curve(snap)
+    accepted = round(10 * curve.sum())  # 10 rounds of 8 drafts, accepted as the cluster's rows are
+    seasoned = RowState("auto", None, 8, drafted=80, accepted=accepted, seq_id="s", drafted_per_position=(10,) * 8)
+    assert fresh[0] >= 4, fresh
+    assert policy.plan(snap, [seasoned], 100.0, 4).gammas == fresh
+
+
 @pytest.mark.parametrize(
     "mode, requested, pinned, enabled_gamma",
     [
