@@ -170,8 +170,9 @@ class LoadMonitorConfig(StrictModel):
         0.05, ge=0, description="Speculation comes back on only if the goodput plan predicts >= this gain (fraction)."
     )
     prior_tokens: float = Field(
-        16.0, ge=0, description="A request's own acceptance weighs against the cluster's as if the cluster had "
-        "drafted this many tokens for it (shrinkage; 0 = the request's own only)."
+        200.0, ge=0, description="A request's own acceptance weighs against the cluster's as if the cluster had "
+        "drafted this many tokens for it (shrinkage; 0 = the request's own only). Set it near how many drafted "
+        "tokens it takes before a request's own acceptance says more than chance (README: 'The goodput policy')."
     )
     explore_interval_s: float = Field(
         5.0, ge=0, description="While few drafts are measured (speculation off), at most one round per this many "

@@ -47,7 +47,7 @@ class PolicySettings:
     stale_after_s: float  # a snapshot older than this is ignored
     min_gain: float  # speculation comes back on only if the plan gains this fraction
     min_dwell_s: float  # least seconds between two on/off changes of the plan
-    prior_tokens: float = 16.0  # a row's acceptance counts as this many drafted tokens of the cluster's
+    prior_tokens: float = 200.0  # a row's acceptance counts as this many drafted tokens of the cluster's
     explore_interval_s: float = 5.0  # at most one exploration round per this many seconds (0 = never)
     explore_gamma: int = 4  # exploration rounds draft 1, 2, … explore_gamma tokens in turn
     explore_rows: int = 1  # at most this many rows explore in such a round

@@ -108,6 +108,16 @@ def test_a_row_that_drafted_long_rounds_at_the_clusters_acceptance_plans_as_a_fr
     assert policy.plan(snap, [seasoned], 100.0, 4).gammas == fresh
 
 
+def test_one_unlucky_first_round_does_not_turn_an_average_request_off():
+    """A request's first round says next to nothing about the rest of it: none of 8 drafts
+    accepted leaves it speculating, close to a fresh request's γ."""
+    snap = snapshot(alpha=0.9)
+    policy = SpeculationPolicy(settings())
+    unlucky = RowState("auto", None, 8, drafted=8, accepted=0, seq_id="u", drafted_per_position=(1,) * 8)
+    fresh = policy.plan(snap, auto(1), 100.0, 4).gammas[0]
+    assert fresh >= 4 and policy.plan(snap, [unlucky], 100.0, 4).gammas[0] >= fresh - 1
+
+
 @pytest.mark.parametrize(
     "mode, requested, pinned, enabled_gamma",
     [
