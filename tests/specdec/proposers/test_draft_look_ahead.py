@@ -54,7 +54,7 @@ def test_each_branch_drafts_what_a_fresh_proposal_from_its_history_drafts(runner
             # the same distributions up to float rounding: a batched forward of several branches
             # may take other kernel paths than a one-row forward (bitwise equal on some CPUs only);
             # the drafted tokens above are equal exactly, and the verifier judges with these probs
-            torch.testing.assert_close(branch.probs, expected.probs[0, : len(branch.token_ids)], rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(branch.probs, expected.probs[0, : len(branch.token_ids)], rtol=1e-4, atol=1e-5)
         else:
             assert branch.probs is None
     proposer.release("s")
