@@ -167,7 +167,8 @@ class LoadMonitorConfig(StrictModel):
     fallback_gamma: int = Field(2, ge=0, description="γ when measurements are missing or stale (a safe default).")
     stale_after_s: float = Field(3.0, gt=0, description="Measurements older than this are ignored, seconds.")
     min_gain: float = Field(
-        0.05, ge=0, description="Speculation comes back on only if the goodput plan predicts >= this gain (fraction)."
+        0.05, ge=0, description="A round's plan speculates, and speculation comes back on after it went off, only "
+        "where the goodput plan predicts >= this gain over plain decoding (fraction)."
     )
     prior_tokens: float = Field(
         200.0, ge=0, description="A request's own acceptance weighs against the cluster's as if the cluster had "

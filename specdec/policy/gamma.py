@@ -224,15 +224,15 @@ def _plan_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: 
 
 
 def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_rows: int = 256,
-                   max_round_ratio: float = 0.0) -> int | None:
+                   max_round_ratio: float = 0.0, margin: float = 0.0) -> int | None:
     """The smallest batch of rows like `curve` (P(first k accepted)) at which speculating
-    no longer pays (every row plans γ = 0); None when it pays up to max_rows."""
+    no longer gains `margin` (every row plans γ = 0); None when it pays up to max_rows."""
     lo_rows, hi_rows = 1, max_rows
-    if speculation_pays(curve, cost, gamma_max, hi_rows, max_round_ratio=max_round_ratio):
+    if speculation_pays(curve, cost, gamma_max, hi_rows, margin, max_round_ratio):
         return None
     while lo_rows < hi_rows:  # goodput gain shrinks as rows grow: bisect
         mid = (lo_rows + hi_rows) // 2
-        if speculation_pays(curve, cost, gamma_max, mid, max_round_ratio=max_round_ratio):
+        if speculation_pays(curve, cost, gamma_max, mid, margin, max_round_ratio):
             lo_rows = mid + 1
         else:
             hi_rows = mid

@@ -10,7 +10,8 @@ On top of the plan:
   keep it, and weigh in the round's cost;
 * an on/off state, moved in the background (`update_switch`), not per round: it follows
   the plan for fresh requests at the current batch size, with hysteresis (speculation
-  comes back only when it gains at least `min_gain`) and a dwell time (`min_dwell_s`); an
+  comes back only when it gains at least `min_gain`, as each round's plan must) and a
+  dwell time (`min_dwell_s`); an
   operator may instead force it by load thresholds (`LoadThresholds`: QPS and requests in
   flight). While it is off, requests the policy chooses for decode plainly;
 * acceptance and the draft's cost, once measured, are remembered: while speculation is
@@ -45,7 +46,7 @@ class PolicySettings:
     gamma_max: int  # largest γ the policy may choose
     fallback_gamma: int  # γ when measurements are missing or stale
     stale_after_s: float  # a snapshot older than this is ignored
-    min_gain: float  # speculation comes back on only if the plan gains this fraction
+    min_gain: float  # a round's plan speculates, and speculation comes back on, only if the plan gains this fraction
     min_dwell_s: float  # least seconds between two on/off changes of the plan
     prior_tokens: float = 200.0  # a row's acceptance counts as this many drafted tokens of the cluster's
     explore_interval_s: float = 5.0  # at most one exploration round per this many seconds (0 = never)
@@ -196,7 +197,7 @@ class SpeculationPolicy:
                 reason = f"off: speculating does not pay at {len(rows)} rows"
             return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore)
         curves = self._curves(snapshot, rows)
-        plan = plan_gammas(curves, lo, hi, snapshot.round_cost,
+        plan = plan_gammas(curves, lo, hi, snapshot.round_cost, s.min_gain,
                            max_round_ratio=s.max_round_ratio, prompt_tokens=sum(r.prompt_tokens for r in rows),
                            catch_up=amortised_catch_up(curves, rows, hi))
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
@@ -222,7 +223,7 @@ class SpeculationPolicy:
         if snapshot is None or snapshot.alpha is None or snapshot.round_cost is None or not self.settings.gamma_max:
             return Crossover(None, None)
         rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
-                              max_round_ratio=self.settings.max_round_ratio)
+                              max_round_ratio=self.settings.max_round_ratio, margin=self.settings.min_gain)
         residence_s = snapshot.in_flight / snapshot.qps if snapshot.qps > 0 and snapshot.in_flight > 0 else None
         return Crossover(rows, rows / residence_s if rows is not None and residence_s else None)
 
