@@ -18,8 +18,9 @@ class ProposerView:
         self.read = 0
 
     def catch_up(self, seq_id: str, length: int) -> int:
-        """History tokens the proposer has not seen for a row of `length` tokens."""
-        return length - self._saw.get(seq_id, 0)
+        """History tokens the proposer has not seen for a row of `length` tokens (none where
+        it looked ahead past them: the verify rejected drafts it had read)."""
+        return max(0, length - self._saw.get(seq_id, 0))
 
     def proposing(self, seq_id: str, length: int) -> None:
         """A call of this round drafts for the row: it reads what it had not seen."""
