@@ -4,7 +4,7 @@ Every router replica adds what it observes (arrivals, rounds, drafted/accepted t
 position, and each round's timings with its shape) into time windows; a store sums the
 recent windows of all replicas and `LoadSnapshot.from_window` turns the sums into the
 figures the policy needs: QPS and the batch over the recent load window, and over the
-longer cost window the deployment's own figures (`DEPLOYMENT_KEYS`): acceptance rate α,
+longer cost window the deployment's own figures (`is_deployment_key`): acceptance rate α,
 per-position acceptance and the round cost model (`specdec.policy.round_cost`), measured
 rather than configured.
 
