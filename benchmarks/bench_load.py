@@ -3,7 +3,7 @@
 One server (`specdec serve`'s stack: draft worker, target group, router behind Serve's gRPC
 proxy, in-process load store) on the bundled pair. For each offered QPS the same seeded
 open-loop Poisson arrival schedule of the same prompts is played once per policy, selected
-per request with the gRPC speculation mode, and that `--repeats` times (2) with a fresh
+per request with the gRPC speculation mode, and that `--repeats` times (3) with a fresh
 schedule each time:
 
 * on   -- mode ON with a fixed γ (--on-gamma, default the config's γ = 4): always speculate;
@@ -15,9 +15,14 @@ schedule each time:
 Each run lasts warm-up + duration seconds of arrivals; requests arriving in the warm-up
 are sent but not measured. Between runs the benchmark waits until the server is idle and
 the load window has emptied, so every run starts from the same state. The policies' order
-alternates between repeats (ON OFF AUTO, then AUTO OFF ON): this machine's speed drifts by
-up to 1.7× within an hour, and runs of one policy after another would otherwise compare
-a fast spell with a slow one. Each point pools its repeats' requests.
+rotates between repeats (ON OFF AUTO, OFF AUTO ON, AUTO ON OFF): this machine's speed drifts
+by up to 1.7× within an hour and changes in spells of a minute or so, and runs of one policy
+after another would otherwise compare a fast spell with a slow one. The order used to
+alternate (ON OFF AUTO, then AUTO OFF ON), which put AUTO's two runs back to back: one slow
+minute then held both (measured at 1 request/s: AUTO's γ = 4 rounds of one row took 48 ms
+in both its runs, ON's 33 ms in the same sweep and AUTO's 36 ms in the next). Rotated, no
+policy runs twice in a row and each takes each place once in three repeats. Each point
+pools its repeats' requests.
 
 Per (QPS, policy): requests measured / completed / rejected (RESOURCE_EXHAUSTED),
 throughput = tokens streamed during the measurement interval / its length (all requests),
@@ -38,7 +43,7 @@ Defaults fit 2 CPU cores (~11 minutes): sampled requests (temperature 1, where t
 draft's acceptance is lower than greedy), 32 cache slots so that batches grow large
 enough for the verify forward to dominate, loads from light to past saturation.
 
-Usage: python benchmarks/bench_load.py [--qps 1 4 8 16] [--repeats 2] [--duration 15] [--warmup 6]
+Usage: python benchmarks/bench_load.py [--qps 1 4 8 16] [--repeats 3] [--duration 12] [--warmup 6]
        [--max-new-tokens 48] [--temperature 1.0] [--num-slots 32] [--plot PNG] [--json FILE]
 """
 
@@ -418,10 +423,19 @@ def server_config(args: argparse.Namespace) -> SpecdecConfig:
     })
 
 
+def run_order(policies: list[str], repeat: int) -> list[str]:
+    """The policies' order in a repeat: rotated by one place per repeat, so that no policy runs
+    twice in a row (the last of one repeat is not the first of the next) and, over as many
+    repeats as policies, each runs once in every place. Two policies keep their order (A B,
+    A B): rotated, they would meet themselves (A B, B A)."""
+    shift = repeat % len(policies) if len(policies) > 2 else 0
+    return list(policies[shift:]) + list(policies[:shift])
+
+
 async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> tuple[list[dict], list[list[dict]]]:
     """Every QPS, every policy, `--repeats` times. Within a repeat each policy plays the same
-    schedule; the order alternates (ON OFF AUTO, then AUTO OFF ON, ...), so that a machine
-    whose speed drifts during the sweep does not favour whichever policy runs first. Returns
+    schedule; the order rotates (`run_order`), so that a machine whose speed drifts during
+    the sweep does not favour whichever policy runs first or twice in a row. Returns
     the pooled rows and each repeat's own rows (for the ratios' spread)."""
     from specdec_rpc.client import AsyncSpecdecClient
 
@@ -436,7 +450,7 @@ async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> t
                 for rep in range(args.repeats):
                     schedule = poisson_schedule(qps, args.warmup + args.duration, len(prompts),
                                                 args.seed * 1000 + k + 100 * rep)
-                    order = args.policies if rep % 2 == 0 else args.policies[::-1]
+                    order = run_order(args.policies, rep)
                     for policy in order:
                         progress.step(f"{qps:g} requests/s, repeat {rep + 1}, policy {policy}")
                         run, row = await play(client, prompts, schedule, qps, policy, args)
@@ -480,9 +494,9 @@ def _shutdown(app) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--qps", type=float, nargs="+", default=[1.0, 4.0, 8.0, 16.0], help="offered loads (requests/s)")
-    parser.add_argument("--duration", type=float, default=15.0, help="measured seconds of arrivals per run")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="runs of each (QPS, policy), pooled; the policies' order alternates between repeats")
+    parser.add_argument("--duration", type=float, default=12.0, help="measured seconds of arrivals per run")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each (QPS, policy), pooled; the policies' order rotates between repeats")
     parser.add_argument("--warmup", type=float, default=6.0, help="unmeasured seconds of arrivals first (policy settles)")
     parser.add_argument("--drain-s", type=float, default=30.0, help="most seconds to wait for a run's last requests")
     parser.add_argument("--max-new-tokens", type=int, default=48)

@@ -73,3 +73,17 @@ def test_a_point_pools_every_measured_request_of_its_runs():
     assert point["tokens_per_s"] == pytest.approx(4 / (2 * 10.0))  # tokens streamed in the measured 10 s of each run
     assert point["itl_p50_ms"] == pytest.approx(10.0)
     assert point["itl_mean_ms"] == pytest.approx(1000 * 0.050 / 3)
+
+
+def test_the_policies_order_rotates_so_that_no_policy_runs_twice_in_a_row():
+    """A slow minute of the machine must not hold both runs of one policy: the last run of a
+    repeat is never the first of the next, and over three repeats each policy takes each place."""
+    policies = ["on", "off", "auto"]
+    orders = [bench_load.run_order(policies, rep) for rep in range(6)]
+    assert orders[:3] == [["on", "off", "auto"], ["off", "auto", "on"], ["auto", "on", "off"]]
+    played = [p for order in orders for p in order]
+    assert all(a != b for a, b in zip(played, played[1:]))
+    assert all(sorted(order[i] for order in orders[:3]) == sorted(policies) for i in range(3))
+    two = [p for rep in range(4) for p in bench_load.run_order(["on", "auto"], rep)]
+    assert all(a != b for a, b in zip(two, two[1:]))
+    assert bench_load.run_order(["auto"], 3) == ["auto"]
