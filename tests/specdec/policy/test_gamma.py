@@ -263,3 +263,18 @@ def test_a_wide_tail_tolerance_still_needs_the_margin_over_plain_decoding():
     assert wide.gammas == (1,) and wide.goodput >= 1.05 * wide.plain_goodput
     weak = plan_gammas(geometric(0.05)[None, :], [0], [8], cheap_steps, margin=0.05, tail_tolerance=0.9)
     assert weak.gammas == (0,)
+
+
+def test_a_newcomers_prompt_read_in_the_round_does_not_make_drafting_look_cheaper():
+    """The prompt is read whatever the plan: its time is sunk. Counted in the round's own
+    ratio it lowers plain decoding's goodput more than drafting's, and a round that reads a
+    long prompt would draft where the same rows without it do not."""
+    prompts_dear = RoundCostModel(verify=(0.010, 0.0005, 0.0025, 0.001), draft=(0.002, 0.001, 0.0005))
+    curves = np.stack([geometric(0.6)] * 8)
+    without = plan_gammas(curves, [0] * 8, [8] * 8, prompts_dear)
+    with_prompt = plan_gammas(curves, [0] * 8, [8] * 8, prompts_dear, prompt_tokens=200)
+    assert without.gammas == (0,) * 8
+    assert with_prompt.gammas == without.gammas and with_prompt.goodput == pytest.approx(without.goodput)
+    counted = prompts_dear.round_s((1,) * 8, 200), prompts_dear.round_s((0,) * 8, 200)
+    emitted = 8 * (1 + 0.6), 8.0
+    assert emitted[0] / counted[0] > emitted[1] / counted[1]  # the round's own ratio would have drafted
