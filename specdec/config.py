@@ -190,12 +190,6 @@ class LoadMonitorConfig(StrictModel):
         "the gap between two tokens (the ITL tail) past plain decoding's, at the cost of speculating less. "
         "0 = unbounded (pure goodput)."
     )
-    tail_tolerance: float = Field(
-        0.05, ge=0, lt=1, description="Of the plans within this fraction of the best predicted goodput (one per "
-        "number of draft steps), a round takes the one with the shortest round: a request whose first draft is "
-        "rejected waits the whole round for one token, so a longer γ that gains less than the cost model's "
-        "error costs the ITL tail for nothing (0 = pure goodput)."
-    )
     disable_qps: float | None = Field(
         None, gt=0, description="Operator override: cluster-wide requests/s above which speculation is forced off "
         "(null = the goodput plan decides from measured costs)."

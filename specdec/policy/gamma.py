@@ -107,16 +107,12 @@ class Plan:
 def plan_gammas(
     curves: np.ndarray, lo: list[int], hi: list[int], cost: RoundCostModel, margin: float = 0.0,
     max_round_ratio: float = 0.0, prompt_tokens: int = 0, catch_up: list[int] | None = None,
-    tail_tolerance: float = 0.0,
 ) -> Plan:
     """The goodput-maximising γ per row (ties go to fewer draft steps). A plan that speculates
     more than the rows' least γ must beat that plain plan by `margin` (a fraction), so that
     noise in the measurements does not switch speculation on for nothing, and its round may
     take at most `max_round_ratio` times the plain plan's with a newcomer's prompt
-    (`RoundCostModel.prefill_round_s`; 0 = unbounded). Of the plans (one per number of
-    draft steps) within `tail_tolerance` (a fraction) of the best goodput, and still gaining
-    `margin`, the one with the shortest round is chosen: what a row whose first draft is
-    rejected waits for its one token.
+    (`RoundCostModel.prefill_round_s`; 0 = unbounded).
     prompt_tokens: what the target reads this round besides the rows' γ + 1 tokens: read
     whatever the plan, its time is sunk, so goodput is that of the rows' decoding alone
     (counted in the round's own ratio, a prompt made every draft look cheaper: at 32 rows on
@@ -139,7 +135,8 @@ def plan_gammas(
     seconds = lambda gammas: cost.round_s(gammas, 0, read_list)  # noqa: E731
     whole_round = lambda gammas: cost.round_s(gammas, prompt_tokens, read_list)  # noqa: E731
     plain_goodput = _goodput(emitted, plain, seconds)
-    candidates, previous, falling = [], 0.0, 0  # (goodput, round seconds, gammas), one per number of steps
+    best, best_goodput = plain, plain_goodput
+    previous, falling = 0.0, 0
     budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
     slowest = cost.prefill_round_s(plain, prompt_tokens) * max_round_ratio if max_round_ratio > 0 else float("inf")
     for steps in range(int(lo_a.max()) + 1, int(hi_a.max()) + 1):
@@ -147,17 +144,15 @@ def plan_gammas(
         gammas = _within_budget(emitted, gammas, lo_a, budget)
         gammas = _within_time(emitted, gammas, lo_a, whole_round, slowest)
         value = _goodput(emitted, gammas, seconds)
-        candidates.append((value, seconds(gammas), gammas))
+        if value > best_goodput * (1.0 + 1e-12):
+            best, best_goodput = gammas, value
         falling = falling + 1 if value < previous else 0
         if falling >= 2:  # past the best number of draft steps: goodput only falls from here
             break
         previous = value
-    best_goodput = max((value for value, _, _ in candidates), default=plain_goodput)
-    floor = max(best_goodput * (1.0 - tail_tolerance), plain_goodput * (1.0 + margin))
-    if best_goodput <= plain_goodput * (1.0 + 1e-12) or best_goodput < floor:
-        return Plan(plain, plain_goodput, plain_goodput)
-    value, _, chosen = min((c for c in candidates if c[0] >= floor), key=lambda c: (c[1], -c[0]))
-    return Plan(chosen, value, plain_goodput)
+    if best != plain and best_goodput < plain_goodput * (1.0 + margin):
+        best, best_goodput = plain, plain_goodput
+    return Plan(best, best_goodput, plain_goodput)
 
 
 def _within_budget(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray, budget: float) -> tuple[int, ...]:

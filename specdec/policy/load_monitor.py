@@ -239,7 +239,6 @@ def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, repli
         explore_gamma=config.explore_gamma,
         explore_rows=config.explore_rows,
         max_round_ratio=config.max_round_ratio,
-        tail_tolerance=config.tail_tolerance,
         thresholds=thresholds,
     )
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)

@@ -53,7 +53,6 @@ class PolicySettings:
     explore_gamma: int = 4  # exploration rounds draft 1, 2, … explore_gamma tokens in turn
     explore_rows: int = 1  # at most this many rows explore in such a round
     max_round_ratio: float = 0.0  # a planned round takes at most this × the plain round (0 = unbounded)
-    tail_tolerance: float = 0.0  # a plan gives up at most this fraction of the best goodput for a shorter round
     thresholds: LoadThresholds | None = None  # an operator's forced load switch (None = follow the plan)
 
 
@@ -200,7 +199,7 @@ class SpeculationPolicy:
         curves = self._curves(snapshot, rows)
         plan = plan_gammas(curves, lo, hi, snapshot.round_cost, s.min_gain,
                            max_round_ratio=s.max_round_ratio, prompt_tokens=sum(r.prompt_tokens for r in rows),
-                           catch_up=amortised_catch_up(curves, rows, hi), tail_tolerance=s.tail_tolerance)
+                           catch_up=amortised_catch_up(curves, rows, hi))
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
         return self._priced(self._decision(list(plan.gammas), free, rows, True, reason, explore), snapshot, rows,

@@ -242,29 +242,6 @@ def test_a_row_that_must_catch_up_on_a_long_history_waits_while_the_others_draft
     assert all(plan_gammas(curves, [0] * 3, [8] * 3, reading).gammas)  # no catch-up given: none priced
 
 
-def test_of_the_plans_near_the_best_goodput_the_shortest_round_is_chosen():
-    """A row whose first draft is rejected waits the whole round for one token: a γ of 6
-    predicted 5 % better than a γ of 4 (inside the model's error) would only lengthen the
-    ITL tail. Within tail_tolerance of the best goodput the plan takes the shortest round."""
-    cheap_steps = RoundCostModel(verify=(0.010, 0.0002), draft=(0.0, 0.0006, 0.0))
-    curve = geometric(0.8)[None, :]
-    best = plan_gammas(curve, [0], [8], cheap_steps)
-    near = plan_gammas(curve, [0], [8], cheap_steps, tail_tolerance=0.05)
-    assert best.gammas == (6,) and near.gammas == (4,)
-    assert cheap_steps.round_s(near.gammas) < cheap_steps.round_s(best.gammas)
-    assert near.goodput >= 0.95 * best.goodput
-    shorter = plan_gammas(curve, [0], [3], cheap_steps)  # the next shorter round is further off the best
-    assert shorter.goodput < 0.95 * best.goodput
-
-
-def test_a_wide_tail_tolerance_still_needs_the_margin_over_plain_decoding():
-    cheap_steps = RoundCostModel(verify=(0.010, 0.0002), draft=(0.0, 0.0006, 0.0))
-    wide = plan_gammas(geometric(0.8)[None, :], [0], [8], cheap_steps, margin=0.05, tail_tolerance=0.9)
-    assert wide.gammas == (1,) and wide.goodput >= 1.05 * wide.plain_goodput
-    weak = plan_gammas(geometric(0.05)[None, :], [0], [8], cheap_steps, margin=0.05, tail_tolerance=0.9)
-    assert weak.gammas == (0,)
-
-
 def test_a_newcomers_prompt_read_in_the_round_does_not_make_drafting_look_cheaper():
     """The prompt is read whatever the plan: its time is sunk. Counted in the round's own
     ratio it lowers plain decoding's goodput more than drafting's, and a round that reads a

@@ -73,18 +73,6 @@ def test_the_round_time_bound_shortens_what_the_plan_drafts_and_where_it_pays():
     assert 0 < bounded.gammas[0] < free.gammas[0] and fit.round_s(bounded.gammas) <= 1.5 * fit.round_s((0,))
 
 
-def test_the_tail_tolerance_takes_the_shortest_round_near_the_best_goodput():
-    """Configured in the policy, it reaches every round's plan: a shorter γ whose predicted
-    goodput is within the tolerance of the best one (measured through the window's fit)."""
-    cheap_steps = RoundCostModel(verify=(0.010, 0.0002), draft=(0.0, 0.0006, 0.0), overhead_s=0.0005)
-    measured = snapshot(alpha=0.85, cost=cheap_steps)
-    best = SpeculationPolicy(settings()).plan(measured, auto(1), 100.0, 4)
-    near = SpeculationPolicy(settings(tail_tolerance=0.05)).plan(measured, auto(1), 100.0, 4)
-    fit = measured.round_cost
-    assert 0 < near.gammas[0] < best.gammas[0]
-    assert fit.round_s(near.gammas) < fit.round_s(best.gammas)
-
-
 def test_poor_acceptance_means_plain_decoding():
     d = SpeculationPolicy(settings()).plan(snapshot(alpha=0.05), auto(4), 100.0, 4)
     assert d.gammas == (0, 0, 0, 0) and d.gamma == 0
