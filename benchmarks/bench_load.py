@@ -39,7 +39,7 @@ throughput): AUTO's tokens/s, ITL p50 and p99 over that policy's (goals: ≥ 0.9
 p99 over the better of ON and OFF at each figure alone (ON's p50 and OFF's p99 where each
 wins one); and a second plot of AUTO's γ and on/off state over time.
 
-Defaults fit 2 CPU cores (~11 minutes): sampled requests (temperature 1, where the bundled
+Defaults fit 2 CPU cores (~15 minutes): sampled requests (temperature 1, where the bundled
 draft's acceptance is lower than greedy), 32 cache slots so that batches grow large
 enough for the verify forward to dominate, loads from light to past saturation.
 
