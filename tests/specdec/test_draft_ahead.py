@@ -208,9 +208,10 @@ def test_the_policy_sees_no_draft_call_in_rounds_whose_drafts_were_made_ahead(pr
     ahead_rounds = [s for s in engine.policy.samples if s.drafted and not s.draft_rows]
     hits = engine.draft_ahead.hits  # each used by the next round, but perhaps the last (the request ended)
     assert hits > 0 and hits - 1 <= len(ahead_rounds) <= hits
-    assert all(s.gamma == 0 and s.draft_seconds < 0.005 for s in ahead_rounds)
-    assert all(s.draft_rows == 1 and s.gamma > 0 and s.draft_seconds > 0 for s in engine.policy.samples
-               if s not in ahead_rounds and s.drafted)
+    fresh_rounds = [s for s in engine.policy.samples if s not in ahead_rounds and s.drafted]
+    assert all(s.draft_rows == 1 and s.gamma > 0 and s.draft_seconds > 0 for s in fresh_rounds)
+    slowest_take = max(s.draft_seconds for s in ahead_rounds)  # taking drafts made ahead, no forward
+    assert all(s.gamma == 0 for s in ahead_rounds) and slowest_take < min(s.draft_seconds for s in fresh_rounds) / 2
 
 
 def test_a_seeded_sampled_request_repeats_exactly_when_drafting_ahead(prompt_ids):
