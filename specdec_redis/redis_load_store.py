@@ -121,11 +121,13 @@ class RedisLoadStore(LoadStore):
         for i, bucket in enumerate(hashes):
             (total if i < self.num_buckets else costs).merge({k: float(v) for k, v in bucket.items()})
         in_flight = queued = 0.0
+        alive = 0
         for value in replicas.values():
             f, q, at = value.split()
             if now - float(at) <= self.replica_ttl_s:
-                in_flight, queued = in_flight + float(f), queued + float(q)
-        return LoadSnapshot.from_window(total, self.window_s, in_flight, queued, measured_at=now, deployment=costs)
+                in_flight, queued, alive = in_flight + float(f), queued + float(q), alive + 1
+        return LoadSnapshot.from_window(total, self.window_s, in_flight, queued, measured_at=now, deployment=costs,
+                                        replicas=alive)
 
     def switch_state(self) -> SwitchState:
         raw = self.client.hgetall(f"{self.prefix}:switch")

@@ -147,12 +147,17 @@ class LoadMonitor:
             switch.enabled, switch.since = latest.enabled, latest.since
 
     def _switch_rows(self, snapshot: LoadSnapshot) -> int:
-        """The batch the on/off state is decided at: the window's mean rows per round (the
-        sustained load), else the requests running now. At 1 request/s the running count
-        moves between 0 and 4 from one second to the next; followed, it switched speculation
-        off for a dwell time at every passing 3-row moment, though the rounds' own plan
-        already drafts less (or not at all) in rounds whose batch is large."""
-        return max(1, round(snapshot.mean_batch)) if snapshot.mean_batch > 0 else self._load[0]
+        """The batch the on/off state is decided at: the rows the window's demand keeps in
+        flight (`SpeculationPolicy.steady_rows`); while requests queue for a slot, or before
+        the cost model is measured, the window's mean rows per round (else the requests
+        running now). The running count itself is no guide: at 1 request/s it moves between 0
+        and 4 from one second to the next, and followed, it switched speculation off for a
+        dwell time at every passing 3-row moment."""
+        batch = max(1, round(snapshot.mean_batch)) if snapshot.mean_batch > 0 else self._load[0]
+        steady = self.policy.steady_rows(snapshot)
+        if steady is None:
+            return batch
+        return max(steady, batch) if snapshot.queued > 0 else steady
 
     def start(self) -> None:
         if self._thread is None:

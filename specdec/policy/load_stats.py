@@ -140,13 +140,16 @@ class LoadSnapshot:
     drafted: float = 0.0  # tokens drafted in the cost window (all replicas)
     draft_calls: float = 0.0  # proposer calls timed in the cost window
     mean_batch: float = 0.0  # rows per round over the load window (all replicas; 0 = no round)
+    token_rate: float = 0.0  # tokens emitted per second over the load window (all replicas): the demand met
+    replicas: int = 1  # router replicas whose load gauges are alive (each decodes its own batch)
 
     @classmethod
     def from_window(
         cls, window: StatsWindow, window_s: float, in_flight: float, queued: float, measured_at: float,
-        deployment: StatsWindow | None = None,
+        deployment: StatsWindow | None = None, replicas: int = 1,
     ) -> "LoadSnapshot":
-        """QPS and the batch from `window` (the last window_s seconds); acceptance and the
+        """QPS, the batch and the tokens emitted from `window` (the last window_s seconds;
+        each row of a round emits its accepted tokens and one more); acceptance and the
         round cost model from `deployment` (the sums of the longer cost window; None =
         `window`'s own)."""
         lasting = window if deployment is None else deployment
@@ -169,4 +172,6 @@ class LoadSnapshot:
             drafted=drafted,
             draft_calls=lasting.get("draft:n"),
             mean_batch=window.get("sequence_rounds") / window.get("rounds") if window.get("rounds") else 0.0,
+            token_rate=(window.get("accepted") + window.get("sequence_rounds")) / window_s if window_s > 0 else 0.0,
+            replicas=max(1, replicas),
         )

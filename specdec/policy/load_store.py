@@ -95,7 +95,8 @@ class InProcessLoadStore(LoadStore):
             window, costs = self._ring.recent(now), self._costs.recent(now)
         in_flight = sum(f for f, _ in alive)
         queued = sum(q for _, q in alive)
-        return LoadSnapshot.from_window(window, self.window_s, in_flight, queued, measured_at=now, deployment=costs)
+        return LoadSnapshot.from_window(window, self.window_s, in_flight, queued, measured_at=now, deployment=costs,
+                                        replicas=len(alive))
 
     def switch_state(self) -> SwitchState:
         with self._lock:

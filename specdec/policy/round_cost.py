@@ -301,6 +301,15 @@ class RoundCostModel:
         return (self.overhead_s + self.verify_s(len(gammas), sum(gammas), prompt_tokens)
                 + self.draft_s(len(drafting), max(drafting, default=0), read))
 
+    def plain_rows_for(self, tokens_per_s: float) -> float:
+        """The rows plain decoding keeps in flight while it emits `tokens_per_s` (Little's law:
+        each row emits one token per round, so N = tokens_per_s · round_s(N) with round_s(N)
+        = a + b · N, N = D · a / (1 − D · b)); inf where plain decoding cannot keep up."""
+        a = self.round_s([]) if tokens_per_s > 0 else 0.0  # the round's cost without a row
+        b = self.plain_scale * self.verify[1]  # ... and each row's
+        room = 1.0 - tokens_per_s * b
+        return tokens_per_s * a / room if room > 0 else float("inf")
+
     def prefill_round_s(self, gammas: list[int] | tuple[int, ...], prompt_tokens: int = 0) -> float:
         """Predicted seconds of the round in which these rows also read `prompt_tokens` or,
         when that is less, one newcomer's mean prompt: plain decoding's long rounds."""

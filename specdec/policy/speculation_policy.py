@@ -174,6 +174,22 @@ class SpeculationPolicy:
         self.switch.set(pays, now)
         return self.switch.enabled
 
+    def steady_rows(self, snapshot: LoadSnapshot) -> int | None:
+        """The batch the on/off state is judged at: the rows plain decoding would keep in
+        flight on one replica at the load window's demand (tokens emitted per second over
+        the replicas; `RoundCostModel.plain_rows_for`). Speculation gains less the larger the
+        batch, so both policies' steady batches lie on the same side of the crossover, and
+        the one below it streams faster (mean ITL = rows / demand). Unlike the batch now, the
+        demand does not depend on which policy serves it: a burst does not switch speculation
+        off, nor a lull back on into the next burst (at 16 requests/s on the bundled pair the
+        window's mean batch moved between 10 and 21 rows around a crossover of 12-14, and the
+        state with it). None: no cost model yet, or plain decoding would not keep up."""
+        cost = self.remembered(snapshot).round_cost
+        if cost is None:
+            return None
+        rows = cost.plain_rows_for(snapshot.token_rate / max(1, snapshot.replicas))
+        return max(1, round(rows)) if np.isfinite(rows) else None
+
     def plan(self, snapshot: LoadSnapshot | None, rows: list[RowState], now: float, default_gamma: int,
              update_state: bool = True) -> Decision:
         """Each row's γ this round (request overrides, the on/off state, the goodput plan,

@@ -229,20 +229,27 @@ def test_the_crossover_is_recomputed_at_most_once_a_second():
     assert len(calls) == 2
 
 
-def test_the_switch_follows_the_sustained_batch_not_a_passing_burst_of_requests():
-    """Rounds of 1-4 rows: a moment with many requests running does not switch speculation
-    off (its rounds' own plans draft less); rounds that stay that large do."""
+def test_the_switch_follows_the_demand_not_a_passing_burst_of_rows():
+    """Rounds of 1-4 rows, then a burst of large plain rounds: the window's mean batch passes
+    the crossover, but the tokens/s it emitted would keep fewer rows than that in flight, so
+    speculation stays on (the rounds' own plans draft less in large batches). A demand that
+    would keep more rows in flight than the crossover switches it off, whatever the batch."""
     clock = Clock()
     m = monitor(InProcessLoadStore(), clock, thresholds=None)
     record_varied_rounds(m, (1, 2, 4, 1, 2, 4))
     m.tick()
     crossover = m.status().crossover.rows
     assert crossover is not None and m.policy.switch.enabled
-    m.set_load(crossover + 4, 0)  # a burst: the rounds so far had 1-4 rows
+    burst = crossover + 4
+    for _ in range(40):
+        m.record(RoundSample(burst, 0, 0, 0, 0.0, 0.010 + 0.003 * burst))
+    m.set_load(burst, 0)
     clock.now += 2.0
     m.tick()
+    assert m.snapshot.mean_batch > crossover and m.policy.steady_rows(m.snapshot) < crossover
     assert m.policy.switch.enabled
-    record_varied_rounds(m, [crossover + 4] * 60)
+    for _ in range(int(10.0 / (0.010 + 0.003 * burst)) - 40):  # sustained: the window's 10 s at the rounds' pace
+        m.record(RoundSample(burst, 0, 0, 0, 0.0, 0.010 + 0.003 * burst))
     clock.now += 2.0
     m.tick()
-    assert m.snapshot.mean_batch > crossover and not m.policy.switch.enabled
+    assert m.policy.steady_rows(m.snapshot) > crossover and not m.policy.switch.enabled

@@ -1,6 +1,7 @@
 """The round cost model recovers what a round costs from its timings, and merges by addition."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -144,6 +145,18 @@ def test_a_thin_windows_model_prices_plain_rounds_itself_and_drafting_as_last_me
     assert joined.drafted_limit(2) == 12.0 and plain.drafted_limit(2) == 3.0
     wider = drafting.with_drafting_of(plain)  # the regions join whichever way round
     assert (wider.verify_tokens_high, wider.draft_tokens_high) == (16.0, 12.0)
+
+
+def test_the_rows_plain_decoding_keeps_in_flight_follow_littles_law():
+    """Each row emits one token per plain round: at a demand of D tokens/s, N rows are in
+    flight where N / round_s(N) = D; past the batch's most tokens/s (1 / a row's price) no N."""
+    calibrated = replace(TRUE, plain_scale=1.2)
+    for model in (TRUE, calibrated):
+        for rows in (1.0, 4.0, 30.0):
+            demand = rows / model.round_s([0] * int(rows))
+            assert model.plain_rows_for(demand) == pytest.approx(rows)
+        assert model.plain_rows_for(0.0) == 0.0
+        assert model.plain_rows_for(1.0 / (model.plain_scale * model.verify[1])) == float("inf")
 
 
 def test_negative_coefficients_are_refused():

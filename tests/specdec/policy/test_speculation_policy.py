@@ -187,6 +187,22 @@ def test_the_on_off_state_follows_the_plan_at_the_current_batch_with_dwell_and_h
     assert max(policy.plan(snap, auto(1), 102.7, 4).gammas) > 0
 
 
+def test_the_on_off_state_is_judged_at_the_batch_the_demand_keeps_in_flight():
+    """Little's law: the tokens/s the replicas emit, over the rows plain decoding would need
+    for them on one replica (each row a token per round). Which policy serves the demand does
+    not change it, so its batch is where both policies' steady states lie."""
+    policy = SpeculationPolicy(settings())
+    snap = snapshot(alpha=0.8, cost=HEAVY_VERIFY)
+    cost = snap.round_cost
+    for rows in (1, 6, 20):
+        demand = rows / cost.round_s([0] * rows)
+        assert policy.steady_rows(replace(snap, token_rate=demand)) == rows
+        assert policy.steady_rows(replace(snap, token_rate=3 * demand, replicas=3)) == rows  # each its share
+    assert policy.steady_rows(replace(snap, token_rate=0.0)) == 1  # idle: a lone request's case
+    assert policy.steady_rows(replace(snap, token_rate=2 / cost.verify[1])) is None  # plain cannot keep up
+    assert SpeculationPolicy(settings()).steady_rows(replace(snap, round_cost=None)) is None  # not measured
+
+
 def test_noisy_measurements_near_the_crossover_do_not_flap():
     """Timings ±15 % around a batch where speculation barely pays: over 20 s of updates
     every 100 ms, the state changes at most once per dwell time."""
