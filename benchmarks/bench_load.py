@@ -39,11 +39,11 @@ throughput): AUTO's tokens/s, ITL p50 and p99 over that policy's (goals: ≥ 0.9
 p99 over the better of ON and OFF at each figure alone (ON's p50 and OFF's p99 where each
 wins one); and a second plot of AUTO's γ and on/off state over time.
 
-Defaults fit 2 CPU cores (~15 minutes): sampled requests (temperature 1, where the bundled
+Defaults fit 2 CPU cores (~17 minutes): sampled requests (temperature 1, where the bundled
 draft's acceptance is lower than greedy), 32 cache slots so that batches grow large
 enough for the verify forward to dominate, loads from light to past saturation.
 
-Usage: python benchmarks/bench_load.py [--qps 1 4 8 16] [--repeats 3] [--duration 12] [--warmup 6]
+Usage: python benchmarks/bench_load.py [--qps 1 4 8 16 24] [--repeats 3] [--duration 12] [--warmup 6]
        [--max-new-tokens 48] [--temperature 1.0] [--num-slots 32] [--plot PNG] [--json FILE]
 """
 
@@ -493,7 +493,7 @@ def _shutdown(app) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--qps", type=float, nargs="+", default=[1.0, 4.0, 8.0, 16.0], help="offered loads (requests/s)")
+    parser.add_argument("--qps", type=float, nargs="+", default=[1.0, 4.0, 8.0, 16.0, 24.0], help="offered loads (requests/s)")
     parser.add_argument("--duration", type=float, default=12.0, help="measured seconds of arrivals per run")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each (QPS, policy), pooled; the policies' order rotates between repeats")
