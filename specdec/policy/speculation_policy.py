@@ -9,7 +9,7 @@ On top of the plan:
 * requests that fix their γ (mode ON, an explicit γ, mode OFF, seeded sampled requests)
   keep it, and weigh in the round's cost;
 * an on/off state, moved in the background (`update_switch`), not per round: it follows
-  the plan for fresh requests at the current batch size, with hysteresis (speculation
+  the plan for fresh requests at the batch the demand keeps in flight (`steady_rows`), with hysteresis (speculation
   comes back only when it gains at least `min_gain`, as each round's plan must) and a
   dwell time (`min_dwell_s`); an operator may instead force it by load thresholds
   (`LoadThresholds`: QPS and requests in flight). While it is off, requests the policy
@@ -99,7 +99,7 @@ class Crossover:
     """Where speculation stops paying on this deployment (from the cost model)."""
 
     rows: int | None  # rows per round at which the plan turns speculation off (None: never up to 256)
-    qps: float | None  # requests/s that keep that many rows in flight (Little's law; None unknown)
+    qps: float | None  # requests/s whose tokens keep that many rows in flight on every replica (Little's law)
 
 
 def amortised_catch_up(curves: np.ndarray, rows: list[RowState], hi: list[int]) -> list[float]:
@@ -158,8 +158,8 @@ class SpeculationPolicy:
     def update_switch(self, snapshot: LoadSnapshot | None, running: int, now: float) -> bool:
         """Move the on/off state (in the background, not per round). The operator's override
         follows its QPS / in-flight thresholds; otherwise the state follows the plan for
-        `running` fresh requests (at least one; the load monitor passes the window's mean
-        rows per round): on while speculating pays at that batch, back on only when it gains
+        `running` fresh requests (at least one; the load monitor passes `steady_rows`, or
+        the window's mean rows per round while requests queue): on while speculating pays at that batch, back on only when it gains
         min_gain (hysteresis), never sooner than min_dwell_s after the last change."""
         if snapshot is None:
             return self.switch.enabled
@@ -240,8 +240,10 @@ class SpeculationPolicy:
             return Crossover(None, None)
         rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
                               max_round_ratio=self.settings.max_round_ratio, margin=self.settings.min_gain)
-        residence_s = snapshot.in_flight / snapshot.qps if snapshot.qps > 0 and snapshot.in_flight > 0 else None
-        return Crossover(rows, rows / residence_s if rows is not None and residence_s else None)
+        if rows is None or snapshot.qps <= 0 or snapshot.token_rate <= 0:
+            return Crossover(rows, None)
+        demand = rows / snapshot.round_cost.round_s([0] * rows) * max(1, snapshot.replicas)  # tokens/s (Little's law)
+        return Crossover(rows, demand / (snapshot.token_rate / snapshot.qps))  # over the tokens per request emitted
 
     def remembered(self, snapshot: LoadSnapshot) -> LoadSnapshot:
         """The snapshot, with acceptance and the cost model from the last one that measured

@@ -201,6 +201,10 @@ def test_the_on_off_state_is_judged_at_the_batch_the_demand_keeps_in_flight():
     assert policy.steady_rows(replace(snap, token_rate=0.0)) == 1  # idle: a lone request's case
     assert policy.steady_rows(replace(snap, token_rate=2 / cost.verify[1])) is None  # plain cannot keep up
     assert SpeculationPolicy(settings()).steady_rows(replace(snap, round_cost=None)) is None  # not measured
+    crossover = policy.crossover(replace(snap, qps=4.0, token_rate=4.0 * 48, replicas=2))  # 48 tokens a request
+    at_crossover = crossover.rows / cost.round_s([0] * crossover.rows)  # tokens/s one replica's crossover batch emits
+    assert crossover.qps == pytest.approx(2 * at_crossover / 48)
+    assert policy.steady_rows(replace(snap, token_rate=crossover.qps * 48, replicas=2)) == crossover.rows
 
 
 def test_noisy_measurements_near_the_crossover_do_not_flap():
