@@ -9,9 +9,9 @@ On top of the plan:
 * requests that fix their γ (mode ON, an explicit γ, mode OFF, seeded sampled requests)
   keep it, and weigh in the round's cost;
 * an on/off state, moved in the background (`update_switch`), not per round: it follows
-  the plan for fresh requests at the batch the demand keeps in flight (`steady_rows`), with hysteresis (speculation
-  comes back only when it gains at least `min_gain`, as each round's plan must) and a
-  dwell time (`min_dwell_s`); an operator may instead force it by load thresholds
+  the plan for fresh requests at the batch the demand keeps in flight (`steady_rows`),
+  with hysteresis (speculation comes back only when it gains at least `min_gain`, as each
+  round's plan must) and a dwell time (`min_dwell_s`); an operator may instead force it by load thresholds
   (`LoadThresholds`: QPS and requests in flight). While it is off, requests the policy
   chooses for decode plainly;
 * acceptance and the draft's cost, once measured, are remembered: while speculation is
@@ -159,8 +159,9 @@ class SpeculationPolicy:
         """Move the on/off state (in the background, not per round). The operator's override
         follows its QPS / in-flight thresholds; otherwise the state follows the plan for
         `running` fresh requests (at least one; the load monitor passes `steady_rows`, or
-        the window's mean rows per round while requests queue): on while speculating pays at that batch, back on only when it gains
-        min_gain (hysteresis), never sooner than min_dwell_s after the last change."""
+        the window's mean rows per round while requests queue): on while speculating pays
+        at that batch, back on only when it gains min_gain (hysteresis), never sooner than
+        min_dwell_s after the last change."""
         if snapshot is None:
             return self.switch.enabled
         if self.settings.thresholds is not None:
