@@ -493,7 +493,8 @@ def _shutdown(app) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--qps", type=float, nargs="+", default=[1.0, 4.0, 8.0, 16.0, 24.0], help="offered loads (requests/s)")
+    parser.add_argument("--qps", type=float, nargs="+", default=[1.0, 4.0, 8.0, 16.0, 24.0],
+                        help="offered loads (requests/s)")
     parser.add_argument("--duration", type=float, default=12.0, help="measured seconds of arrivals per run")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each (QPS, policy), pooled; the policies' order rotates between repeats")

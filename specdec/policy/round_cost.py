@@ -305,7 +305,7 @@ class RoundCostModel:
         """The rows plain decoding keeps in flight while it emits `tokens_per_s` (Little's law:
         each row emits one token per round, so N = tokens_per_s · round_s(N) with round_s(N)
         = a + b · N, N = D · a / (1 − D · b)); inf where plain decoding cannot keep up."""
-        a = self.round_s([]) if tokens_per_s > 0 else 0.0  # the round's cost without a row
+        a = self.round_s([])  # the round's cost without a row
         b = self.plain_scale * self.verify[1]  # ... and each row's
         room = 1.0 - tokens_per_s * b
         return tokens_per_s * a / room if room > 0 else float("inf")

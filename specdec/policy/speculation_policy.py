@@ -11,9 +11,9 @@ On top of the plan:
 * an on/off state, moved in the background (`update_switch`), not per round: it follows
   the plan for fresh requests at the batch the demand keeps in flight (`steady_rows`),
   with hysteresis (speculation comes back only when it gains at least `min_gain`, as each
-  round's plan must) and a dwell time (`min_dwell_s`); an operator may instead force it by load thresholds
-  (`LoadThresholds`: QPS and requests in flight). While it is off, requests the policy
-  chooses for decode plainly;
+  round's plan must) and a dwell time (`min_dwell_s`); an operator may instead force it
+  by load thresholds (`LoadThresholds`: QPS and requests in flight). While it is off,
+  requests the policy chooses for decode plainly;
 * acceptance and the draft's cost, once measured, are remembered: while speculation is
   off the window holds few drafts, and the on/off state and the crossover then use the
   last measured values (the models did not change) instead of forgetting them;
