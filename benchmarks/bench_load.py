@@ -27,11 +27,12 @@ pools its repeats' requests.
 Per (QPS, policy): requests measured / completed / rejected (RESOURCE_EXHAUSTED),
 throughput = tokens streamed during the measurement interval / its length (all requests),
 TTFT p50, ITL p50 / p99 (each chunk's gap to the previous chunk of its stream, split evenly
-over the chunk's tokens), the share of chunks that carried a single token (rounds that kept
-no draft: every round of plain decoding; a speculative round whose first draft was rejected,
-which took a whole draft + verify for one token and makes speculation's ITL tail) with their
-median gap, acceptance α = accepted / drafted (final-chunk stats), and the
-fraction of requests that speculated (drafted > 0). Then, per QPS, how close AUTO is to
+over the chunk's tokens), the mean ITL and the mean latency (sent to last token: the wait for
+the first token, which the ITL leaves out, counted in), the share of chunks that carried a
+single token (rounds that kept no draft: every round of plain decoding; a speculative round
+whose first draft was rejected, which took a whole draft + verify for one token and makes
+speculation's ITL tail) with their median gap, acceptance α = accepted / drafted
+(final-chunk stats), and the fraction of requests that speculated (drafted > 0). Then, per QPS, how close AUTO is to
 the better fixed policy, the one a user would pick at that load (where both answer every
 request, the lower mean ITL: the faster-streaming answers; otherwise the higher
 throughput): AUTO's tokens/s, ITL p50 and p99 over that policy's (goals: ≥ 0.95, ≤ 1.10,
@@ -80,6 +81,7 @@ class RequestResult:
     measured: bool  # arrived after the warm-up
     tokens: int = 0
     ttft: float = float("nan")
+    latency: float = float("nan")  # sent to last token, seconds (TTFT and every ITL: the whole answer)
     itl: list[float] = field(default_factory=list)
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (seconds after start, tokens)
     done: bool = False
@@ -120,6 +122,7 @@ async def one_request(client, prompt: str, mode: str, max_new: int, start: float
                 s = chunk.stats
                 res.drafted, res.accepted, res.gamma = s.drafted, s.accepted, s.gamma
                 res.speculation_enabled = s.speculation_enabled
+        res.latency = last - sent
         res.done = True
     except grpc.RpcError as exc:
         res.error = exc.code().name if callable(getattr(exc, "code", None)) else type(exc).__name__
@@ -217,6 +220,7 @@ def summarize(qps: float, policy: str, runs: list[tuple[list[RequestResult], lis
         "itl_p50_ms": 1000 * percentile(itl, 50),
         "itl_p99_ms": 1000 * percentile(itl, 99),
         "itl_mean_ms": 1000 * statistics.mean(itl) if itl else float("nan"),
+        "latency_mean_ms": 1000 * statistics.mean(r.latency for r in done) if done else float("nan"),
         "one_token_chunk_share": single_share,
         "one_token_gap_p50_ms": single_gap,
         "acceptance": accepted / drafted if drafted else None,
@@ -238,14 +242,15 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| QPS | policy | sent | done | rejected/failed | tokens/s | TTFT p50 (ms) | ITL p50 (ms) | ITL p99 (ms) "
-        "| ITL mean (ms) | 1-token chunks | their gap p50 (ms) | α | speculated |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ITL mean (ms) | latency mean (ms) | 1-token chunks | their gap p50 (ms) | α | speculated |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['qps']:g} | {r['policy']} | {r['sent']} | {r['completed']} | {r['rejected'] + r['failed']} "
             f"| {fmt(r['tokens_per_s'])} | {fmt(r['ttft_p50_ms'])} | {fmt(r['itl_p50_ms'])} | {fmt(r['itl_p99_ms'])} "
-            f"| {fmt(r.get('itl_mean_ms'))} | {fmt(100 * r['one_token_chunk_share'], '.0f')}% "
+            f"| {fmt(r.get('itl_mean_ms'))} | {fmt(r.get('latency_mean_ms'), '.0f')} "
+            f"| {fmt(100 * r['one_token_chunk_share'], '.0f')}% "
             f"| {fmt(r['one_token_gap_p50_ms'])} "
             f"| {fmt(r['acceptance'], '.2f')} | {fmt(100 * r['speculated_fraction'], '.0f')}% |"
         )
@@ -298,10 +303,11 @@ def closeness(rows: list[dict], repeats: list[list[dict]] = ()) -> tuple[str, li
     by = {(r["qps"], r["policy"]): r for r in rows}
     each = [{(r["qps"], r["policy"]): r for r in rep} for rep in repeats]
     lines = [
-        "| QPS | ON / OFF tokens/s | ON / OFF mean ITL | better | AUTO / better tokens/s (≥ 0.95) "
+        "| QPS | ON / OFF tokens/s | ON / OFF mean ITL | ON / OFF mean latency | better "
+        "| AUTO / better tokens/s (≥ 0.95) "
         "| AUTO / better ITL p50 (≤ 1.10) | AUTO / better ITL p99 (≤ 1.10) | goals met "
         "| best tokens/s, ITL p50, p99 | AUTO / best ITL p50, p99 | met per figure | AUTO requests speculated |",
-        "|---:|---:|---:|---|---:|---:|---:|---|---|---|---|---:|",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---|---|---|---|---:|",
     ]
     out = []
     for qps in sorted({r["qps"] for r in rows}):
@@ -312,7 +318,8 @@ def closeness(rows: list[dict], repeats: list[list[dict]] = ()) -> tuple[str, li
                 *(min((on, off), key=lambda r: r[k])["policy"] for k in ("itl_p50_ms", "itl_p99_ms"))]
         c = {"qps": qps, "better": better_policy(on, off)["policy"], "best_by_figure": best,
              "on_over_off": on["tokens_per_s"] / off["tokens_per_s"],
-             "on_over_off_itl_mean": on["itl_mean_ms"] / off["itl_mean_ms"]}
+             "on_over_off_itl_mean": on["itl_mean_ms"] / off["itl_mean_ms"],
+             "on_over_off_latency_mean": on.get("latency_mean_ms", math.nan) / off.get("latency_mean_ms", math.nan)}
         spread = [ratios(*(rep[(qps, p)] for p in POLICIES)) for rep in each
                   if all((qps, p) in rep for p in POLICIES)]
         cells = []
@@ -328,7 +335,8 @@ def closeness(rows: list[dict], repeats: list[list[dict]] = ()) -> tuple[str, li
         c["goals_met_per_figure"] = met(strict)
         out.append(c)
         lines.append(
-            f"| {qps:g} | {c['on_over_off']:.2f} | {c['on_over_off_itl_mean']:.2f} | {c['better']} "
+            f"| {qps:g} | {c['on_over_off']:.2f} | {c['on_over_off_itl_mean']:.2f} "
+            f"| {fmt(c['on_over_off_latency_mean'], '.2f')} | {c['better']} "
             f"| {' | '.join(cells)} | {'yes' if c['goals_met'] else 'no'} | {', '.join(best)} "
             f"| {strict['itl_p50_ms']:.2f}, {strict['itl_p99_ms']:.2f} | {'yes' if c['goals_met_per_figure'] else 'no'} "
             f"| {fmt(100 * c['auto_speculated_fraction'], '.0f')}% |"

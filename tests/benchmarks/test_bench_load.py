@@ -60,19 +60,30 @@ def test_each_ratio_carries_its_range_over_the_repeats():
 
 
 def test_a_point_pools_every_measured_request_of_its_runs():
-    def run(itl, tokens_at):
-        res = bench_load.RequestResult(arrival=7.0, measured=True, tokens=len(tokens_at), done=True)
+    def run(itl, tokens_at, latency):
+        res = bench_load.RequestResult(arrival=7.0, measured=True, tokens=len(tokens_at), done=True, latency=latency)
         res.itl, res.chunks = list(itl), [(t, 1) for t in tokens_at]
         warm = bench_load.RequestResult(arrival=1.0, measured=False, done=True)  # in the warm-up: not counted
         warm.itl = [9.9]
         return [res, warm], []
 
-    point = bench_load.summarize(4.0, "off", [run([0.010, 0.010], [6.5, 7.0, 8.0]), run([0.030], [7.0, 30.0])],
+    point = bench_load.summarize(4.0, "off", [run([0.010, 0.010], [6.5, 7.0, 8.0], 0.2), run([0.030], [7.0, 30.0], 0.4)],
                                  warmup=6.0, duration=10.0)
     assert (point["runs"], point["sent"], point["completed"]) == (2, 2, 2)
     assert point["tokens_per_s"] == pytest.approx(4 / (2 * 10.0))  # tokens streamed in the measured 10 s of each run
     assert point["itl_p50_ms"] == pytest.approx(10.0)
     assert point["itl_mean_ms"] == pytest.approx(1000 * 0.050 / 3)
+    assert point["latency_mean_ms"] == pytest.approx(300.0)  # the whole answers, first token included
+
+
+def test_the_verdict_shows_what_the_itl_leaves_out_the_wait_for_the_first_token():
+    """ON streams faster once the answer started, but its requests wait longer for their first
+    token: the table shows both ratios beside each other (the verdict stays on the mean ITL)."""
+    rows = [dict(row("on", 100, 10.0, 50.0, mean=12.0), latency_mean_ms=700.0),
+            dict(row("off", 100, 15.0, 30.0, mean=15.0), latency_mean_ms=700.0), row("auto", 100, 10.0, 50.0)]
+    table, (c,) = bench_load.closeness(rows)
+    assert c["on_over_off_itl_mean"] == pytest.approx(0.8) and c["on_over_off_latency_mean"] == pytest.approx(1.0)
+    assert c["better"] == "on" and "| 0.80 | 1.00 | on |" in table
 
 
 def test_the_policies_order_rotates_so_that_no_policy_runs_twice_in_a_row():
