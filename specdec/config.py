@@ -167,8 +167,10 @@ class LoadMonitorConfig(StrictModel):
     fallback_gamma: int = Field(2, ge=0, description="γ when measurements are missing or stale (a safe default).")
     stale_after_s: float = Field(3.0, gt=0, description="Measurements older than this are ignored, seconds.")
     min_gain: float = Field(
-        0.05, ge=0, description="A round's plan speculates, and speculation comes back on after it went off, only "
-        "where the goodput plan predicts >= this gain over plain decoding (fraction)."
+        0.05, ge=0, description="The cost model's error band (fraction): speculation comes back on after it went "
+        "off only where the goodput plan predicts >= this gain over plain decoding at the batch the demand keeps in "
+        "flight; while it is on, a round of no more rows than that batch (nothing queued) speculates unless plain "
+        "decoding is predicted this much faster, other rounds only for this gain."
     )
     prior_tokens: float = Field(
         200.0, ge=0, description="A request's own acceptance weighs against the cluster's as if the cluster had "

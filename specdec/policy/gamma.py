@@ -110,7 +110,9 @@ def plan_gammas(
 ) -> Plan:
     """The goodput-maximising γ per row (ties go to fewer draft steps). A plan that speculates
     more than the rows' least γ must beat that plain plan by `margin` (a fraction), so that
-    noise in the measurements does not switch speculation on for nothing, and its round may
+    noise in the measurements does not switch speculation on for nothing (a negative margin:
+    it may fall short of it by that much, so that speculation goes on within the cost
+    model's error; `SpeculationPolicy.plan`), and its round may
     take at most `max_round_ratio` times the plain plan's with a newcomer's prompt
     (`RoundCostModel.prefill_round_s`; 0 = unbounded).
     prompt_tokens: what the target reads this round besides the rows' γ + 1 tokens: read
@@ -135,7 +137,7 @@ def plan_gammas(
     seconds = lambda gammas: cost.round_s(gammas, 0, read_list)  # noqa: E731
     whole_round = lambda gammas: cost.round_s(gammas, prompt_tokens, read_list)  # noqa: E731
     plain_goodput = _goodput(emitted, plain, seconds)
-    best, best_goodput = plain, plain_goodput
+    best, best_goodput = plain, -1.0  # the best plan that speculates (plain: none found)
     previous, falling = 0.0, 0
     budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
     slowest = cost.prefill_round_s(plain, prompt_tokens) * max_round_ratio if max_round_ratio > 0 else float("inf")
@@ -144,13 +146,13 @@ def plan_gammas(
         gammas = _within_budget(emitted, gammas, lo_a, budget)
         gammas = _within_time(emitted, gammas, lo_a, whole_round, slowest)
         value = _goodput(emitted, gammas, seconds)
-        if value > best_goodput * (1.0 + 1e-12):
+        if gammas != plain and value > best_goodput * (1.0 + 1e-12):
             best, best_goodput = gammas, value
         falling = falling + 1 if value < previous else 0
         if falling >= 2:  # past the best number of draft steps: goodput only falls from here
             break
         previous = value
-    if best != plain and best_goodput < plain_goodput * (1.0 + margin):
+    if best == plain or best_goodput <= plain_goodput * (1.0 + margin):
         best, best_goodput = plain, plain_goodput
     return Plan(best, best_goodput, plain_goodput)
 

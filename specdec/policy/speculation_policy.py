@@ -10,10 +10,13 @@ On top of the plan:
   keep it, and weigh in the round's cost;
 * an on/off state, moved in the background (`update_switch`), not per round: it follows
   the plan for fresh requests at the batch the demand keeps in flight (`steady_rows`),
-  with hysteresis (speculation comes back only when it gains at least `min_gain`, as each
-  round's plan must) and a dwell time (`min_dwell_s`); an operator may instead force it
-  by load thresholds (`LoadThresholds`: QPS and requests in flight). While it is off,
-  requests the policy chooses for decode plainly;
+  with hysteresis (speculation comes back only when it gains at least `min_gain`) and a
+  dwell time (`min_dwell_s`); an operator may instead force it by load thresholds
+  (`LoadThresholds`: QPS and requests in flight). While it is off, requests the policy
+  chooses for decode plainly. While it is on, the state decides within the cost model's
+  error: a round of no more rows than the state was judged at (`judged_rows`, while
+  nothing queues) speculates unless plain decoding is predicted `min_gain` faster; a
+  burst of more rows, or any round while requests queue, only for a gain of `min_gain`;
 * acceptance and the draft's cost, once measured, are remembered: while speculation is
   off the window holds few drafts, and the on/off state and the crossover then use the
   last measured values (the models did not change) instead of forgetting them;
@@ -46,7 +49,7 @@ class PolicySettings:
     gamma_max: int  # largest γ the policy may choose
     fallback_gamma: int  # γ when measurements are missing or stale
     stale_after_s: float  # a snapshot older than this is ignored
-    min_gain: float  # a round's plan speculates, and speculation comes back on, only if the plan gains this fraction
+    min_gain: float  # the cost model's error band, a fraction (the switch's hysteresis, each round's margin)
     min_dwell_s: float  # least seconds between two on/off changes of the plan
     prior_tokens: float = 200.0  # a row's acceptance counts as this many drafted tokens of the cluster's
     explore_interval_s: float = 5.0  # at most one exploration round per this many seconds (0 = never)
@@ -154,6 +157,7 @@ class SpeculationPolicy:
         self.explorations = 0  # exploration rounds so far (γ cycles with them)
         self._explored_at: float | None = None
         self._measured: LoadSnapshot | None = None  # the last snapshot with acceptance and a cost model
+        self.judged_rows = 0  # the batch the on/off state was last judged at, nothing queued (0: none)
 
     def update_switch(self, snapshot: LoadSnapshot | None, running: int, now: float) -> bool:
         """Move the on/off state (in the background, not per round). The operator's override
@@ -161,7 +165,8 @@ class SpeculationPolicy:
         `running` fresh requests (at least one; the load monitor passes `steady_rows`, or
         the window's mean rows per round while requests queue): on while speculating pays
         at that batch, back on only when it gains min_gain (hysteresis), never sooner than
-        min_dwell_s after the last change."""
+        min_dwell_s after the last change. While nothing queues, rounds of up to `running`
+        rows then speculate within min_gain of plain decoding (`plan`)."""
         if snapshot is None:
             return self.switch.enabled
         if self.settings.thresholds is not None:
@@ -169,6 +174,7 @@ class SpeculationPolicy:
         snapshot = self.remembered(snapshot)
         if snapshot.alpha is None or snapshot.round_cost is None:
             return self.switch.enabled
+        self.judged_rows = max(1, running) if snapshot.queued <= 0 else 0
         margin = 0.0 if self.switch.enabled else self.settings.min_gain
         pays = speculation_pays(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
                                 max(1, running), margin, self.settings.max_round_ratio)
@@ -214,7 +220,8 @@ class SpeculationPolicy:
                 reason = f"off: speculating does not pay at {len(rows)} rows"
             return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore)
         curves = self._curves(snapshot, rows)
-        plan = plan_gammas(curves, lo, hi, snapshot.round_cost, s.min_gain,
+        margin = -s.min_gain if len(rows) <= self.judged_rows else s.min_gain  # the state decides within the error
+        plan = plan_gammas(curves, lo, hi, snapshot.round_cost, margin,
                            max_round_ratio=s.max_round_ratio, prompt_tokens=sum(r.prompt_tokens for r in rows),
                            catch_up=amortised_catch_up(curves, rows, hi))
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "

@@ -108,6 +108,16 @@ def test_a_margin_keeps_marginal_speculation_off():
     assert plan([alpha], CPU_TINY_PAIR, margin=gain + 0.01).gammas == (0,)
 
 
+def test_a_negative_margin_lets_a_plan_fall_short_of_plain_decoding_by_that_much():
+    """One row, a verify of 11 ms plain, a drafted token 1 ms more and the draft call 4 ms: at
+    α 0.41 γ = 1 emits 1.41 tokens in 16 ms, 97 % of plain decoding's goodput."""
+    cost = RoundCostModel(verify=(0.010, 0.001), draft=(0.001, 0.003, 0.0))
+    best = plan([0.41], cost, margin=-0.05)
+    assert best.gammas == (1,) and best.goodput / best.plain_goodput == pytest.approx(1.41 / 0.016 * 0.011)
+    assert plan([0.41], cost, margin=-0.02).gammas == (0,)  # 3 % short: more than it may be
+    assert plan([0.41], cost).gammas == (0,)
+
+
 def test_crossover_rows_is_where_speculation_stops_paying():
     curve = geometric(0.7)
     rows = crossover_rows(curve, CPU_TINY_PAIR, 8)

@@ -96,6 +96,24 @@ def test_a_round_speculates_only_for_a_predicted_gain_of_min_gain():
     assert plan.gammas == (0,) and SpeculationPolicy(settings(min_gain=0.05)).crossover(snap).rows == 1
 
 
+def test_within_the_cost_models_error_the_on_off_state_decides_for_rounds_of_its_batch():
+    """At one row the cluster's α 0.5 gains 3 % (on); a row whose own acceptance makes it
+    0.41 would be 3 % slower drafting, within min_gain of plain decoding: a round of the
+    batch the state judged drafts for it, a burst of two such rows does not, nor any round
+    while requests queue (throughput counts there) or before the state was judged."""
+    cost = RoundCostModel(verify=(0.010, 0.001), draft=(0.001, 0.003, 0.0))
+    snap = LoadSnapshot(qps=1.0, in_flight=1.0, queued=0.0, alpha=0.5, alpha_per_position=(),
+                        mean_accepted_length=None, round_cost=cost, measured_at=100.0, drafted=1000, draft_calls=100)
+    weaker = RowState("auto", None, 8, drafted=400, accepted=146, seq_id="weaker")  # α 0.5 × (146 + 100) / 300
+    policy = SpeculationPolicy(settings(min_gain=0.05))
+    assert policy.plan(snap, [weaker], 100.0, 4).gammas == (0,)  # not judged yet
+    assert policy.update_switch(snap, 1, 100.0) and policy.judged_rows == 1
+    assert policy.plan(snap, [weaker], 100.0, 4).gammas == (1,)
+    assert policy.plan(snap, [weaker, replace(weaker, seq_id="other")], 100.0, 4).gammas == (0, 0)
+    queued = replace(snap, queued=3.0)
+    assert policy.update_switch(queued, 1, 100.0) and policy.plan(queued, [weaker], 100.0, 4).gammas == (0,)
+
+
 def test_a_row_uses_its_own_acceptance_shrunk_towards_the_clusters():
     snap = snapshot(alpha=0.5)
     rows = [RowState("auto", None, 8, drafted=400, accepted=390, seq_id="easy"),
