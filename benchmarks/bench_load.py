@@ -32,13 +32,13 @@ the first token, which the ITL leaves out, counted in), the share of chunks that
 single token (rounds that kept no draft: every round of plain decoding; a speculative round
 whose first draft was rejected, which took a whole draft + verify for one token and makes
 speculation's ITL tail) with their median gap, acceptance α = accepted / drafted
-(final-chunk stats), and the fraction of requests that speculated (drafted > 0). Then, per QPS, how close AUTO is to
-the better fixed policy, the one a user would pick at that load (where both answer every
-request, the lower mean ITL: the faster-streaming answers; otherwise the higher
-throughput): AUTO's tokens/s, ITL p50 and p99 over that policy's (goals: ≥ 0.95, ≤ 1.10,
-≤ 1.10), each with its range over the repeats; then, stricter, AUTO's ITL p50 and
-p99 over the better of ON and OFF at each figure alone (ON's p50 and OFF's p99 where each
-wins one); and a second plot of AUTO's γ and on/off state over time.
+(final-chunk stats), and the fraction of requests that speculated (drafted > 0). Then, per
+QPS, how close AUTO is to the better fixed policy, the one a user would pick at that load
+(where both answer every request, the lower mean ITL: the faster-streaming answers;
+otherwise the higher throughput): AUTO's tokens/s, ITL p50 and p99 over that policy's
+(goals: ≥ 0.95, ≤ 1.10, ≤ 1.10), each with its range over the repeats; then, stricter,
+AUTO's ITL p50 and p99 over the better of ON and OFF at each figure alone (ON's p50 and
+OFF's p99 where each wins one); and a second plot of AUTO's γ and on/off state over time.
 
 Defaults fit 2 CPU cores (~17 minutes): sampled requests (temperature 1, where the bundled
 draft's acceptance is lower than greedy), 32 cache slots so that batches grow large
@@ -319,7 +319,8 @@ def closeness(rows: list[dict], repeats: list[list[dict]] = ()) -> tuple[str, li
         c = {"qps": qps, "better": better_policy(on, off)["policy"], "best_by_figure": best,
              "on_over_off": on["tokens_per_s"] / off["tokens_per_s"],
              "on_over_off_itl_mean": on["itl_mean_ms"] / off["itl_mean_ms"],
-             "on_over_off_latency_mean": on.get("latency_mean_ms", math.nan) / off.get("latency_mean_ms", math.nan)}
+             "on_over_off_latency_mean": on.get("latency_mean_ms", math.nan)
+             / off.get("latency_mean_ms", math.nan)}
         spread = [ratios(*(rep[(qps, p)] for p in POLICIES)) for rep in each
                   if all((qps, p) in rep for p in POLICIES)]
         cells = []

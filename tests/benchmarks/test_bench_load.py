@@ -67,8 +67,8 @@ def test_a_point_pools_every_measured_request_of_its_runs():
         warm.itl = [9.9]
         return [res, warm], []
 
-    point = bench_load.summarize(4.0, "off", [run([0.010, 0.010], [6.5, 7.0, 8.0], 0.2), run([0.030], [7.0, 30.0], 0.4)],
-                                 warmup=6.0, duration=10.0)
+    runs = [run([0.010, 0.010], [6.5, 7.0, 8.0], 0.2), run([0.030], [7.0, 30.0], 0.4)]
+    point = bench_load.summarize(4.0, "off", runs, warmup=6.0, duration=10.0)
     assert (point["runs"], point["sent"], point["completed"]) == (2, 2, 2)
     assert point["tokens_per_s"] == pytest.approx(4 / (2 * 10.0))  # tokens streamed in the measured 10 s of each run
     assert point["itl_p50_ms"] == pytest.approx(10.0)
