@@ -174,10 +174,11 @@ class SpeculationPolicy:
         snapshot = self.remembered(snapshot)
         if snapshot.alpha is None or snapshot.round_cost is None:
             return self.switch.enabled
-        self.judged_rows = max(1, running) if snapshot.queued <= 0 else 0
+        rows = max(1, running)
+        self.judged_rows = rows if snapshot.queued <= 0 else 0
         margin = 0.0 if self.switch.enabled else self.settings.min_gain
         pays = speculation_pays(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
-                                max(1, running), margin, self.settings.max_round_ratio)
+                                rows, margin, self.settings.max_round_ratio)
         self.switch.set(pays, now)
         return self.switch.enabled
 
