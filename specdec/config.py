@@ -82,6 +82,10 @@ class SpeculationConfig(StrictModel):
         "kind's look-aheads hit at least this share of the time (measured; a few still look ahead to keep it "
         "measured; 0 = always).",
     )
+    look_ahead_probe_every: int = Field(
+        32, ge=1, le=1024, description="With overlap: below look_ahead_min_hit_rate, every this many of a kind's "
+        "rounds that could look ahead still do (a probe), so that its hit rate stays measured (1 = all of them).",
+    )
     look_ahead_branches: int = Field(
         4, ge=1, le=16, description="Draft-model look-ahead (with overlap): for how many verdicts of the round being "
         "verified the draft drafts the next round (1 = only for 'every draft accepted').",

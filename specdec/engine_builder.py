@@ -89,11 +89,16 @@ def make_engine(
         gamma_max=speculation.gamma_max,
         max_stop_strings=generation.max_stop_strings,
         max_stop_string_chars=generation.max_stop_string_chars,
-        draft_ahead=DraftAhead(speculation.overlap_min_acceptance, speculation.overlap_micro_batches,
-                               speculation.look_ahead_branches, speculation.overlap_max_rows,
-                               OverlapChoice() if speculation.overlap_measured else None,
-                               LookAheadHits(speculation.look_ahead_min_hit_rate)) if ahead else None,
+        draft_ahead=build_draft_ahead(speculation) if ahead else None,
     )
+
+
+def build_draft_ahead(speculation: SpeculationConfig) -> DraftAhead:
+    """Pipelined rounds as `speculation` configures them (overlap_*, look_ahead_*)."""
+    return DraftAhead(speculation.overlap_min_acceptance, speculation.overlap_micro_batches,
+                      speculation.look_ahead_branches, speculation.overlap_max_rows,
+                      OverlapChoice() if speculation.overlap_measured else None,
+                      LookAheadHits(speculation.look_ahead_min_hit_rate, probe_every=speculation.look_ahead_probe_every))
 
 
 def load_runner(name: str, models: ModelsConfig, cache: CacheConfig) -> ModelRunner:
