@@ -108,9 +108,9 @@ def test_pipelined_rounds_take_every_overlap_and_look_ahead_setting_from_config(
     config = load_config(overrides={"speculation": {
         "overlap_min_acceptance": 0.4, "overlap_micro_batches": True, "overlap_max_rows": 3,
         "overlap_measured": True, "look_ahead_branches": 2, "look_ahead_min_hit_rate": 0.25,
-        "look_ahead_probe_every": 32}})
+        "look_ahead_probe_every": 16}})  # the defaults are 0.3 and 32
     ahead = build_draft_ahead(config.speculation)
     assert (ahead.min_acceptance, ahead.micro_batches, ahead.max_rows, ahead.branches) == (0.4, True, 3, 2)
     assert ahead.choice is not None
-    assert (ahead.kind_hits.min_hit_rate, ahead.kind_hits.probe_every) == (0.25, 32)
+    assert (ahead.kind_hits.min_hit_rate, ahead.kind_hits.probe_every) == (0.25, 16)
     assert build_draft_ahead(load_config().speculation).choice is None
