@@ -65,36 +65,47 @@ def extend_prefix_acceptance(prefix: tuple[float, ...], length: int) -> np.ndarr
     return np.concatenate([probs, extra])
 
 
-def expected_accepted(cluster: np.ndarray, offered: tuple[int, ...]) -> float:
+def expected_accepted(cluster: np.ndarray, offered) -> float | np.ndarray:
     """The drafted tokens a row would have had accepted at the cluster's acceptance: offered[k]
     of its rounds offered a (k + 1)-th drafted token, accepted with P(first k + 1 accepted).
     Compared with accepted / drafted, the drafts after a round's first rejection (never
     judged) do not count as rejections: a row drafting γ = 8 with the cluster's acceptance,
-    measured on γ = 4, would look a third worse than the cluster. cluster: # [gamma_max]"""
-    if not offered:
-        return 0.0
-    probs = extend_prefix_acceptance(tuple(float(p) for p in cluster), len(offered))  # [len(offered)]
-    return float(np.dot(np.asarray(offered, dtype=np.float64), probs))
+    measured on γ = 4, would look a third worse than the cluster. cluster: # [gamma_max];
+    offered: # [positions] for one row (a float back), or # [rows, positions] zero-padded
+    (# [rows] back)."""
+    counts = np.asarray(offered, dtype=np.float64)
+    if counts.shape[-1] == 0:
+        return 0.0 if counts.ndim == 1 else np.zeros(counts.shape[0])
+    probs = extend_prefix_acceptance(tuple(np.asarray(cluster, dtype=np.float64).tolist()), counts.shape[-1])
+    total = counts @ probs  # [] or [rows]
+    return float(total) if counts.ndim == 1 else total
 
 
 def row_prefix_acceptance(
-    cluster: np.ndarray, cluster_alpha: float, drafted: int, accepted: int, prior_tokens: float,
-    expected: float | None = None,
+    cluster: np.ndarray, cluster_alpha: float, drafted, accepted, prior_tokens: float, expected=None,
 ) -> np.ndarray:
     """A row's P(first k accepted): the cluster's conditional rates scaled by how the row's
     accepted tokens compare with what the cluster's acceptance expected of its drafts
     (`expected_accepted`; None: its drafts at the cluster's mean positions, drafted · α),
     shrunk towards the cluster's as if the cluster had drafted prior_tokens tokens for it:
-    (accepted + prior · α) / (expected + prior · α). # [len(cluster)]"""
+    (accepted + prior · α) / (expected + prior · α). drafted, accepted, expected: one row's
+    (# [len(cluster)] back), or one per row (# [rows] each; # [rows, len(cluster)] back)."""
+    drafted = np.asarray(drafted, dtype=np.float64)
+    accepted = np.asarray(accepted, dtype=np.float64)
+    assert drafted.shape == accepted.shape and drafted.ndim <= 1, (drafted.shape, accepted.shape)
+    powers = np.arange(1, len(cluster) + 1)
     if cluster_alpha <= 0:
-        own = accepted / (drafted + prior_tokens) if drafted + prior_tokens > 0 else 0.0
-        return own ** np.arange(1, len(cluster) + 1)
+        total = drafted + prior_tokens
+        own = np.divide(accepted, total, out=np.zeros_like(total), where=total > 0)
+        return own[..., None] ** powers
     prior = prior_tokens * cluster_alpha
-    expected = drafted * cluster_alpha if expected is None else expected
-    scale = (accepted + prior) / (expected + prior) if expected + prior > 0 else 1.0
+    expected = drafted * cluster_alpha if expected is None else np.asarray(expected, dtype=np.float64)
+    assert expected.shape == drafted.shape, (expected.shape, drafted.shape)
+    denominator = expected + prior
+    scale = np.divide(accepted + prior, denominator, out=np.ones_like(denominator), where=denominator > 0)
     previous = np.concatenate([[1.0], cluster[:-1]])
-    conditional = np.divide(cluster, previous, out=np.zeros_like(cluster), where=previous > 0)
-    return np.cumprod(np.minimum(1.0, conditional * scale))
+    conditional = np.divide(cluster, previous, out=np.zeros_like(cluster), where=previous > 0)  # [len(cluster)]
+    return np.cumprod(np.minimum(1.0, conditional * scale[..., None]), axis=-1)
 
 
 @dataclass(frozen=True)
@@ -141,9 +152,9 @@ def plan_gammas(
     previous, falling = 0.0, 0
     budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
     slowest = cost.prefill_round_s(plain, prompt_tokens) * max_round_ratio if max_round_ratio > 0 else float("inf")
-    for steps in range(int(lo_a.max()) + 1, int(hi_a.max()) + 1):
-        gammas = _plan_for_steps(emitted, lo_a, np.minimum(hi_a, steps), steps, cost, read)
-        gammas = _within_budget(emitted, gammas, lo_a, budget)
+    all_steps = np.arange(int(lo_a.max()) + 1, int(hi_a.max()) + 1)
+    for steps, choice in zip(all_steps.tolist(), _plans_for_steps(emitted, lo_a, hi_a, all_steps, cost, read)):
+        gammas = _within_budget(emitted, tuple(choice.tolist()), lo_a, budget)
         gammas = _within_time(emitted, gammas, lo_a, whole_round, slowest)
         value = _goodput(emitted, gammas, seconds)
         if gammas != plain and value > best_goodput * (1.0 + 1e-12):
@@ -206,27 +217,33 @@ def _goodput(emitted: np.ndarray, gammas: tuple[int, ...], round_s: Callable[[tu
     return tokens / seconds if seconds > 0 else float("inf")
 
 
-def _plan_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: int,
-                    cost: RoundCostModel, catch_up: np.ndarray) -> tuple[int, ...]:
-    """Dinkelbach's iteration for a round of `steps` draft steps: per-row choices at price λ."""
+def _plans_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, all_steps: np.ndarray,
+                     cost: RoundCostModel, catch_up: np.ndarray) -> np.ndarray:
+    """Dinkelbach's iteration for rounds of each number of draft steps at once (every row
+    drafts at most that many): per-row choices at each round's price λ. A round whose
+    choice repeats is at its fixed point and stays there while the others go on.
+    emitted: # [rows, gamma_max + 1]; all_steps: # [S]; returns each round's γ per row # [S, rows]"""
     rows, width = emitted.shape
     g = np.arange(width)
-    allowed = (g[None, :] >= lo[:, None]) & (g[None, :] <= hi[:, None])  # [rows, gamma_max + 1]
+    cap = np.minimum(hi[None, :], all_steps[:, None])  # [S, rows]
+    allowed = (g >= lo[:, None])[None] & (g[None, None, :] <= cap[:, :, None])  # [S, rows, gamma_max + 1]
     v_fixed, v_row, v_drafted, _, v_speculating = cost.verify  # the prompts' term: sunk (`plan_gammas`)
     d_fixed, d_step, d_row_step, d_catch_up = cost.draft
-    fixed = cost.overhead_s + v_fixed + v_row * rows + v_speculating + d_fixed + d_step * steps
-    drafting = d_row_step * steps + d_catch_up * catch_up  # [rows]: a row's share of the call
-    row_cost = v_drafted * g[None, :] + drafting[:, None] * (g[None, :] > 0)  # [rows, gamma_max + 1]
-    choice = lo.copy()
+    fixed = cost.overhead_s + v_fixed + v_row * rows + v_speculating + d_fixed + d_step * all_steps  # [S]
+    drafting = d_row_step * all_steps[:, None] + d_catch_up * catch_up[None, :]  # [S, rows]: a row's share
+    row_cost = v_drafted * g + drafting[:, :, None] * (g > 0)  # [S, rows, gamma_max + 1]
+    choice = np.broadcast_to(lo, cap.shape).copy()  # [S, rows]
+    each_round, each_row = np.arange(len(all_steps))[:, None], np.arange(rows)[None, :]
     for _ in range(16):
-        taken = emitted[np.arange(rows), choice]
-        price = taken.sum() / (fixed + row_cost[np.arange(rows), choice].sum())
-        score = np.where(allowed, emitted - price * row_cost, -np.inf)
-        new = score.argmax(axis=1)  # the first maximum: ties go to the smaller γ
+        taken = emitted[each_row, choice]  # [S, rows]
+        paid = row_cost[each_round, each_row, choice]  # [S, rows]
+        price = taken.sum(axis=1) / (fixed + paid.sum(axis=1))  # [S]
+        score = np.where(allowed, emitted[None] - price[:, None, None] * row_cost, -np.inf)
+        new = score.argmax(axis=2)  # the first maximum: ties go to the smaller γ
         if (new == choice).all():
             break
         choice = new
-    return tuple(int(x) for x in choice)
+    return choice
 
 
 def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_rows: int = 256,

@@ -111,11 +111,13 @@ def amortised_catch_up(curves: np.ndarray, rows: list[RowState], hi: list[int]) 
     one round, a row that decoded plainly for a while would look ever dearer to draft for,
     the longer it waited. Rounds left: its remaining tokens over what a round of its
     largest γ emits (unknown remaining tokens: one round). curves: # [rows, gamma_max]"""
-    shares = []
-    for row, curve, top in zip(rows, curves, hi):
-        per_round = 1.0 + float(curve[: max(1, top)].sum())
-        shares.append(row.catch_up_tokens / max(1.0, row.remaining_tokens / per_round))
-    return shares
+    if not rows:
+        return []
+    top = np.clip(np.asarray(hi), 1, curves.shape[1])  # [rows]
+    per_round = 1.0 + np.cumsum(curves, axis=1)[np.arange(len(rows)), top - 1]  # [rows]
+    remaining = np.array([row.remaining_tokens for row in rows], dtype=np.float64)
+    catch_up = np.array([row.catch_up_tokens for row in rows], dtype=np.float64)
+    return (catch_up / np.maximum(1.0, remaining / per_round)).tolist()
 
 
 def fixed_plan(rows: list[RowState], default_gamma: int) -> Decision:
@@ -301,17 +303,22 @@ class SpeculationPolicy:
         return None
 
     def _curves(self, snapshot: LoadSnapshot, rows: list[RowState]) -> np.ndarray:
-        """P(first k accepted) per row, k = 1 … gamma_max. # [rows, gamma_max]"""
+        """P(first k accepted) per row, k = 1 … gamma_max: each row's accepted tokens against
+        what the cluster's acceptance expected of its drafts, position by position (drafts
+        at the cluster's mean positions where a row does not say where). One batched
+        computation for all rows: it runs on every round's critical path. # [rows, gamma_max]"""
         cluster = self._cluster_curve(snapshot)
         if not rows:
             return np.zeros((0, len(cluster)))
-        return np.stack([self._row_curve(cluster, snapshot.alpha, row) for row in rows])
-
-    def _row_curve(self, cluster: np.ndarray, alpha: float, row: RowState) -> np.ndarray:
-        """A row's P(first k accepted): its accepted tokens against what the cluster's
-        acceptance expected of its drafts, position by position. # [gamma_max]"""
-        expected = expected_accepted(cluster, row.drafted_per_position) if row.drafted_per_position else None
-        return row_prefix_acceptance(cluster, alpha, row.drafted, row.accepted, self.settings.prior_tokens, expected)
+        drafted = np.array([row.drafted for row in rows], dtype=np.float64)  # [rows]
+        accepted = np.array([row.accepted for row in rows], dtype=np.float64)  # [rows]
+        positions = max(len(row.drafted_per_position) for row in rows)
+        offered = np.zeros((len(rows), positions))  # [rows, positions], zero-padded
+        for i, row in enumerate(rows):
+            offered[i, : len(row.drafted_per_position)] = row.drafted_per_position
+        located = np.array([bool(row.drafted_per_position) for row in rows])  # [rows]
+        expected = np.where(located, expected_accepted(cluster, offered), drafted * snapshot.alpha)
+        return row_prefix_acceptance(cluster, snapshot.alpha, drafted, accepted, self.settings.prior_tokens, expected)
 
     def _cluster_curve(self, snapshot: LoadSnapshot) -> np.ndarray:
         """The cluster's P(first k accepted), k = 1 … gamma_max (geometric in α where no

@@ -4,6 +4,7 @@
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from specdec.policy.load_stats import LoadSnapshot, RoundSample, StatsWindow
@@ -134,6 +135,23 @@ def test_a_row_that_drafted_long_rounds_at_the_clusters_acceptance_plans_as_a_fr
     seasoned = RowState("auto", None, 8, drafted=80, accepted=accepted, seq_id="s", drafted_per_position=(10,) * 8)
     assert fresh[0] >= 4, fresh
     assert policy.plan(snap, [seasoned], 100.0, 4).gammas == fresh
+
+
+def test_each_rows_acceptance_is_its_own_whichever_rows_share_its_round():
+    """The rows' curves are computed together (every round's critical path): a row's
+    P(first k accepted) is the same as when it is alone, whatever the others drafted and
+    whether they say at which positions."""
+    snap = snapshot(alpha=0.6)
+    policy = SpeculationPolicy(settings())
+    rows = [RowState("auto", None, 8, drafted=40, accepted=35, seq_id="easy", drafted_per_position=(10, 10, 10, 10)),
+            RowState("auto", None, 8, drafted=300, accepted=20, seq_id="hard"),
+            RowState("auto", None, 8, seq_id="fresh"),
+            RowState("auto", None, 8, drafted=16, accepted=9, seq_id="short", drafted_per_position=(8, 8))]
+    together = policy._curves(snap, rows)
+    alone = np.stack([policy._curves(snap, [row])[0] for row in rows])
+    assert together.shape == (4, 8)
+    assert together == pytest.approx(alone)
+    assert together[0, 0] > together[2, 0] > together[1, 0]  # easy above fresh (the cluster's) above hard
 
 
 def test_one_unlucky_first_round_does_not_turn_an_average_request_off():
