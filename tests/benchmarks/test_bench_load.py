@@ -1,6 +1,7 @@
 """The QPS sweep's verdict: AUTO against the better fixed policy (and, stricter, against the
 better one at each figure), its repeats pooled."""
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -98,3 +99,10 @@ def test_the_policies_order_rotates_so_that_no_policy_runs_twice_in_a_row():
     two = [p for rep in range(4) for p in bench_load.run_order(["on", "auto"], rep)]
     assert all(a != b for a, b in zip(two, two[1:]))
     assert bench_load.run_order(["auto"], 3) == ["auto"]
+
+
+def test_light_loads_are_measured_long_enough_for_min_requests_arrivals():
+    args = argparse.Namespace(duration=12.0, min_requests=32.0)
+    assert bench_load.measured_s(args, 1.0) == 32.0  # 12 s at 1 request/s held ~10 requests
+    assert bench_load.measured_s(args, 4.0) == 12.0  # 48 arrivals in --duration already
+    assert bench_load.measured_s(argparse.Namespace(duration=12.0, min_requests=0.0), 1.0) == 12.0
