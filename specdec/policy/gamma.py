@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from specdec.policy.round_cost import RoundCostModel
 
@@ -65,7 +66,7 @@ def extend_prefix_acceptance(prefix: tuple[float, ...], length: int) -> np.ndarr
     return np.concatenate([probs, extra])
 
 
-def expected_accepted(cluster: np.ndarray, offered) -> float | np.ndarray:
+def expected_accepted(cluster: np.ndarray, offered: ArrayLike) -> float | np.ndarray:
     """The drafted tokens a row would have had accepted at the cluster's acceptance: offered[k]
     of its rounds offered a (k + 1)-th drafted token, accepted with P(first k + 1 accepted).
     Compared with accepted / drafted, the drafts after a round's first rejection (never
@@ -82,7 +83,8 @@ def expected_accepted(cluster: np.ndarray, offered) -> float | np.ndarray:
 
 
 def row_prefix_acceptance(
-    cluster: np.ndarray, cluster_alpha: float, drafted, accepted, prior_tokens: float, expected=None,
+    cluster: np.ndarray, cluster_alpha: float, drafted: ArrayLike, accepted: ArrayLike, prior_tokens: float,
+    expected: ArrayLike | None = None,
 ) -> np.ndarray:
     """A row's P(first k accepted): the cluster's conditional rates scaled by how the row's
     accepted tokens compare with what the cluster's acceptance expected of its drafts
