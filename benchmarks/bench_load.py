@@ -43,7 +43,7 @@ otherwise the higher throughput): AUTO's tokens/s, ITL p50 and p99 over that pol
 AUTO's ITL p50 and p99 over the better of ON and OFF at each figure alone (ON's p50 and
 OFF's p99 where each wins one); and a second plot of AUTO's γ and on/off state over time.
 
-Defaults fit 2 CPU cores (~17 minutes): sampled requests (temperature 1, where the bundled
+Defaults fit 2 CPU cores (~21 minutes): sampled requests (temperature 1, where the bundled
 draft's acceptance is lower than greedy), 32 cache slots so that batches grow large
 enough for the verify forward to dominate, loads from light to past saturation.
 
