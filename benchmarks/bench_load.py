@@ -16,9 +16,9 @@ Each run lasts warm-up + duration seconds of arrivals; requests arriving in the 
 are sent but not measured. At a light load the measured interval is stretched so that at
 least --min-requests (32) requests arrive in it on average: at 1 request/s a 12 s run held
 about 10 requests, and AUTO's ITL p50 over ON's came out 1.13 in one sweep and 1.00 in a
-40 s run of the same code on the same day. Between runs the benchmark waits until the server is idle and
-the load window has emptied, so every run starts from the same state. The policies' order
-rotates between repeats (ON OFF AUTO, OFF AUTO ON, AUTO ON OFF): this machine's speed drifts
+40 s run of the same code on the same day. Between runs the benchmark waits until the
+server is idle and the load window has emptied, so every run starts from the same state.
+The policies' order rotates between repeats (ON OFF AUTO, OFF AUTO ON, AUTO ON OFF): this machine's speed drifts
 by up to 1.7× within an hour and changes in spells of a minute or so, and runs of one policy
 after another would otherwise compare a fast spell with a slow one. The order used to
 alternate (ON OFF AUTO, then AUTO OFF ON), which put AUTO's two runs back to back: one slow
@@ -47,8 +47,9 @@ Defaults fit 2 CPU cores (~21 minutes): sampled requests (temperature 1, where t
 draft's acceptance is lower than greedy), 32 cache slots so that batches grow large
 enough for the verify forward to dominate, loads from light to past saturation.
 
-Usage: python benchmarks/bench_load.py [--qps 1 4 8 16 24] [--repeats 3] [--duration 12] [--min-requests 32] [--warmup 6]
-       [--max-new-tokens 48] [--temperature 1.0] [--num-slots 32] [--plot PNG] [--json FILE]
+Usage: python benchmarks/bench_load.py [--qps 1 4 8 16 24] [--repeats 3] [--duration 12] [--warmup 6]
+       [--min-requests 32] [--max-new-tokens 48] [--temperature 1.0] [--num-slots 32]
+       [--plot PNG] [--json FILE]
 """
 
 from __future__ import annotations
