@@ -9,10 +9,10 @@ waiting requests join at the next round, finished ones leave and free their cach
 
 Isolation: a request only ever affects itself. It is validated against the server's
 limits before it joins (`RequestLimits`); each row drafts its own γ, clipped to its
-budget and context; a proposer failure costs the round its drafts, never a request; and
-when a round fails for a reason one row may have caused, the batch is split and retried
-so that only the rows that fail alone fail (a `WorkerError`, which no row causes, fails
-the round's whole batch).
+budget and context (`RoundPlanner`); a proposer failure costs the round its drafts, never
+a request; and when a round fails for a reason one row may have caused, the batch is split
+and retried so that only the rows that fail alone fail (a `WorkerError`, which no row
+causes, fails the round's whole batch).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from specdec.request import GenerationRequest, RequestLimits
 from specdec.round_timer import RoundTimer
 from specdec.sequence import Sequence
 from specdec.round_output import FINISH_ERROR, GenerationResult, RoundOutput
-from specdec.policy.speculation_policy import Decision, RoundPolicy, RowState, fixed_plan
+from specdec.round_planner import RoundPlanner, unread_prompt
+from specdec.policy.speculation_policy import Decision, RoundPolicy
 from specdec.stats import SpecStats
 from specdec.stop_conditions import StopChecker
 from specdec.verifier import Verifier, VerifyRequest
@@ -70,17 +71,13 @@ class SpeculativeEngine:
             raise ValueError(f"gamma must be in [0, gamma_max={gamma_max}], got {gamma}")
         self.verifier = verifier
         self.proposer = proposer
-        self.gamma = gamma
         self.eos_token_ids = tuple(eos_token_ids)
         self.decode = decode
         self.max_new_tokens_limit = max_new_tokens_limit
-        self.gamma_max = gamma_max
         self._caps = (max_stop_strings, max_stop_string_chars)
         self.policy = policy
-        self.last_decision = Decision(gamma, gamma > 0, "static γ")
-        self._planned: dict[str, int] = {}  # seq id -> its γ this round
         self._proposer_view = ProposerView()  # what the proposer must catch up on, per row
-        self._gamma_caps: dict[str, int] = {}  # seq id -> the most γ it could draft this round
+        self.planner = RoundPlanner(gamma, gamma_max, self._proposer_view)
         self.stats = SpecStats()
         self.proposer_failures = 0  # rounds that ran without drafts because the proposer failed
         self.timer = RoundTimer()
@@ -90,6 +87,21 @@ class SpeculativeEngine:
         self._running: list[Sequence] = []
         self._finished: dict[str, Sequence] = {}
         self._ids = itertools.count()
+
+    @property
+    def gamma(self) -> int:
+        """The server's static γ (no policy, mode ON)."""
+        return self.planner.gamma
+
+    @property
+    def gamma_max(self) -> int:
+        """No request drafts more per round."""
+        return self.planner.gamma_max
+
+    @property
+    def last_decision(self) -> Decision:
+        """The last round's plan."""
+        return self.planner.decision
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -170,7 +182,7 @@ class SpeculativeEngine:
             self.timer.step_ended(start, busy=False)
             return []
         batch = list(self._running)
-        self._plan(batch)
+        self.planner.plan(batch, self.policy, self.verifier.max_seq_len, (len(self._running), len(self._waiting)))
         outputs = self._isolated_round(batch)
         elapsed = time.perf_counter() - start
         self.stats.seconds += elapsed
@@ -204,7 +216,7 @@ class SpeculativeEngine:
         Returns the outputs of the rows verified in this step."""
         start = time.perf_counter()
         self._proposer_view.start_round()
-        gammas = {seq.seq_id: self._gamma_for(seq) for seq in batch}
+        gammas = {seq.seq_id: self.planner.gamma_for(seq) for seq in batch}
         ahead = self.draft_ahead if overlap else None
         now, later = ahead.split(batch, gammas) if ahead is not None else (batch, [])
         gamma_now = [gammas[seq.seq_id] for seq in now]
@@ -213,7 +225,7 @@ class SpeculativeEngine:
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
         requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(now)]
-        prompts = [self._unread_prompt(seq) for seq in now]
+        prompts = [unread_prompt(seq) for seq in now]
         prefill = (sum(1 for p in prompts if p), sum(prompts))  # (rows, tokens) of the prompts the target reads
         pending = self.verifier.verify_async(requests)
         meanwhile, ahead_s = self._during_verify(now, later, requests, gammas) if ahead is not None else (None, 0.0)
@@ -230,7 +242,7 @@ class SpeculativeEngine:
             drafted.append(counts[0])
             accepted.append(counts[1])
         asked = [g if i in fresh else 0 for i, g in enumerate(gamma_now)]  # drafted by this round's own call
-        planned_s = self.last_decision.planned_s if len(now) == len(self._planned) else 0.0  # the plan's whole batch
+        planned_s = self.planner.planned_s(len(now))
         self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill, planned_s)
         if ahead is not None:
             ahead.round_done(sum(len(result.emitted) for result in results), time.perf_counter() - start)
@@ -313,46 +325,6 @@ class SpeculativeEngine:
     def _active(self) -> list[Sequence]:
         return [*self._waiting, *self._running]
 
-    def _plan(self, batch: list[Sequence]) -> None:
-        """Each row's γ this round: the policy's plan (or the static γ), within the row's cap."""
-        rows = [self._row_state(seq) for seq in batch]
-        decision = fixed_plan(rows, self.gamma)
-        if self.policy is not None:
-            try:  # a failing policy costs the round its plan (the static γ), never a request
-                self.policy.set_load(len(self._running), len(self._waiting))
-                planned = self.policy.plan(rows, self.gamma)
-                if len(planned.gammas) != len(batch):
-                    raise ValueError(f"the policy planned {len(planned.gammas)} rows for a batch of {len(batch)}")
-                decision = planned
-            except Exception:
-                logger.exception("the round policy failed; this round uses the static γ")
-        self.last_decision = decision
-        gammas = decision.gammas
-        self._planned = {seq.seq_id: max(0, min(g, row.cap)) for seq, row, g in zip(batch, rows, gammas)}
-        self._gamma_caps = {seq.seq_id: row.cap for seq, row in zip(batch, rows)}
-
-    def _row_state(self, seq: Sequence) -> RowState:
-        """What the policy sees of a row. Its cap keeps a round from drafting past
-        max_new_tokens or the target's context (down to 0: plain decoding for this row). A
-        seeded sampled request is pinned to the static γ: its tokens depend on the
-        speculation schedule, so the same seed must see the same one."""
-        request, stats = seq.request, seq.stats
-        room = self.verifier.max_seq_len - len(seq.token_ids)
-        cap = max(0, min(self.gamma_max, seq.remaining - 1, room))
-        pinned = request.sampling.seed is not None and not request.sampling.is_greedy
-        return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id,
-                        self._unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)),
-                        seq.remaining, tuple(stats.drafted_per_position))
-
-    @staticmethod
-    def _unread_prompt(seq: Sequence) -> int:
-        """Tokens the target reads for a row besides its γ + 1: its prompt, in its first round."""
-        return len(seq.token_ids) - 1 if seq.stats.rounds == 0 else 0
-
-    def _gamma_for(self, seq: Sequence) -> int:
-        """This round's planned γ for a row of the batch."""
-        return self._planned.get(seq.seq_id, 0)
-
     def _propose(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
         """One proposer call for the rows that speculate, each with its own γ. A failing
         proposer costs this round its drafts (lossless), never a request."""
@@ -395,9 +367,7 @@ class SpeculativeEngine:
         seq.token_ids.extend(kept)
         seq.finish_reason = decision.finish_reason
         drafted, accepted = SpecStats.kept_counts(len(request.draft_token_ids), result.num_accepted, len(kept))
-        gamma = self._gamma_for(seq)
-        if gamma == self._gamma_caps.get(seq.seq_id) < self.gamma_max:  # cut short (its last rounds): keep the last uncut
-            gamma = seq.stats.gamma
+        gamma = self.planner.recorded_gamma(seq)
         for stats in (seq.stats, self.stats):
             stats.record_round(drafted, accepted, gamma)
             stats.emitted += len(kept)
