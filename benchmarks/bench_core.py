@@ -117,15 +117,33 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
-    fixed = {"enabled": False}  # no policy: every round uses speculation.gamma
-    base = build_engine(load_config(overrides={"speculation": {"proposer": "none", "gamma": 0}, "load_monitor": fixed}))
+    base = build_engine(load_config(overrides={"speculation": {"proposer": "none", "gamma": 0}, "load_monitor": FIXED}))
     prompts = [base.encode(p) for p in bundled_prompts()[: args.prompts]]
     draft_runner = ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=1, max_seq_len=512)
     ctx = prompts[0]
     t_target = step_time(base.engine.verifier.runner, ctx, 1)
     c = step_time(draft_runner, ctx, 1) / t_target
     verify = {g: step_time(base.engine.verifier.runner, ctx, g + 1) / t_target for g in (4, 8)}
+    rows = measure(base, prompts, args, c)
+    hf_plain = run_hf(prompts, args.max_new_tokens, assistant=False, repeats=args.repeats)
+    hf_assisted = run_hf(prompts, args.max_new_tokens, assistant=True, repeats=args.repeats)
 
+    print(f"\n{len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, single stream, "
+          f"{torch.get_num_threads()} threads; target step {t_target * 1e3:.2f} ms, c = {c:.3f}, "
+          f"verify 5 tokens = {verify[4]:.2f}x one token, 9 tokens = {verify[8]:.2f}x\n")
+    print_table(rows, hf_plain, hf_assisted)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "hf_target_only": hf_plain, "hf_assisted": hf_assisted, "c": c,
+                       "verify_cost": verify}, f, indent=2)
+
+
+FIXED = {"enabled": False}  # no policy: every round uses speculation.gamma
+
+
+def measure(base, prompts: list[list[int]], args: argparse.Namespace, c: float) -> list[dict]:
+    """Target only, then every proposer at every fixed γ and the goodput policy ("auto"),
+    each with its speedup over target only and the closed form's prediction."""
     rows = []
     with Progress(1 + 2 * (len(GAMMAS) + 1), "bench_core") as progress:
         progress.step("target only")
@@ -134,9 +152,8 @@ def main() -> None:
         for proposer in ("draft", "ngram"):
             for gamma in (*GAMMAS, "auto"):
                 progress.step(f"{proposer}, γ {gamma}")
-                policy = {} if gamma == "auto" else fixed
                 overrides = {"speculation": {"proposer": proposer, "gamma": 4 if gamma == "auto" else gamma},
-                             "load_monitor": policy}
+                             "load_monitor": {} if gamma == "auto" else FIXED}
                 built = build_engine(load_config(overrides=overrides))
                 r = run_engine(built, prompts, args.max_new_tokens, args.repeats)
                 rows.append({"method": f"{proposer} speculation", "gamma": gamma, **r,
@@ -146,24 +163,19 @@ def main() -> None:
         row["theoretical"] = float("nan") if auto else theoretical_speedup(row["alpha"], row["gamma"], row["c"])
         row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         row["ratio"] = row["speedup"] / row["theoretical"]
-    hf_plain = run_hf(prompts, args.max_new_tokens, assistant=False, repeats=args.repeats)
-    hf_assisted = run_hf(prompts, args.max_new_tokens, assistant=True, repeats=args.repeats)
+    return rows
 
-    print(f"\n{len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, single stream, "
-          f"{torch.get_num_threads()} threads; target step {t_target * 1e3:.2f} ms, c = {c:.3f}, "
-          f"verify 5 tokens = {verify[4]:.2f}x one token, 9 tokens = {verify[8]:.2f}x\n")
+
+def print_table(rows: list[dict], hf_plain: float, hf_assisted: float) -> None:
+    baseline = rows[0]["tokens_per_s"]  # target only
     print("| method | γ | tokens/s | α | mean accepted length | c | theoretical speedup | measured speedup | measured / theoretical |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['method']} | {r['gamma']} | {r['tokens_per_s']:.1f} | {r['alpha']:.3f} | "
               f"{r['mean_accepted_length']:.2f} | {r['c']:.3f} | {_num(r['theoretical'])} | {r['speedup']:.2f} | {_num(r['ratio'])} |")
-    print(f"| transformers generate (target only) | 0 | {hf_plain:.1f} | | | | | {hf_plain / baseline['tokens_per_s']:.2f} | |")
+    print(f"| transformers generate (target only) | 0 | {hf_plain:.1f} | | | | | {hf_plain / baseline:.2f} | |")
     print(f"| transformers generate(assistant_model=draft) | dyn. | {hf_assisted:.1f} | | | | | "
-          f"{hf_assisted / baseline['tokens_per_s']:.2f} | |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "hf_target_only": hf_plain, "hf_assisted": hf_assisted, "c": c,
-                       "verify_cost": verify}, f, indent=2)
+          f"{hf_assisted / baseline:.2f} | |")
 
 
 if __name__ == "__main__":
