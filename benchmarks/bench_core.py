@@ -34,6 +34,7 @@ from specdec.models.model_runner import ModelRunner
 from specdec.request import GenerationRequest
 
 GAMMAS = (1, 2, 4, 6, 8)
+FIXED = {"enabled": False}  # load_monitor overrides without a policy: every round uses speculation.gamma
 
 
 def theoretical_speedup(alpha: float, gamma: int, c: float) -> float:
@@ -136,9 +137,6 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "hf_target_only": hf_plain, "hf_assisted": hf_assisted, "c": c,
                        "verify_cost": verify}, f, indent=2)
-
-
-FIXED = {"enabled": False}  # no policy: every round uses speculation.gamma
 
 
 def measure(base, prompts: list[list[int]], args: argparse.Namespace, c: float) -> list[dict]:

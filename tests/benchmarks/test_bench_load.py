@@ -36,5 +36,8 @@ def test_light_loads_are_measured_long_enough_for_min_requests_arrivals():
 def test_arguments_that_cannot_measure_anything_are_refused(argv):
     with pytest.raises(SystemExit):
         bench_load.parse_args(argv)
+
+
+def test_the_default_sweep_runs_light_to_past_saturation_three_times():
     args = bench_load.parse_args([])
     assert (args.qps, args.repeats, args.min_requests) == ([1.0, 4.0, 8.0, 16.0, 24.0], 3, 32.0)
