@@ -9,7 +9,10 @@ import torch
 from specdec.models import ModelRunner
 
 ATOL = 1e-4
-FAMILIES = ["llama", "llama3_rope_tied", "qwen2", "qwen2_sliding_tied", "mistral"]
+FAMILIES = [
+    "llama", "llama3_rope_tied", "qwen2", "qwen2_sliding_tied", "mistral", "qwen3", "qwen3_sliding_biased",
+    "gemma2", "gemma3",
+]
 
 
 def _tokens(seed: int, n: int) -> list[int]:

@@ -1,0 +1,32 @@
+"""The model families the own runtime serves: each module reads its family's ``config.json`` into a
+:class:`~specdec.models.config.LlamaFamilyConfig` (the switches its layers need) and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from specdec.models.config import LlamaFamilyConfig, UnsupportedModelError
+from specdec.models.families import gemma, llama, qwen3
+
+# model_type -> the parser of its config.json
+PARSERS: dict[str, Callable[[dict[str, Any]], LlamaFamilyConfig]] = {
+    "llama": llama.parse,
+    "qwen2": llama.parse,
+    "mistral": llama.parse,
+    "qwen3": qwen3.parse,
+    "gemma2": gemma.parse_gemma2,
+    "gemma3_text": gemma.parse_gemma3,
+}
+SUPPORTED_MODEL_TYPES = tuple(PARSERS)
+
+
+def parse_config(raw: dict[str, Any]) -> LlamaFamilyConfig:
+    """Parse a Hugging Face ``config.json`` dictionary; raise UnsupportedModelError for another model_type
+    or a feature the own runtime lacks."""
+    model_type = raw.get("model_type")
+    if model_type not in PARSERS:
+        raise UnsupportedModelError(
+            f"unsupported model_type={model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return PARSERS[model_type](raw)
