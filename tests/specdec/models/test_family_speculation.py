@@ -1,6 +1,7 @@
-"""Speculative decoding over the newer families served by the own runtime: greedy output equals
-transformers' generate(do_sample=False), with a draft that agrees with the target (accepted tokens and
-bonus tokens) and with one that does not (rejections, recovered tokens and rollbacks)."""
+"""Speculative decoding over the newer families, on the own runtime (Qwen3, Gemma 2/3) and on the
+transformers fallback (gpt2, phi3): greedy output equals transformers' generate(do_sample=False), with a
+draft that agrees with the target (accepted and bonus tokens) and with one that does not (rejections,
+recovered tokens and rollbacks)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from specdec.engine import SpeculativeEngine
-from specdec.models import ModelRunner
+from specdec.models.runners import open_runner
 from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec.request import GenerationRequest
 from specdec.target_verifier import TargetVerifier
@@ -26,14 +27,14 @@ def hf_greedy(path, prompt: list[int], eos: int | None) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_sliding_biased", "gemma2", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_sliding_biased", "gemma2", "gemma3", "gpt2", "phi3"])
 @pytest.mark.parametrize("draft_agrees", [True, False])
 def test_greedy_speculation_equals_transformers_generate(tiny_checkpoint, family, draft_agrees):
     target_path = tiny_checkpoint(family)
     other = "qwen3_sliding_biased" if family == "qwen3" else "qwen3"  # same vocabulary, another model
     draft_path = target_path if draft_agrees else tiny_checkpoint(other)
-    target = ModelRunner.from_pretrained(str(target_path), num_slots=4, max_seq_len=64)
-    draft = ModelRunner.from_pretrained(str(draft_path), num_slots=8, max_seq_len=64)
+    target = open_runner(str(target_path), num_slots=4, max_seq_len=64)
+    draft = open_runner(str(draft_path), num_slots=8, max_seq_len=64)
     eos = 1  # a real stop token for both sides, so stopping is compared too
     engine = SpeculativeEngine(TargetVerifier(target), DraftModelProposer(draft, draft.vocab_size), gamma=3,
                                eos_token_ids=[eos])
