@@ -1,4 +1,5 @@
-"""Load a Llama-family checkpoint in Hugging Face format (config.json + safetensors).
+"""Load a checkpoint of a family the own runtime implements, in Hugging Face format (config.json +
+safetensors); ``specdec.models.families`` reads its config by ``model_type``.
 
 Accepts a local directory or a hub id (resolved with ``huggingface_hub.snapshot_download``,
 which honours ``HF_HUB_OFFLINE``). Weights are cast to the requested dtype tensor by

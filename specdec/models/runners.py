@@ -1,5 +1,6 @@
 """Which runner serves a checkpoint: the own runtime (``ModelRunner``) for the families it implements,
-else the transformers fallback (``TransformersRunner``); start-up logs the choice and its reason."""
+else the transformers fallback (``TransformersRunner``); start-up logs the choice and its reason
+(a warning when a model falls back on its own)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ def open_runner(
     """Load ``name_or_path`` (local directory or hub id) into the runner ``choose_runner`` picks."""
     checkpoint_dir = resolve_checkpoint_dir(name_or_path)
     kind, reason = choose_runner(checkpoint_dir, choice)
-    logger.info("model %s (model_type=%s): %s runner (%s)", name_or_path, model_type(checkpoint_dir), kind, reason)
+    # the fallback is slower, so an automatic fall back is a warning: visible at the CLI's default log level
+    level = logging.WARNING if kind == TRANSFORMERS and choice == "auto" else logging.INFO
+    logger.log(level, "model %s (model_type=%s): %s runner (%s)", name_or_path, model_type(checkpoint_dir), kind,
+               reason)
     if kind == TRANSFORMERS:
         return TransformersRunner.from_pretrained(str(checkpoint_dir), num_slots, max_seq_len, dtype, device)
     return ModelRunner(load_model(str(checkpoint_dir), dtype=dtype, device=device), num_slots, max_seq_len)

@@ -44,3 +44,12 @@ def test_greedy_speculation_equals_transformers_generate(tiny_checkpoint, family
         assert engine.stats.accepted > 0
     else:
         assert engine.stats.drafted > engine.stats.accepted
+
+
+def test_the_configured_transformers_runner_serves_the_same_greedy_output(make_engine, prompt_ids, hf_greedy):
+    """models.runner: transformers puts both bundled models on the fallback; the output does not change."""
+    built = make_engine("draft", gamma=4, models={"runner": "transformers"})
+    assert built.engine.verifier.runner_kind == "transformers"
+    results = built.engine.generate([GenerationRequest(p, 24) for p in prompt_ids[:2]])
+    assert [r.token_ids for r in results] == [hf_greedy(p, 24) for p in prompt_ids[:2]]
+    assert built.engine.stats.accepted > 0

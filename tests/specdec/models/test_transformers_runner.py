@@ -23,6 +23,8 @@ def test_unknown_model_type_gets_the_fallback_and_start_up_says_so(tiny_checkpoi
         runner = open_runner(str(tiny_checkpoint("phi3")), num_slots=2, max_seq_len=16)
     assert isinstance(runner, TransformersRunner) and runner.runner_kind == "transformers"
     assert "model_type=phi3): transformers runner (the own runtime cannot serve it" in caplog.text
+    [choice] = [r for r in caplog.records if r.name == "specdec.models.runners"]
+    assert choice.levelno == logging.WARNING  # slower: shown at the CLI's default log level
     with caplog.at_level(logging.INFO, logger="specdec.models.runners"):
         own = open_runner(str(tiny_checkpoint("qwen3")), num_slots=2, max_seq_len=16)
     assert own.runner_kind == "specdec"
