@@ -31,7 +31,7 @@ class ModelsConfig(StrictModel):
     device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0'.")
     runner: Literal["auto", "specdec", "transformers"] = Field(
         "auto", description="Runtime of both models: 'auto' = the own runtime for the families it implements "
-        "(llama, qwen2, qwen3, mistral, gemma2, gemma3_text), transformers' modeling code (exact, slower, no "
+        "(llama, qwen2, qwen3, mistral, gemma2, gemma3_text, phi3), transformers' modeling code (exact, slower, no "
         "tensor parallelism) for any other causal LM; 'specdec' refuses other models; 'transformers' always.",
     )
 

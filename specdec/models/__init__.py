@@ -1,5 +1,5 @@
 """Serving model runtime for Hugging Face checkpoints: the own runtime for the Llama family (Llama, Qwen2,
-Qwen3, Mistral, Gemma 2/3), the transformers fallback for any other causal LM (``runners.open_runner``)."""
+Qwen3, Mistral, Gemma 2/3, Phi-3), the transformers fallback for any other causal LM (``runners.open_runner``)."""
 
 from specdec.models.config import LlamaFamilyConfig, RopeConfig, UnsupportedModelError
 from specdec.models.kv_cache import CacheFullError, InvalidSlotError, KVCache

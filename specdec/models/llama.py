@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Qwen2/3, Mistral, Gemma 2/3) written for serving from a slot KV cache.
+"""Llama-family decoder (Llama, Qwen2/3, Mistral, Gemma 2/3, Phi-3) written for serving from a slot KV cache.
 
 One forward handles B sequences x T new tokens at per-sequence positions: every row
 writes its new K/V into its own cache slot and attends causally to that slot's prefix

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from specdec.models.config import LlamaFamilyConfig
+from specdec.models.families import convert_weights
 from specdec.models.llama import LlamaForServing
 
 _DTYPES = {
@@ -124,7 +125,7 @@ def load_model(
     torch_dtype = resolve_dtype(dtype)
     checkpoint_dir = resolve_checkpoint_dir(name_or_path)
     config = read_config(checkpoint_dir)
-    weights = read_weights(safetensors_files(checkpoint_dir), torch_dtype, device)
+    weights = convert_weights(config, read_weights(safetensors_files(checkpoint_dir), torch_dtype, device))
     with torch.device("meta"):
         model = LlamaForServing(config)
     assign_weights(model, weights)

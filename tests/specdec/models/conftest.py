@@ -51,9 +51,10 @@ FAMILIES: dict[str, tuple[str, dict]] = {
         {"head_dim": 16, "sliding_window": 4, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 1.5,
          "final_logit_softcapping": 2.0},
     ),
-    # model types the own runtime does not implement: served by the transformers fallback
+    "phi3": ("Phi3Config", {"sliding_window": 5, "pad_token_id": 0, "eos_token_id": 1}),  # fused qkv / gate_up
+    # what the own runtime does not implement (a model type; a feature): served by the transformers fallback
     "gpt2": ("GPT2Config", {"n_inner": 128, "bos_token_id": 1, "eos_token_id": 1}),
-    "phi3": ("Phi3Config", {"sliding_window": 5, "pad_token_id": 0, "eos_token_id": 1}),
+    "phi3_partial_rotary": ("Phi3Config", {"partial_rotary_factor": 0.5, "pad_token_id": 0, "eos_token_id": 1}),
     "gemma3": (
         "Gemma3TextConfig",
         {

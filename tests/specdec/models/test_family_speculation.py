@@ -1,5 +1,5 @@
-"""Speculative decoding over the newer families, on the own runtime (Qwen3, Gemma 2/3) and on the
-transformers fallback (gpt2, phi3): greedy output equals transformers' generate(do_sample=False), with a
+"""Speculative decoding over the newer families, on the own runtime (Qwen3, Gemma 2/3, Phi-3) and on the
+transformers fallback (gpt2, Phi-3 with partial rotary): greedy output equals transformers' generate(do_sample=False), with a
 draft that agrees with the target (accepted and bonus tokens) and with one that does not (rejections,
 recovered tokens and rollbacks)."""
 
@@ -27,7 +27,9 @@ def hf_greedy(path, prompt: list[int], eos: int | None) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_sliding_biased", "gemma2", "gemma3", "gpt2", "phi3"])
+@pytest.mark.parametrize(
+    "family", ["qwen3", "qwen3_sliding_biased", "gemma2", "gemma3", "phi3", "gpt2", "phi3_partial_rotary"]
+)
 @pytest.mark.parametrize("draft_agrees", [True, False])
 def test_greedy_speculation_equals_transformers_generate(tiny_checkpoint, family, draft_agrees):
     target_path = tiny_checkpoint(family)

@@ -15,8 +15,9 @@ from specdec.models import ModelRunner, RowParallelLinear, load_model, shard_mod
 
 WORLD_SIZE = 2
 # every bias kind incl. row-parallel ones; decoupled head_dim + window; per-head q/k norms (replicated);
-# Gemma's sandwich norms, soft-capped scores and logits, and a second RoPE on sliding layers
-TP_FAMILIES = ["llama_biased", "mistral", "qwen3_sliding_biased", "gemma3", "gemma2"]
+# Gemma's sandwich norms, soft-capped scores and logits, and a second RoPE on sliding layers; Phi-3's fused
+# projections (split at load, before sharding)
+TP_FAMILIES = ["llama_biased", "mistral", "qwen3_sliding_biased", "gemma3", "gemma2", "phi3"]
 
 
 def run_scenario(runner: ModelRunner) -> list[torch.Tensor]:

@@ -15,14 +15,14 @@ from specdec.models.transformers_runner import TransformersRunner
 
 @pytest.fixture
 def runner(tiny_checkpoint) -> TransformersRunner:
-    return open_runner(str(tiny_checkpoint("phi3")), num_slots=2, max_seq_len=16)
+    return open_runner(str(tiny_checkpoint("gpt2")), num_slots=2, max_seq_len=16)
 
 
 def test_unknown_model_type_gets_the_fallback_and_start_up_says_so(tiny_checkpoint, caplog):
     with caplog.at_level(logging.INFO, logger="specdec.models.runners"):
-        runner = open_runner(str(tiny_checkpoint("phi3")), num_slots=2, max_seq_len=16)
+        runner = open_runner(str(tiny_checkpoint("gpt2")), num_slots=2, max_seq_len=16)
     assert isinstance(runner, TransformersRunner) and runner.runner_kind == "transformers"
-    assert "model_type=phi3): transformers runner (the own runtime cannot serve it" in caplog.text
+    assert "model_type=gpt2): transformers runner (the own runtime cannot serve it" in caplog.text
     [choice] = [r for r in caplog.records if r.name == "specdec.models.runners"]
     assert choice.levelno == logging.WARNING  # slower: shown at the CLI's default log level
     with caplog.at_level(logging.INFO, logger="specdec.models.runners"):
@@ -34,9 +34,9 @@ def test_unknown_model_type_gets_the_fallback_and_start_up_says_so(tiny_checkpoi
 def test_choice_can_force_either_runner(tiny_checkpoint):
     assert choose_runner(tiny_checkpoint("qwen3"), "transformers") == ("transformers", "configured")
     assert choose_runner(tiny_checkpoint("qwen3"), "specdec") == ("specdec", "configured")
-    with pytest.raises(UnsupportedModelError, match="model_type='phi3'"):
-        choose_runner(tiny_checkpoint("phi3"), "specdec")
-    assert config_vocab_size(tiny_checkpoint("phi3")) == 256
+    with pytest.raises(UnsupportedModelError, match="model_type='gpt2'"):
+        choose_runner(tiny_checkpoint("gpt2"), "specdec")
+    assert config_vocab_size(tiny_checkpoint("gpt2")) == 256
 
 
 def test_slots_are_allocated_exhausted_and_freed(runner):
