@@ -33,6 +33,7 @@ class MirroredRunner:
         self.followers = list(followers)
         self.vocab_size = runner.vocab_size
         self.max_seq_len = runner.max_seq_len
+        self.runner_kind = runner.runner_kind
         self._pending: list[ray.ObjectRef] = []  # follower calls not yet confirmed
 
     @property

@@ -24,6 +24,7 @@ from specdec.config import SpecdecConfig
 from specdec.model_paths import resolve_model_path
 from specdec.models.loader import load_model, read_config, resolve_checkpoint_dir
 from specdec.models.model_runner import ModelRunner
+from specdec.models.runners import open_runner
 from specdec.models.tensor_parallel import check_divisible, shard_model
 from specdec.target_verifier import TargetVerifier
 from specdec_metrics.worker_metrics import WorkerMetrics
@@ -41,7 +42,10 @@ def distributed_backend(config: SpecdecConfig) -> str:
 
 
 def check_tensor_parallel_size(config: SpecdecConfig) -> None:
-    """Raise ValueError (naming the field) unless the target's heads split over the ranks; reads config.json only."""
+    """Raise ValueError (naming the field) unless the target's heads split over the ranks, which needs the own
+    runtime (UnsupportedModelError otherwise); reads config.json only. One rank always fits."""
+    if config.serving.tensor_parallel_size == 1:
+        return
     target = read_config(resolve_checkpoint_dir(resolve_model_path(config.models.target)))
     check_divisible(SimpleNamespace(config=target), config.serving.tensor_parallel_size)
 
@@ -65,10 +69,14 @@ class _Shard:
                 world_size=world_size,
                 timeout=DIST_TIMEOUT,
             )
-        path = resolve_model_path(config.models.target)
-        model = load_model(path, dtype=config.models.dtype, device=config.models.device)
-        model = shard_model(model, rank=rank, world_size=world_size)
-        self.runner = ModelRunner(model, config.cache.num_slots, config.cache.max_seq_len)
+        path, models, cache = resolve_model_path(config.models.target), config.models, config.cache
+        if world_size == 1:  # the own runtime or the transformers fallback, as configured (logged)
+            self.runner = open_runner(path, cache.num_slots, cache.max_seq_len, models.dtype, models.device,
+                                      models.runner)
+            return
+        model = shard_model(load_model(path, dtype=models.dtype, device=models.device), rank=rank,
+                            world_size=world_size)
+        self.runner = ModelRunner(model, cache.num_slots, cache.max_seq_len)
 
 
 @ray.remote

@@ -29,6 +29,11 @@ class ModelsConfig(StrictModel):
         "float32", description="Compute dtype of both models; float32 on CPU (half precision is slow there)."
     )
     device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0'.")
+    runner: Literal["auto", "specdec", "transformers"] = Field(
+        "auto", description="Runtime of both models: 'auto' = the own runtime for the families it implements "
+        "(llama, qwen2, qwen3, mistral, gemma2, gemma3_text, phi3), transformers' modeling code (exact, slower, no "
+        "tensor parallelism) for any other causal LM; 'specdec' refuses other models; 'transformers' always.",
+    )
 
 
 class CacheConfig(StrictModel):
@@ -265,6 +270,9 @@ class SpecdecConfig(StrictModel):
                 f"load_monitor.gamma_max ({self.load_monitor.gamma_max}) must be <= "
                 f"speculation.gamma_max ({self.speculation.gamma_max})"
             )
+        if self.models.runner == "transformers" and self.serving.tensor_parallel_size > 1:
+            raise ValueError("models.runner 'transformers' cannot be tensor-parallel: serving.tensor_parallel_size "
+                             f"is {self.serving.tensor_parallel_size}; use 1 or the own runtime ('auto'/'specdec')")
         return self
 
 

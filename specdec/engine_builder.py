@@ -28,6 +28,7 @@ from specdec.policy.speculation_policy import RoundPolicy
 from specdec.model_paths import resolve_model_path
 from specdec.models.loader import resolve_checkpoint_dir
 from specdec.models.model_runner import ModelRunner
+from specdec.models.runners import open_runner
 from specdec.verifier import Verifier
 from specdec.proposers.base import Proposer
 from specdec.proposers.composite_proposer import CompositeProposer
@@ -102,13 +103,9 @@ def build_draft_ahead(speculation: SpeculationConfig) -> DraftAhead:
 
 
 def load_runner(name: str, models: ModelsConfig, cache: CacheConfig) -> ModelRunner:
-    return ModelRunner.from_pretrained(
-        resolve_model_path(name),
-        num_slots=cache.num_slots,
-        max_seq_len=cache.max_seq_len,
-        dtype=models.dtype,
-        device=models.device,
-    )
+    """The model's runner (own runtime or transformers fallback: `open_runner` logs which)."""
+    return open_runner(resolve_model_path(name), cache.num_slots, cache.max_seq_len, models.dtype, models.device,
+                       models.runner)
 
 
 def build_proposer(

@@ -52,6 +52,11 @@ class TargetVerifier(Verifier):
     def num_slots(self) -> int:
         return self.runner.cache.num_slots
 
+    @property
+    def runner_kind(self) -> str:
+        """The runtime serving the target: "specdec" (own) or "transformers" (fallback)."""
+        return self.runner.runner_kind
+
     def active_sequences(self) -> list[str]:
         return list(self._states)
 

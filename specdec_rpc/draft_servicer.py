@@ -17,7 +17,8 @@ import torch
 
 from specdec.config import SpecdecConfig
 from specdec.engine_builder import load_draft_proposer, load_tokenizer
-from specdec.models.loader import read_config, resolve_checkpoint_dir
+from specdec.models.loader import resolve_checkpoint_dir
+from specdec.models.runners import config_vocab_size
 from specdec.model_paths import resolve_model_path
 from specdec.proposers.base import Proposal, ProposalRequest
 from specdec.proposers.draft_proposer import DraftModelProposer
@@ -35,7 +36,7 @@ WIRE_DTYPE = torch.float16  # q travels as binary16 (see prob_codec)
 
 def target_vocab_size(target: str) -> int:
     """Vocabulary rows of the target's output layer, read from its config (no weights loaded)."""
-    return read_config(resolve_checkpoint_dir(resolve_model_path(target))).vocab_size
+    return config_vocab_size(resolve_checkpoint_dir(resolve_model_path(target)))
 
 
 def load_wire_draft_proposer(config: SpecdecConfig) -> DraftModelProposer:
@@ -181,6 +182,7 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
             num_slots=runner.cache.num_slots,
             free_slots=self.proposer.num_free_slots,
             tensor_parallel_size=1,
+            runner=runner.runner_kind,
             calls=self.stats.calls,
             sequences=self.stats.sequences,
             max_batch_size=self.stats.max_batch_size,

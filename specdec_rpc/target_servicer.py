@@ -152,6 +152,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             num_slots=self.num_slots,
             free_slots=self.verifier.num_free_slots,
             tensor_parallel_size=self.tensor_parallel_size,
+            runner=self.verifier.runner_kind,
             calls=self.stats.calls,
             sequences=self.stats.sequences,
             max_batch_size=self.stats.max_batch_size,

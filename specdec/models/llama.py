@@ -1,81 +1,52 @@
-"""Llama-family decoder (Llama, Qwen2, Mistral) written for serving from a slot KV cache.
+"""Llama-family decoder (Llama, Qwen2/3, Mistral, Gemma 2/3, Phi-3) written for serving from a slot KV cache.
 
 One forward handles B sequences x T new tokens at per-sequence positions: every row
 writes its new K/V into its own cache slot and attends causally to that slot's prefix
 plus its new tokens. This is how speculative verification of gamma+1 tokens for all
 active requests runs as a single call. Parameter names mirror the Hugging Face
 checkpoint layout (``model.layers.N.self_attn.q_proj.weight`` ...), so weights load as-is.
+What later families change (q/k norms, Gemma's norms, GeGLU, scales, soft-capping, a second
+RoPE for sliding-window layers) is switched on by fields of :class:`LlamaFamilyConfig`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.models.attention import AttentionBatch, build_attention_mask, grouped_attention
 from specdec.models.config import LlamaFamilyConfig
 from specdec.models.kv_cache import KVCache
 from specdec.models.rope import RotaryEmbedding, apply_rotary
 
 
-@dataclass
-class AttentionBatch:
-    """Per-forward attention metadata shared by all layers."""
-
-    slot_ids: torch.Tensor  # [batch] int64, slot of each row
-    write_slots: torch.Tensor  # [batch, seq] int64, slot receiving each token's K/V (scratch for padding)
-    positions: torch.Tensor  # [batch, seq] int64, position of each token (padding: its row's last position)
-    cos: torch.Tensor  # [batch, seq, head_dim]
-    sin: torch.Tensor  # [batch, seq, head_dim]
-    kv_len: int  # cache prefix to read: max position in the batch + 1
-    masks: dict[int | None, torch.Tensor]  # sliding window -> [batch, 1, seq, kv_len] bool, True = attend
+GLOBAL_ROPE, SLIDING_ROPE = "global", "sliding"
+_ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm, computed in float32."""
+    """Root-mean-square layer norm, computed in float32. Llama scales the normalised input, cast back to
+    its dtype, by ``weight``; with ``unit_offset`` (Gemma) it scales by ``1 + weight`` before the cast."""
 
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = nn.Parameter(torch.zeros(hidden_size) if unit_offset else torch.ones(hidden_size))
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., hidden] -> [..., hidden]."""
         x32 = x.to(torch.float32)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:
+            return (x32 * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * x32.to(x.dtype)
 
 
-def build_attention_mask(positions: torch.Tensor, kv_len: int, window: int | None) -> torch.Tensor:
-    """Causal (optionally sliding-window) mask [batch, 1, seq, kv_len]: key j visible to query at p iff j <= p
-    (and j > p - window)."""
-    assert positions.dim() == 2, f"positions must be [batch, seq], got {tuple(positions.shape)}"
-    key_pos = torch.arange(kv_len, device=positions.device)  # [kv_len]
-    query_pos = positions[:, :, None]  # [batch, seq, 1]
-    allowed = key_pos <= query_pos  # [batch, seq, kv_len]
-    if window is not None:
-        allowed &= key_pos > query_pos - window
-    return allowed[:, None]
-
-
-def grouped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """GQA via SDPA without materialising repeated K/V: each KV head's query group is folded into the
-    sequence axis. q [batch, seq, heads, head_dim]; k, v [batch, kv_len, kv_heads, head_dim];
-    mask [batch, 1, seq, kv_len] -> [batch, seq, heads * head_dim]."""
-    batch, seq, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
-    assert heads % kv_heads == 0 and k.shape == v.shape and mask.shape[-2:] == (seq, k.shape[1])
-    groups = heads // kv_heads
-    q = q.view(batch, seq, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)  # [b, kvh, g, seq, hd]
-    q = q.reshape(batch, kv_heads, groups * seq, head_dim)
-    mask = mask.repeat(1, 1, groups, 1)  # [batch, 1, groups * seq, kv_len]
-    out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale)
-    out = out.view(batch, kv_heads, groups, seq, head_dim).permute(0, 3, 1, 2, 4)  # [b, seq, kvh, g, hd]
-    return out.reshape(batch, seq, heads * head_dim)
+def make_norm(config: LlamaFamilyConfig, size: int | None = None) -> RMSNorm:
+    """The family's RMSNorm over ``size`` features (default hidden_size)."""
+    return RMSNorm(size or config.hidden_size, config.rms_norm_eps, config.unit_offset_norm)
 
 
 class LlamaAttention(nn.Module):
@@ -90,13 +61,19 @@ class LlamaAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
+        self.scale = config.query_scale or config.head_dim**-0.5
+        self.softcap = config.attn_softcap
         self.sliding_window = config.sliding_windows[layer_idx]
+        sliding_rope = self.sliding_window is not None and config.sliding_rope is not None
+        self.rope_name = SLIDING_ROPE if sliding_rope else GLOBAL_ROPE
         hidden, hd = config.hidden_size, config.head_dim
         self.q_proj = nn.Linear(hidden, self.num_heads * hd, bias=config.qkv_bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * hd, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * hd, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * hd, hidden, bias=config.o_bias)
+        if config.qk_norm:  # one weight per head dimension, shared by every head (so unchanged by sharding)
+            self.q_norm = make_norm(config, hd)
+            self.k_norm = make_norm(config, hd)
 
     def forward(self, hidden: torch.Tensor, batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
         """hidden [batch, seq, hidden] -> [batch, seq, hidden]; stores this layer's new K/V in ``cache``."""
@@ -104,16 +81,20 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(hidden).view(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(hidden).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(hidden).view(b, t, self.num_kv_heads, self.head_dim)
-        q = apply_rotary(q, batch.cos, batch.sin)
-        k = apply_rotary(k, batch.cos, batch.sin)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = batch.rotary[self.rope_name]
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
         cache.write(self.layer_idx, batch.write_slots, batch.positions, k, v)
         keys, values = cache.gather(self.layer_idx, batch.slot_ids, batch.kv_len)  # [b, kv_len, kvh, hd]
-        out = grouped_attention(q, keys, values, batch.masks[self.sliding_window], self.scale)
+        mask = batch.masks[self.sliding_window]
+        out = grouped_attention(q, keys, values, mask, self.scale, self.softcap)
         return self.o_proj(out)
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """Gated feed-forward: down(act(gate(x)) * up(x)); act = silu (SwiGLU) or gelu-tanh (GeGLU)."""
 
     def __init__(self, config: LlamaFamilyConfig) -> None:
         super().__init__()
@@ -121,26 +102,36 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=config.mlp_bias)
         self.up_proj = nn.Linear(hidden, inner, bias=config.mlp_bias)
         self.down_proj = nn.Linear(inner, hidden, bias=config.mlp_bias)
+        self.act = _ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., hidden] -> [..., hidden]."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)). With sandwich norms (Gemma)
+    the block outputs are normed too: x + post_norm(attn(norm(x))), then x + post_ff(mlp(pre_ff(x)))."""
 
     def __init__(self, config: LlamaFamilyConfig, layer_idx: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = make_norm(config)
         self.self_attn = LlamaAttention(config, layer_idx)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = make_norm(config)
         self.mlp = LlamaMLP(config)
+        self.sandwich = config.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = make_norm(config)
+            self.post_feedforward_layernorm = make_norm(config)
 
     def forward(self, hidden: torch.Tensor, batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
         """hidden [batch, seq, hidden] -> [batch, seq, hidden]."""
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), batch, cache)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn = self.self_attn(self.input_layernorm(hidden), batch, cache)
+        if not self.sandwich:
+            hidden = hidden + attn
+            return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden = hidden + self.post_attention_layernorm(attn)
+        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
 
 
 class LlamaBackbone(nn.Module):
@@ -150,7 +141,7 @@ class LlamaBackbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = make_norm(config)
 
 
 class LlamaForServing(nn.Module):
@@ -163,7 +154,9 @@ class LlamaForServing(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.tie_weights()
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope)
+        self.rotary = {GLOBAL_ROPE: RotaryEmbedding(config.head_dim, config.rope)}
+        if config.sliding_rope is not None:
+            self.rotary[SLIDING_ROPE] = RotaryEmbedding(config.head_dim, config.sliding_rope)
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the output projection."""
@@ -211,13 +204,17 @@ class LlamaForServing(nn.Module):
         assert slot_ids.shape == input_ids.shape[:1], f"slot_ids {tuple(slot_ids.shape)} must be [batch]"
         batch = self._attention_batch(positions, cache, slot_ids, num_tokens, kv_len)
         hidden = self.model.embed_tokens(input_ids)  # [batch, seq, hidden]
+        if self.config.embed_scale is not None:
+            hidden = hidden * torch.tensor(self.config.embed_scale, dtype=hidden.dtype, device=hidden.device)
         for layer in self.model.layers:
             hidden = layer(hidden, batch, cache)
         return self.model.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., hidden] -> logits [..., vocab] in the model dtype."""
-        return self.lm_head(hidden)
+        """hidden [..., hidden] -> logits [..., vocab] in the model dtype (soft-capped if the family does)."""
+        logits = self.lm_head(hidden)
+        cap = self.config.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward(
         self,
@@ -249,7 +246,7 @@ class LlamaForServing(nn.Module):
             write_slots = torch.where(valid, write_slots, cache.scratch_slot)
         if kv_len is None:
             kv_len = int(positions.max().item()) + 1
-        cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        rotary = {name: rope.cos_sin(positions, self.dtype) for name, rope in self.rotary.items()}
         windows = {layer.self_attn.sliding_window for layer in self.model.layers}
         masks = {w: build_attention_mask(positions, kv_len, w) for w in windows}
-        return AttentionBatch(slot_ids, write_slots, positions, cos, sin, kv_len, masks)
+        return AttentionBatch(slot_ids, write_slots, positions, rotary, kv_len, masks)

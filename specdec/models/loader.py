@@ -1,4 +1,5 @@
-"""Load a Llama-family checkpoint in Hugging Face format (config.json + safetensors).
+"""Load a checkpoint of a family the own runtime implements, in Hugging Face format (config.json +
+safetensors); ``specdec.models.families`` reads its config by ``model_type``.
 
 Accepts a local directory or a hub id (resolved with ``huggingface_hub.snapshot_download``,
 which honours ``HF_HUB_OFFLINE``). Weights are cast to the requested dtype tensor by
@@ -16,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from specdec.models.config import LlamaFamilyConfig
+from specdec.models.families import convert_weights
 from specdec.models.llama import LlamaForServing
 
 _DTYPES = {
@@ -123,7 +125,7 @@ def load_model(
     torch_dtype = resolve_dtype(dtype)
     checkpoint_dir = resolve_checkpoint_dir(name_or_path)
     config = read_config(checkpoint_dir)
-    weights = read_weights(safetensors_files(checkpoint_dir), torch_dtype, device)
+    weights = convert_weights(config, read_weights(safetensors_files(checkpoint_dir), torch_dtype, device))
     with torch.device("meta"):
         model = LlamaForServing(config)
     assign_weights(model, weights)

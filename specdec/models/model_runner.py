@@ -8,6 +8,8 @@ into a few forwards) and returns logits;
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specdec.models.kv_cache import KVCache
@@ -18,6 +20,8 @@ from specdec.models.padding_groups import padding_groups
 
 class ModelRunner:
     """Owns a model and a KVCache sized from it (local K/V heads, so TP-sharded models work too)."""
+
+    runner_kind = "specdec"  # the own runtime (the fallback on transformers' code is "transformers")
 
     def __init__(self, model: LlamaForServing, num_slots: int, max_seq_len: int) -> None:
         self.model = model
@@ -92,7 +96,7 @@ class ModelRunner:
         among decode rows) run as a few forwards of similar lengths (`padding_groups`): each
         row attends only to its own slot, so the split changes the cost, not the result.
         """
-        lengths = self._validate(slot_ids, token_ids)
+        lengths = check_forward_request(slot_ids, token_ids, self.cache.length, self.vocab_size, self.max_seq_len)
         groups = padding_groups([len(row) for row in token_ids])
         if len(groups) == 1:
             return self._forward_padded(slot_ids, token_ids, lengths, last_only)
@@ -131,24 +135,27 @@ class ModelRunner:
             self.cache.advance(slot, n)
         return logits
 
-    def _validate(self, slot_ids: list[int], token_ids: list[list[int]]) -> list[int]:
-        """Check the request and return each slot's current length."""
-        if len(slot_ids) != len(token_ids) or not slot_ids:
+
+def check_forward_request(slot_ids: list[int], token_ids: list[list[int]], length_of: Callable[[int], int],
+                          vocab_size: int, max_seq_len: int) -> list[int]:
+    """Check a forward's rows (one distinct allocated slot each, >= 1 in-vocabulary token, room left in the
+    slot) and return each slot's current length; ``length_of`` raises InvalidSlotError for unallocated slots."""
+    if len(slot_ids) != len(token_ids) or not slot_ids:
+        raise ValueError(
+            f"slot_ids ({len(slot_ids)}) and token_ids ({len(token_ids)}) must be non-empty and equal in length"
+        )
+    if len(set(slot_ids)) != len(slot_ids):
+        raise ValueError(f"duplicated slot ids in one forward: slot_ids={slot_ids}")
+    lengths = []
+    for slot, row in zip(slot_ids, token_ids):
+        length = length_of(slot)
+        if not row:
+            raise ValueError(f"token_ids for slot {slot} is empty; each row needs >= 1 token")
+        if min(row) < 0 or max(row) >= vocab_size:
+            raise ValueError(f"token_ids for slot {slot} has ids outside [0, vocab_size={vocab_size})")
+        if length + len(row) > max_seq_len:
             raise ValueError(
-                f"slot_ids ({len(slot_ids)}) and token_ids ({len(token_ids)}) must be non-empty and equal in length"
+                f"slot {slot}: length {length} + {len(row)} new tokens exceeds max_seq_len={max_seq_len}"
             )
-        if len(set(slot_ids)) != len(slot_ids):
-            raise ValueError(f"duplicated slot ids in one forward: slot_ids={slot_ids}")
-        lengths = []
-        for slot, row in zip(slot_ids, token_ids):
-            length = self.cache.length(slot)  # raises InvalidSlotError for unallocated slots
-            if not row:
-                raise ValueError(f"token_ids for slot {slot} is empty; each row needs >= 1 token")
-            if min(row) < 0 or max(row) >= self.vocab_size:
-                raise ValueError(f"token_ids for slot {slot} has ids outside [0, vocab_size={self.vocab_size})")
-            if length + len(row) > self.max_seq_len:
-                raise ValueError(
-                    f"slot {slot}: length {length} + {len(row)} new tokens exceeds max_seq_len={self.max_seq_len}"
-                )
-            lengths.append(length)
-        return lengths
+        lengths.append(length)
+    return lengths

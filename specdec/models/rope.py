@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE), "default" and "llama3" frequency schedules.
+"""Rotary position embeddings (RoPE), "default", "linear" and "llama3" frequency schedules.
 
 Uses the half-split layout of Hugging Face Llama checkpoints: the first and second
 halves of each head dimension form the (real, imaginary) pairs.
@@ -21,6 +21,8 @@ def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
     inv_freq = 1.0 / (rope.theta**exponents)  # [head_dim // 2]
     if rope.rope_type == "llama3":
         return _llama3_scale(inv_freq, rope.scaling)
+    if rope.rope_type == "linear":  # positions divided by factor, i.e. every frequency
+        return inv_freq / rope.scaling["factor"]
     if rope.rope_type != "default":
         raise ValueError(f"unsupported rope_type={rope.rope_type!r}")
     return inv_freq

@@ -6,7 +6,9 @@
   owns ``num_heads / world_size`` query heads and ``num_kv_heads / world_size`` K/V heads;
 * row-parallel o_proj/down_proj: input features split, partial outputs summed with
   ``torch.distributed.all_reduce`` (bias added once, after the reduction);
-* embeddings, norms and lm_head stay replicated, so every rank returns full logits.
+* embeddings, norms (the per-head q/k norms of Qwen3 / Gemma 3 included: one weight per head
+  dimension, shared by all heads) and lm_head stay replicated, so every rank returns full logits;
+  soft-capping acts per score / per logit, so it needs nothing either.
 
 The model code itself is unchanged; with ``world_size == 1`` nothing is modified.
 """

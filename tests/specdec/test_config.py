@@ -90,6 +90,8 @@ def test_later_overrides_win_and_nested_keys_merge():
         ({"models": {"dtype": "int8"}}, "dtype"),
         ({"load_monitor": {"window_s": 30.0, "cost_window_s": 10.0}}, "cost_window_s"),
         ({"load_monitor": {"max_round_ratio": -1}}, "max_round_ratio"),
+        ({"models": {"runner": "vllm"}}, "runner"),
+        ({"models": {"runner": "transformers"}, "serving": {"tensor_parallel_size": 2}}, "tensor_parallel_size"),
     ],
 )
 def test_bad_values_are_rejected_naming_the_field(overrides, field):

@@ -395,6 +395,7 @@ def test_worker_info_describes_the_model_and_capacity(remote_engine, workers):
     assert (engine.verifier.vocab_size, engine.verifier.max_seq_len) == (4096, 256)
     draft = engine.proposer.proposers["draft"].info()
     assert (draft.model, draft.vocab_size, draft.max_seq_len, draft.num_slots) == ("bundled:draft", 4096, 256, 8)
+    assert (info.runner, draft.runner) == ("specdec", "specdec")  # the bundled pair is Llama-family
 
 
 def test_the_draft_sends_float16_exact_q_that_the_target_decodes_bit_exactly(workers, prompt_ids):

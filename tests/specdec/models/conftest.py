@@ -39,6 +39,33 @@ FAMILIES: dict[str, tuple[str, dict]] = {
         {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "tie_word_embeddings": True},
     ),
     "mistral": ("MistralConfig", {"sliding_window": 5, "head_dim": 32}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),
+    "qwen3_sliding_biased": (
+        "Qwen3Config",
+        {"head_dim": 16, "attention_bias": True, "use_sliding_window": True, "sliding_window": 4,
+         "max_window_layers": 1},
+    ),
+    # soft-caps small enough to bite on random weights; query_pre_attn_scalar != head_dim
+    "gemma2": (
+        "Gemma2Config",
+        {"head_dim": 16, "sliding_window": 4, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 1.5,
+         "final_logit_softcapping": 2.0},
+    ),
+    "phi3": ("Phi3Config", {"sliding_window": 5, "pad_token_id": 0, "eos_token_id": 1}),  # fused qkv / gate_up
+    # what the own runtime does not implement (a model type; a feature): served by the transformers fallback
+    "gpt2": ("GPT2Config", {"n_inner": 128, "bos_token_id": 1, "eos_token_id": 1}),
+    "phi3_partial_rotary": ("Phi3Config", {"partial_rotary_factor": 0.5, "pad_token_id": 0, "eos_token_id": 1}),
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "head_dim": 32, "sliding_window": 4, "query_pre_attn_scalar": 24, "final_logit_softcapping": 2.0,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 4.0},
+            },
+        },
+    ),
 }
 
 

@@ -1,5 +1,7 @@
-"""The serving model reproduces transformers' logits exactly (fp32, |Δ| <= 1e-4) in every serving pattern:
-prefill, incremental decoding, ragged multi-token verification batches and rollbacks."""
+"""Every runner reproduces transformers' logits exactly (fp32, |Δ| <= 1e-4) in every serving pattern:
+prefill, incremental decoding, ragged multi-token verification batches and rollbacks. The own runtime
+serves the families it implements; what it does not (gpt2; Phi-3 with partial rotary) gets the transformers fallback,
+which is also checked on sliding-window families, where a rollback must not lose evicted entries."""
 
 from __future__ import annotations
 
@@ -7,9 +9,13 @@ import pytest
 import torch
 
 from specdec.models import ModelRunner
+from specdec.models.runners import open_runner
 
 ATOL = 1e-4
-FAMILIES = ["llama", "llama3_rope_tied", "qwen2", "qwen2_sliding_tied", "mistral"]
+FAMILIES = [
+    "llama", "llama3_rope_tied", "qwen2", "qwen2_sliding_tied", "mistral", "qwen3", "qwen3_sliding_biased",
+    "gemma2", "gemma3", "phi3",
+]
 
 
 def _tokens(seed: int, n: int) -> list[int]:
@@ -23,14 +29,31 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert diff <= ATOL, f"max |Δ| = {diff:.3g} > {ATOL}"
 
 
-@pytest.fixture(params=FAMILIES)
-def family(request: pytest.FixtureRequest) -> str:
+# (family, runner choice, the runner it must get)
+CASES = [(family, "auto", "specdec") for family in FAMILIES] + [
+    ("gpt2", "auto", "transformers"),
+    ("phi3_partial_rotary", "auto", "transformers"),
+    ("gemma2", "transformers", "transformers"),
+    ("qwen2_sliding_tied", "transformers", "transformers"),
+]
+
+
+@pytest.fixture(params=CASES, ids=lambda case: f"{case[0]}-{case[2]}")
+def case(request: pytest.FixtureRequest) -> tuple[str, str, str]:
     return request.param
 
 
 @pytest.fixture
-def runner(family: str, tiny_checkpoint) -> ModelRunner:
-    return ModelRunner.from_pretrained(str(tiny_checkpoint(family)), num_slots=4, max_seq_len=64)
+def family(case) -> str:
+    return case[0]
+
+
+@pytest.fixture
+def runner(case, tiny_checkpoint) -> ModelRunner:
+    family, choice, kind = case
+    opened = open_runner(str(tiny_checkpoint(family)), num_slots=4, max_seq_len=64, choice=choice)
+    assert opened.runner_kind == kind
+    return opened
 
 
 def test_prefill_logits_match_transformers(family, runner, tiny_checkpoint, reference_logits):

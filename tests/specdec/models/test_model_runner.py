@@ -251,7 +251,7 @@ def test_legacy_rope_theta_and_rope_scaling_are_understood():
     "changes, message",
     [
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type='yarn'"),
-        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type='linear'"),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}}, "requires \\['factor'"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"num_key_value_heads": 3}, "num_key_value_heads=3"),

@@ -14,7 +14,10 @@ import torch.multiprocessing as mp
 from specdec.models import ModelRunner, RowParallelLinear, load_model, shard_model
 
 WORLD_SIZE = 2
-TP_FAMILIES = ["llama_biased", "mistral"]  # every bias kind incl. row-parallel ones; decoupled head_dim + window
+# every bias kind incl. row-parallel ones; decoupled head_dim + window; per-head q/k norms (replicated);
+# Gemma's sandwich norms, soft-capped scores and logits, and a second RoPE on sliding layers; Phi-3's fused
+# projections (split at load, before sharding)
+TP_FAMILIES = ["llama_biased", "mistral", "qwen3_sliding_biased", "gemma3", "gemma2", "phi3"]
 
 
 def run_scenario(runner: ModelRunner) -> list[torch.Tensor]:

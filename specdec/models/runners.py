@@ -1,0 +1,76 @@
+"""Which runner serves a checkpoint: the own runtime (``ModelRunner``) for the families it implements,
+else the transformers fallback (``TransformersRunner``); start-up logs the choice and its reason
+(a warning when a model falls back on its own)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from specdec.models.config import UnsupportedModelError
+from specdec.models.loader import load_model, read_config, resolve_checkpoint_dir
+from specdec.models.model_runner import ModelRunner
+from specdec.models.transformers_runner import TransformersRunner
+
+logger = logging.getLogger(__name__)
+
+RunnerChoice = Literal["auto", "specdec", "transformers"]
+SPECDEC, TRANSFORMERS = ModelRunner.runner_kind, TransformersRunner.runner_kind
+
+
+def choose_runner(checkpoint_dir: Path, choice: RunnerChoice = "auto") -> tuple[str, str]:
+    """(runner kind, reason) for the checkpoint: 'auto' takes the own runtime when it implements the
+    config's model_type and features, else transformers; 'specdec' raises UnsupportedModelError then."""
+    if choice == TRANSFORMERS:
+        return TRANSFORMERS, "configured"
+    try:
+        read_config(checkpoint_dir)
+    except UnsupportedModelError as error:
+        if choice == SPECDEC:
+            raise
+        return TRANSFORMERS, f"the own runtime cannot serve it: {error}"
+    return SPECDEC, "configured" if choice == SPECDEC else "the own runtime implements it"
+
+
+def open_runner(
+    name_or_path: str,
+    num_slots: int,
+    max_seq_len: int,
+    dtype: str | torch.dtype = "float32",
+    device: torch.device | str = "cpu",
+    choice: RunnerChoice = "auto",
+) -> ModelRunner | TransformersRunner:
+    """Load ``name_or_path`` (local directory or hub id) into the runner ``choose_runner`` picks."""
+    checkpoint_dir = resolve_checkpoint_dir(name_or_path)
+    kind, reason = choose_runner(checkpoint_dir, choice)
+    # the fallback is slower, so an automatic fall back is a warning: visible at the CLI's default log level
+    level = logging.WARNING if kind == TRANSFORMERS and choice == "auto" else logging.INFO
+    logger.log(level, "model %s (model_type=%s): %s runner (%s)", name_or_path, model_type(checkpoint_dir), kind,
+               reason)
+    if kind == TRANSFORMERS:
+        return TransformersRunner.from_pretrained(str(checkpoint_dir), num_slots, max_seq_len, dtype, device)
+    return ModelRunner(load_model(str(checkpoint_dir), dtype=dtype, device=device), num_slots, max_seq_len)
+
+
+def _raw_config(checkpoint_dir: Path) -> dict:
+    path = checkpoint_dir / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def model_type(checkpoint_dir: Path) -> str | None:
+    """The ``model_type`` of the checkpoint's config.json (None without one)."""
+    return _raw_config(checkpoint_dir).get("model_type")
+
+
+def config_vocab_size(checkpoint_dir: Path) -> int:
+    """The vocabulary size of the checkpoint's config.json (its text model's, for a multimodal config),
+    whichever runner serves it; no weights are read."""
+    raw = _raw_config(checkpoint_dir)
+    vocab = raw.get("vocab_size") or (raw.get("text_config") or {}).get("vocab_size")
+    if not vocab:
+        raise UnsupportedModelError(f"no vocab_size in the config.json of {str(checkpoint_dir)!r}")
+    return int(vocab)
