@@ -240,11 +240,11 @@ def kill_the_router_replica_mid_request(app, tls_files, tokenizer) -> dict[str, 
 def test_a_killed_router_replica_is_unavailable_to_every_client(app, tls_files, tokenizer):
     """(Last in this module: the replica Serve starts in place of the killed one serves afterwards.)"""
     outcomes = kill_the_router_replica_mid_request(app, tls_files, tokenizer)
-    assert "ok" not in outcomes.values(), outcomes  # all were in flight
-    assert {name: outcomes[name] for name in outcomes if name.startswith("grpc")} == {
-        "grpc unary": "UNAVAILABLE", "grpc stream 0": "UNAVAILABLE", "grpc stream 1": "UNAVAILABLE"}
-    assert outcomes["openai completion"] == "HTTP 503"
-    assert outcomes["openai stream"].startswith("APIError: the router replica serving this request died"), outcomes
+    event = "APIError: the router replica serving this request died"  # the stream's error event
+    if outcomes.get("openai stream", "").startswith(event):
+        outcomes["openai stream"] = event
+    assert outcomes == {"grpc unary": "UNAVAILABLE", "grpc stream 0": "UNAVAILABLE", "grpc stream 1": "UNAVAILABLE",
+                        "openai completion": "HTTP 503", "openai stream": event}  # all in flight, none "ok"
     deadline = time.monotonic() + 60.0
     with client(app, tls_files) as good:  # the replacement serves
         while True:
