@@ -185,7 +185,7 @@ def test_no_listener_outside_loopback_answers_in_plaintext(app, tls_files):
 MAX_NEW = 200
 
 
-def kill_the_router_replica_mid_request(app, tls_files, tokenizer) -> dict[str, str]:
+def kill_the_router_replica_mid_request(app, tls_files) -> dict[str, str]:
     """Two raw gRPC streams, a raw unary call, an `openai` stream and an `openai` completion in
     flight; SIGKILL of the router replica once the streams have their first tokens. Returns
     how each ended ("ok" when it finished before the kill)."""
@@ -237,9 +237,9 @@ def kill_the_router_replica_mid_request(app, tls_files, tokenizer) -> dict[str, 
 
 
 @pytest.mark.slow
-def test_a_killed_router_replica_is_unavailable_to_every_client(app, tls_files, tokenizer):
+def test_a_killed_router_replica_is_unavailable_to_every_client(app, tls_files):
     """(Last in this module: the replica Serve starts in place of the killed one serves afterwards.)"""
-    outcomes = kill_the_router_replica_mid_request(app, tls_files, tokenizer)
+    outcomes = kill_the_router_replica_mid_request(app, tls_files)
     event = "APIError: the router replica serving this request died"  # the stream's error event
     if outcomes.get("openai stream", "").startswith(event):
         outcomes["openai stream"] = event
