@@ -45,8 +45,10 @@ logger = logging.getLogger(__name__)
 
 #: the servicer registrations Serve's gRPC proxy needs (import paths, resolved in the proxy)
 #: (the public service takes raw request bytes, so a corrupt message is INVALID_ARGUMENT here
-#: rather than UNKNOWN inside the proxy: `specdec_rpc.raw_requests`)
+#: rather than UNKNOWN inside the proxy: `specdec_rpc.raw_requests`; the first one makes the
+#: handlers registered after it report a dead replica as UNAVAILABLE: `specdec_rpc.replica_loss`)
 GRPC_SERVICER_FUNCTIONS = [
+    "specdec_rpc.replica_loss.report_replica_loss_as_unavailable",
     "specdec_rpc.raw_requests.add_SpeculativeDecodingServicer_to_server",
     "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
 ]

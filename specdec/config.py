@@ -115,7 +115,8 @@ class GenerationConfig(StrictModel):
 
 
 class ServingConfig(StrictModel):
-    host: str = Field("0.0.0.0", description="Interface the public gRPC and HTTP ports (Ray Serve's proxies) bind to.")
+    host: str = Field("0.0.0.0", description="Interface the public gRPC and HTTP ports (Ray Serve's proxies) bind to "
+                                             "(with TLS, Serve's plaintext gRPC port binds loopback).")
     port: int = Field(50051, ge=1, le=65535, description="Public gRPC port (Ray Serve's gRPC proxy).")
     http_port: int = Field(
         8000, ge=1, le=65535, description="Public HTTP port: the OpenAI-compatible API (Ray Serve's HTTP proxy)."

@@ -3,10 +3,12 @@
 Serve's gRPC proxy listens only in plaintext and has no TLS option, but it calls every
 function named in `grpc_servicer_functions` with its server before starting it.
 `add_tls_port_to_server` is such a function: it adds a TLS port (certificate and key
-from files) to the proxy's own server, beside Serve's plaintext port, which the app then
-binds to an internal port. It runs in the proxy's process, so its settings travel as
-environment variables, set before Ray starts (`tls_environment`); in Kubernetes the chart
-sets them on the head container.
+from files) on `serving.host` to the proxy's own server, beside Serve's plaintext port,
+which `specdec_rpc.proxy_binding` binds to loopback (an internal port). It refuses to add
+the TLS port when Serve's plaintext port is reachable from other hosts: TLS that a
+plaintext port beside it bypasses is no TLS. It runs in the proxy's process, so its
+settings travel as environment variables, set before Ray starts (`tls_environment`); in
+Kubernetes the chart sets them on the head container.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from specdec_rpc.proxy_binding import HOST_ENV, host_port, is_loopback, plaintext_address
 
 PORT_ENV, CERT_ENV, KEY_ENV = "SPECDEC_TLS_PORT", "SPECDEC_TLS_CERT_FILE", "SPECDEC_TLS_KEY_FILE"
 SERVICER_FUNCTION = "specdec_rpc.public_tls.add_tls_port_to_server"
@@ -40,6 +44,13 @@ def add_tls_port_to_server(servicer: Any, server: Any, environ: Mapping[str, str
     port = environ.get(PORT_ENV)
     if not port:
         return
-    bound = server.add_secure_port(f"[::]:{port}", server_credentials(environ[CERT_ENV], environ[KEY_ENV]))
+    if hasattr(server, "service_handler_factory") and not is_loopback(plaintext_address(server)):  # Serve's server
+        raise OSError(
+            f"Serve's plaintext gRPC port is bound to {plaintext_address(server) or 'every interface'}, where it "
+            "would bypass TLS: Serve's proxy must start with specdec's hook (RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+            "=actors.serve_proxy.setup_proxy in Ray's environment), which binds it to loopback"
+        )
+    address = host_port(environ.get(HOST_ENV) or "::", port)
+    bound = server.add_secure_port(address, server_credentials(environ[CERT_ENV], environ[KEY_ENV]))
     if bound == 0:
-        raise OSError(f"cannot bind the TLS port {port}")
+        raise OSError(f"cannot bind the TLS port {address}")

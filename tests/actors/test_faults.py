@@ -25,6 +25,7 @@ import pytest
 import ray
 
 from actors.app import free_port, start_app
+from ray_processes import actor_pids
 from specdec.config import load_config
 from specdec_rpc.client import SpecdecClient
 
@@ -43,13 +44,6 @@ def app():
     app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
     yield app
     app.shutdown()
-
-
-def actor_pids(class_suffix: str) -> list[int]:
-    """PIDs of the live actors of a class, from Ray's actor table."""
-    from ray._private.state import actors
-
-    return [a["Pid"] for a in actors().values() if a["State"] == "ALIVE" and a["ActorClassName"].endswith(class_suffix)]
 
 
 def drafting(client: SpecdecClient, prompt: list[int]) -> bool:

@@ -1,32 +1,44 @@
 """The public API as an operator deploys it: TLS and bearer tokens on both protocols through
-real Ray Serve proxies on 127.0.0.1, and a fuzz campaign of bad requests.
+real Ray Serve proxies on every interface (serving.host 0.0.0.0), and a fuzz campaign of bad requests.
 
 gRPC and HTTPS answer only with a valid token (UNAUTHENTICATED / 401 otherwise, nothing
-else), health stays open for probes, plaintext to the TLS port gets nowhere, and every
+else), health stays open for probes, plaintext to the TLS port gets nowhere, no listener
+outside loopback serves the API in plaintext (Serve's own gRPC port is on loopback), and every
 fuzzed request (random bytes, invalid UTF-8, NaN, out-of-vocabulary ids, huge prompts, …)
-is INVALID_ARGUMENT; afterwards a normal request still returns the reference output. The
-models run in the router (the worker path has its own tests): this module is about the
-public surface.
+is INVALID_ARGUMENT; afterwards a normal request still returns the reference output. A router
+replica killed mid-request: a raw gRPC client sees UNAVAILABLE, the `openai` client 503 or an
+error event, never INTERNAL or a cut. The models run in the router (the worker path has its
+own tests): this module is about the public surface.
 """
 
 from __future__ import annotations
 
 import functools
+import http.client
 import json
-import sys
-
+import os
+import signal
+import socket
 import ssl
+import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 
 import grpc
 import openai
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from actors.app import free_port, start_app
 from specdec.config import load_config
 from specdec_rpc.client import SpecdecClient
+from specdec_rpc.proxy_binding import is_loopback
+from specdec_rpc.public_service import SERVICE_NAME
 from specdec_rpc.router_backend import local_backend
+from specdec_rpc.v1 import specdec_pb2, specdec_pb2_grpc
+from ray_processes import actor_pids, listening_sockets
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "scripts"))
 import fuzz  # noqa: E402
@@ -41,8 +53,8 @@ def app(tls_files, tmp_path_factory):
     tokens = tmp_path_factory.mktemp("auth") / "tokens"
     tokens.write_text(f"# the team's tokens\n{TOKEN}\n")
     config = load_config(overrides={
-        "cache": {"num_slots": 4, "max_seq_len": MAX_SEQ_LEN},
-        "serving": {"port": free_port(), "http_port": free_port(), "host": "127.0.0.1"},
+        "cache": {"num_slots": 6, "max_seq_len": MAX_SEQ_LEN},
+        "serving": {"port": free_port(), "http_port": free_port(), "host": "0.0.0.0"},
         "security": {"tls_cert_file": str(cert), "tls_key_file": str(key), "api_tokens_file": str(tokens)},
     })
     app = start_app(config, backend_factory=functools.partial(local_backend, config),
@@ -114,3 +126,132 @@ def test_the_client_cli_takes_a_token_and_a_ca(app, tls_files, capsys):
     assert json.loads(capsys.readouterr().out)["token_ids"]
     assert main(base) != 0
     assert "UNAUTHENTICATED" in capsys.readouterr().err
+
+
+def plaintext_answers(port: int) -> list[str]:
+    """What a plaintext client gets from 127.0.0.1:port that it should not: the API's health
+    (Ray's own RPC servers answer the standard check for "", their own health, and no other
+    service), generation with a valid token, or an HTTP response."""
+    answers = []
+    api_health = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        calls = {"health": lambda: health_pb2_grpc.HealthStub(channel).Check(api_health, timeout=5),
+                 "generate": lambda: specdec_pb2_grpc.SpeculativeDecodingStub(channel).Generate(
+                     specdec_pb2.GenerateRequest(prompt="x", max_new_tokens=1), timeout=5,
+                     metadata=[("authorization", f"Bearer {TOKEN}")])}
+        for name, call in calls.items():
+            try:
+                answers.append(f"gRPC {name}: {call()}")
+            except grpc.RpcError:
+                pass
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5.0) as response:
+            answers.append(f"HTTP {response.status}")
+    except urllib.error.HTTPError as exc:
+        answers.append(f"HTTP {exc.code}")
+    except (OSError, http.client.HTTPException):  # refused, reset, or not HTTP/1 (a gRPC server's frames)
+        pass
+    return answers
+
+
+def speaks_tls(port: int, ca: str) -> bool:
+    context = ssl.create_default_context(cafile=ca)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5.0) as raw:
+            with context.wrap_socket(raw, server_hostname="localhost"):
+                return True
+    except (ssl.SSLError, OSError):
+        return False
+
+
+@pytest.mark.slow
+def test_no_listener_outside_loopback_answers_in_plaintext(app, tls_files):
+    """A scan of the listening sockets of Serve's proxy and the router replicas: the public
+    ports are on the network and speak TLS; every other non-loopback one (Ray's own RPC
+    ports, which Ray authenticates itself) serves neither the API nor HTTP in plaintext;
+    Serve's plaintext gRPC port (start-up probes) answers on loopback only."""
+    sockets = listening_sockets(actor_pids("ProxyActor") + actor_pids(":SpecdecRouter"))
+    public = {int(app.address.rsplit(":", 1)[1]), int(app.http_url.rsplit(":", 1)[1])}
+    exposed = {port for ip, port in sockets if not is_loopback(f"{ip}:{port}")}
+    assert public <= exposed, sockets
+    for port in public:
+        assert speaks_tls(port, str(tls_files[0])), port
+    leaks = {port: plaintext_answers(port) for port in exposed}
+    assert {port: answers for port, answers in leaks.items() if answers} == {}
+    internal = {port for ip, port in sockets if is_loopback(f"{ip}:{port}") and plaintext_answers(port)}
+    assert len(internal) == 1 and not internal & exposed, sockets  # Serve's own gRPC port, loopback only
+
+
+MAX_NEW = 200
+
+
+def kill_the_router_replica_mid_request(app, tls_files) -> dict[str, str]:
+    """Two raw gRPC streams, a raw unary call, an `openai` stream and an `openai` completion in
+    flight; SIGKILL of the router replica once the streams have their first tokens. Returns
+    how each ended ("ok" when it finished before the kill)."""
+    ca = str(tls_files[0])
+    metadata = [("authorization", f"Bearer {TOKEN}")]
+    channel = grpc.secure_channel(app.address, grpc.ssl_channel_credentials(tls_files[0].read_bytes()))
+    stub = specdec_pb2_grpc.SpeculativeDecodingStub(channel)
+    request = specdec_pb2.GenerateRequest(prompt="class Stack:", max_new_tokens=MAX_NEW,
+                                          sampling=specdec_pb2.SamplingParams(temperature=0))
+    http = openai.OpenAI(base_url=f"{app.http_url}/v1", api_key=TOKEN, max_retries=0,
+                         http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca)))
+    outcomes: dict[str, str] = {}
+
+    def outcome(name, call):
+        try:
+            call()
+            outcomes[name] = "ok"
+        except grpc.RpcError as exc:
+            outcomes[name] = exc.code().name
+        except openai.APIStatusError as exc:
+            outcomes[name] = f"HTTP {exc.status_code}"
+        except openai.APIError as exc:  # an error event in the stream (not a connection error)
+            outcomes[name] = f"{type(exc).__name__}: {exc.message}"
+        except Exception as exc:  # noqa: BLE001 - a cut stream, whatever the library makes of it
+            outcomes[name] = f"{type(exc).__name__}: {exc}"
+
+    streams = [stub.GenerateStream(request, metadata=metadata, timeout=120) for _ in range(2)]
+    for stream in streams:
+        next(stream)
+    http_stream = http.completions.create(model="bundled:target", prompt="class Stack:", max_tokens=MAX_NEW,
+                                          temperature=0, stream=True)
+    next(iter(http_stream))
+    calls = {"grpc unary": lambda: stub.Generate(request, metadata=metadata, timeout=120),
+             "openai completion": lambda: http.completions.create(model="bundled:target", prompt="class Stack:",
+                                                                  max_tokens=MAX_NEW, temperature=0),
+             "grpc stream 0": lambda: list(streams[0]), "grpc stream 1": lambda: list(streams[1]),
+             "openai stream": lambda: list(http_stream)}
+    threads = [threading.Thread(target=outcome, args=item) for item in calls.items()]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)  # the unary calls reach the replica
+    [pid] = actor_pids(":SpecdecRouter")
+    os.kill(pid, signal.SIGKILL)
+    for thread in threads:
+        thread.join(timeout=120)
+    channel.close()
+    http.close()
+    return outcomes
+
+
+@pytest.mark.slow
+def test_a_killed_router_replica_is_unavailable_to_every_client(app, tls_files):
+    """(Last in this module: the replica Serve starts in place of the killed one serves afterwards.)"""
+    outcomes = kill_the_router_replica_mid_request(app, tls_files)
+    event = "APIError: the router replica serving this request died"  # the stream's error event
+    if outcomes.get("openai stream", "").startswith(event):
+        outcomes["openai stream"] = event
+    assert outcomes == {"grpc unary": "UNAVAILABLE", "grpc stream 0": "UNAVAILABLE", "grpc stream 1": "UNAVAILABLE",
+                        "openai completion": "HTTP 503", "openai stream": event}  # all in flight, none "ok"
+    deadline = time.monotonic() + 60.0
+    with client(app, tls_files) as good:  # the replacement serves
+        while True:
+            try:
+                if good.health() == "SERVING":
+                    break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            assert time.monotonic() < deadline, "no replica serves again"
+            time.sleep(0.5)

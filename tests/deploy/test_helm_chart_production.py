@@ -171,7 +171,7 @@ def _public_tls_constants() -> dict[str, str]:
 def test_tls_should_add_specdecs_tls_port_to_serves_grpc_proxy(render):
     """Serve's gRPC proxy has no TLS option: public_tls's servicer function adds the TLS port
     (grpc.port) from environment variables; Serve's plaintext port moves to grpc.tlsInternalPort,
-    which only the Ray pods reach."""
+    on the head pod's loopback."""
     tls = _public_tls_constants()
     docs = render((), **{"security.tls.existingSecret": "api-cert"})
     grpc_options = view.serve_config(docs)["grpc_options"]
@@ -182,6 +182,8 @@ def test_tls_should_add_specdecs_tls_port_to_serves_grpc_proxy(render):
         env = view.env(view.container(template))
         assert env[tls["PORT_ENV"]] == str(VALUES["grpc"]["port"])
         assert env[tls["CERT_ENV"]] == "/etc/specdec/tls/tls.crt" and env[tls["KEY_ENV"]] == "/etc/specdec/tls/tls.key"
+        # Serve's proxy start-up hook binds Serve's plaintext port to loopback (actors/serve_proxy.py)
+        assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "actors.serve_proxy.setup_proxy"
     ports = {p["name"]: p["containerPort"] for p in view.container(view.head(docs)["template"])["ports"]}
     assert ports["grpc"] == VALUES["grpc"]["port"] and ports["grpc-internal"] == VALUES["grpc"]["tlsInternalPort"]
     service = strip_source(docs.one("Service", "specdec"))

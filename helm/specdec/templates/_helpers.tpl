@@ -281,6 +281,12 @@ exec:
   value: /home/specdec/.cache
 - name: TRITON_CACHE_DIR
   value: /home/specdec/.cache/triton
+# Serve's proxy start-up hook (actors/serve_proxy.py): Serve's gRPC port binds SPECDEC_BIND_HOST
+# (loopback beside the TLS port), a dead router replica's HTTP requests end as 503 / an SSE error event
+- name: RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH
+  value: actors.serve_proxy.setup_proxy
+- name: SPECDEC_BIND_HOST
+  value: "0.0.0.0"
 {{- with .Values.security.tls }}
 {{- if .existingSecret }}
 # read by specdec_rpc.public_tls inside Serve's gRPC proxy (Ray's processes inherit the container's env)

@@ -1,0 +1,46 @@
+"""The proxies' options from the config: `serving.host` is the bind address of both protocols,
+TLS moves Serve's plaintext gRPC port to loopback, and the proxy's start-up hook is always in
+the environment Ray passes on."""
+
+import os
+
+import pytest
+
+from actors.serve_endpoints import export_environment, serve_endpoints
+from specdec.config import load_config
+
+
+def config(host="0.0.0.0", tls_files=None):
+    security = {"tls_cert_file": str(tls_files[0]), "tls_key_file": str(tls_files[1])} if tls_files else {}
+    return load_config(overrides={"serving": {"host": host, "port": 50051, "http_port": 8000}, "security": security})
+
+
+def test_without_tls_both_public_ports_bind_the_host_in_plaintext():
+    endpoints = serve_endpoints(config("10.1.2.3"))
+    assert (endpoints.http.host, endpoints.grpc.port) == ("10.1.2.3", 50051)
+    assert endpoints.environment["SPECDEC_BIND_HOST"] == "10.1.2.3"
+    assert endpoints.environment["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "actors.serve_proxy.setup_proxy"
+    assert endpoints.public_address == endpoints.probe_address == "10.1.2.3:50051"
+    assert endpoints.http_url == "http://10.1.2.3:8000" and not endpoints.tls
+    assert endpoints.grpc.grpc_servicer_functions[0] == "specdec_rpc.replica_loss.report_replica_loss_as_unavailable"
+
+
+def test_with_tls_serves_plaintext_grpc_port_is_internal_on_loopback(tls_files):
+    endpoints = serve_endpoints(config("0.0.0.0", tls_files), internal_grpc_port=50999)
+    assert endpoints.tls and endpoints.environment["SPECDEC_TLS_PORT"] == "50051"
+    assert endpoints.grpc.port == 50999 and endpoints.probe_address == "127.0.0.1:50999"
+    assert endpoints.public_address == "127.0.0.1:50051" and endpoints.http_url == "https://127.0.0.1:8000"
+    assert endpoints.http.ssl_certfile == str(tls_files[0])
+
+
+def test_joining_a_ray_without_the_hook_is_refused_with_tls(tls_files, monkeypatch):
+    for name in ("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "SPECDEC_BIND_HOST", "SPECDEC_TLS_PORT",
+                 "SPECDEC_TLS_CERT_FILE", "SPECDEC_TLS_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)  # restored (unset) afterwards
+    with pytest.raises(ValueError, match="start Ray with them set"):
+        export_environment(serve_endpoints(config("0.0.0.0", tls_files)), ray_started_here=False)
+    export_environment(serve_endpoints(config("0.0.0.0")), ray_started_here=False)  # logged only
+    export_environment(serve_endpoints(config("0.0.0.0", tls_files)), ray_started_here=True)
+    assert os.environ["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "actors.serve_proxy.setup_proxy"
+    export_environment(serve_endpoints(config("127.0.0.1")), ray_started_here=True)
+    assert "SPECDEC_TLS_PORT" not in os.environ and os.environ["SPECDEC_BIND_HOST"] == "127.0.0.1"
