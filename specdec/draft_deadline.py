@@ -44,6 +44,12 @@ class DraftDeadline:
         self.misses = 0  # misses since the last call that answered in time
         self.missed_calls = 0  # every miss so far
 
+    @classmethod
+    def within(cls, limit_s: float) -> "DraftDeadline":
+        """The default deadline for calls that may run at most limit_s (floor and cap no higher)."""
+        cap_s = min(CAP_S, limit_s)
+        return cls(floor_s=min(FLOOR_S, cap_s), cap_s=cap_s)
+
     def p99_s(self) -> float | None:
         """The p99 of the recent calls' seconds (None before the first)."""
         if self._p99 is None and self._seconds:

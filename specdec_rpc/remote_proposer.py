@@ -100,7 +100,7 @@ class RemoteProposer(Proposer):
         self.reconnects = 0  # times the client found its worker again after it went down
         self._channel = secret_channel(address, secret, CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.DraftWorkerStub(self._channel)
-        self._lock = threading.Lock()  # the reconnector's thread swaps the channel
+        self._lock = threading.Lock()  # the reconnector's thread swaps the channel; gRPC's re-buffers releases
         self._down: tuple[float, str] | None = None  # (since, why) while the worker is down
         self._fresh_worker = False  # switched to a worker that holds no history yet
         self._found: grpc.Channel | None = None
@@ -110,7 +110,7 @@ class RemoteProposer(Proposer):
         self._released: list[str] = []  # wire ids whose Release is not sent yet
         self._vocab_size: int | None = None
         self.last_compute_s = 0.0
-        self.deadline = DraftDeadline(cap_s=min(timeout_s, DraftDeadline().cap_s))
+        self.deadline = DraftDeadline.within(timeout_s)
         self._due = 0.0  # when the current round stops waiting for its drafts (time.monotonic)
         self._late: LateCall | None = None  # the call that missed its deadline, while it runs
 
@@ -134,8 +134,9 @@ class RemoteProposer(Proposer):
         return self._guarded(requests, [[] for _ in requests], call)
 
     def _guarded(self, requests: list[ProposalRequest], empty, call: Callable[[int], object]):
-        """call(vocab size), or `empty` (no drafts, lossless) when the worker is down or the
-        call fails: the failure is counted and logged, and a worker that went down is looked
+        """call(vocab size) within the round's draft deadline, or `empty` (no drafts, lossless)
+        when the worker is down, still busy with a late call, or the call fails or misses the
+        deadline: the failure is counted and logged, and a worker that went down is looked
         for again in the background."""
         self.last_compute_s = 0.0  # the worker's compute in this call (RoundProfile)
         if self._still_late() or self._is_down():
@@ -149,13 +150,7 @@ class RemoteProposer(Proposer):
             self.unavailable_reason = None
             return result
         except DraftLate as exc:
-            self._sender.reset(r.seq_id for r in requests)  # the worker may apply the late call's deltas or not
-            self.failures += 1
-            self.unavailable_reason = self._late_reason()
-            logger.warning("draft worker %s: %s; no draft tokens this round", self.address, exc)
-            if self.deadline.missed():
-                self._went_down(f"missed its deadline {self.deadline.misses} times in a row")
-                self.unavailable_reason = self._down_reason()
+            self._missed(requests, exc)
             return empty
         except (grpc.RpcError, ValueError) as exc:
             self._sender.reset(r.seq_id for r in requests)
@@ -167,6 +162,17 @@ class RemoteProposer(Proposer):
             if isinstance(exc, grpc.RpcError) and exc.code() in WORKER_DOWN:
                 self._went_down(_describe(exc))
             return empty
+
+    def _missed(self, requests: list[ProposalRequest], exc: DraftLate) -> None:
+        """The round's call missed its deadline: its rows send whole histories next time (the
+        worker may apply the late call's deltas or not); one that keeps missing is down."""
+        self._sender.reset(r.seq_id for r in requests)
+        self.failures += 1
+        self.unavailable_reason = self._late_reason()
+        logger.warning("draft worker %s: %s; no draft tokens this round", self.address, exc)
+        if self.deadline.missed():
+            self._went_down(f"missed its deadline {self.deadline.misses} times in a row")
+            self.unavailable_reason = self._down_reason()
 
     def _still_late(self) -> bool:
         """True while a call that missed its deadline runs; when it has ended, learns from it:

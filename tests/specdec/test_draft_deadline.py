@@ -60,3 +60,9 @@ def test_misses_in_a_row_open_the_circuit_and_an_answer_in_time_ends_the_row():
 def test_impossible_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         DraftDeadline(**kwargs)
+
+
+def test_within_a_short_call_limit_the_floor_and_cap_shrink_to_it():
+    assert (DraftDeadline.within(30.0).floor_s, DraftDeadline.within(30.0).cap_s) == (0.2, 1.0)
+    short = DraftDeadline.within(0.1)
+    assert short.floor_s == short.cap_s == short.budget_s() == 0.1
