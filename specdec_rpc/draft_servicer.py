@@ -91,11 +91,11 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
             return await run_locked(self._work, context, "Propose", self._propose, request, context,
                                     calls=self.metrics)
 
-    async def _propose(self, request: worker_pb2.ProposeRequest, context=None) -> worker_pb2.ProposeResponse:
+    async def _propose(self, request: worker_pb2.ProposeRequest,
+                       context: grpc.aio.ServicerContext) -> worker_pb2.ProposeResponse:
         """Under the worker's lock. A call whose router stopped waiting for it (its deadline
         passed while it waited) applies none of its deltas: the router resyncs those rows."""
-        if context is not None:
-            check_caller_waits(context, "Propose")
+        check_caller_waits(context, "Propose")
         start = time.perf_counter()
         if len(request.gammas) != len(request.sequences):
             raise ValueError(f"{len(request.gammas)} gammas for {len(request.sequences)} sequences")
