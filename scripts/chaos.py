@@ -3,14 +3,18 @@
 Starts `specdec serve`'s stack in-process (local Ray, the worker hub, the Serve router, a
 local redis-server as the load store), records each prompt's greedy output once, then for
 each fault: runs `--clients` concurrent greedy streams (clients that retry UNAVAILABLE, as
-specdec's do: a stream only before its first chunk), injects the fault (SIGKILL by PID of
-the actor's process, found in Ray's actor table; SIGSTOP/SIGCONT or SIGKILL of redis-server),
-and keeps the load on until the server has fully recovered (health SERVING, a request
-drafts again, the load monitor reads Redis again) or `--max-recovery-s` passed. Prints one
-table row per fault: requests sent / failed / wrong output, failure codes, time to full
-recovery. Bounded: at most `--max-recovery-s` + `--tail-s` per fault, faults run once each.
+specdec's do: a stream only before its first chunk; their speculation modes cycle through
+`--modes`), injects the fault by PID (the actor's process, found in Ray's actor table, or
+redis-server): a kill (SIGKILL; Redis is restarted after 3 s) or a hang (SIGSTOP, SIGCONT
+after `--hang-s`), and keeps the load on until the server has fully recovered (health
+SERVING, a request drafts again, the load monitor reads Redis again) or `--max-recovery-s`
+passed. Prints one table row per fault: requests sent / failed / wrong output, failure
+codes, each stream's longest token gap during the fault (from the injection to SIGCONT, or
+to full recovery after a kill) beside its p99 gap before the fault, and the time to full
+recovery (after a hang: from SIGCONT). Bounded: at most `--hang-s` + `--max-recovery-s` +
+`--tail-s` per fault, faults run once each.
 
-    python scripts/chaos.py [--tp 2] [--clients 4] [--max-new-tokens 24] [--faults draft,rank,...]
+    python scripts/chaos.py [--tp 2] [--clients 4] [--modes on,auto,off] [--hang-s 5] [--faults draft,draft-hang,...]
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 PROMPTS = ["def parse(line):", "import os\nimport sys\n", "class Stack:\n    def push(self, item):",
            "for i in range(10):", "# read the file\nwith open(path) as f:", "def fib(n):"]
-FAULTS = ("draft", "rank", "leader", "router", "redis-hang", "redis-kill")
+FAULTS = ("draft", "draft-hang", "rank", "rank-hang", "leader", "router", "router-hang", "redis-hang", "redis-kill")
+# the actor class (suffix) each fault's process belongs to (redis-server is not an actor)
+ACTORS = {"draft": "DraftWorkerActor", "rank": "TargetFollower", "leader": "TargetLeader", "router": ":SpecdecRouter"}
 
 
 @dataclass
@@ -58,12 +64,28 @@ def actor_pid(class_suffix: str) -> int:
     return pids[0]
 
 
-class Load:
-    """`clients` threads, each streaming greedy requests in a loop and checking the output."""
+def longest_gap(times: list[float], start: float, end: float) -> float:
+    """The longest wait for a token that overlaps [start, end]: between consecutive marks
+    (a request sent, or a chunk received) of one stream."""
+    return max((b - a for a, b in zip(times, times[1:]) if b > start and a < end), default=0.0)
 
-    def __init__(self, address: str, reference: dict[str, list[int]], clients: int, max_new: int) -> None:
+
+def p99_gap(times: list[float], before: float) -> float:
+    """The p99 of a stream's waits for a token that ended before `before`."""
+    gaps = sorted(b - a for a, b in zip(times, times[1:]) if b <= before)
+    return gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] if gaps else 0.0
+
+
+class Load:
+    """`clients` threads, each streaming greedy requests in a loop (speculation mode
+    `modes[i % len(modes)]`), checking the output and marking when each token came."""
+
+    def __init__(self, address: str, reference: dict[str, list[int]], clients: int, max_new: int,
+                 modes: list[str]) -> None:
         self.address, self.reference, self.max_new = address, reference, max_new
         self.tally = Tally()
+        self.modes = [modes[i % len(modes)] for i in range(clients)]
+        self.marks: list[list[float]] = [[] for _ in range(clients)]  # per stream: requests sent, chunks received
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
 
@@ -84,12 +106,16 @@ class Load:
 
         # a real client: UNAVAILABLE is retried (a stream only before its first chunk)
         with SpecdecClient(self.address, timeout_s=120.0, retries=6, backoff_s=0.5) as client:
-            i = worker
+            i, marks = worker, self.marks[worker]
             while not self._stop.is_set():
                 prompt = PROMPTS[i % len(PROMPTS)]
                 i += 1
                 try:
-                    ids = [t for c in client.generate_stream(prompt, max_new_tokens=self.max_new) for t in c.token_ids]
+                    marks.append(time.monotonic())
+                    ids = []
+                    for chunk in client.generate_stream(prompt, max_new_tokens=self.max_new, mode=self.modes[worker]):
+                        marks.append(time.monotonic())
+                        ids.extend(chunk.token_ids)
                     self.tally.add(None, ids != self.reference[prompt])
                 except grpc.RpcError as exc:
                     self.tally.add(exc.code().name, False)
@@ -108,37 +134,52 @@ def recovered(client, redis_check: bool) -> bool:
     return response.stats.drafted > 0 and (not redis_check or stats.measurements_source == "shared")
 
 
-def inject(fault: str, redis) -> None:
-    """Inject one fault (redis-hang resumes redis-server after 5 s, redis-kill restarts it after 3 s)."""
-    if fault == "draft":
-        os.kill(actor_pid("DraftWorkerActor"), signal.SIGKILL)
-    elif fault == "rank":
-        os.kill(actor_pid("TargetFollower"), signal.SIGKILL)
-    elif fault == "leader":
-        os.kill(actor_pid("TargetLeader"), signal.SIGKILL)
-    elif fault == "router":
-        os.kill(actor_pid(":SpecdecRouter"), signal.SIGKILL)
-    elif fault == "redis-hang":
-        pid = redis.process.pid
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(5.0)
-        os.kill(pid, signal.SIGCONT)
-    elif fault == "redis-kill":
+def inject(fault: str, redis, hang_s: float) -> None:
+    """Inject one fault; a hang (SIGSTOP) ends with SIGCONT after hang_s, whatever happens
+    meanwhile; redis-kill restarts redis-server after 3 s."""
+    if fault == "redis-kill":
         redis.stop()
         time.sleep(3.0)
         # the same port, so the routers reconnect; started from this (main) thread: the
         # child's parent-death signal fires when the thread that started it ends
         redis.start()
+        return
+    target = fault.removesuffix("-hang")
+    pid = redis.process.pid if target == "redis" else actor_pid(ACTORS[target])
+    if not fault.endswith("-hang"):
+        os.kill(pid, signal.SIGKILL)
+        return
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(hang_s)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # killed meanwhile (a hung target rank is taken for dead)
 
 
-def run_fault(fault: str, address: str, reference, redis, args) -> tuple[Tally, float | None]:
+@dataclass
+class FaultRun:
+    """One fault's outcome: the requests' tally, each stream's mode, longest token gap during
+    the fault and p99 gap before it, and the time to full recovery (None: not within the limit)."""
+
+    tally: Tally
+    modes: list[str]
+    gaps: list[float]
+    p99_before: list[float]
+    recovery: float | None
+
+
+def run_fault(fault: str, address: str, reference, redis, args) -> FaultRun:
     from specdec_rpc.client import SpecdecClient
 
     with SpecdecClient(address, timeout_s=120.0, retries=3, backoff_s=0.5) as probe, \
-            Load(address, reference, args.clients, args.max_new_tokens) as load:
+            Load(address, reference, args.clients, args.max_new_tokens, args.modes.split(",")) as load:
         time.sleep(args.warm_s)
-        start = time.monotonic()
-        inject(fault, redis)
+        injected = time.monotonic()
+        inject(fault, redis, args.hang_s)
+        start = time.monotonic()  # recovery counts from here: the SIGCONT of a hang
         time.sleep(1.0)  # let the fault take effect before asking whether it is over
         recovery = None
         while time.monotonic() - start < args.max_recovery_s:
@@ -146,8 +187,10 @@ def run_fault(fault: str, address: str, reference, redis, args) -> tuple[Tally, 
                 recovery = time.monotonic() - start
                 break
             time.sleep(0.5)
+        end = start if fault.endswith("-hang") else time.monotonic()
         time.sleep(args.tail_s)
-    return load.tally, recovery
+    gaps = [longest_gap(marks, injected, end) for marks in load.marks]
+    return FaultRun(load.tally, load.modes, gaps, [p99_gap(m, injected) for m in load.marks], recovery)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -156,6 +199,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=4, help="concurrent greedy streams")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
+    p.add_argument("--modes", default="on,auto,off", help="the streams' speculation modes, in turn (on, auto, off)")
+    p.add_argument("--hang-s", type=float, default=5.0, help="how long a hang (SIGSTOP) lasts, seconds")
     p.add_argument("--warm-s", type=float, default=3.0, help="load before each fault, seconds")
     p.add_argument("--tail-s", type=float, default=3.0, help="load after recovery, seconds")
     p.add_argument("--max-recovery-s", type=float, default=90.0, help="give up waiting for recovery after, seconds")
@@ -166,8 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     faults = [f for f in args.faults.split(",") if f]
     unknown = sorted(set(faults) - set(FAULTS))
-    if unknown or (args.tp < 2 and "rank" in faults):
-        raise SystemExit(f"unknown faults {unknown}" if unknown else "the 'rank' fault needs --tp >= 2")
+    bad_modes = sorted(set(args.modes.split(",")) - {"on", "auto", "off"})
+    if unknown or bad_modes:
+        raise SystemExit(f"unknown faults {unknown}" if unknown else f"unknown modes {bad_modes}")
+    if args.tp < 2 and any(f.startswith("rank") for f in faults):
+        raise SystemExit("the rank faults need --tp >= 2")
     from actors.app import free_port, start_app
     from specdec_redis.local_redis import LocalRedis
     from specdec.config import load_config
@@ -186,20 +234,31 @@ def main(argv: list[str] | None = None) -> int:
         with SpecdecClient(app.address, timeout_s=120.0) as client:
             reference = {p: list(client.generate(p, max_new_tokens=args.max_new_tokens).token_ids) for p in PROMPTS}
         for fault in faults:
-            tally, recovery = run_fault(fault, app.address, reference, redis, args)
-            rows.append((fault, tally, recovery))
-            print(f"{fault}: sent {tally.sent}, failed {tally.failed} {dict(tally.codes)}, wrong {tally.wrong}, "
-                  f"recovered {'-' if recovery is None else f'{recovery:.1f}s'}", file=sys.stderr, flush=True)
+            run = run_fault(fault, app.address, reference, redis, args)
+            rows.append((fault, run))
+            print(f"{fault}: sent {run.tally.sent}, failed {run.tally.failed} {dict(run.tally.codes)}, "
+                  f"wrong {run.tally.wrong}, gaps {['%.2f' % g for g in run.gaps]}, "
+                  f"recovered {'-' if run.recovery is None else f'{run.recovery:.1f}s'}", file=sys.stderr, flush=True)
     finally:
         app.shutdown()
         redis.stop()
-    print("| fault | requests sent | failed | wrong output | failure codes | time to full recovery |")
-    print("|---|---:|---:|---:|---|---:|")
-    for fault, t, recovery in rows:
+    print_table(rows, args)
+    return 0 if all(run.tally.wrong == 0 for _, run in rows) else 1
+
+
+def print_table(rows: list[tuple[str, FaultRun]], args: argparse.Namespace) -> None:
+    """One markdown row per fault; the gaps as `mode gap (p99 before)` per stream."""
+    print("| fault | requests sent | failed | wrong output | failure codes "
+          "| longest token gap during the fault, per stream (p99 gap before) | time to full recovery |")
+    print("|---|---:|---:|---:|---|---|---:|")
+    for fault, run in rows:
+        t = run.tally
         codes = ", ".join(f"{k} {v}" for k, v in t.codes.items()) or "-"
-        time_s = f"{recovery:.1f} s" if recovery is not None else f"> {args.max_recovery_s:.0f} s"
-        print(f"| {fault} | {t.sent} | {t.failed} | {t.wrong} | {codes} | {time_s} |")
-    return 0 if all(t.wrong == 0 for _, t, _ in rows) else 1
+        gaps = ", ".join(f"{m} {g:.2f} s ({p:.2f})" for m, g, p in zip(run.modes, run.gaps, run.p99_before))
+        hang = f" {args.hang_s:g} s" if fault.endswith("-hang") else ""
+        after = " after SIGCONT" if hang else ""
+        time_s = f"{run.recovery:.1f} s{after}" if run.recovery is not None else f"> {args.max_recovery_s:.0f} s"
+        print(f"| {fault}{hang} | {t.sent} | {t.failed} | {t.wrong} | {codes} | {gaps} | {time_s} |")
 
 
 if __name__ == "__main__":

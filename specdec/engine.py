@@ -241,8 +241,11 @@ class SpeculativeEngine:
             outputs.append(output)
             drafted.append(counts[0])
             accepted.append(counts[1])
-        asked = [g if i in fresh else 0 for i, g in enumerate(gamma_now)]  # drafted by this round's own call
-        planned_s = self.planner.planned_s(len(now))
+        # drafted by this round's own call; a call that failed or missed its deadline is no
+        # measure of drafting (its wait would price every later draft call) and no priced plan
+        missed = [seq.stats.speculation_unavailable and g > 0 for seq, g in zip(now, gamma_now)]
+        asked = [g if i in fresh and not missed[i] else 0 for i, g in enumerate(gamma_now)]
+        planned_s = 0.0 if any(missed) else self.planner.planned_s(len(now))
         self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill, planned_s)
         if ahead is not None:
             ahead.round_done(sum(len(result.emitted) for result in results), time.perf_counter() - start)

@@ -27,7 +27,7 @@ from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S, LeaseReaper
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
-from specdec_rpc.worker_runtime import CallStats, SerialExecutor, run_locked, run_serially
+from specdec_rpc.worker_runtime import CallStats, SerialExecutor, check_caller_waits, run_locked, run_serially
 
 MAX_BRANCHES = 16  # ProposeRequest.branches above this is refused (INVALID_ARGUMENT)
 
@@ -89,9 +89,14 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
 
     async def Propose(self, request: worker_pb2.ProposeRequest, context: grpc.aio.ServicerContext):
         with self.leases.call(request.lease_id):
-            return await run_locked(self._work, context, "Propose", self._propose, request, calls=self.metrics)
+            return await run_locked(self._work, context, "Propose", self._propose, request, context,
+                                    calls=self.metrics)
 
-    async def _propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
+    async def _propose(self, request: worker_pb2.ProposeRequest,
+                       context: grpc.aio.ServicerContext) -> worker_pb2.ProposeResponse:
+        """Under the worker's lock. A call whose router stopped waiting for it (its deadline
+        passed while it waited) applies none of its deltas: the router resyncs those rows."""
+        check_caller_waits(context, "Propose")
         start = time.perf_counter()
         if len(request.gammas) != len(request.sequences):
             raise ValueError(f"{len(request.gammas)} gammas for {len(request.sequences)} sequences")

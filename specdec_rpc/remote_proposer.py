@@ -13,6 +13,17 @@ rounds go on without drafts (`unavailable_reason` says why) while a WorkerReconn
 probes it; once one answers, the client switches to it and every sequence sends its whole
 history (the new worker holds none), so speculation resumes by itself.
 
+Every call on the round's path has a deadline far below `timeout_s` (`DraftDeadline`: a
+small multiple of the p99 of recent calls, with a floor and a cap): a round whose drafts
+miss it goes on without them (target-only rows, lossless) and resets those rows' sent
+histories, so the next call sends them whole (the late reply may or may not have reached
+the worker: its state for them is resynced, never trusted). The late call is left to end
+on its own (within `timeout_s`) and its reply is discarded; while it runs, rounds skip the
+worker without waiting (a stopped worker costs one budget, not one per round). A worker
+that keeps missing, or whose late call fails as a down worker's does, is down: the circuit
+is open until a background probe answers within the budget's cap. Releases are sent
+without waiting for their reply.
+
 Not thread-safe: one engine drives it.
 """
 
@@ -22,10 +33,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 import torch
 
+from specdec.draft_deadline import DraftDeadline
 from specdec.proposers.base import Branch, Proposal, ProposalRequest, Proposer
 from specdec_rpc.history_sync import HistorySender
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
@@ -40,7 +53,25 @@ logger = logging.getLogger(__name__)
 
 #: call failures that mean the worker is down: stop calling it until it answers again
 WORKER_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-PROBE_TIMEOUT_S = 2.0  # one GetInfo while looking for the worker again
+
+
+class DraftLate(Exception):
+    """A draft call missed its round's deadline (the call itself goes on: `LateCall`)."""
+
+
+@dataclass
+class LateCall:
+    """A call that missed its deadline and has not ended yet; `ended` is set when it ends."""
+
+    future: grpc.Future
+    started: float
+    ended: float | None = None
+
+    def __post_init__(self) -> None:
+        self.future.add_done_callback(self._done)
+
+    def _done(self, _future) -> None:
+        self.ended = time.monotonic()
 
 
 class RemoteProposer(Proposer):
@@ -58,7 +89,8 @@ class RemoteProposer(Proposer):
         resolve: Callable[[], str | None] | None = None,
         secret: str | None = None,
     ) -> None:
-        """address: the DraftWorker's host:port; timeout_s: deadline of each call (keep it short);
+        """address: the DraftWorker's host:port; timeout_s: the longest any call may run (a
+        round waits for its drafts only `deadline.budget_s()`, capped far below it);
         lease_id: the router's lease (None = a new one); lease_ttl_s: assumed until the worker says;
         resolve: the worker's current address after it went down (None = the same address)."""
         self.address = address
@@ -68,7 +100,7 @@ class RemoteProposer(Proposer):
         self.reconnects = 0  # times the client found its worker again after it went down
         self._channel = secret_channel(address, secret, CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.DraftWorkerStub(self._channel)
-        self._lock = threading.Lock()  # the reconnector's thread swaps the channel
+        self._lock = threading.Lock()  # the reconnector's thread swaps the channel; gRPC's re-buffers releases
         self._down: tuple[float, str] | None = None  # (since, why) while the worker is down
         self._fresh_worker = False  # switched to a worker that holds no history yet
         self._found: grpc.Channel | None = None
@@ -78,6 +110,9 @@ class RemoteProposer(Proposer):
         self._released: list[str] = []  # wire ids whose Release is not sent yet
         self._vocab_size: int | None = None
         self.last_compute_s = 0.0
+        self.deadline = DraftDeadline.within(timeout_s)
+        self._due = 0.0  # when the current round stops waiting for its drafts (time.monotonic)
+        self._late: LateCall | None = None  # the call that missed its deadline, while it runs
 
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
         gamma = max((r.gamma for r in requests), default=0)
@@ -99,19 +134,24 @@ class RemoteProposer(Proposer):
         return self._guarded(requests, [[] for _ in requests], call)
 
     def _guarded(self, requests: list[ProposalRequest], empty, call: Callable[[int], object]):
-        """call(vocab size), or `empty` (no drafts, lossless) when the worker is down or the
-        call fails: the failure is counted and logged, and a worker that went down is looked
+        """call(vocab size) within the round's draft deadline, or `empty` (no drafts, lossless)
+        when the worker is down, still busy with a late call, or the call fails or misses the
+        deadline: the failure is counted and logged, and a worker that went down is looked
         for again in the background."""
         self.last_compute_s = 0.0  # the worker's compute in this call (RoundProfile)
-        if self._is_down():
+        if self._still_late() or self._is_down():
             self.failures += 1
-            self.unavailable_reason = self._down_reason()
+            self.unavailable_reason = self._late_reason() if self._late is not None else self._down_reason()
             return empty
+        self._due = time.monotonic() + self.deadline.budget_s()
         try:
-            self.flush()
+            self._send_releases()
             result = call(self._vocab())
             self.unavailable_reason = None
             return result
+        except DraftLate as exc:
+            self._missed(requests, exc)
+            return empty
         except (grpc.RpcError, ValueError) as exc:
             self._sender.reset(r.seq_id for r in requests)
             self.failures += 1
@@ -122,6 +162,40 @@ class RemoteProposer(Proposer):
             if isinstance(exc, grpc.RpcError) and exc.code() in WORKER_DOWN:
                 self._went_down(_describe(exc))
             return empty
+
+    def _missed(self, requests: list[ProposalRequest], exc: DraftLate) -> None:
+        """The round's call missed its deadline: its rows send whole histories next time (the
+        worker may apply the late call's deltas or not); one that keeps missing is down."""
+        self._sender.reset(r.seq_id for r in requests)
+        self.failures += 1
+        self.unavailable_reason = self._late_reason()
+        logger.warning("draft worker %s: %s; no draft tokens this round", self.address, exc)
+        if self.deadline.missed():
+            self._went_down(f"missed its deadline {self.deadline.misses} times in a row")
+            self.unavailable_reason = self._down_reason()
+
+    def _still_late(self) -> bool:
+        """True while a call that missed its deadline runs; when it has ended, learns from it:
+        its time (a slower draft raises its own budget), or that the worker is down."""
+        late = self._late
+        if late is None:
+            return False
+        if not late.future.done():
+            return True
+        self._late = None
+        if late.future.cancelled():
+            return False
+        exc = late.future.exception()
+        if exc is None:
+            self.deadline.answered_late((late.ended or time.monotonic()) - late.started)
+        elif isinstance(exc, grpc.RpcError) and exc.code() in WORKER_DOWN:
+            self._went_down(f"a late call ended with {_describe(exc)}")
+        return False
+
+    def _late_reason(self) -> str:
+        late = self._late
+        running = "" if late is None else f"; a call has run {time.monotonic() - late.started:.1f}s"
+        return f"draft worker {self.address} missed its deadline of {self.deadline.describe()}{running}"
 
     def _is_down(self) -> bool:
         """True while the worker is down; after a switch to a fresh worker, forgets what was sent."""
@@ -150,7 +224,8 @@ class RemoteProposer(Proposer):
         """The reconnector's probe: a GetInfo on a new channel; keeps the channel when it answers."""
         channel = secret_channel(address, self.secret, CHANNEL_OPTIONS)
         try:
-            worker_pb2_grpc.DraftWorkerStub(channel).GetInfo(worker_pb2.InfoRequest(), timeout=PROBE_TIMEOUT_S)
+            # in time: within the longest a round would wait for drafts
+            worker_pb2_grpc.DraftWorkerStub(channel).GetInfo(worker_pb2.InfoRequest(), timeout=self.deadline.cap_s)
         except BaseException:
             channel.close()
             raise
@@ -163,6 +238,8 @@ class RemoteProposer(Proposer):
             self._stub = worker_pb2_grpc.DraftWorkerStub(self._channel)
             since = self._down[0] if self._down else time.monotonic()
             self.address, self._down, self._fresh_worker = address, None, True
+            self._late = None  # on the old channel, which closes
+            self.deadline.found_again()
             self.unavailable_reason = None
             self.reconnects += 1
         logger.warning("draft worker back at %s after %.1fs: speculation resumes", address, time.monotonic() - since)
@@ -172,7 +249,8 @@ class RemoteProposer(Proposer):
     def _vocab(self) -> int:
         """Width of the q rows (the target's vocabulary), asked once."""
         if self._vocab_size is None:
-            self._vocab_size = self.info().vocab_size
+            info = self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=max(0.0, self._due - time.monotonic()))
+            self._vocab_size = info.vocab_size
         return self._vocab_size
 
     def _request(self, requests: list[ProposalRequest], unverified: list[int] | None,
@@ -186,7 +264,14 @@ class RemoteProposer(Proposer):
     def _call(self, requests: list[ProposalRequest], unverified: list[int] | None = None,
               branches: int = 1) -> worker_pb2.ProposeResponse:
         self.lease.touch()
-        response = self._stub.Propose(self._request(requests, unverified, branches), timeout=self.timeout_s)
+        started = time.monotonic()
+        future = self._stub.Propose.future(self._request(requests, unverified, branches), timeout=self.timeout_s)
+        try:
+            response = future.result(timeout=max(0.0, self._due - started))
+        except grpc.FutureTimeoutError:
+            self._late = LateCall(future, started)
+            raise DraftLate(f"Propose missed its deadline of {self.deadline.describe()}") from None
+        self.deadline.answered(time.monotonic() - started)
         self.last_compute_s += response.compute_seconds
         if len(response.drafts) != len(requests):
             raise ValueError(f"{len(response.drafts)} drafts for {len(requests)} sequences")
@@ -247,28 +332,49 @@ class RemoteProposer(Proposer):
     def release(self, seq_id: str) -> None:
         """Buffered: sent with the next call or flush()."""
         self._sender.reset([seq_id])
-        self._released.append(self._sender.wire_id(seq_id))
+        with self._lock:
+            self._released.append(self._sender.wire_id(seq_id))
 
     def flush(self) -> bool:
-        """Send buffered releases now; False (ids kept for the next try) when the call failed."""
-        if not self._released:
-            return True
-        if self._down is not None:
-            return False  # kept for the worker that answers next
+        """Send buffered releases now and wait for the reply; False (ids kept for the next
+        try) when the call failed."""
+        future = self._send_releases()
+        if future is None:
+            return not self._released
         try:
-            self.lease.touch()
-            release = worker_pb2.ReleaseRequest(seq_ids=self._released, lease_id=self.lease.lease_id)
-            self._stub.Release(release, timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            logger.warning("draft worker %s: Release failed (will retry): %s", self.address, _describe(exc))
+            future.result()
+        except grpc.RpcError:
             return False
-        self._released = []
         return True
 
+    def _send_releases(self) -> grpc.Future | None:
+        """Send buffered releases without waiting (a round never waits for them); ids whose
+        call fails are buffered again. None when there was nothing to send, or the worker is down."""
+        with self._lock:
+            if not self._released or self._down is not None:
+                return None  # kept for the worker that answers next
+            seq_ids, self._released = self._released, []
+        self.lease.touch()
+        release = worker_pb2.ReleaseRequest(seq_ids=seq_ids, lease_id=self.lease.lease_id)
+        future = self._stub.Release.future(release, timeout=self.timeout_s)
+        future.add_done_callback(lambda done: self._release_done(done, seq_ids))
+        return future
+
+    def _release_done(self, future: grpc.Future, seq_ids: list[str]) -> None:
+        """(gRPC's thread) A Release ended; on failure its ids are sent again with the next call."""
+        if future.cancelled() or future.exception() is not None:
+            why = "cancelled" if future.cancelled() else _describe(future.exception())
+            logger.warning("draft worker %s: Release failed (will retry): %s", self.address, why)
+            with self._lock:
+                self._released.extend(seq_ids)
+
     def info(self) -> worker_pb2.WorkerInfo:
-        """The worker's WorkerInfo (after sending buffered releases); raises grpc.RpcError when unreachable."""
+        """The worker's WorkerInfo (after sending buffered releases); raises grpc.RpcError when
+        unreachable. Waits up to timeout_s (not on a round's path: at start, and for status)."""
         self.flush()
-        return self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=self.timeout_s)
+        info = self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=self.timeout_s)
+        self._vocab_size = info.vocab_size
+        return info
 
     def _keep_alive(self, lease_id: str) -> float:
         """One KeepAlive (from the LeaseRenewer's thread); returns the worker's lease TTL."""

@@ -68,10 +68,25 @@ class WorkerLost(RuntimeError):
     supervisor re-forms it. Answered with UNAVAILABLE, so routers wait for the new one."""
 
 
+class CallerGaveUp(RuntimeError):
+    """The call's deadline passed before it ran (it waited for the worker's lock, or the
+    worker was stopped): its caller went on without it, so it is not run at all."""
+
+
+def check_caller_waits(context: grpc.aio.ServicerContext, method: str) -> None:
+    """Raise CallerGaveUp when the call's deadline has passed: a late call must not change a
+    worker's state after its caller moved on (the caller resyncs that state instead)."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise CallerGaveUp(f"{method}: the caller's deadline passed {-remaining:.1f}s before the call could run")
+
+
 def status_code_for(exc: BaseException) -> grpc.StatusCode:
     """The gRPC status a worker answers an exception with."""
     if isinstance(exc, WorkerLost):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, CallerGaveUp):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
     if isinstance(exc, CacheFullError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, ValueError):

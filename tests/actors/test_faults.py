@@ -9,7 +9,8 @@ throughout (degraded, not down). A target rank killed mid-stream: the hub re-for
 group, the rounds wait for it and re-prefill from the router's histories, and the streams
 finish with the same output. A rank that hangs without dying (SIGSTOP) misses the keeper's
 heartbeat for serving.target_hang_s: it is taken for dead, its process killed with the group,
-and the streams finish with the same output. A dead leader while idle: health turns NOT_SERVING within a
+and the streams finish with the same output. A draft that hangs (SIGSTOP) costs a round at
+most the draft deadline: no stream pauses for long, and speculation resumes after SIGCONT. A dead leader while idle: health turns NOT_SERVING within a
 keep-alive period, SERVING again once the group is re-formed. A router whose backend failed
 to load fails Serve's replica health check.
 """
@@ -32,6 +33,8 @@ from specdec_rpc.client import SpecdecClient
 MAX_NEW = 40
 RECOVERY_LIMIT_S = 60.0
 HANG_S = 4.0  # serving.target_hang_s: far above a forward of these tiny models, even on 2 busy cores
+DRAFT_HANG_S = 4.0  # how long the draft worker is stopped
+GAP_LIMIT_S = 2.0  # no stream waits longer for a token while the draft is stopped (worker_timeout_s is 10)
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +97,56 @@ def test_a_killed_draft_costs_no_request_is_reported_and_comes_back(app, prompt_
     assert status["restarts"] == 1 and status["down_reason"] is None
     print(f"draft killed -> new draft worker serving: {status['last_recovery_s']:.1f}s")
     assert actor_pids("DraftWorkerActor") not in ([], [pid])
+
+
+def timed_stream(stream, head: list[int], times: list[float], outputs: list[int]) -> None:
+    """Drain a stream: its tokens into `outputs`, the arrival time of each chunk into `times`."""
+    outputs.extend(head)
+    for chunk in stream:
+        times.append(time.monotonic())
+        outputs.extend(chunk.token_ids)
+
+
+@pytest.mark.slow
+def test_a_hung_draft_stalls_no_stream_and_speculation_resumes_after_it(app, prompt_ids, hf_greedy):
+    """SIGSTOP the draft worker's process under concurrent greedy streams (speculation ON
+    and OFF): a round waits for drafts at most the draft deadline, later rounds skip the
+    stopped worker, so no stream pauses for long; every output is the target's greedy
+    output; after SIGCONT a request drafts again within seconds."""
+    prompts, modes, max_new = prompt_ids[:4], ["on", "on", "on", "off"], 150
+    with SpecdecClient(app.address, timeout_s=120.0, retries=0) as client:
+        while not drafting(client, prompts[0]):  # the draft serves (a previous test may have restarted it)
+            time.sleep(0.5)
+        [pid] = actor_pids("DraftWorkerActor")
+        streams = [client.generate_stream(prompt_token_ids=p, max_new_tokens=max_new, mode=m)
+                   for p, m in zip(prompts, modes)]
+        heads = [list(next(s).token_ids) for s in streams]
+        times: list[list[float]] = [[] for _ in prompts]
+        outputs: list[list[int]] = [[] for _ in prompts]
+        threads = [threading.Thread(target=timed_stream, args=(s, h, t, o))
+                   for s, h, t, o in zip(streams, heads, times, outputs)]
+        for thread in threads:
+            thread.start()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            time.sleep(DRAFT_HANG_S)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        while not drafting(client, prompts[1]):
+            assert time.monotonic() - resumed < 10.0, "speculation did not resume within 10 s of SIGCONT"
+            time.sleep(0.2)
+        drafting_again_s = time.monotonic() - resumed
+        for thread in threads:
+            thread.join(timeout=120)
+        assert outputs == [hf_greedy(p, max_new) for p in prompts], "rounds without drafts are lossless"
+        gaps = [max((b - a for a, b in zip(t, t[1:]) if b > stopped and a < resumed), default=0.0) for t in times]
+        assert any(t and t[-1] > stopped + 1.0 for t in times), "the streams ran during the fault"
+        assert max(gaps) < GAP_LIMIT_S, f"longest token gap per stream during the fault: {gaps}"
+        print(f"\ndraft stopped {DRAFT_HANG_S:.0f}s: longest token gaps {['%.2f' % g for g in gaps]} s; "
+              f"drafting again {drafting_again_s:.1f}s after SIGCONT")
+    assert actor_pids("DraftWorkerActor") == [pid], "a stopped draft is not restarted: it is waited for"
 
 
 def test_a_router_whose_backend_failed_to_load_fails_serves_health_check(app):

@@ -1,6 +1,9 @@
 """The engine follows its round policy: γ per round, no draft calls while off, correct catch-up when on again."""
 
+import time
+
 from specdec.policy.load_stats import RoundSample
+from specdec.proposers.base import Proposal
 from specdec.request import GenerationRequest
 from specdec.policy.speculation_policy import Decision, RowState
 
@@ -236,3 +239,38 @@ def test_a_round_is_timed_from_where_the_last_one_ended_while_rows_keep_running(
     assert overhead(after_idle) < pause
     profiled = built.engine.profile
     assert profiled.rounds == len(policy.samples) and profiled.round_s < sum(s.round_seconds for s in policy.samples)
+
+
+class LateProposer(CountingProposer):
+    """Drafts as its inner proposer, except while `late`: then the call takes `wait_s` and
+    brings no drafts, saying why (a remote draft that missed its deadline)."""
+
+    def __init__(self, inner, wait_s: float):
+        super().__init__(inner)
+        self.wait_s, self.late = wait_s, False
+
+    def propose(self, requests):
+        if not self.late:
+            return super().propose(requests)
+        time.sleep(self.wait_s)
+        return Proposal.empty(len(requests), max(r.gamma for r in requests))
+
+    def unavailable(self, name):
+        return "draft worker missed its deadline" if self.late else None
+
+
+def test_a_round_whose_drafts_missed_is_no_measurement_of_what_drafting_costs(make_engine, prompt_ids):
+    """Its wait would price every later draft call (a draft paused for 30 s once kept AUTO
+    off after it came back): the round is recorded as a plain one, and not as a priced plan."""
+    built = make_engine("draft", gamma=4)
+    policy = PricedPolicy(period=1000)
+    late = LateProposer(built.engine.proposer, wait_s=0.2)
+    built.engine.proposer, built.engine.policy = late, policy
+    built.engine.add_request(GenerationRequest(prompt_ids[0], 40, ignore_eos=True))
+    built.engine.step()
+    late.late = True
+    built.engine.step()
+    on_time, missed = policy.samples
+    assert on_time.draft_rows == 1 and on_time.gamma == 4 and on_time.planned_seconds > 0
+    assert missed.draft_seconds >= 0.2, "the round did wait"
+    assert missed.draft_rows == 0 and missed.gamma == 0 and missed.planned_seconds == 0
