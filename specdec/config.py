@@ -29,6 +29,10 @@ class ModelsConfig(StrictModel):
         "float32", description="Compute dtype of both models; float32 on CPU (half precision is slow there)."
     )
     device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0'.")
+    device_time_scale: float = Field(
+        1.0, ge=0, description="Emulated models only ('emulated:<profile>:<role>', configs/devices/): multiplies "
+        "every emulated device time (tests and quick runs scale it down; 1 = the profile's times).",
+    )
 
 
 class CacheConfig(StrictModel):

@@ -16,6 +16,8 @@ import torch
 from safetensors import safe_open
 
 from specdec.models.config import LlamaFamilyConfig
+from specdec.models.emulated_model import load_emulated_model
+from specdec.models.emulated_profile import is_emulated
 from specdec.models.llama import LlamaForServing
 
 _DTYPES = {
@@ -117,9 +119,15 @@ def assign_weights(model: LlamaForServing, weights: dict[str, torch.Tensor]) -> 
 
 
 def load_model(
-    name_or_path: str, dtype: str | torch.dtype = "float32", device: torch.device | str = "cpu"
+    name_or_path: str, dtype: str | torch.dtype = "float32", device: torch.device | str = "cpu",
+    time_scale: float = 1.0,
 ) -> LlamaForServing:
-    """Build a :class:`LlamaForServing` from a HF-format checkpoint directory or hub id, in eval mode."""
+    """Build a :class:`LlamaForServing` from a HF-format checkpoint directory or hub id, in eval mode.
+
+    An 'emulated:<profile>:<role>' name builds an EmulatedModel instead (no weights; dtype and
+    device do not apply; time_scale multiplies its device times)."""
+    if is_emulated(name_or_path):
+        return load_emulated_model(name_or_path, time_scale)  # type: ignore[return-value]
     torch_dtype = resolve_dtype(dtype)
     checkpoint_dir = resolve_checkpoint_dir(name_or_path)
     config = read_config(checkpoint_dir)
