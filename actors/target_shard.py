@@ -22,7 +22,7 @@ from actors.ports import free_port
 from actors.served_actor import ServedActor, own_cores
 from specdec.config import SpecdecConfig
 from specdec.model_paths import resolve_model_path
-from specdec.models.loader import load_model, read_config, resolve_checkpoint_dir
+from specdec.models.loader import load_model, model_config
 from specdec.models.model_runner import ModelRunner
 from specdec.models.tensor_parallel import check_divisible, shard_model
 from specdec.target_verifier import TargetVerifier
@@ -42,7 +42,7 @@ def distributed_backend(config: SpecdecConfig) -> str:
 
 def check_tensor_parallel_size(config: SpecdecConfig) -> None:
     """Raise ValueError (naming the field) unless the target's heads split over the ranks; reads config.json only."""
-    target = read_config(resolve_checkpoint_dir(resolve_model_path(config.models.target)))
+    target = model_config(resolve_model_path(config.models.target))
     check_divisible(SimpleNamespace(config=target), config.serving.tensor_parallel_size)
 
 
@@ -66,7 +66,8 @@ class _Shard:
                 timeout=DIST_TIMEOUT,
             )
         path = resolve_model_path(config.models.target)
-        model = load_model(path, dtype=config.models.dtype, device=config.models.device)
+        model = load_model(path, dtype=config.models.dtype, device=config.models.device,
+                           time_scale=config.models.device_time_scale)
         model = shard_model(model, rank=rank, world_size=world_size)
         self.runner = ModelRunner(model, config.cache.num_slots, config.cache.max_seq_len)
 

@@ -70,6 +70,14 @@ def read_config(checkpoint_dir: Path) -> LlamaFamilyConfig:
         return LlamaFamilyConfig.from_dict(json.load(f))
 
 
+def model_config(name_or_path: str) -> LlamaFamilyConfig:
+    """A model's config without loading its weights: config.json of its checkpoint, or the
+    shape an emulated model ('emulated:<profile>:<role>') stands for."""
+    if is_emulated(name_or_path):
+        return load_emulated_model(name_or_path, time_scale=0.0).config  # type: ignore[return-value]
+    return read_config(resolve_checkpoint_dir(name_or_path))
+
+
 def safetensors_files(checkpoint_dir: Path) -> list[Path]:
     """The weight files: those named by the sharded index if present, else every *.safetensors."""
     index_path = checkpoint_dir / _INDEX_FILE
