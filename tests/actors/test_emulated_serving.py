@@ -1,6 +1,6 @@
-"""The whole serving stack on emulated devices (TP 1; TP 2: test_emulated_serving_tp2.py): Ray
-workers, the router behind Serve's gRPC proxy, drafting ahead while the target verifies; only
-the devices are emulated.
+"""The whole serving stack on emulated devices, at TP 1 and TP 2 (each rank an emulated device;
+the leader waits for its follower): Ray workers, the router behind Serve's gRPC proxy, drafting
+ahead while the target verifies; only the devices are emulated.
 Greedy output through the server equals the emulated target decoding alone, in-process."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from specdec_rpc.client import SpecdecClient
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def app():
-    app = started(1)
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def app(request):
+    app = started(request.param)
     yield app
     app.shutdown()
 
