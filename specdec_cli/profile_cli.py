@@ -30,35 +30,40 @@ def add_profile_parser(subparsers: Any) -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from specdec.model_paths import resolve_model_path
-    from specdec.models.emulated_profile import DeviceModel, DeviceProfile, LanguageSpec, write_profile
-    from specdec.models.latency_fit import fit, measure
-    from specdec.models.model_runner import ModelRunner
+    from specdec.models.emulated_profile import DeviceProfile, LanguageSpec, write_profile
 
     if not str(args.out).endswith((".yaml", ".yml")):
         raise ValueError(f"--out {args.out!r} must end in .yaml (emulated:<file>.yaml:<role> names it)")
-    models, notes = {}, [f"Measured by `specdec profile` on {_device_name(args.device)} ({args.dtype}), "
-                         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; median of {args.repeats} forwards."]
-    for role, name in (("target", args.target), ("draft", args.draft)):
-        runner = ModelRunner.from_pretrained(resolve_model_path(name), num_slots=args.rows,
-                                             max_seq_len=args.max_seq_len, dtype=args.dtype, device=args.device)
-        print(f"specdec profile: measuring the {role} {name} ...", file=sys.stderr, flush=True)
-        measured = measure(runner, args.repeats, args.rows,
-                           progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-        notes += [f"{role} {name}:"] + [f"  {line}" for line in measured.lines()]
-        config = runner.model.config
-        models[role] = DeviceModel(name=f"{name} ({args.dtype}) on {_device_name(args.device)}",
-                                   num_attention_heads=config.num_attention_heads,
-                                   num_key_value_heads=config.num_key_value_heads,
-                                   intermediate_size=config.intermediate_size,
-                                   max_position_embeddings=config.max_position_embeddings,
-                                   latency=fit(measured))
-        del runner
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    notes = [f"Measured by `specdec profile` on {_device_name(args.device)} ({args.dtype}), {when}; "
+             f"median of {args.repeats} forwards."]
+    models = {role: _measured_model(role, name, args, notes)
+              for role, name in (("target", args.target), ("draft", args.draft))}
     profile = DeviceProfile(description=notes[0], language=LanguageSpec(acceptance=args.acceptance), **models)
     write_profile(profile, Path(args.out), header="\n".join(notes))
     print(f"specdec profile: wrote {args.out} (use models.target: emulated:{args.out}:target, "
           f"models.draft: emulated:{args.out}:draft)", flush=True)
     return 0
+
+
+def _measured_model(role: str, name: str, args: argparse.Namespace, notes: list[str]) -> Any:
+    """Load `name` on the device, time its forwards (appending them to `notes`), fit its DeviceModel."""
+    from specdec.model_paths import resolve_model_path
+    from specdec.models.emulated_profile import DeviceModel
+    from specdec.models.latency_fit import fit, measure
+    from specdec.models.model_runner import ModelRunner
+
+    runner = ModelRunner.from_pretrained(resolve_model_path(name), num_slots=args.rows,
+                                         max_seq_len=args.max_seq_len, dtype=args.dtype, device=args.device)
+    print(f"specdec profile: measuring the {role} {name} ...", file=sys.stderr, flush=True)
+    measured = measure(runner, args.repeats, args.rows,
+                       progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    notes += [f"{role} {name}:"] + [f"  {line}" for line in measured.lines()]
+    config = runner.model.config
+    return DeviceModel(name=f"{name} ({args.dtype}) on {_device_name(args.device)}",
+                       num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+                       intermediate_size=config.intermediate_size,
+                       max_position_embeddings=config.max_position_embeddings, latency=fit(measured))
 
 
 def _device_name(device: str) -> str:

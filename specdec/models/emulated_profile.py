@@ -74,7 +74,7 @@ class LanguageSpec(_Strict):
     stretch_tokens: int = Field(16, ge=1, description="Length of a stretch of text sharing one difficulty.")
 
     @model_validator(mode="after")
-    def _fits(self) -> "LanguageSpec":
+    def _fits(self) -> LanguageSpec:
         if 2 * self.support > self.vocab_size - 1:
             raise ValueError(f"support ({self.support}) must be at most (vocab_size - 1) / 2")
         return self

@@ -8,8 +8,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from emulated_pair import PROMPTS, started
+from emulated_pair import target_alone as decode_alone
 
-from emulated_pair import PROMPTS, started, target_alone as decode_alone
 from specdec_rpc.client import SpecdecClient
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bench_core  # noqa: E402
-import emulated_core  # noqa: E402
+import bench_core
+import emulated_core
 
 
 @pytest.mark.slow

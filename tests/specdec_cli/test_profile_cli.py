@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specdec.models.emulated_profile import load_profile
 from specdec.models.loader import load_model

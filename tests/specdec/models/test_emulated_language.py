@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.models.emulated_model import EmulatedModel
 from specdec.models.emulated_device import EmulatedDevice
 from specdec.models.emulated_language import SyntheticLanguage
+from specdec.models.emulated_model import EmulatedModel
 from specdec.models.emulated_profile import LanguageSpec, load_profile
 from specdec.models.model_runner import ModelRunner
 from specdec.rejection_sampler import rejection_sample

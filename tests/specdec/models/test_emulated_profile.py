@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from specdec.models.emulated_profile import (
-    DEVICES_DIR, DeviceProfile, LatencyModel, load_profile, parse_emulated_name, write_profile,
+    DEVICES_DIR,
+    DeviceProfile,
+    LatencyModel,
+    load_profile,
+    parse_emulated_name,
+    write_profile,
 )
 
 LATENCY = LatencyModel(base_ms=6.0, per_row_ms=0.01, knee_tokens=200, per_token_ms=0.03, per_context_token_ms=1e-4)
