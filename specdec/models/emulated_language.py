@@ -11,10 +11,12 @@ of each, so the per-token acceptance is α on average for greedy and sampled dec
 any temperature, top-k or top-p, while it varies from stretch to stretch as in real text.
 
 Token 0 (the tokenizer's end-of-text) is never likely: sequences end at their budget or a
-stop string. Everything is table lookups and integer hashing over [batch, tokens] tensors.
+stop string; the emulated models make only readable tokens likely (`readable_ids`). Everything is table lookups and integer hashing over [batch, tokens] tensors.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -32,13 +34,17 @@ def _mix(keys: torch.Tensor, salt: int) -> torch.Tensor:
 class SyntheticLanguage:
     """Logit tables of the target and of the draft's guesses, and the context hashes that index them."""
 
-    def __init__(self, spec: LanguageSpec, buckets: int = 2048) -> None:
+    def __init__(self, spec: LanguageSpec, buckets: int = 2048, tokens: Sequence[int] | None = None) -> None:
+        """tokens: the ids that may be likely (default: every id but 0)."""
         self.spec = spec
         self.vocab_size = spec.vocab_size
         self.buckets = buckets
         generator = torch.Generator().manual_seed(spec.seed)
         vocab, support = spec.vocab_size, spec.support
-        order = torch.rand(buckets, vocab - 1, generator=generator).argsort(dim=1) + 1  # [K, V-1], never id 0
+        candidates = torch.tensor(tokens if tokens is not None else range(1, vocab), dtype=torch.long)  # [C]
+        if len(candidates) < 2 * support or int(candidates.min()) < 1 or int(candidates.max()) >= vocab:
+            raise ValueError(f"need >= {2 * support} candidate tokens in [1, {vocab}), got {len(candidates)}")
+        order = candidates[torch.rand(buckets, len(candidates), generator=generator).argsort(dim=1)]  # [K, C]
         sharpness = 1.0 + 3.0 * torch.rand(buckets, 1, generator=generator)  # [K, 1]: flat to peaked contexts
         scores = torch.randn(buckets, support, generator=generator) * sharpness  # [K, support]
         target = torch.full((buckets, vocab), _FLOOR).scatter_(1, order[:, :support], scores)  # [K, V]

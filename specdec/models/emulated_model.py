@@ -22,6 +22,7 @@ import torch
 from specdec.models.emulated_device import EmulatedDevice
 from specdec.models.emulated_language import SyntheticLanguage
 from specdec.models.emulated_profile import DeviceModel, DeviceProfile, load_profile, parse_emulated_name
+from specdec.models.emulated_tokenizer import readable_ids
 from specdec.models.kv_cache import KVCache
 
 
@@ -108,4 +109,5 @@ def load_emulated_model(name: str, time_scale: float = 1.0, profile: DeviceProfi
     parsed = parse_emulated_name(name)
     profile = profile if profile is not None else load_profile(parsed.profile)
     device = EmulatedDevice(f"{parsed.profile}:{parsed.role}", time_scale * profile.time_scale)
-    return EmulatedModel(SyntheticLanguage(profile.language), profile.model(parsed.role), parsed.role, device)
+    language = SyntheticLanguage(profile.language, tokens=readable_ids(profile.language.vocab_size))
+    return EmulatedModel(language, profile.model(parsed.role), parsed.role, device)

@@ -37,3 +37,17 @@ def emulated_tokenizer(vocab_size: int) -> Any:
                                         eos_token=settings["eos_token"], pad_token=settings["pad_token"])
     tokenizer.chat_template = settings["chat_template"]
     return tokenizer
+
+
+@functools.lru_cache(maxsize=8)
+def readable_ids(vocab_size: int) -> tuple[int, ...]:
+    """Ids whose text alone is whole, printable characters (spaces, newlines and tabs too): the
+    tokens an emulated model generates, so that its text reads as text (no lone UTF-8 bytes,
+    no control characters). End-of-text (id 0) is not among them."""
+    tokenizer = emulated_tokenizer(vocab_size)
+    readable = []
+    for i in range(1, vocab_size):
+        text = tokenizer.decode([i])
+        if text and "\ufffd" not in text and all(ch.isprintable() or ch in "\n\t" for ch in text):
+            readable.append(i)
+    return tuple(readable)

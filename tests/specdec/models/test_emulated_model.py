@@ -9,6 +9,7 @@ import torch
 
 from specdec.models.emulated_model import load_emulated_model
 from specdec.models.emulated_profile import load_profile
+from specdec.models.emulated_tokenizer import emulated_tokenizer, readable_ids
 from specdec.models.loader import load_model
 from specdec.models.model_runner import ModelRunner
 from specdec.models.tensor_parallel import shard_model
@@ -87,3 +88,13 @@ def test_the_context_limit_is_the_profiles():
     model = load_model(TARGET)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         ModelRunner(model, num_slots=1, max_seq_len=model.config.max_position_embeddings + 1)
+
+
+def test_only_readable_tokens_are_likely():
+    runner = make_runner(TARGET, slots=1)
+    probs = runner.forward([runner.allocate_slot()], [HISTORY])[0].double().softmax(-1)  # [T, V]
+    readable = list(readable_ids(runner.vocab_size))
+    assert float(probs[:, readable].sum(-1).min()) > 1 - 1e-12
+    tokenizer = emulated_tokenizer(runner.vocab_size)
+    assert all(tokenizer.decode([i]).strip("\n\t ").isprintable() for i in readable)
+    assert 0 not in readable and len(readable) > 300

@@ -14,7 +14,7 @@ from specdec.models.emulated_profile import LanguageSpec, LatencyModel, load_pro
 from specdec.models.latency_fit import Measurements, fit, measure, measurement_points
 from specdec.models.model_runner import ModelRunner
 
-KNOWN = LatencyModel(base_ms=5.0, per_row_ms=0.2, knee_tokens=100, per_token_ms=0.05, per_context_token_ms=0.01)
+KNOWN = LatencyModel(base_ms=5.0, per_row_ms=0.2, knee_tokens=100, per_token_ms=0.05, per_context_token_ms=0.02)
 
 
 def exact(latency: LatencyModel, max_seq_len: int = 300, rows: int = 16) -> Measurements:
@@ -43,7 +43,7 @@ def test_timed_forwards_of_an_emulated_device_recover_its_latency():
     measured = measure(ModelRunner(emulated, num_slots=16, max_seq_len=300), repeats=5)
     assert set(measured.points) == set(measurement_points(300, 16))
     fitted = fit(measured)  # host overhead and wake-up delays add a little to every point
-    assert fitted.base_ms == pytest.approx(KNOWN.base_ms, rel=0.25)
-    assert fitted.per_token_ms == pytest.approx(KNOWN.per_token_ms, rel=0.25)
-    assert fitted.knee_tokens == pytest.approx(KNOWN.knee_tokens, rel=0.25)
-    assert fitted.per_context_token_ms == pytest.approx(KNOWN.per_context_token_ms, rel=0.25)
+    assert fitted.base_ms == pytest.approx(KNOWN.base_ms, rel=0.3)
+    assert fitted.per_token_ms == pytest.approx(KNOWN.per_token_ms, rel=0.3)
+    assert fitted.knee_tokens == pytest.approx(KNOWN.knee_tokens, rel=0.3)
+    assert fitted.per_context_token_ms == pytest.approx(KNOWN.per_context_token_ms, rel=0.3)
