@@ -28,6 +28,7 @@ class EmulatedDevice:
         self.time_scale = time_scale
         self._lock = threading.Lock()  # one forward at a time
         self.busy_s = 0.0  # device time spent so far (scaled), seconds
+        self.late_s = 0.0  # how much later than their device time forwards returned (host wake-up delays)
         self.forwards = 0
 
     def run(self, seconds: float, work: Callable[[], T]) -> T:
@@ -40,6 +41,7 @@ class EmulatedDevice:
             remaining = start + duration - time.perf_counter()
             if remaining > 0:
                 time.sleep(remaining)
+            self.late_s += max(0.0, time.perf_counter() - start - duration)
             self.busy_s += duration
             self.forwards += 1
         return result

@@ -58,3 +58,10 @@ def test_time_scale_shrinks_device_time():
     assert device.busy_s == pytest.approx(0.02)
     with pytest.raises(ValueError):
         EmulatedDevice("gpu", time_scale=-1)
+
+
+def test_lateness_past_the_device_time_is_accounted():
+    device = EmulatedDevice("gpu")
+    device.run(0.01, lambda: time.sleep(0.03))  # host work longer than the device time
+    assert device.late_s == pytest.approx(0.02, abs=0.015)
+    assert device.busy_s == pytest.approx(0.01)
