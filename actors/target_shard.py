@@ -22,7 +22,7 @@ from actors.ports import free_port
 from actors.served_actor import ServedActor, own_cores
 from specdec.config import SpecdecConfig
 from specdec.model_paths import resolve_model_path
-from specdec.models.loader import load_model, read_config, resolve_checkpoint_dir
+from specdec.models.loader import load_model, model_config
 from specdec.models.model_runner import ModelRunner
 from specdec.models.runners import open_runner
 from specdec.models.tensor_parallel import check_divisible, shard_model
@@ -46,7 +46,7 @@ def check_tensor_parallel_size(config: SpecdecConfig) -> None:
     runtime (UnsupportedModelError otherwise); reads config.json only. One rank always fits."""
     if config.serving.tensor_parallel_size == 1:
         return
-    target = read_config(resolve_checkpoint_dir(resolve_model_path(config.models.target)))
+    target = model_config(resolve_model_path(config.models.target))
     check_divisible(SimpleNamespace(config=target), config.serving.tensor_parallel_size)
 
 
@@ -70,13 +70,13 @@ class _Shard:
                 timeout=DIST_TIMEOUT,
             )
         path, models, cache = resolve_model_path(config.models.target), config.models, config.cache
-        if world_size == 1:  # the own runtime or the transformers fallback, as configured (logged)
+        if world_size == 1:  # the own runtime, the transformers fallback or an emulated model (logged)
             self.runner = open_runner(path, cache.num_slots, cache.max_seq_len, models.dtype, models.device,
-                                      models.runner)
+                                      models.runner, time_scale=models.device_time_scale)
             return
-        model = shard_model(load_model(path, dtype=models.dtype, device=models.device), rank=rank,
-                            world_size=world_size)
-        self.runner = ModelRunner(model, cache.num_slots, cache.max_seq_len)
+        model = load_model(path, dtype=models.dtype, device=models.device, time_scale=models.device_time_scale)
+        self.runner = ModelRunner(shard_model(model, rank=rank, world_size=world_size), cache.num_slots,
+                                  cache.max_seq_len)
 
 
 @ray.remote

@@ -15,6 +15,11 @@ target-only in this same run; and measured / theoretical.
 Each configuration runs `--repeats` passes and keeps the fastest (α is deterministic under
 greedy decoding; only the timing varies). Usage:
     python benchmarks/bench_core.py [--prompts 8] [--max-new-tokens 128] [--repeats 2] [--json out.json]
+
+With `--profile NAME` (configs/devices/NAME.yaml) the same engine runs on emulated devices
+instead: speculation OFF vs ON at 1, 8 and 32 streams beside the standard prediction
+(benchmarks/emulated_core.py):
+    python benchmarks/bench_core.py --profile h100-llama-8b-1b [--streams 1,8,32] [--gammas 2,4,6]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 
 import torch
 
+import emulated_core
 from progress import Progress
 from specdec.config import load_config
 from specdec.engine_builder import BuiltEngine, build_engine
@@ -105,6 +111,10 @@ def run_hf(prompts: list[list[int]], max_new: int, assistant: bool, repeats: int
     return best
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
+
+
 def _num(x: float) -> str:
     return "–" if x != x else f"{x:.2f}"
 
@@ -115,8 +125,19 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="passes per configuration; the best is kept")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
+    ap.add_argument("--profile", default=None, help="run on emulated devices of this profile (configs/devices/)")
+    ap.add_argument("--streams", type=_ints, default=(1, 8, 32), help="with --profile: concurrent requests, e.g. 1,8,32")
+    ap.add_argument("--gammas", type=_ints, default=(2, 4, 6), help="with --profile: fixed γ values of the ON rows")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="with --profile: multiplies every device time")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.profile:
+        rows = emulated_core.measure(args, theoretical_speedup)
+        emulated_core.print_table(rows, args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"profile": args.profile, "time_scale": args.time_scale, "rows": rows}, f, indent=2)
+        return
 
     base = build_engine(load_config(overrides={"speculation": {"proposer": "none", "gamma": 0}, "load_monitor": FIXED}))
     prompts = [base.encode(p) for p in bundled_prompts()[: args.prompts]]

@@ -34,6 +34,10 @@ class ModelsConfig(StrictModel):
         "(llama, qwen2, qwen3, mistral, gemma2, gemma3_text, phi3), transformers' modeling code (exact, slower, no "
         "tensor parallelism) for any other causal LM; 'specdec' refuses other models; 'transformers' always.",
     )
+    device_time_scale: float = Field(
+        1.0, ge=0, description="Emulated models only ('emulated:<profile>:<role>', configs/devices/): multiplies "
+        "every emulated device time (tests and quick runs scale it down; 1 = the profile's times).",
+    )
 
 
 class CacheConfig(StrictModel):

@@ -26,6 +26,8 @@ from specdec.async_engine import AsyncEngine
 from specdec.policy.load_monitor import build_load_monitor
 from specdec.policy.speculation_policy import RoundPolicy
 from specdec.model_paths import resolve_model_path
+from specdec.models.emulated_profile import is_emulated, load_profile, parse_emulated_name
+from specdec.models.emulated_tokenizer import emulated_tokenizer
 from specdec.models.loader import resolve_checkpoint_dir
 from specdec.models.model_runner import ModelRunner
 from specdec.models.runners import open_runner
@@ -40,6 +42,8 @@ from specdec.tokenizer_check import check_tokenizers_compatible
 
 
 def load_tokenizer(name: str) -> Any:
+    if is_emulated(name):
+        return emulated_tokenizer(load_profile(parse_emulated_name(name).profile).language.vocab_size)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_model_path(name))
@@ -48,7 +52,9 @@ def load_tokenizer(name: str) -> Any:
 def eos_token_ids(name: str, tokenizer: Any) -> tuple[int, ...]:
     """Every id that ends a sequence, as transformers' generate() stops: the eos_token_id of
     generation_config.json (an int or a list; instruct models often list several), else of
-    config.json, plus the tokenizer's own."""
+    config.json, plus the tokenizer's own (an emulated model's: the tokenizer's only)."""
+    if is_emulated(name):
+        return (tokenizer.eos_token_id,)
     directory = resolve_checkpoint_dir(resolve_model_path(name))
     ids: list[int] = []
     for file in ("generation_config.json", "config.json"):
@@ -103,9 +109,9 @@ def build_draft_ahead(speculation: SpeculationConfig) -> DraftAhead:
 
 
 def load_runner(name: str, models: ModelsConfig, cache: CacheConfig) -> ModelRunner:
-    """The model's runner (own runtime or transformers fallback: `open_runner` logs which)."""
+    """The model's runner (own runtime, transformers fallback or emulated: `open_runner` logs which)."""
     return open_runner(resolve_model_path(name), cache.num_slots, cache.max_seq_len, models.dtype, models.device,
-                       models.runner)
+                       models.runner, time_scale=models.device_time_scale)
 
 
 def build_proposer(

@@ -31,7 +31,15 @@ def check_model_path(name: str, key: str) -> None:
     """Fail fast, before Ray or any weights load, on a model that cannot be there: a missing
     bundled model, or a local path (absolute, ./, ~, or existing) that is not a directory
     with config.json. Hub ids ('org/name') are left to the loader (cache or download).
-    Raises ValueError naming the config key."""
+    Raises ValueError naming the config key. An emulated model's profile must load."""
+    if name.startswith("emulated:"):
+        from specdec.models.emulated_profile import load_profile, parse_emulated_name  # torch: only when named
+
+        try:
+            load_profile(parse_emulated_name(name).profile)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+        return
     try:
         resolved = resolve_model_path(name)
     except FileNotFoundError as exc:

@@ -23,6 +23,7 @@ from specdec.config import SpecdecConfig, load_config
 from specdec.api_auth import check_security_files
 from specdec.model_paths import check_model_paths
 from specdec_cli.client_cli import add_client_parser, add_status_parser
+from specdec_cli.profile_cli import add_profile_parser
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -115,7 +116,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return core_cli.build_parser(extra_subcommands=(add_serve_parser, add_client_parser, add_status_parser))
+    return core_cli.build_parser(extra_subcommands=(add_serve_parser, add_client_parser, add_status_parser,
+                                                       add_profile_parser))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,8 +17,7 @@ import torch
 
 from specdec.config import SpecdecConfig
 from specdec.engine_builder import load_draft_proposer, load_tokenizer
-from specdec.models.loader import resolve_checkpoint_dir
-from specdec.models.runners import config_vocab_size
+from specdec.models.runners import vocab_size_of
 from specdec.model_paths import resolve_model_path
 from specdec.proposers.base import Proposal, ProposalRequest
 from specdec.proposers.draft_proposer import DraftModelProposer
@@ -36,7 +35,7 @@ WIRE_DTYPE = torch.float16  # q travels as binary16 (see prob_codec)
 
 def target_vocab_size(target: str) -> int:
     """Vocabulary rows of the target's output layer, read from its config (no weights loaded)."""
-    return config_vocab_size(resolve_checkpoint_dir(resolve_model_path(target)))
+    return vocab_size_of(resolve_model_path(target))
 
 
 def load_wire_draft_proposer(config: SpecdecConfig) -> DraftModelProposer:

@@ -18,6 +18,8 @@ from safetensors import safe_open
 
 from specdec.models.config import LlamaFamilyConfig
 from specdec.models.families import convert_weights
+from specdec.models.emulated_model import load_emulated_model
+from specdec.models.emulated_profile import is_emulated
 from specdec.models.llama import LlamaForServing
 
 _DTYPES = {
@@ -70,6 +72,14 @@ def read_config(checkpoint_dir: Path) -> LlamaFamilyConfig:
         return LlamaFamilyConfig.from_dict(json.load(f))
 
 
+def model_config(name_or_path: str) -> LlamaFamilyConfig:
+    """A model's config without loading its weights: config.json of its checkpoint, or the
+    shape an emulated model ('emulated:<profile>:<role>') stands for."""
+    if is_emulated(name_or_path):
+        return load_emulated_model(name_or_path, time_scale=0.0).config  # type: ignore[return-value]
+    return read_config(resolve_checkpoint_dir(name_or_path))
+
+
 def safetensors_files(checkpoint_dir: Path) -> list[Path]:
     """The weight files: those named by the sharded index if present, else every *.safetensors."""
     index_path = checkpoint_dir / _INDEX_FILE
@@ -119,9 +129,15 @@ def assign_weights(model: LlamaForServing, weights: dict[str, torch.Tensor]) -> 
 
 
 def load_model(
-    name_or_path: str, dtype: str | torch.dtype = "float32", device: torch.device | str = "cpu"
+    name_or_path: str, dtype: str | torch.dtype = "float32", device: torch.device | str = "cpu",
+    time_scale: float = 1.0,
 ) -> LlamaForServing:
-    """Build a :class:`LlamaForServing` from a HF-format checkpoint directory or hub id, in eval mode."""
+    """Build a :class:`LlamaForServing` from a HF-format checkpoint directory or hub id, in eval mode.
+
+    An 'emulated:<profile>:<role>' name builds an EmulatedModel instead (no weights; dtype and
+    device do not apply; time_scale multiplies its device times)."""
+    if is_emulated(name_or_path):
+        return load_emulated_model(name_or_path, time_scale)  # type: ignore[return-value]
     torch_dtype = resolve_dtype(dtype)
     checkpoint_dir = resolve_checkpoint_dir(name_or_path)
     config = read_config(checkpoint_dir)

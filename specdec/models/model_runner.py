@@ -51,9 +51,11 @@ class ModelRunner:
         max_seq_len: int = 1024,
         dtype: str | torch.dtype = "float32",
         device: torch.device | str = "cpu",
+        time_scale: float = 1.0,
     ) -> ModelRunner:
-        """Load a HF-format checkpoint (local directory or hub id) and wrap it."""
-        return cls(load_model(name_or_path, dtype=dtype, device=device), num_slots, max_seq_len)
+        """Load a HF-format checkpoint (local directory or hub id), or an emulated model, and wrap it."""
+        return cls(load_model(name_or_path, dtype=dtype, device=device, time_scale=time_scale),
+                   num_slots, max_seq_len)
 
     @property
     def num_free_slots(self) -> int:

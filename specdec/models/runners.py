@@ -12,7 +12,8 @@ from typing import Literal
 import torch
 
 from specdec.models.config import UnsupportedModelError
-from specdec.models.loader import load_model, read_config, resolve_checkpoint_dir
+from specdec.models.emulated_profile import is_emulated
+from specdec.models.loader import load_model, model_config, read_config, resolve_checkpoint_dir
 from specdec.models.model_runner import ModelRunner
 from specdec.models.transformers_runner import TransformersRunner
 
@@ -43,8 +44,13 @@ def open_runner(
     dtype: str | torch.dtype = "float32",
     device: torch.device | str = "cpu",
     choice: RunnerChoice = "auto",
+    time_scale: float = 1.0,
 ) -> ModelRunner | TransformersRunner:
-    """Load ``name_or_path`` (local directory or hub id) into the runner ``choose_runner`` picks."""
+    """Load ``name_or_path`` (local directory or hub id) into the runner ``choose_runner`` picks; an
+    'emulated:<profile>:<role>' name runs on the own runtime (time_scale multiplies its device times)."""
+    if is_emulated(name_or_path):
+        logger.info("model %s: %s runner (emulated device)", name_or_path, SPECDEC)
+        return ModelRunner(load_model(name_or_path, time_scale=time_scale), num_slots, max_seq_len)
     checkpoint_dir = resolve_checkpoint_dir(name_or_path)
     kind, reason = choose_runner(checkpoint_dir, choice)
     # the fallback is slower, so an automatic fall back is a warning: visible at the CLI's default log level
@@ -64,6 +70,13 @@ def _raw_config(checkpoint_dir: Path) -> dict:
 def model_type(checkpoint_dir: Path) -> str | None:
     """The ``model_type`` of the checkpoint's config.json (None without one)."""
     return _raw_config(checkpoint_dir).get("model_type")
+
+
+def vocab_size_of(name_or_path: str) -> int:
+    """The vocabulary size of a checkpoint or an emulated model, whichever runner serves it; no weights are read."""
+    if is_emulated(name_or_path):
+        return model_config(name_or_path).vocab_size
+    return config_vocab_size(resolve_checkpoint_dir(name_or_path))
 
 
 def config_vocab_size(checkpoint_dir: Path) -> int:

@@ -54,6 +54,9 @@ def shard_model(model: LlamaForServing, rank: int, world_size: int, group=None) 
     check_divisible(model, world_size)
     if world_size == 1:
         return model
+    if getattr(model, "is_emulated", False):  # no weights: each rank emulates the group's forward time
+        model.tp_rank, model.tp_world_size = rank, world_size
+        return model
     for layer in model.model.layers:
         _shard_attention(layer.self_attn, rank, world_size, group)
         _shard_mlp(layer.mlp, rank, world_size, group)

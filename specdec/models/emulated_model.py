@@ -1,0 +1,113 @@
+"""EmulatedModel: a stand-in for LlamaForServing that the ModelRunner drives unchanged.
+
+It has no weights: its "KV cache" (the runner's KVCache, one layer, one head of width 1)
+holds each slot's tokens, so slots, prefill, truncation (rollback), forks and ragged
+batches are the runner's own code. A forward writes the new tokens, hashes each
+position's n-gram context (`SyntheticLanguage`) and occupies its `EmulatedDevice` for the
+time its `LatencyModel` gives for the batch's rows, tokens and attended context; the
+"hidden state" it returns is (context row, whether the draft knows the context), which
+`compute_logits` turns into the target's or the draft's logits.
+
+Tensor parallelism: a rank keeps no shard of anything; each rank is a device of its own
+that is busy for the group's forward time (the profile's time includes the collectives),
+and the leader waits for every rank (MirroredRunner), as ranks wait at an all-reduce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.models.emulated_device import EmulatedDevice
+from specdec.models.emulated_language import SyntheticLanguage
+from specdec.models.emulated_profile import DeviceModel, DeviceProfile, load_profile, parse_emulated_name
+from specdec.models.emulated_tokenizer import readable_ids
+from specdec.models.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class EmulatedConfig:
+    """The fields of LlamaFamilyConfig the runner and the tensor-parallel check read."""
+
+    vocab_size: int
+    max_position_embeddings: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    num_hidden_layers: int = 1  # cache layers: one, holding the tokens
+    head_dim: int = 1
+    model_type: str = "emulated"
+    tie_word_embeddings: bool = False
+
+
+class EmulatedModel:
+    """Duck-types LlamaForServing for ModelRunner (forward_hidden / compute_logits)."""
+
+    is_emulated = True
+    dtype = torch.float32
+    device = torch.device("cpu")
+    num_local_kv_heads = 1
+
+    def __init__(self, language: SyntheticLanguage, model: DeviceModel, role: str, device: EmulatedDevice) -> None:
+        if role not in ("target", "draft"):
+            raise ValueError(f"role={role!r} must be 'target' or 'draft'")
+        self.language, self.latency, self.role, self.emulated_device = language, model.latency, role, device
+        self.config = EmulatedConfig(language.vocab_size, model.max_position_embeddings, model.num_attention_heads,
+                                     model.num_key_value_heads, model.intermediate_size)
+        self.tp_rank, self.tp_world_size = 0, 1
+
+    @property
+    def vocab_size(self) -> int:
+        return self.language.vocab_size
+
+    def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                       slot_ids: torch.Tensor, num_tokens: torch.Tensor | None = None,
+                       kv_len: int | None = None) -> torch.Tensor:
+        """LlamaForServing.forward_hidden's contract; returns [batch, seq, 2]: (context row, draft knows it)."""
+        counts = num_tokens if num_tokens is not None else torch.full_like(slot_ids, input_ids.shape[1])  # [batch]
+        context = int((positions[:, 0] + counts).sum())
+        seconds = self.latency.forward_ms(len(slot_ids), int(counts.sum()), context) / 1000.0
+        return self.emulated_device.run(
+            seconds, lambda: self._contexts(input_ids, positions, cache, slot_ids, num_tokens))
+
+    def _contexts(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                  slot_ids: torch.Tensor, num_tokens: torch.Tensor | None) -> torch.Tensor:
+        b, t = input_ids.shape
+        write_slots = slot_ids[:, None].expand(b, t)  # [batch, seq]
+        if num_tokens is not None:  # padding goes to the scratch slot, as in LlamaForServing
+            valid = torch.arange(t) < num_tokens[:, None]  # [batch, seq]
+            positions = torch.where(valid, positions, positions.gather(1, (num_tokens - 1)[:, None]))
+            write_slots = torch.where(valid, write_slots, cache.scratch_slot)
+        tokens = cache.keys[0]  # [slots + 1, max_seq_len, 1, 1]: the slots' tokens
+        tokens[write_slots, positions, 0, 0] = input_ids.to(tokens.dtype)
+        n = self.language.spec.context_tokens
+        back = positions[..., None] - torch.arange(n - 1, -1, -1)  # [batch, seq, n], oldest first
+        history = tokens[slot_ids[:, None, None], back.clamp(min=0), 0, 0].long()  # [batch, seq, n]
+        history = torch.where(back >= 0, history, self.vocab_size)  # before the text
+        keys = self.language.context_keys(history)  # [batch, seq]
+        buckets = self.language.buckets_of(keys)  # [batch, seq]
+        if self.role == "target":
+            return torch.stack([buckets.float(), torch.ones_like(buckets, dtype=torch.float32)], dim=-1)
+        length = self.language.spec.stretch_tokens
+        starts = positions // length * length  # [batch, seq]: where each position's stretch begins
+        anchors = tokens[slot_ids[:, None], starts, 0, 0].long()  # [batch, seq]
+        known = self.language.draft_knows(keys, anchors, positions // length)  # [batch, seq]
+        return torch.stack([buckets.float(), known.float()], dim=-1)  # [batch, seq, 2]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., 2] -> logits [..., vocab] (float32)."""
+        buckets = hidden[..., 0].long()
+        if self.role == "target":
+            return self.language.target(buckets)
+        return self.language.draft(buckets, hidden[..., 1] > 0.5)
+
+
+def load_emulated_model(name: str, time_scale: float = 1.0, profile: DeviceProfile | None = None) -> EmulatedModel:
+    """The model 'emulated:<profile>:<role>' names, on a device of its own; its device times
+    are the profile's times the profile's time_scale times `time_scale`."""
+    parsed = parse_emulated_name(name)
+    profile = profile if profile is not None else load_profile(parsed.profile)
+    device = EmulatedDevice(f"{parsed.profile}:{parsed.role}", time_scale * profile.time_scale)
+    language = SyntheticLanguage(profile.language, tokens=readable_ids(profile.language.vocab_size))
+    return EmulatedModel(language, profile.model(parsed.role), parsed.role, device)

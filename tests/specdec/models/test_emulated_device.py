@@ -1,0 +1,67 @@
+"""An emulated device is busy for its time while its host thread waits: no CPU time, one forward at a time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from specdec.models.emulated_device import EmulatedDevice
+
+
+def test_a_forward_takes_its_device_time_and_returns_the_work():
+    device = EmulatedDevice("gpu", time_scale=1.0)
+    start = time.perf_counter()
+    assert device.run(0.05, lambda: "logits") == "logits"
+    assert 0.05 <= time.perf_counter() - start < 0.2
+    assert device.forwards == 1 and device.busy_s == pytest.approx(0.05)
+
+
+def test_device_time_costs_no_cpu_time():
+    device = EmulatedDevice("gpu")
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(10):
+        device.run(0.02, lambda: None)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert wall >= 0.2
+    assert cpu < 0.1 * wall  # waiting, not spinning
+
+
+def test_host_work_runs_inside_the_device_time():
+    device = EmulatedDevice("gpu")
+    start = time.perf_counter()
+    device.run(0.05, lambda: time.sleep(0.03))
+    assert time.perf_counter() - start < 0.075  # 0.05, not 0.08
+
+
+def test_one_forward_at_a_time_per_device_and_devices_run_in_parallel():
+    def elapsed(devices: list[EmulatedDevice]) -> float:
+        threads = [threading.Thread(target=d.run, args=(0.05, lambda: None)) for d in devices]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - start
+
+    one = EmulatedDevice("gpu")
+    assert elapsed([one, one, one]) >= 0.15  # queued behind each other
+    assert elapsed([EmulatedDevice("a"), EmulatedDevice("b"), EmulatedDevice("c")]) < 0.12
+
+
+def test_time_scale_shrinks_device_time():
+    device = EmulatedDevice("gpu", time_scale=0.1)
+    start = time.perf_counter()
+    device.run(0.2, lambda: None)
+    assert time.perf_counter() - start < 0.1
+    assert device.busy_s == pytest.approx(0.02)
+    with pytest.raises(ValueError):
+        EmulatedDevice("gpu", time_scale=-1)
+
+
+def test_lateness_past_the_device_time_is_accounted():
+    device = EmulatedDevice("gpu")
+    device.run(0.01, lambda: time.sleep(0.03))  # host work longer than the device time
+    assert device.late_s == pytest.approx(0.02, abs=0.015)
+    assert device.busy_s == pytest.approx(0.01)
