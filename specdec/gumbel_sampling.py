@@ -47,6 +47,13 @@ def gumbel_argmax(probs: Tensor, seeds: np.ndarray, positions: Tensor) -> Tensor
     not depend on the scale); seeds: [B] uint64; positions: [B] or [B, n] int64, the
     history position each distribution decides. Returns int64 tokens shaped like positions.
     """
+    return race(probs, seeds, positions).argmax(dim=-1)
+
+
+def race(probs: Tensor, seeds: np.ndarray, positions: Tensor) -> Tensor:
+    """Each token's score p(v) / E(seed, t, v), float64 shaped like probs (gumbel_argmax's
+    arguments): the Gumbel-max token scores highest, and the order of the others ranks
+    which token a distribution near this one would choose under the same noise."""
     assert probs.dim() == positions.dim() + 1 and probs.shape[:-1] == positions.shape, (
         f"need probs [B, (n,) V] and positions [B, (n)], got {tuple(probs.shape)}, {tuple(positions.shape)}"
     )
@@ -54,5 +61,4 @@ def gumbel_argmax(probs: Tensor, seeds: np.ndarray, positions: Tensor) -> Tensor
     if not bool(((weights > 0).any(dim=-1) & torch.isfinite(weights).all(dim=-1)).all()):
         raise ValueError("cannot sample from a distribution without finite, positive probability mass")
     noise = exponential_noise(seeds, positions.cpu().numpy(), probs.shape[-1])  # [..., V]
-    race = weights / torch.from_numpy(noise).to(weights.device)  # [..., V]; p = 0 scores 0
-    return race.argmax(dim=-1)
+    return weights / torch.from_numpy(noise).to(weights.device)  # [..., V]; p = 0 scores 0
