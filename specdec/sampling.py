@@ -125,16 +125,18 @@ class SamplingBatch:
     def uniforms(self, offsets: Tensor, role: int, device: torch.device | str = "cpu") -> Tensor:
         """Row b's uniforms for the tokens at positions[b] + offsets[b] ([B] or [B, n] int64)
         in the given role (specdec.counter_rng), as float64 on `device`."""
-        assert offsets.shape[:1] == (self.batch_size,), "offsets must be [B] or [B, n]"
-        positions = self.positions.reshape((-1,) + (1,) * (offsets.dim() - 1)) + offsets.cpu()
+        positions = self._positions_at(offsets)
         return torch.from_numpy(uniforms(self.seeds, positions.numpy(), role)).to(device)
 
     def gumbel_tokens(self, probs: Tensor, offsets: Tensor) -> Tensor:
         """Row b's Gumbel-max tokens (specdec.gumbel_sampling) of probs ([B, V] or [B, n, V])
         for the tokens at positions[b] + offsets[b] ([B] or [B, n] int64), on probs' device."""
+        return gumbel_argmax(probs, self.seeds, self._positions_at(offsets))
+
+    def _positions_at(self, offsets: Tensor) -> Tensor:
+        """positions[b] + offsets[b] on the CPU, shaped like offsets ([B] or [B, n])."""
         assert offsets.shape[:1] == (self.batch_size,), "offsets must be [B] or [B, n]"
-        positions = self.positions.reshape((-1,) + (1,) * (offsets.dim() - 1)) + offsets.cpu()
-        return gumbel_argmax(probs, self.seeds, positions)
+        return self.positions.reshape((-1,) + (1,) * (offsets.dim() - 1)) + offsets.cpu()
 
 
 def _seed_of(params: SamplingParams) -> int:

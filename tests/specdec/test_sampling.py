@@ -112,6 +112,8 @@ def _raw_batch(**overrides) -> SamplingBatch:
         dict(seeds=np.array([1], dtype=np.int64)),  # seeds are uint64
         dict(positions=torch.tensor([0, 1])),  # one entry per row
         dict(top_k=torch.tensor([0, 0])),
+        dict(coupled=torch.tensor([False, True])),
+        dict(temperature=torch.tensor([0.0], dtype=F64), greedy=torch.tensor([True]), coupled=torch.tensor([True])),
     ],
 )
 def test_inconsistent_batch_state_is_rejected(overrides):
