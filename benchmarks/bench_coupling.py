@@ -75,7 +75,8 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
     for r in rows:
         s, c = r["standard"], r["coupled"]
         print(f"| {r['temperature']} | {s['alpha']:.3f} | {c['alpha']:.3f} | {r['ratio']:.2f} | "
-              f"{s['mean_accepted_length']:.2f} | {c['mean_accepted_length']:.2f} | {r['same_as_off']} / {args.requests} |")
+              f"{s['mean_accepted_length']:.2f} | {c['mean_accepted_length']:.2f} | "
+              f"{r['same_as_off']} / {args.requests} |")
 
 
 def main() -> None:

@@ -122,7 +122,8 @@ def test_a_seeded_sampled_request_gives_one_text_over_both_apis_with_speculation
     local = make_engine("draft", gamma=4)
     [expected] = local.engine.generate([GenerationRequest(local.encode(prompt), 32, SamplingParams(**sampling))])
     with SpecdecClient(app.address, timeout_s=120.0) as grpc_client:
-        by_grpc = {mode: grpc_client.generate(prompt, max_new_tokens=32, mode=mode, **sampling) for mode in ("on", "off")}
+        by_grpc = {mode: grpc_client.generate(prompt, max_new_tokens=32, mode=mode, **sampling)
+                   for mode in ("on", "off")}
     by_http = {mode: client.completions.create(model=MODEL, prompt=prompt, max_tokens=32,
                                                extra_body={"speculation": {"mode": mode}}, **sampling)
                for mode in ("on", "off")}

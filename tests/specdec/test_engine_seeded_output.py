@@ -1,6 +1,7 @@
 """Speculation may only change speed, for seeded sampled requests too: 12 seeds x 48 tokens
-(benchmarks/bench_coupling.py checks 40) give the same text with speculation OFF, ON, AUTO (the goodput policy), another proposer,
-and a draft that fails or answers for some rows only in the middle of the requests.
+(benchmarks/bench_coupling.py checks 40) give the same text with speculation OFF, ON, AUTO
+(the goodput policy), another proposer, and a draft that fails or answers for some rows
+only in the middle of the requests.
 
 A seeded sampled request is decoded by the coupled rule (specdec.gumbel_sampling): each
 token is the Gumbel-max choice of the target's distribution under noise addressed by
