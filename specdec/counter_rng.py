@@ -13,6 +13,10 @@ it and replays numbers already used). Here every uniform is instead *addressed*:
 * role - which decision at that position: the draft's sample, the acceptance test of the
   drafted token, or the target's recovered / bonus / plain token.
 
+A seeded sampled request instead draws one uniform per vocabulary token at each position
+(`token_uniforms`, role ROLE_GUMBEL: its Gumbel noise, `specdec.gumbel_sampling`), which
+the draft and the target share.
+
 Each position's token is decided once per role, so no number is ever used twice, and a
 restarted worker draws exactly the numbers the lost one would have drawn.
 
@@ -28,6 +32,7 @@ import numpy as np
 ROLE_DRAFT = 1  # the draft model samples its token at this position
 ROLE_ACCEPT = 2  # the acceptance test of the drafted token at this position
 ROLE_FINAL = 3  # the target's recovered, bonus or plain token at this position
+ROLE_GUMBEL = 4  # a seeded sampled request's noise per vocabulary token at this position
 
 MAX_SEED = 2**64 - 1  # seeds are uint64
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: SplitMix64's increment
@@ -60,11 +65,33 @@ def uniforms(seeds: np.ndarray, positions: np.ndarray, role: int) -> np.ndarray:
     Returns an array shaped like `positions`.
     """
     positions = np.asarray(positions, dtype=np.int64)
+    return _to_unit(_position_words(seeds, positions, role))
+
+
+def token_uniforms(seeds: np.ndarray, positions: np.ndarray, vocab: int) -> np.ndarray:
+    """Uniforms in [0, 1) as float64, one per (seed, position, token): role ROLE_GUMBEL.
+
+    seeds: [B] uint64; positions: [B] or [B, n] non-negative int64 (row b uses seeds[b]);
+    vocab: V. Returns [*positions.shape, V]: entry [..., v] is the uniform of token v at
+    that position, a pure function of (seed, position, v) like every other uniform here.
+    """
+    assert vocab > 0, "vocab must be positive"
+    words = _position_words(seeds, np.asarray(positions, dtype=np.int64), ROLE_GUMBEL)[..., None]  # [..., 1]
+    tokens = np.arange(vocab, dtype=np.uint64) * _GOLDEN  # [V]
+    return _to_unit(_mix(words + tokens))  # [..., V]
+
+
+def _position_words(seeds: np.ndarray, positions: np.ndarray, role: int) -> np.ndarray:
+    """The hashed 64-bit word of each (seed, position) in the given role, like positions."""
     assert seeds.dtype == np.uint64 and seeds.ndim == 1, "seeds must be [B] uint64"
     assert positions.shape[:1] == seeds.shape, f"positions must be [B={seeds.shape[0]}, ...], got {positions.shape}"
     assert (positions >= 0).all(), "positions must be >= 0"
     key = _mix(seeds + _GOLDEN)  # [B]
     key = _mix(key ^ np.uint64(role * _ROLE_SALT % 2**64))  # [B]
     key = key.reshape(key.shape + (1,) * (positions.ndim - 1))  # broadcast over n
-    words = _mix(key + positions.astype(np.uint64) * _GOLDEN)  # like positions
+    return _mix(key + positions.astype(np.uint64) * _GOLDEN)  # like positions
+
+
+def _to_unit(words: np.ndarray) -> np.ndarray:
+    """The 53 high bits of uint64 words as float64 uniforms k * 2**-53 in [0, 1)."""
     return (words >> np.uint64(11)).astype(np.float64) * _TO_UNIT

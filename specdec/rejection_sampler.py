@@ -12,6 +12,15 @@ Greedy rows (temperature 0) take a fast path with no randomness: accept while th
 token equals the target's argmax, then emit the argmax. A proposer without probabilities
 (n-gram) passes draft_probs=None and is verified as a one-hot q.
 
+Coupled rows (a sampled request with a seed of its own, `SamplingBatch.coupled`) use the
+drafter-invariant rule instead (Daliri, Musco and Suresh, 2024): the target's token at
+each position is its Gumbel-max token under noise addressed by (seed, position, token)
+(`specdec.gumbel_sampling`), the draft drew its guess with the same noise, and a drafted
+token is accepted iff it equals the target's token there; the recovered or bonus token is
+the target's token at the first position not accepted. Every emitted token is then a
+function of p and (seed, position) alone - the same whatever was drafted, or if nothing
+was - and follows p exactly (the Gumbel-max trick). q is not needed.
+
 Randomness: row b's positions start at sampling.positions[b] (the history position of
 its first drafted token). The acceptance test of the drafted token at position t uses the
 uniform (seed, t, ROLE_ACCEPT) and the recovered-or-bonus token at position t uses
@@ -79,11 +88,18 @@ def rejection_sample(
     num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
 
     greedy = sampling.greedy.to(device)  # [B]
+    coupled = sampling.coupled.to(device)  # [B]
     if bool(greedy.any()):
         rows = row_index(greedy)
         out_tokens[rows], num_accepted[rows] = _verify_greedy(target_logits[rows], draft_ids[rows], drafted[rows])
-    if not bool(greedy.all()):
-        rows = row_index(~greedy)
+    if bool(coupled.any()):
+        rows = row_index(coupled)
+        out_tokens[rows], num_accepted[rows] = _verify_coupled(
+            target_logits[rows], draft_ids[rows], drafted[rows], sampling.select(rows)
+        )
+    standard = ~greedy & ~coupled  # [B]
+    if bool(standard.any()):
+        rows = row_index(standard)
         out_tokens[rows], num_accepted[rows] = _verify_sampled(
             target_logits[rows],
             draft_ids[rows],
@@ -145,11 +161,35 @@ def _verify_greedy(target_logits: Tensor, draft_ids: Tensor, drafted: Tensor) ->
     target_logits: [Bg, gamma + 1, V]; draft_ids, drafted: [Bg, gamma].
     Returns (tokens [Bg, gamma + 1], num_accepted [Bg]).
     """
-    argmax = target_logits.argmax(dim=-1)  # [Bg, gamma + 1]
-    matches = (draft_ids == argmax[:, :-1]) & drafted  # [Bg, gamma]
-    num_accepted = _count_leading_true(matches)  # [Bg]
-    final_token = argmax.gather(1, num_accepted[:, None]).squeeze(1)  # [Bg]
+    return _accept_matching(target_logits.argmax(dim=-1), draft_ids, drafted)
+
+
+def _accept_matching(target_tokens: Tensor, draft_ids: Tensor, drafted: Tensor) -> tuple[Tensor, Tensor]:
+    """Accept while the drafted token equals the target's own choice at its position; the
+    target's choice at the first position not accepted is the recovered or bonus token.
+
+    target_tokens: [B, gamma + 1]; draft_ids, drafted: [B, gamma].
+    Returns (tokens [B, gamma + 1], num_accepted [B])."""
+    matches = (draft_ids == target_tokens[:, :-1]) & drafted  # [B, gamma]
+    num_accepted = _count_leading_true(matches)  # [B]
+    final_token = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)  # [B]
     return _assemble(draft_ids, num_accepted, final_token), num_accepted
+
+
+def _verify_coupled(
+    target_logits: Tensor, draft_ids: Tensor, drafted: Tensor, sampling: SamplingBatch
+) -> tuple[Tensor, Tensor]:
+    """Drafter-invariant acceptance for coupled rows: accept while the draft equals the
+    target's Gumbel-max token, then emit the target's token at the first other position.
+
+    target_logits: [Bc, gamma + 1, V]; draft_ids, drafted: [Bc, gamma].
+    Returns (tokens [Bc, gamma + 1], num_accepted [Bc]).
+    """
+    batch, gamma_plus_one, _ = target_logits.shape
+    p = logits_to_probs(target_logits, sampling)  # [Bc, gamma + 1, V] float64
+    columns = torch.arange(gamma_plus_one, dtype=torch.int64).expand(batch, gamma_plus_one)  # [Bc, gamma + 1]
+    target_tokens = sampling.gumbel_tokens(p, columns).to(draft_ids.device)  # [Bc, gamma + 1]
+    return _accept_matching(target_tokens, draft_ids, drafted)
 
 
 def _verify_sampled(
@@ -159,7 +199,7 @@ def _verify_sampled(
     draft_probs: Tensor | None,
     sampling: SamplingBatch,
 ) -> tuple[Tensor, Tensor]:
-    """Leviathan acceptance for sampled rows.
+    """Leviathan acceptance for sampled rows that are not coupled.
 
     target_logits: [Bs, gamma + 1, V]; draft_ids: [Bs, gamma] (padding already 0);
     num_drafted: [Bs]; draft_probs: [Bs, gamma, V] or None (one-hot q).

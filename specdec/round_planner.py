@@ -56,13 +56,12 @@ class RoundPlanner:
     def row_state(self, seq: Sequence, max_seq_len: int) -> RowState:
         """What the policy sees of a row. Its cap keeps a round from drafting past
         max_new_tokens or the target's context (down to 0: plain decoding for this row). A
-        seeded sampled request is pinned to the static γ: its tokens depend on the
-        speculation schedule, so the same seed must see the same one."""
+        seeded sampled request is planned like any other: its tokens do not depend on the
+        speculation schedule (specdec.gumbel_sampling)."""
         request, stats = seq.request, seq.stats
         room = max_seq_len - len(seq.token_ids)
         cap = max(0, min(self.gamma_max, seq.remaining - 1, room))
-        pinned = request.sampling.seed is not None and not request.sampling.is_greedy
-        return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, pinned, seq.seq_id,
+        return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, seq.seq_id,
                         unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)),
                         seq.remaining, tuple(stats.drafted_per_position))
 

@@ -13,6 +13,11 @@ maximum, so any finite T > 0 (1e-300 included) gives the right distribution.
 Randomness is addressed, not streamed (`specdec.counter_rng`): row r's uniform for the
 token at history position t is a function of (seeds[r], t, role) alone, so a row's output
 never depends on the rest of the batch, on retries, or on restarts.
+
+A *coupled* row (a sampled request that gave its own seed) draws every token by Gumbel-max
+under noise addressed by (seed, position, token) instead of by inverse CDF
+(`specdec.gumbel_sampling`): the draft and the target share that noise, which makes the
+request's output independent of what was drafted (see `specdec.rejection_sampler`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 from torch import Tensor
 
 from specdec.counter_rng import ROLE_FINAL, as_seeds, uniforms
+from specdec.gumbel_sampling import gumbel_argmax
 from specdec.sampling_params import SamplingParams
 
 
@@ -38,6 +44,10 @@ class SamplingBatch:
     seeds: [B] uint64 numpy: each row's random key (see specdec.counter_rng).
     positions: [B] int64: the history position of the first token this call decides
         (a draw at offset i from it decides the token at positions[b] + i).
+    coupled: [B] bool: the row draws by Gumbel-max under noise shared with the draft
+        (specdec.gumbel_sampling); from_params sets it for sampled rows with a seed of
+        their own. Never set on a greedy row. None = no coupled row. On the CPU, like
+        positions (the noise is hashed there).
     """
 
     temperature: Tensor
@@ -46,10 +56,14 @@ class SamplingBatch:
     greedy: Tensor
     seeds: np.ndarray
     positions: Tensor
+    coupled: Tensor | None = None
 
     def __post_init__(self) -> None:
         b = len(self.seeds)
-        for name in ("temperature", "top_k", "top_p", "greedy", "positions"):
+        if self.coupled is None:
+            self.coupled = torch.zeros(b, dtype=torch.bool)
+        assert not bool((self.coupled & self.greedy.cpu()).any()), "a greedy row cannot be coupled"
+        for name in ("temperature", "top_k", "top_p", "greedy", "positions", "coupled"):
             shape = tuple(getattr(self, name).shape)
             assert shape == (b,), f"{name} must be [batch={b}], got {shape}"
         assert self.seeds.dtype == np.uint64, "seeds must be uint64"
@@ -66,7 +80,8 @@ class SamplingBatch:
         """Build the batch state from per-request params.
 
         positions: per row, the history position of the first token decided (default 0).
-        A sampled request without a seed gets a fresh random one for this call.
+        A sampled request without a seed gets a fresh random one for this call; one with
+        a seed of its own is coupled (its output must not depend on what was drafted).
         """
         positions = [0] * len(params) if positions is None else list(positions)
         assert len(positions) == len(params), "need one position per row"
@@ -78,6 +93,7 @@ class SamplingBatch:
             greedy=temperature == 0,
             seeds=as_seeds([_seed_of(p) for p in params]),
             positions=torch.tensor(positions, dtype=torch.int64),
+            coupled=torch.tensor([p.seed is not None and not p.is_greedy for p in params], dtype=torch.bool),
         )
 
     @property
@@ -103,14 +119,24 @@ class SamplingBatch:
             greedy=self.greedy[rows],
             seeds=self.seeds[index.numpy()],
             positions=self.positions[index],
+            coupled=self.coupled[index],
         )
 
     def uniforms(self, offsets: Tensor, role: int, device: torch.device | str = "cpu") -> Tensor:
         """Row b's uniforms for the tokens at positions[b] + offsets[b] ([B] or [B, n] int64)
         in the given role (specdec.counter_rng), as float64 on `device`."""
-        assert offsets.shape[:1] == (self.batch_size,), "offsets must be [B] or [B, n]"
-        positions = self.positions.reshape((-1,) + (1,) * (offsets.dim() - 1)) + offsets.cpu()
+        positions = self._positions_at(offsets)
         return torch.from_numpy(uniforms(self.seeds, positions.numpy(), role)).to(device)
+
+    def gumbel_tokens(self, probs: Tensor, offsets: Tensor) -> Tensor:
+        """Row b's Gumbel-max tokens (specdec.gumbel_sampling) of probs ([B, V] or [B, n, V])
+        for the tokens at positions[b] + offsets[b] ([B] or [B, n] int64), on probs' device."""
+        return gumbel_argmax(probs, self.seeds, self._positions_at(offsets))
+
+    def _positions_at(self, offsets: Tensor) -> Tensor:
+        """positions[b] + offsets[b] on the CPU, shaped like offsets ([B] or [B, n])."""
+        assert offsets.shape[:1] == (self.batch_size,), "offsets must be [B] or [B, n]"
+        return self.positions.reshape((-1,) + (1,) * (offsets.dim() - 1)) + offsets.cpu()
 
 
 def _seed_of(params: SamplingParams) -> int:
@@ -265,11 +291,18 @@ def sample_from_probs(probs: Tensor, batch: SamplingBatch, offset: int = 0, role
     """Draw one token per row: [B, V] probs -> [B] int64.
 
     Row b decides the token at history position batch.positions[b] + offset and uses the
-    uniform addressed by (its seed, that position, role). Greedy rows take the argmax.
+    uniform addressed by (its seed, that position, role). Greedy rows take the argmax;
+    coupled rows the Gumbel-max token at that position (whatever the role: the draft's
+    guess and the target's token share their noise).
     """
     assert probs.dim() == 2 and probs.shape[0] == batch.batch_size, f"probs must be [B, V], got {tuple(probs.shape)}"
     tokens = probs.argmax(dim=-1)  # [B]
-    sampled = (~batch.greedy).nonzero().squeeze(-1)  # [S]
+    coupled = batch.coupled.nonzero().squeeze(-1)  # [C]
+    if coupled.numel() > 0:
+        offsets = torch.full((coupled.numel(),), offset, dtype=torch.int64)
+        rows = coupled.to(probs.device)
+        tokens[rows] = batch.select(coupled).gumbel_tokens(probs[rows], offsets).to(probs.device)
+    sampled = (~batch.greedy.cpu() & ~batch.coupled).nonzero().squeeze(-1)  # [S]
     if sampled.numel() > 0:
         sub = batch.select(sampled)
         offsets = torch.full((sampled.numel(),), offset, dtype=torch.int64)

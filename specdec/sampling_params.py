@@ -16,8 +16,10 @@ class SamplingParams:
         (any finite value > 0, however small or large).
     top_k: keep the k most likely tokens (0 = no limit).
     top_p: keep the smallest set of tokens whose probability reaches top_p (1.0 = no limit).
-    seed: a uint64 that keys the request's random draws (specdec.counter_rng); the same seed
-        (and speculation schedule) gives the same output. None = a random one.
+    seed: a uint64 that keys the request's random draws (specdec.counter_rng). A sampled
+        request with a seed is decoded by the drafter-invariant rule (specdec.gumbel_sampling):
+        the same seed gives the same output whatever was drafted. None = a random one, and
+        the standard rule.
     The same processing is applied to the target's p and the draft's q before the
     acceptance test, so the output follows the processed target distribution exactly.
     """

@@ -281,8 +281,7 @@ class RemoteProposer(Proposer):
                 branches: int = 1) -> list[worker_pb2.DraftedTokens]:
         """One DraftedTokens per request (with `unverified`: look-ahead branches). Sequences
         the worker asks to resync (it restarted) are sent again at once with their whole
-        history, so a draft restart costs a prefill, not a round without drafts (which would
-        change a seeded request's schedule)."""
+        history, so a draft restart costs a prefill, not a round without drafts."""
         first = self._call(requests, unverified, branches)
         drafts = list(first.drafts)
         resync = {self._sender.local_id(w) for w in first.resync_seq_ids}

@@ -8,7 +8,7 @@ seconds. The plan maximises
 
     goodput(γ) = Σ_i E_i(γ_i) / round_s(γ)        over lo_i ≤ γ_i ≤ hi_i
 
-Rows with a fixed γ (mode ON, an explicit γ, a seeded sampled request) have lo = hi: they
+Rows with a fixed γ (mode ON, an explicit γ, mode OFF) have lo = hi: they
 are not chosen but still weigh in the cost. For each possible number of draft steps g (the
 largest γ), the cost is a constant plus a sum of per-row terms, so the ratio is maximised
 by Dinkelbach's iteration: with λ the current goodput, each row independently maximises

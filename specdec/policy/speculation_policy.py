@@ -6,8 +6,7 @@ Speculation turns off under load because the measured costs say so: at a large b
 verify forward grows with every drafted token, and γ = 0 for every row is the plan.
 
 On top of the plan:
-* requests that fix their γ (mode ON, an explicit γ, mode OFF, seeded sampled requests)
-  keep it, and weigh in the round's cost;
+* requests that fix their γ (mode ON, an explicit γ, mode OFF) keep it, and weigh in the round's cost;
 * an on/off state, moved in the background (`update_switch`), not per round: it follows
   the plan for fresh requests at the batch the demand keeps in flight (`steady_rows`),
   with hysteresis (speculation comes back only when it gains at least `min_gain`) and a
@@ -63,8 +62,7 @@ class PolicySettings:
 class RowState:
     """What the policy needs to know about one row of the round.
 
-    mode / requested_gamma: the request's speculation settings (None = not set); pinned: a
-    seeded sampled request (its tokens depend on the schedule: it keeps the server's γ);
+    mode / requested_gamma: the request's speculation settings (None = not set);
     cap: the most γ it may draft now (budget, context, caps); drafted / accepted: its own
     counts so far; drafted_per_position[k]: its rounds that offered a (k + 1)-th drafted
     token (() = unknown: its drafts are taken to lie where the cluster's do); seq_id: names
@@ -80,7 +78,6 @@ class RowState:
     cap: int
     drafted: int = 0
     accepted: int = 0
-    pinned: bool = False
     seq_id: str = ""
     prompt_tokens: int = 0
     catch_up_tokens: int = 0
@@ -296,7 +293,7 @@ class SpeculationPolicy:
             raise ValueError(f"speculation mode must be auto, on or off, got {row.mode!r}")
         if row.mode == MODE_OFF or row.requested_gamma == 0:
             return 0
-        if row.mode == MODE_ON or row.pinned:
+        if row.mode == MODE_ON:
             return row.requested_gamma or default_gamma
         if row.requested_gamma is not None:
             return row.requested_gamma if self.switch.enabled else 0

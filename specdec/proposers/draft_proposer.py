@@ -16,6 +16,10 @@ Drafting ahead (`look_ahead`, while the target verifies a round): the draft rank
 tokens at every drafted position and drafts the next round for several verdicts of this one
 (all accepted; a rejection at d1, d2, ... with its next-best token), each on a slot forked
 from the sequence's own (see `look_ahead`).
+
+Seeded sampled requests are coupled (specdec.gumbel_sampling): the draft's guess at a
+position is its Gumbel-max choice under the noise the target uses there, which
+`sample_from_probs` draws for such rows; the look-ahead ranks by the same race.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.counter_rng import ROLE_DRAFT
+from specdec.gumbel_sampling import race
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Branch, Proposal, ProposalRequest, Proposer
 from specdec.sampling import SamplingBatch, logits_to_probs, sample_from_probs
@@ -167,7 +172,7 @@ class DraftModelProposer(Proposer):
         points = []
         for k, (i, chunk) in enumerate(zip(rows, chunks)):
             u, history = unverified[i], requests[i].token_ids
-            ranked = self._fit_vocab(logits[k, len(chunk) - u - 1 : len(chunk)])  # [u + 1, vocab]
+            ranked = self._ranked(self._fit_vocab(logits[k, len(chunk) - u - 1 : len(chunk)]), requests[i])
             order = ranked.topk(min(branches + 1, ranked.shape[-1]), dim=-1).indices.tolist()  # [u + 1, branches + 1]
             start, row = len(history) - u, []  # the round's history length
             for j, best in enumerate(order):
@@ -177,6 +182,20 @@ class DraftModelProposer(Proposer):
                         if start + j < self.runner.max_seq_len]
             points += [(rank, i, base, t) for rank, _, i, base, t in sorted(row)[:branches]]
         return sorted(points, key=lambda point: point[0])
+
+    def _ranked(self, logits: torch.Tensor, request: ProposalRequest) -> torch.Tensor:
+        """Scores ranking the draft's tokens, logits [u + 1, vocab] -> [u + 1, vocab]: row j
+        for the token at history position len(history) - u + j (the u unverified drafts' and
+        the one after). The logits, or for a coupled row (a seeded sampled request) its Gumbel
+        race over q, the order in which the target's coupled choice is likeliest to fall
+        (specdec.gumbel_sampling)."""
+        n = logits.shape[0]
+        first = len(request.token_ids) - (n - 1)
+        batch = SamplingBatch.from_params([request.sampling] * n, [first + j for j in range(n)])
+        if not bool(batch.coupled.all()):
+            return logits
+        q = logits_to_probs(logits, batch).to(self._q_dtype)  # [u + 1, vocab], as drafted
+        return race(q, batch.seeds, batch.positions)
 
     def _draft_branches(self, asks: list[ProposalRequest], own: list[bool]):
         """Draft each ask: on its sequence's own slot where `own` (the slot holds all of the

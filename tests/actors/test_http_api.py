@@ -22,6 +22,8 @@ import ray
 from actors.app import free_port, start_app
 from openai_http import OpenStream, OpenUnary, get, sse_lines, wait_until
 from specdec.config import load_config
+from specdec.request import GenerationRequest
+from specdec.sampling_params import SamplingParams
 from specdec_rpc.client import SpecdecClient
 from specdec_rpc.remote_proposer import RemoteProposer
 from specdec_rpc.remote_verifier import RemoteVerifier
@@ -111,6 +113,23 @@ def test_seeded_sampling_is_reproducible(client):
                                          seed=seed).choices[0].text
 
     assert run(5) == run(5) != run(6)
+
+
+def test_a_seeded_sampled_request_gives_one_text_over_both_apis_with_speculation_on_or_off(app, client, make_engine):
+    """Seeded sampled output does not depend on speculation (specdec.gumbel_sampling): mode
+    ON and OFF, over HTTP and gRPC, give the in-process engine's tokens."""
+    prompt, sampling = "def parse(line):", {"temperature": 0.9, "top_p": 0.95, "seed": 2024}
+    local = make_engine("draft", gamma=4)
+    [expected] = local.engine.generate([GenerationRequest(local.encode(prompt), 32, SamplingParams(**sampling))])
+    with SpecdecClient(app.address, timeout_s=120.0) as grpc_client:
+        by_grpc = {mode: grpc_client.generate(prompt, max_new_tokens=32, mode=mode, **sampling)
+                   for mode in ("on", "off")}
+    by_http = {mode: client.completions.create(model=MODEL, prompt=prompt, max_tokens=32,
+                                               extra_body={"speculation": {"mode": mode}}, **sampling)
+               for mode in ("on", "off")}
+    assert by_grpc["on"].stats.drafted > 0 and by_grpc["off"].stats.drafted == 0
+    assert [list(r.token_ids) for r in by_grpc.values()] == [expected.token_ids] * 2
+    assert {r.choices[0].text for r in by_http.values()} == {by_grpc["on"].text}
 
 
 @pytest.mark.parametrize("kwargs, param", [

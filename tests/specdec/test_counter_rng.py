@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specdec.counter_rng import MAX_SEED, ROLE_ACCEPT, ROLE_DRAFT, ROLE_FINAL, as_seeds, uniforms
+from specdec.counter_rng import MAX_SEED, ROLE_ACCEPT, ROLE_DRAFT, ROLE_FINAL, as_seeds, token_uniforms, uniforms
 
 ROLES = (ROLE_DRAFT, ROLE_ACCEPT, ROLE_FINAL)
 N = 1_000_000
@@ -170,3 +170,37 @@ def test_adjacent_seeds_are_independent():
     same_position = _pair_p_values(u[:-1], u[1:])
     shifted = _pair_p_values(_across_seeds(1000, position=1, n=N), u[1:])  # (s, t + 1) vs (s + 1, t)
     assert min(same_position + shifted) > ALPHA / 4
+
+
+# --- per-token uniforms (the Gumbel noise of seeded sampled requests) ----------------------
+
+
+def test_token_uniforms_have_one_value_per_token_on_the_grid_and_are_pinned():
+    u = token_uniforms(as_seeds([0, 9]), np.array([[0, 1], [4, 4]]), 5)
+    assert u.shape == (2, 2, 5) and u.dtype == np.float64
+    assert (u >= 0).all() and (u < 1).all() and np.array_equal(u * GRID, np.floor(u * GRID))
+    assert np.array_equal(u[1, 0], u[1, 1])  # same address, same numbers
+    pinned = [0.005253605762664981, 0.9132612763363585, 0.7005676057384473]  # see test_known_values_are_pinned
+    assert token_uniforms(as_seeds([0]), [0], 3)[0].tolist() == pinned
+    assert np.array_equal(token_uniforms(as_seeds([9]), [4], 5)[0], u[1, 0])  # a pure function of the address
+
+
+def test_token_uniforms_differ_from_every_other_roles_uniforms():
+    seeds, positions = as_seeds(np.arange(1000, dtype=np.uint64)), np.full(1000, 6)
+    per_token = token_uniforms(seeds, positions, 4)  # [1000, 4]
+    for role in ROLES:
+        assert not np.isin(uniforms(seeds, positions, role), per_token).any()
+
+
+@pytest.mark.statistical
+def test_token_uniforms_are_uniform_and_independent_across_tokens_positions_and_seeds():
+    """The noise of neighbouring tokens, of one token at neighbouring positions, and of
+    neighbouring seeds: each marginal uniform, each pair unrelated."""
+    u = token_uniforms(as_seeds(np.arange(N // 64, dtype=np.uint64)), np.zeros(N // 64, dtype=np.int64), 64)
+    stream = token_uniforms(as_seeds([5]), np.arange(N)[None, :], 2)[0]  # [N, 2]: positions x 2 tokens
+    pairs = [(u[:, :-1].ravel(), u[:, 1:].ravel()), (stream[:-1, 0], stream[1:, 0]), (u[:-1, 0], u[1:, 0]),
+             (stream[:, 0], stream[:, 1])]
+    checks = 3 * len(pairs)
+    for x, y in pairs:
+        assert stats.kstest(x, "uniform").pvalue > ALPHA / checks
+        assert min(_pair_p_values(x, y)) > ALPHA / checks

@@ -17,6 +17,7 @@ from specdec.counter_rng import ROLE_ACCEPT, ROLE_FINAL, uniforms
 from specdec.rejection_sampler import PAD_TOKEN_ID, RejectionOutput, rejection_sample
 from specdec.sampling import SamplingBatch, inverse_cdf_sample, logits_to_probs
 from specdec.sampling_params import SamplingParams
+from sampling_rules import standard_rule
 
 VOCAB = 8
 GREEDY = SamplingParams(temperature=0.0)
@@ -226,7 +227,7 @@ def test_residual_without_mass_falls_back_to_the_target_distribution():
     token is drawn from p itself (with the row's ROLE_FINAL uniform)."""
     rows = 2000
     params = [SamplingParams(temperature=1.0, seed=r) for r in range(rows)]
-    batch = SamplingBatch.from_params(params, [3] * rows)
+    batch = standard_rule(SamplingBatch.from_params(params, [3] * rows))
     target_logits = torch.randn(rows, 2, 4, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     target_logits[:, :, 3] = float("-inf")
     p = logits_to_probs(target_logits, batch)  # [B, 2, V], p[..., 3] = 0
@@ -279,7 +280,7 @@ def test_the_acceptance_and_final_draws_use_the_addressed_uniforms():
     rows, gamma = 400, 3
     params = [SamplingParams(temperature=1.0, seed=1000 + r) for r in range(rows)]
     target_logits, ids, num_drafted, q = _random_round(rows, gamma, VOCAB, seed=20, params=params)
-    batch = SamplingBatch.from_params(params, [r % 17 for r in range(rows)])
+    batch = standard_rule(SamplingBatch.from_params(params, [r % 17 for r in range(rows)]))
     out = rejection_sample(target_logits, ids, num_drafted, q, batch)
     p = logits_to_probs(target_logits, batch)  # [B, gamma + 1, V]
     u_accept = _addressed(batch, torch.arange(gamma).expand(rows, gamma), ROLE_ACCEPT)  # [B, gamma]

@@ -1,5 +1,9 @@
 """Rejection sampling is lossless: emitted tokens follow the processed target distribution.
 
+This file tests the standard rule (every batch here is `standard_rule`: its fixed seeds
+only make runs repeatable); the coupled rule of seeded requests is tested in
+test_coupled_sampling_statistics.py.
+
 Setting: small vocabularies and fixed, context-independent distributions per position -
 the target's p_k at positions k = 1 .. gamma + 1 and the draft's q_k at k = 1 .. gamma,
 different at every position. Each batch row is one independent round (its own seed).
@@ -28,6 +32,7 @@ from specdec.counter_rng import ROLE_FINAL, as_seeds, uniforms
 from specdec.rejection_sampler import RejectionOutput, rejection_sample
 from specdec.sampling import SamplingBatch, sample_from_probs
 from specdec.sampling_params import SamplingParams
+from sampling_rules import standard_rule
 
 pytestmark = pytest.mark.statistical
 
@@ -161,7 +166,7 @@ def _run(case: Case) -> Rounds:
         num_drafted = torch.from_numpy(rng.integers(0, case.gamma + 1, ROUNDS))
     else:
         num_drafted = torch.full((ROUNDS,), case.gamma)
-    batch = SamplingBatch.from_params(seeded(case.params, ROUNDS, first_seed=case.seed * ROUNDS))
+    batch = standard_rule(SamplingBatch.from_params(seeded(case.params, ROUNDS, first_seed=case.seed * ROUNDS)))
     draft_probs = None if case.ngram else torch.from_numpy(q).expand(ROUNDS, -1, -1)
     target_logits = torch.from_numpy(target).expand(ROUNDS, -1, -1)
     out = rejection_sample(target_logits, torch.from_numpy(np.ascontiguousarray(ids)), num_drafted, draft_probs, batch)
@@ -222,7 +227,7 @@ def test_one_seed_at_successive_positions_follows_the_target():
     0, gamma + 1, 2 (gamma + 1), ... never share a uniform, so they are independent rounds."""
     case = Case("one seed", SamplingParams(temperature=1.0, top_k=8, seed=77), seed=10)
     target, p, q, ids = _setting(case, np.random.default_rng(case.seed))
-    batch = SamplingBatch.from_params([case.params] * ROUNDS, [r * (GAMMA + 1) for r in range(ROUNDS)])
+    batch = standard_rule(SamplingBatch.from_params([case.params] * ROUNDS, [r * (GAMMA + 1) for r in range(ROUNDS)]))
     num_drafted = torch.full((ROUNDS,), GAMMA)
     out = rejection_sample(
         torch.from_numpy(target).expand(ROUNDS, -1, -1), torch.from_numpy(ids), num_drafted,
@@ -263,7 +268,8 @@ def test_every_row_of_a_mixed_batch_follows_its_own_target():
         for row, row_params in zip(mine.tolist(), seeded(kind.params, per_kind, first_seed=kind.seed * rows)):
             params[row] = row_params
         expected.append(p)
-    out = rejection_sample(target_logits, ids, num_drafted, draft_probs, SamplingBatch.from_params(params))
+    batch = standard_rule(SamplingBatch.from_params(params))
+    out = rejection_sample(target_logits, ids, num_drafted, draft_probs, batch)
     for j, (kind, n) in enumerate(MIXED_KINDS):
         mine = kind_of_row == j
         tokens, accepted = out.output_token_ids[mine], out.num_accepted[mine]
@@ -277,7 +283,8 @@ def test_every_row_of_a_mixed_batch_follows_its_own_target():
 
 def test_sample_from_probs_follows_the_distribution():
     probs = np.array([0.0, 0.05, 0.3, 0.0, 0.15, 0.499, 0.001, 0.0, 0.0, 0.0])
-    batch = SamplingBatch.from_params(seeded(SamplingParams(temperature=1.0), ROUNDS, first_seed=11), [5] * ROUNDS)
+    params = seeded(SamplingParams(temperature=1.0), ROUNDS, first_seed=11)
+    batch = standard_rule(SamplingBatch.from_params(params, [5] * ROUNDS))
     tokens = sample_from_probs(torch.from_numpy(probs).expand(ROUNDS, -1), batch)
     assert_follows(tokens, probs, ALPHA, "sample_from_probs")
 
@@ -297,7 +304,7 @@ def test_the_check_catches_a_verifier_told_the_wrong_q():
     emitted tokens follow q - the check must reject them."""
     case = CASES[0]
     target, p, q, ids = _setting(case, np.random.default_rng(case.seed))
-    batch = SamplingBatch.from_params(seeded(case.params, ROUNDS, first_seed=0))
+    batch = standard_rule(SamplingBatch.from_params(seeded(case.params, ROUNDS, first_seed=0)))
     out = rejection_sample(
         torch.from_numpy(target).expand(ROUNDS, -1, -1), torch.from_numpy(ids), torch.full((ROUNDS,), GAMMA),
         torch.from_numpy(p[:GAMMA]).expand(ROUNDS, -1, -1), batch,

@@ -55,11 +55,16 @@ def test_a_policy_that_fails_or_plans_other_rows_costs_the_round_its_plan_only()
     assert planner.decision.reason == "static γ"
 
 
-def test_a_seeded_sampled_request_is_pinned_and_its_prompt_is_read_in_its_first_round_only():
+def test_a_seeded_sampled_request_is_planned_like_any_row_and_its_prompt_is_read_in_its_first_round_only():
+    """Its output does not depend on the schedule (specdec.gumbel_sampling), so the policy
+    sees it exactly as it sees an unseeded row and plans it freely."""
     planner = RoundPlanner(4, 8, ProposerView())
     seeded = seq("a", prompt=(5, 6, 7, 8), sampling=SamplingParams(temperature=1.0, seed=7))
-    greedy = seq("b")
-    assert planner.row_state(seeded, 512).pinned and not planner.row_state(greedy, 512).pinned
+    unseeded = seq("a", prompt=(5, 6, 7, 8), sampling=SamplingParams(temperature=1.0))
+    assert planner.row_state(seeded, 512) == planner.row_state(unseeded, 512)
+    policy = PlanEverything(6)
+    planner.plan([seeded, seq("b")], policy, max_seq_len=512, load=(2, 0))
+    assert planner.gamma_for(seeded) == 6  # not the static γ 4
     assert unread_prompt(seeded) == 3  # the last prompt token is the pending one, read with the drafts
     seeded.stats.rounds = 1
     assert unread_prompt(seeded) == 0

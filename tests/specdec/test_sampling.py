@@ -25,6 +25,7 @@ from specdec.sampling import (
     sample_from_probs,
 )
 from specdec.sampling_params import SamplingParams
+from sampling_rules import standard_rule
 
 F64 = torch.float64
 
@@ -111,6 +112,8 @@ def _raw_batch(**overrides) -> SamplingBatch:
         dict(seeds=np.array([1], dtype=np.int64)),  # seeds are uint64
         dict(positions=torch.tensor([0, 1])),  # one entry per row
         dict(top_k=torch.tensor([0, 0])),
+        dict(coupled=torch.tensor([False, True])),
+        dict(temperature=torch.tensor([0.0], dtype=F64), greedy=torch.tensor([True]), coupled=torch.tensor([True])),
     ],
 )
 def test_inconsistent_batch_state_is_rejected(overrides):
@@ -337,7 +340,7 @@ def _probs_rows(rows: int, vocab: int = 50, seed: int = 2) -> torch.Tensor:
 
 def test_sample_is_the_inverse_cdf_at_the_rows_addressed_uniform():
     probs = _probs_rows(3)
-    batch = _batch(*(SamplingParams(temperature=1.0, seed=s) for s in (4, 5, 6)), positions=[0, 7, 30])
+    batch = standard_rule(_batch(*(SamplingParams(temperature=1.0, seed=s) for s in (4, 5, 6)), positions=[0, 7, 30]))
     tokens = sample_from_probs(probs, batch, offset=2, role=ROLE_DRAFT)
     u = torch.from_numpy(uniforms(as_seeds([4, 5, 6]), np.array([2, 9, 32]), ROLE_DRAFT))
     assert torch.equal(tokens, inverse_cdf_sample(probs, u))
@@ -382,8 +385,9 @@ def test_different_positions_and_roles_give_different_draws():
     params = SamplingParams(temperature=1.0, seed=5)
     by_position = {int(sample_from_probs(probs, _batch(params, positions=[t]))) for t in range(50)}
     assert len(by_position) > 20
-    by_role = [int(sample_from_probs(probs, _batch(params, positions=[t]), role=ROLE_ACCEPT)) for t in range(50)]
-    by_final = [int(sample_from_probs(probs, _batch(params, positions=[t]), role=ROLE_FINAL)) for t in range(50)]
+    batches = [standard_rule(_batch(params, positions=[t])) for t in range(50)]
+    by_role = [int(sample_from_probs(probs, batch, role=ROLE_ACCEPT)) for batch in batches]
+    by_final = [int(sample_from_probs(probs, batch, role=ROLE_FINAL)) for batch in batches]
     assert by_role != by_final
 
 

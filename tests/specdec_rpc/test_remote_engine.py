@@ -3,6 +3,8 @@ exactly what the in-process engine generates, survives worker restarts and frees
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 
 import grpc
@@ -175,6 +177,29 @@ def test_a_seeded_sampled_request_survives_worker_restarts_with_the_same_output(
     while engine.has_unfinished():
         engine.step()
     assert engine.result(seq_id).token_ids == reference.token_ids
+
+
+def test_a_seeded_sampled_request_keeps_its_text_while_its_draft_worker_is_down(remote_engine, workers, prompt_ids):
+    """Seeded sampled requests are decoded by the drafter-invariant rule: rounds without
+    drafts (the draft worker stopped mid-request, then a fresh one) give the text of
+    speculation off."""
+    request = GenerationRequest(prompt_ids[0], MAX_NEW, SamplingParams(temperature=0.8, seed=77), ignore_eos=True)
+    [reference] = remote_engine("draft", 4).generate([dataclasses.replace(request, mode="off")])
+    engine = remote_engine("draft", 4)
+    seq_id = engine.add_request(request)
+    for _ in range(3):
+        engine.step()
+    old = workers["draft"]
+    old.stop()
+    for _ in range(3):
+        engine.step()  # the draft is down: these rounds go on without drafts
+    host, port = old.address.rsplit(":", 1)
+    workers["draft"] = ServerThread(DraftServicer.from_config(CONFIG), host, int(port))
+    while engine.has_unfinished():
+        engine.step()
+    result = engine.result(seq_id)
+    assert reference.stats.drafted == 0 and result.stats.drafted > 0
+    assert result.token_ids == reference.token_ids
 
 
 def test_a_q_that_does_not_decode_is_not_trusted_and_fails_nothing(workers, prompt_ids, hf_greedy):

@@ -165,19 +165,18 @@ def test_one_unlucky_first_round_does_not_turn_an_average_request_off():
 
 
 @pytest.mark.parametrize(
-    "mode, requested, pinned, enabled_gamma",
+    "mode, requested, enabled_gamma",
     [
-        ("off", 6, False, 0),
-        ("on", 6, False, 6),
-        ("on", None, False, 3),  # ON without a γ: the server's γ, whatever the plan says
-        ("auto", 5, False, 5),  # an explicit γ overrides the plan
-        ("auto", 0, False, 0),  # γ 0 means no speculation in any mode
-        ("on", 0, False, 0),
-        ("auto", None, True, 3),  # seeded sampled: the server's γ, so the seed sees one schedule
+        ("off", 6, 0),
+        ("on", 6, 6),
+        ("on", None, 3),  # ON without a γ: the server's γ, whatever the plan says
+        ("auto", 5, 5),  # an explicit γ overrides the plan
+        ("auto", 0, 0),  # γ 0 means no speculation in any mode
+        ("on", 0, 0),
     ],
 )
-def test_request_overrides_beat_the_plan(mode, requested, pinned, enabled_gamma):
-    row = RowState(mode, requested, 8, pinned=pinned)
+def test_request_overrides_beat_the_plan(mode, requested, enabled_gamma):
+    row = RowState(mode, requested, 8)
     for alpha in (0.0, 0.95):  # whatever the plan would say
         assert SpeculationPolicy(settings()).plan(snapshot(alpha=alpha), [row], 100.0, 3).gammas == (enabled_gamma,)
 
