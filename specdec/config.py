@@ -228,7 +228,8 @@ class SecurityConfig(StrictModel):
     tls_key_file: str = Field("", description="PEM private key for tls_cert_file; set both or neither.")
     api_tokens_file: str = Field(
         "", description="File of bearer tokens, one per line ('#' comments); with env SPECDEC_API_TOKENS "
-        "(comma-separated) the accepted tokens. None from either = no authentication."
+        "(comma-separated) the accepted tokens. None from either = no authentication. A set file must hold a "
+        "token; one that goes bad while serving (emptied, cut short, deleted) keeps the last good tokens."
     )
     open_health: bool = Field(
         True, description="Health checks (and gRPC reflection) answer without a token, for probes and load balancers."
