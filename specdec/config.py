@@ -127,6 +127,10 @@ class ServingConfig(StrictModel):
         64, ge=1, description="Admission limit of a router replica (running + queued); beyond it: RESOURCE_EXHAUSTED."
     )
     worker_timeout_s: float = Field(30.0, gt=0, description="Deadline of one router -> worker gRPC call, seconds.")
+    worker_host: str = Field(
+        "", description="Interface the workers' internal gRPC servers bind: empty = this node's address (routers "
+        "on other nodes reach it; `specdec serve` starting its own Ray uses 127.0.0.1), 127.0.0.1 = loopback only."
+    )
     router_replicas: int = Field(1, ge=1, description="Ray Serve replicas of the router deployment.")
     lease_ttl_s: float = Field(
         5.0, gt=0, description="A worker frees the slots of a router it has not heard from for this long, seconds."
