@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -138,15 +137,16 @@ def start_server(port: int, http_port: int) -> subprocess.Popen:
 
 
 def wait_ready(process: subprocess.Popen, timeout_s: float) -> str:
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.poll() is None:
-        if selector.select(timeout=1.0):
-            line = process.stdout.readline()
-            if line.startswith("specdec serving"):
-                return line
-    raise RuntimeError(f"specdec serve was not ready within {timeout_s}s (exit status {process.poll()})")
+    """The server's ready line (its only line on stdout); killed when none came within timeout_s."""
+    timer = threading.Timer(timeout_s, process.kill)
+    timer.start()
+    try:
+        line = process.stdout.readline()
+    finally:
+        timer.cancel()
+    if not line.startswith("specdec serving"):
+        raise RuntimeError(f"specdec serve was not ready within {timeout_s}s (exit status {process.poll()})")
+    return line
 
 
 class PublicLoad(threading.Thread):

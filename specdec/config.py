@@ -240,7 +240,8 @@ class SecurityConfig(StrictModel):
     )
     internal_secret_file: str = Field(
         "", description="File holding the shared secret router and workers present to each other; env "
-        "SPECDEC_INTERNAL_SECRET also works. Neither = internal calls are not authenticated."
+        "SPECDEC_INTERNAL_SECRET also works. Neither = internal calls are not authenticated (`specdec serve` "
+        "starting its own Ray then generates one for the run)."
     )
 
     @model_validator(mode="after")
