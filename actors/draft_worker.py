@@ -28,7 +28,7 @@ class DraftWorkerActor(ServedActor):
         own_cores(config.serving.draft_num_cpus)
         metrics = WorkerMetrics(model=config.models.target, role="draft")  # exported by this actor
         servicer = await asyncio.get_running_loop().run_in_executor(None, DraftServicer.from_config, config, metrics)
-        return await self._serve(servicer, host, port, config.security)
+        return await self._serve(servicer, host, port, config)
 
 
 def start_draft_worker(config: SpecdecConfig, name: str | None = None) -> tuple[Any, str]:

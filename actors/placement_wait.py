@@ -3,7 +3,9 @@ about what is missing.
 
 GPU nodes may take minutes to boot (autoscaler, KubeRay), so the wait is configurable
 (`serving.placement_timeout_s`); progress is logged every `PROGRESS_PERIOD_S`; when it
-expires the error says what the group needs and what the cluster has, node by node.
+expires the error says what the group needs and what the cluster has, node by node, and
+which placement groups already reserve those resources (e.g. the target's group holding the
+CPUs a draft worker waits for), with what is free now.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import ray
 logger = logging.getLogger(__name__)
 
 PROGRESS_PERIOD_S = 10.0
+#: the name the target's placement group starts with (so a wait can say who holds what)
+TARGET_GROUP_PREFIX = "specdec-target"
 
 
 class PlacementTimeout(TimeoutError):
@@ -44,14 +48,33 @@ def wait_scheduled(ready: Any, what: str, bundles: list[dict[str, float]], strat
             report(line)
 
 
-def missing(bundles: list[dict[str, float]], strategy: str, nodes: list[dict[str, Any]] | None = None) -> str:
-    """What the group needs against what the alive nodes have (totals, not what is free now)."""
+def missing(bundles: list[dict[str, float]], strategy: str, nodes: list[dict[str, Any]] | None = None,
+            groups: dict[str, dict[str, Any]] | None = None, free: dict[str, float] | None = None) -> str:
+    """What the group needs against what the alive nodes have (totals), which placement groups
+    reserve part of that (`ray.util.placement_group_table()`) and what is free now."""
     nodes = [n for n in (ray.nodes() if nodes is None else nodes) if n.get("Alive", True)]
     need = _sum(bundles)
     where = "on one node" if strategy.startswith("STRICT_PACK") else "in the cluster"
     have = [{k: v for k, v in n.get("Resources", {}).items() if k in need} for n in nodes]
-    return (f"needs {len(bundles)} x {bundles[0]} = {need} {where}; "
-            f"{len(nodes)} node(s) have {have or 'nothing'}")
+    line = f"needs {len(bundles)} x {bundles[0]} = {need} {where}; {len(nodes)} node(s) have {have or 'nothing'}"
+    held = _held(need, ray.util.placement_group_table() if groups is None else groups)
+    if held:
+        free = ray.available_resources() if free is None else free
+        line += f", of which {held}; free now: {({k: free.get(k, 0.0) for k in need})}"
+    return line
+
+
+def _held(need: dict[str, float], groups: dict[str, dict[str, Any]]) -> str:
+    """'<who> reserves <what>' for each created placement group holding resources in `need`."""
+    held = []
+    for group in groups.values():
+        bundles = [{k: v for k, v in b.items() if k in need} for b in group.get("bundles", {}).values()]
+        if group.get("state") != "CREATED" or not any(bundles):
+            continue
+        name = group.get("name") or ""
+        who = "the target's group" if name.startswith(TARGET_GROUP_PREFIX) else f"placement group {name or '(unnamed)'}"
+        held.append(f"{who} reserves {len(bundles)} x {bundles[0]} = {_sum(bundles)}")
+    return "; ".join(held)
 
 
 def _sum(bundles: list[dict[str, float]]) -> dict[str, float]:

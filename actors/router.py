@@ -33,6 +33,7 @@ from starlette.responses import Response
 from specdec_metrics.router_metrics import RouterMetrics
 from specdec.api_auth import AuthenticationError, TokenSource
 from specdec.config import SecurityConfig
+from specdec.serving_errors import RETRY_AFTER_S
 from specdec_rpc.raw_requests import parse
 from actors.served_actor import own_cores
 from specdec_http.http_api import HttpApi
@@ -58,6 +59,9 @@ GRPC_SERVICER_FUNCTIONS = [
 _CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
                   grpc.StatusCode.UNAUTHENTICATED}
 
+#: the trailing metadata key that tells an overloaded call's client when to try again (seconds)
+RETRY_AFTER_KEY = "retry-after"
+
 
 class CallFailed(Exception):
     """Raised for a failed call after its status went onto Serve's gRPC context. It carries
@@ -73,6 +77,8 @@ def _fail(exc: BaseException, grpc_context: Any) -> bool:
         return False
     grpc_context.set_code(code)
     grpc_context.set_details(details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # overloaded: when to try again
+        grpc_context.set_trailing_metadata([(RETRY_AFTER_KEY, str(RETRY_AFTER_S))])
     return code in _CLIENT_ERRORS
 
 

@@ -15,9 +15,12 @@ def own_cores(num_cpus: float) -> None:
     import torch
 
     torch.set_num_threads(max(1, int(num_cpus)))
-from specdec.config import SecurityConfig
+from specdec.config import SpecdecConfig
 from specdec_rpc.internal_auth import configured_secret
 from specdec_rpc.worker_server import WorkerServer, start_worker_server
+
+#: bind addresses that mean every interface: routers reach such a server at the node's address
+WILDCARDS = {"0.0.0.0", "::", "[::]"}
 
 
 class ServedActor:
@@ -34,14 +37,17 @@ class ServedActor:
             self._stopped = asyncio.Event()
         return self._stopped
 
-    async def _serve(self, servicer: Any, host: str | None, port: int, security: SecurityConfig) -> str:
-        """Start the gRPC server on `host` (None: this node's address, which routers on other
-        nodes reach; not every interface); returns 'node_ip:port'. Calls must present the
-        cluster's internal secret when one is configured."""
+    async def _serve(self, servicer: Any, host: str | None, port: int, config: SpecdecConfig) -> str:
+        """Start the gRPC server on `host`, else `serving.worker_host`, else this node's address
+        (which routers on other nodes reach; never every interface by default); returns the
+        'host:port' routers call. Calls must present the cluster's internal secret when one
+        is configured."""
         node_ip = ray.util.get_node_ip_address()
-        secret = configured_secret(security.internal_secret_file)
-        self._server = await start_worker_server(servicer, host or node_ip, port, secret)
-        self._address = f"{node_ip}:{self._server.address.rsplit(':', 1)[1]}"
+        secret = configured_secret(config.security.internal_secret_file)
+        bind = host or config.serving.worker_host or node_ip
+        self._server = await start_worker_server(servicer, bind, port, secret)
+        reachable = node_ip if bind in WILDCARDS else bind
+        self._address = f"{reachable}:{self._server.address.rsplit(':', 1)[1]}"
         return self._address
 
     async def info(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ torch.distributed group and loads its shard, then the leader serves TargetWorker
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.placement_wait import wait_scheduled
+from actors.placement_wait import TARGET_GROUP_PREFIX, wait_scheduled
 from actors.target_shard import TargetFollower, TargetLeader, check_tensor_parallel_size
 from specdec.config import ServingConfig, SpecdecConfig
 
@@ -69,7 +70,8 @@ class TargetGroup:
 
     def _reserve(self) -> None:
         bundles = [rank_bundle(self.config.serving)] * self.tensor_parallel_size
-        name = f"{self.name_prefix}-pg" if self.name_prefix else ""
+        # named, so that a resource wait elsewhere can say the target's group holds what it reserved
+        name = f"{TARGET_GROUP_PREFIX}-{self.name_prefix or uuid.uuid4().hex[:8]}-pg"
         self.placement_group = placement_group(bundles, strategy="STRICT_PACK", name=name)
         what = "the target group's placement group"
         wait_scheduled(self.placement_group.ready(), what, bundles, "STRICT_PACK",

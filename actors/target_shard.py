@@ -119,4 +119,4 @@ class TargetLeader(ServedActor, _Shard):
         servicer = TargetServicer(
             verifier, config.models.target, config.cache.num_slots, self._world_size, config.serving.lease_ttl_s, metrics
         )
-        return await self._serve(servicer, host, port, config.security)
+        return await self._serve(servicer, host, port, config)

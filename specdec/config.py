@@ -137,6 +137,10 @@ class ServingConfig(StrictModel):
         64, ge=1, description="Admission limit of a router replica (running + queued); beyond it: RESOURCE_EXHAUSTED."
     )
     worker_timeout_s: float = Field(30.0, gt=0, description="Deadline of one router -> worker gRPC call, seconds.")
+    worker_host: str = Field(
+        "", description="Interface the workers' internal gRPC servers bind: empty = this node's address (routers "
+        "on other nodes reach it; `specdec serve` starting its own Ray uses 127.0.0.1), 127.0.0.1 = loopback only."
+    )
     router_replicas: int = Field(1, ge=1, description="Ray Serve replicas of the router deployment.")
     lease_ttl_s: float = Field(
         5.0, gt=0, description="A worker frees the slots of a router it has not heard from for this long, seconds."
@@ -238,14 +242,16 @@ class SecurityConfig(StrictModel):
     tls_key_file: str = Field("", description="PEM private key for tls_cert_file; set both or neither.")
     api_tokens_file: str = Field(
         "", description="File of bearer tokens, one per line ('#' comments); with env SPECDEC_API_TOKENS "
-        "(comma-separated) the accepted tokens. None from either = no authentication."
+        "(comma-separated) the accepted tokens. None from either = no authentication. A set file must hold a "
+        "token; one that goes bad while serving (emptied, cut short, deleted) keeps the last good tokens."
     )
     open_health: bool = Field(
         True, description="Health checks (and gRPC reflection) answer without a token, for probes and load balancers."
     )
     internal_secret_file: str = Field(
         "", description="File holding the shared secret router and workers present to each other; env "
-        "SPECDEC_INTERNAL_SECRET also works. Neither = internal calls are not authenticated."
+        "SPECDEC_INTERNAL_SECRET also works. Neither = internal calls are not authenticated (`specdec serve` "
+        "starting its own Ray then generates one for the run)."
     )
 
     @model_validator(mode="after")

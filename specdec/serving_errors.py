@@ -5,10 +5,14 @@ to its own status (gRPC: `specdec_rpc.status_codes`, HTTP: `specdec_http.openai_
     invalid       ValueError (InvalidRequestError names param)  INVALID_ARGUMENT    400
     unauthenticated AuthenticationError (no valid bearer token) UNAUTHENTICATED     401
     not_found     NotFoundError                                 NOT_FOUND           404
-    overloaded    AdmissionError (the admission limit)          RESOURCE_EXHAUSTED  429
+    overloaded    AdmissionError (the admission limit), a       RESOURCE_EXHAUSTED  429 + Retry-After
+                  worker without a free cache slot
     unavailable   NotReadyError, EngineClosedError, WorkerError UNAVAILABLE         503
     deadline      TimeoutError (DeadlineExceededError)          DEADLINE_EXCEEDED   504
     internal      anything else                                 INTERNAL            500
+
+An overloaded server says when to try again: RETRY_AFTER_S (HTTP's Retry-After header,
+gRPC's `retry-after` trailing metadata, and the message).
 """
 
 from __future__ import annotations
@@ -20,9 +24,14 @@ import re
 from specdec.api_auth import AuthenticationError
 from specdec.async_engine import AdmissionError, EngineClosedError
 from specdec.errors import WorkerError
+from specdec.models.kv_cache import CacheFullError
 
-__all__ = ["AdmissionError", "AuthenticationError", "DeadlineExceededError", "ErrorKind", "InvalidRequestError", "NotFoundError",
+__all__ = ["RETRY_AFTER_S", "AdmissionError", "AuthenticationError", "DeadlineExceededError", "ErrorKind", "InvalidRequestError", "NotFoundError",
            "NotReadyError", "classify", "param_of"]
+
+
+#: seconds an overloaded server asks a client to wait before trying again
+RETRY_AFTER_S = 1
 
 
 class ErrorKind(enum.Enum):
@@ -59,7 +68,7 @@ def classify(exc: BaseException) -> ErrorKind:
     """The kind of a failure raised while serving a request (core exceptions only)."""
     if isinstance(exc, AuthenticationError):
         return ErrorKind.UNAUTHENTICATED
-    if isinstance(exc, AdmissionError):
+    if isinstance(exc, (AdmissionError, CacheFullError)):
         return ErrorKind.OVERLOADED
     if isinstance(exc, NotFoundError):
         return ErrorKind.NOT_FOUND

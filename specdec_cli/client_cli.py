@@ -67,7 +67,7 @@ def format_status(stats: Any) -> str:
         ("α per position", per_position),
         ("round cost (ms)", _round_cost(stats)),
         ("speculation pays below", _crossover(stats)),
-        ("QPS (cluster)", f"{stats.qps:.2f}"),
+        (_qps_label(stats), f"{stats.qps:.2f}"),
         ("in flight / queued", f"{stats.in_flight:.0f} / {stats.queued:.0f}"),
         ("measurements", f"{stats.measurements_source} (Redis breaker {stats.circuit_breaker})"),
         ("replica rounds", str(stats.rounds)),
@@ -79,6 +79,12 @@ def format_status(stats: Any) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _qps_label(stats: Any) -> str:
+    """Cluster-wide only while the measurements come from the shared store (Redis); else
+    they are this replica's own (no Redis, or Redis unreachable)."""
+    return "QPS (cluster)" if stats.measurements_source == "shared" else "QPS (this replica only)"
 
 
 def _drafting_ahead(p: Any) -> str:

@@ -59,7 +59,7 @@ def _with_load_store(config: SpecdecConfig) -> tuple[SpecdecConfig, LocalRedis |
         return config, None, f"Redis {redis_url(config)}"
     if redis_server_binary() is None:
         return config, None, "in-process load store (redis-server not found; set load_monitor.redis_url to share)"
-    local = LocalRedis().start()
+    local = LocalRedis().start().keep_alive()  # started again if it dies
     data = config.model_dump()
     data["load_monitor"]["redis_url"] = local.url
     return SpecdecConfig.model_validate(data), local, f"local redis-server {local.url}"
@@ -70,7 +70,9 @@ def run_serve(args: argparse.Namespace) -> int:
     check_model_paths(config.models, draft_needed=config.speculation.proposer == registry.DRAFT)  # before Ray starts
     check_security_files(config.security)
     from actors.app import start_app  # ray and serve only for this subcommand
+    from specdec_cli.local_workers import secure_local_workers
 
+    config = secure_local_workers(config, joining=args.address is not None)
     config, local_redis, store = _with_load_store(config)
     logging.getLogger("ray").setLevel(logging.WARNING)
     stops = StopSignals().install()

@@ -8,8 +8,9 @@
 `HttpApi.handle` takes one request and returns its response, so any host can run it: Ray
 Serve's HTTP proxy calls the SpecdecRouter's `__call__` with it, and `asgi_app` wraps it
 for a plain ASGI server. A stream is answered only once its first round is out, so bad
-input, the admission limit and an unready server get their HTTP status (400 / 429 / 503)
-rather than a broken stream; a failure after that ends the stream with an error event.
+input, the admission limit and an unready server get their HTTP status (400 / 429 with
+Retry-After / 503) rather than a broken stream; a failure after that ends the stream with
+an error event.
 A client that disconnects cancels the request, which frees its cache slots. With
 `authorize`, every route but the open ones (/health) needs `authorization: Bearer <token>`:
 401 otherwise.
@@ -29,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specdec.frontend import Delta, Frontend
-from specdec.serving_errors import ErrorKind, InvalidRequestError, NotFoundError, classify
+from specdec.serving_errors import RETRY_AFTER_S, ErrorKind, InvalidRequestError, NotFoundError, classify
 from specdec_http.openai_api import chat_request, completion_request
 from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, error_body, sse
 
@@ -94,7 +95,8 @@ class HttpApi:
         if kind is ErrorKind.INTERNAL and not isinstance(exc, ClientDisconnectedError):
             logger.error("an HTTP request failed: %s", message, exc_info=exc)
         status, body = error_body(kind, message, exc)
-        return JSONResponse(body, status_code=status)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if kind is ErrorKind.OVERLOADED else None
+        return JSONResponse(body, status_code=status, headers=headers)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         self.frontend.ready()  # 503 while loading, whatever the body says (the model name is not known yet)

@@ -6,7 +6,8 @@ any handler runs, so a process that merely reaches a worker's port cannot read o
 its cache. The secret comes from `security.internal_secret_file`, else the
 SPECDEC_INTERNAL_SECRET environment variable (`configured_secret`), read by the routers
 and the workers alike; with neither, internal calls are not authenticated (the Helm chart
-always sets one: its Secret is mounted on every Ray pod).
+always sets one: its Secret is mounted on every Ray pod; `specdec serve` starting its own
+Ray generates one for the run: `specdec_cli.local_workers`).
 """
 
 from __future__ import annotations

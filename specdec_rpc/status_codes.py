@@ -2,10 +2,12 @@
 
 The core says what kind of failure it is (`specdec.serving_errors.classify`); this maps
 the kind to gRPC, after recognising the one thing only gRPC knows: a model worker's own
-gRPC error (UNAVAILABLE when the worker is down, INTERNAL otherwise).
+gRPC error (UNAVAILABLE when the worker is down, RESOURCE_EXHAUSTED when it has no free
+cache slot, INTERNAL otherwise).
 
 INVALID_ARGUMENT: bad input (ValueError; the message names the field).
-RESOURCE_EXHAUSTED: the router's admission limit is reached (retry later).
+RESOURCE_EXHAUSTED: the router's admission limit is reached, or a worker's cache slots are
+all taken (retry after RETRY_AFTER_S: the message says so; the router adds `retry-after`).
 UNAVAILABLE: the server is not ready, shutting down, or a worker is unreachable (WorkerError).
 DEADLINE_EXCEEDED: the call ran out of time (asyncio / builtin TimeoutError).
 NOT_FOUND: a health check for an unknown service.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import grpc
 
-from specdec.serving_errors import ErrorKind, NotFoundError, NotReadyError, classify
+from specdec.serving_errors import RETRY_AFTER_S, ErrorKind, NotFoundError, NotReadyError, classify
 from specdec_rpc.remote_verifier import WORKER_DOWN
 
 __all__ = ["NotReadyError", "UnknownServiceError", "error_kind", "status_for"]
@@ -43,6 +45,9 @@ def error_kind(exc: BaseException) -> tuple[ErrorKind, str]:
         code = exc.code()
         if code in WORKER_DOWN:
             return ErrorKind.UNAVAILABLE, f"a model worker is unavailable ({code.name}: {exc.details()})"
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return ErrorKind.OVERLOADED, (f"a model worker has no free cache slot ({exc.details()}); "
+                                          f"retry in {RETRY_AFTER_S}s")
         return ErrorKind.INTERNAL, f"a model worker failed ({code.name}: {exc.details()})"
     kind = classify(exc)
     if kind is ErrorKind.INTERNAL:

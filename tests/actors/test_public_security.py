@@ -25,6 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import grpc
 import openai
@@ -126,6 +127,33 @@ def test_the_client_cli_takes_a_token_and_a_ca(app, tls_files, capsys):
     assert json.loads(capsys.readouterr().out)["token_ids"]
     assert main(base) != 0
     assert "UNAUTHENTICATED" in capsys.readouterr().err
+
+
+def test_a_tokens_file_emptied_cut_short_or_deleted_while_serving_never_turns_authentication_off(app, tls_files):
+    """The issue's `: > tokens`: each damage is seen by the router within a second, and over
+    the following rechecks no call without a valid token gets through, on either protocol;
+    the valid token keeps working, and the restored file is taken again."""
+    path = Path(app.config.security.api_tokens_file)
+    original = path.read_text()
+    https = ssl.create_default_context(cafile=str(tls_files[0]))
+    try:
+        for damage in (lambda: path.write_text(""), lambda: path.write_text(TOKEN[:8]), path.unlink):
+            damage()
+            for _ in range(3):  # past the router's recheck (1 s) and the settling of a change
+                time.sleep(1.1)
+                with client(app, tls_files, token=None) as anonymous, client(app, tls_files, TOKEN[:8]) as cut:
+                    for bad in (anonymous, cut):
+                        with pytest.raises(grpc.RpcError) as error:
+                            bad.generate("x", max_new_tokens=2)
+                        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(f"{app.http_url}/v1/models", context=https, timeout=30)
+                assert refused.value.code == 401
+            with client(app, tls_files) as good:
+                assert good.generate("x", max_new_tokens=2).token_ids
+            path.write_text(original)
+    finally:
+        path.write_text(original)
 
 
 def plaintext_answers(port: int) -> list[str]:

@@ -26,7 +26,9 @@ import ray
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from actors.app import REPO_ROOT, free_port, start_app
+from specdec.async_engine import AdmissionError
 from specdec.config import load_config
+from specdec.models.kv_cache import CacheFullError
 from specdec.request import GenerationRequest
 from specdec_rpc.client import AsyncSpecdecClient, SpecdecClient
 from specdec_rpc.remote_proposer import RemoteProposer
@@ -308,3 +310,32 @@ def test_calls_are_unavailable_once_the_target_is_gone(app, client, prompt_ids):
     with pytest.raises(grpc.RpcError) as error:
         client.generate(prompt_token_ids=prompt_ids[0], max_new_tokens=8)
     assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+class RecordingContext:
+    """What the router puts on Serve's gRPC context for a failed call."""
+
+    def __init__(self):
+        self.code = self.details = self.trailing = None
+
+    def set_code(self, code):
+        self.code = code
+
+    def set_details(self, details):
+        self.details = details
+
+    def set_trailing_metadata(self, metadata):
+        self.trailing = metadata
+
+
+@pytest.mark.parametrize("exc, retry_after", [
+    (AdmissionError("admission limit reached"), [("retry-after", "1")]),
+    (CacheFullError("KV cache is full"), [("retry-after", "1")]),
+    (ValueError("temperature: must be >= 0"), None),
+])
+def test_an_overloaded_call_tells_its_client_when_to_retry(exc, retry_after):
+    from actors.router import _fail
+
+    context = RecordingContext()
+    assert _fail(exc, context), "a client's status: answered quietly, not logged as a server error"
+    assert context.trailing == retry_after

@@ -3,6 +3,7 @@ against it, and SIGINT shuts everything down with exit status 0."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import selectors
@@ -11,11 +12,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from actors.app import free_port
 from specdec_cli.serve_cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import worker_intruder  # noqa: E402
 
 READY_TIMEOUT_S = 300
 
@@ -85,11 +90,26 @@ def test_status_shows_the_live_speculation_picture(server, capsys):
     _, port, _ = server
     assert main(["status", "--server", f"127.0.0.1:{port}"]) == 0
     table = capsys.readouterr().out
-    for row in ("speculation", "gamma (AUTO requests)", "acceptance rate α", "round cost (ms)", "speculation pays below", "QPS (cluster)"):
+    for row in ("speculation", "gamma (AUTO requests)", "acceptance rate α", "round cost (ms)", "speculation pays below"):
         assert row in table
     assert main(["status", "--server", f"127.0.0.1:{port}", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert int(stats["rounds"]) > 0 and stats["measurements_source"] in ("shared", "local")
+    qps = "QPS (cluster)" if stats["measurements_source"] == "shared" else "QPS (this replica only)"
+    assert qps in table, "local measurements are never labelled the cluster's"
+
+
+def test_its_workers_listen_on_loopback_only_and_refuse_calls_without_the_secret(server):
+    """No secret configured: `specdec serve` generated one; a process without it (this one)
+    finds both workers on loopback and has every direct call refused."""
+    process, _, _ = server
+    sockets = worker_intruder.worker_sockets(process.pid)
+    assert sorted(kind for *_, kind in sockets) == ["draft", "target"]
+    for ip, _, _ in sockets:
+        address = ipaddress.ip_address(ip)
+        assert (getattr(address, "ipv4_mapped", None) or address).is_loopback, f"a worker listens on {ip}"
+    answers = worker_intruder.intrude(sockets, 60)
+    assert sum(answers.values()) == 60 and worker_intruder.accepted(answers) == 0, answers
 
 
 def test_sigint_shuts_down_cleanly(server):

@@ -1,11 +1,22 @@
 """Router <-> worker calls carry the cluster's secret; a worker refuses calls without it."""
 
+import sys
+from pathlib import Path
+
 import grpc
 import pytest
 
+from specdec.config import load_config
+from specdec.sampling_params import SamplingParams
+from specdec.verifier import VerifyRequest
 from specdec_rpc.internal_auth import SECRET_ENV, configured_secret, secret_channel
+from specdec_rpc.remote_verifier import RemoteVerifier
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_server import ServerThread
+from worker_slots import target_servicer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import worker_intruder  # noqa: E402
 
 
 class Draft(worker_pb2_grpc.DraftWorkerServicer):
@@ -47,3 +58,20 @@ def test_a_worker_answers_only_calls_that_present_its_secret():
                 info(wrong)
             assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert "s3cret" not in error.value.details()
+
+
+def test_direct_calls_without_the_secret_never_reach_a_slot_while_the_router_is_served(prompt_ids):
+    """The issue's attack: Verify (and Propose, GetInfo, KeepAlive) under a made-up lease,
+    from a caller without the secret. None reaches a handler; every slot stays free for the
+    router, which presents the secret."""
+    config = load_config(overrides={"cache": {"num_slots": 2, "max_seq_len": 128}})
+    with ServerThread(target_servicer(config), secret="s3cret") as server:
+        answers = worker_intruder.intrude([("127.0.0.1", int(server.address.rsplit(":", 1)[1]), "target")], 60)
+        assert sum(answers.values()) == 60 and worker_intruder.accepted(answers) == 0, answers
+        assert server.servicer.info().free_slots == 2
+        router = RemoteVerifier(server.address, timeout_s=30.0, secret="s3cret")
+        try:
+            [result] = router.verify([VerifyRequest("a", prompt_ids[0], [], SamplingParams())])
+            assert len(result.emitted) == 1 and server.servicer.info().free_slots == 1
+        finally:
+            router.close()

@@ -15,13 +15,11 @@ from specdec.config import load_config
 from specdec.draft_ahead import DraftAhead
 from specdec.engine import SpeculativeEngine
 from specdec.errors import WorkerError
-from specdec.engine_builder import load_runner
 from specdec.proposers.base import ProposalRequest
 from specdec.proposers.composite_proposer import CompositeProposer
 from specdec.proposers.ngram_proposer import NgramProposer
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
-from specdec.target_verifier import TargetVerifier
 from specdec.verifier import VerifyRequest
 from specdec_rpc.draft_servicer import DraftServicer, load_wire_draft_proposer
 from specdec_rpc.history_sync import HistorySender, sampling_to_proto
@@ -32,6 +30,7 @@ from specdec_rpc.remote_verifier import RemoteVerifier
 from specdec_rpc.target_servicer import TargetServicer
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_server import ServerThread
+import worker_slots
 
 MAX_NEW = 32
 NUM_SLOTS = 8
@@ -39,8 +38,7 @@ CONFIG = load_config(overrides={"cache": {"num_slots": NUM_SLOTS, "max_seq_len":
 
 
 def target_servicer() -> TargetServicer:
-    runner = load_runner(CONFIG.models.target, CONFIG.models, CONFIG.cache)
-    return TargetServicer(TargetVerifier(runner), CONFIG.models.target, NUM_SLOTS)
+    return worker_slots.target_servicer(CONFIG)
 
 
 @pytest.fixture(scope="module")
