@@ -62,6 +62,9 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
     ({"prompt": "x", "speculation": {"gamma": -2}}, "speculation.gamma"),
     ({"prompt": "x", "speculation": {"colour": "blue"}}, "speculation"),
     ({"prompt": "x", "timeout_s": float("nan")}, "timeout_s"),
+    ({"prompt": "x", "top_k": 2**31}, "top_k"),
+    ({"prompt": "x", "stop": [[[[[[[[["a"]]]]]]]]]}, "stop"),
+    ({"prompt": "x", "speculation": {"mode": [[[[[[[["on"]]]]]]]]}}, "speculation"),
 ])
 def test_bad_or_unsupported_fields_are_refused_naming_them(body, param):
     with pytest.raises(InvalidRequestError) as error:
