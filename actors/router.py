@@ -44,11 +44,11 @@ from specdec_rpc.v1 import specdec_pb2
 logger = logging.getLogger(__name__)
 
 #: the servicer registrations Serve's gRPC proxy needs (import paths, resolved in the proxy)
-#: (the public service takes raw request bytes, so a corrupt message is INVALID_ARGUMENT here
+#: (both services take raw request bytes, so a corrupt message is INVALID_ARGUMENT here
 #: rather than UNKNOWN inside the proxy: `specdec_rpc.raw_requests`)
 GRPC_SERVICER_FUNCTIONS = [
     "specdec_rpc.raw_requests.add_SpeculativeDecodingServicer_to_server",
-    "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
+    "specdec_rpc.raw_requests.add_HealthServicer_to_server",
 ]
 
 
@@ -194,12 +194,13 @@ class SpecdecRouter:
     ) -> health_pb2.HealthCheckResponse:
         """grpc.health.v1: SERVING while loaded and the target answers (a draft that is
         down only degrades speculation, which GetStats reports), NOT_SERVING otherwise."""
-        if not self.open_health:
-            try:
+        try:
+            if not self.open_health:
                 self._authorize(grpc_context)
-            except AuthenticationError as exc:
-                _fail(exc, grpc_context)
-                return health_pb2.HealthCheckResponse()
+            request = parse(request, health_pb2.HealthCheckRequest)
+        except (AuthenticationError, ValueError) as exc:
+            _fail(exc, grpc_context)
+            return health_pb2.HealthCheckResponse()
         status = self.service.health(request.service)
         if status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN:
             _fail(UnknownServiceError(f"unknown service {request.service!r}"), grpc_context)
