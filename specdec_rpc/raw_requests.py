@@ -10,9 +10,11 @@ INVALID_ARGUMENT, like any other bad input. Responses are unchanged. The standar
 service is registered the same way (`add_HealthServicer_to_server`), so corrupt bytes sent
 to it are INVALID_ARGUMENT too.
 
-`parse` also refuses what the decoder would silently change: a varint beyond its field's
-32 bits (protobuf truncates it, so 2**32 + 1 in an int32 or enum field reads as 1, an
-enum number outside the proto's values turning into a valid one). It names the field.
+`parse` also refuses what the decoder would silently change, naming the field: a varint
+beyond its field's 32 bits (protobuf truncates it, so 2**32 + 1 in an int32 or enum field
+reads as 1, an enum number outside the proto's values turning into a valid one), and a
+known field sent with another wire type (protobuf would drop it as unknown: a temperature
+sent as a double would silently mean greedy).
 """
 
 from __future__ import annotations
@@ -75,9 +77,20 @@ def _check_varints(raw: bytes, descriptor: Descriptor, prefix: str = "") -> None
             at, values = at + (8 if wire_type == 1 else 4), []
         else:
             return  # a group: nothing of ours uses them
+        if field is not None and wire_type not in _wire_types(field):
+            raise MalformedRequestError(f"{prefix}{field.name}: sent as wire type {wire_type}, which is not its type's")
         if field is not None and any(not _fits(field, v) for v in values):
             bad = next(v for v in values if not _fits(field, v))
             raise MalformedRequestError(f"{prefix}{field.name}: {bad} does not fit the field's 32 bits")
+
+
+def _wire_types(field: FieldDescriptor) -> tuple[int, ...]:
+    """The wire types a field may arrive as (a repeated number also packed, as type 2)."""
+    own = {FieldDescriptor.TYPE_DOUBLE: 1, FieldDescriptor.TYPE_FIXED64: 1, FieldDescriptor.TYPE_SFIXED64: 1,
+           FieldDescriptor.TYPE_FLOAT: 5, FieldDescriptor.TYPE_FIXED32: 5, FieldDescriptor.TYPE_SFIXED32: 5,
+           FieldDescriptor.TYPE_STRING: 2, FieldDescriptor.TYPE_BYTES: 2, FieldDescriptor.TYPE_MESSAGE: 2}
+    wire = own.get(field.type, 0)
+    return (wire, 2) if field.is_repeated and wire != 2 else (wire,)
 
 
 def _fits(field: FieldDescriptor, value: int) -> bool:

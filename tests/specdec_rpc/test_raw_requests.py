@@ -58,6 +58,15 @@ def test_a_varint_beyond_its_fields_32_bits_is_refused_naming_the_field(raw, par
         parse(raw, specdec_pb2.GenerateRequest)
 
 
+@pytest.mark.parametrize("raw, param", [
+    (b"\x0a\x01x\x22\x09" + bytes([1 << 3 | 1]) + bytes(8), "sampling.temperature"),  # a double, not a float
+    (b"\x18" + bytes([1]) + bytes([1 << 3 | 0]) + _varint(5), "prompt"),  # a string sent as a number
+], ids=["double-temperature", "numeric-prompt"])
+def test_a_known_field_with_another_wire_type_is_refused_not_dropped(raw, param):
+    with pytest.raises(MalformedRequestError, match=rf"^{param}: sent as wire type"):
+        parse(raw, specdec_pb2.GenerateRequest)
+
+
 def test_every_value_a_32_bit_field_can_hold_passes():
     message = specdec_pb2.GenerateRequest(
         prompt_token_ids=[-(2**31), 2**31 - 1, -1], stop_token_ids=[2**32 - 1], max_new_tokens=-5,
