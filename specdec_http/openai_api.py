@@ -65,7 +65,7 @@ def _check_fields(body: Any, allowed: set[str], model: str) -> None:
         raise InvalidRequestError(name, "unrecognized request argument")
     if body.get("model") not in (None, model):
         raise InvalidRequestError("model", f"the model {body.get('model')!r} does not exist here (serving {model!r})")
-    if body.get("n", 1) not in (None, 1):
+    if body.get("n") is not None and (isinstance(body["n"], bool) or body["n"] != 1):  # true == 1 in Python
         raise InvalidRequestError("n", f"only n = 1 is supported (one choice per request), got {body.get('n')!r}")
 
 

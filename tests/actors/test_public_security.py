@@ -3,8 +3,9 @@ real Ray Serve proxies on 127.0.0.1, and a fuzz campaign of bad requests.
 
 gRPC and HTTPS answer only with a valid token (UNAUTHENTICATED / 401 otherwise, nothing
 else), health stays open for probes, plaintext to the TLS port gets nowhere, and every
-fuzzed request (random bytes, invalid UTF-8, NaN, out-of-vocabulary ids, huge prompts, …)
-is INVALID_ARGUMENT; afterwards a normal request still returns the reference output. The
+fuzzed request (random bytes to every method, health included, invalid UTF-8, NaN,
+out-of-vocabulary ids, huge prompts, enum numbers past 32 bits, …) is INVALID_ARGUMENT and
+every fuzzed HTTP body a 400 naming its field (float extremes served); afterwards a normal request still returns the reference output. The
 models run in the router (the worker path has its own tests): this module is about the
 public surface.
 """
@@ -30,6 +31,7 @@ from specdec_rpc.router_backend import local_backend
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "scripts"))
 import fuzz  # noqa: E402
+import fuzz_http  # noqa: E402
 
 TOKEN = "operator-token-1"
 MAX_SEQ_LEN = 256
@@ -96,10 +98,13 @@ def test_https_serves_a_valid_token_and_refuses_others(app, tls_files):
 
 def test_a_fuzz_campaign_of_bad_requests_is_all_invalid_argument_and_harms_nobody(app, tls_files, tokenizer,
                                                                                    hf_greedy):
-    outcomes = fuzz.run_campaign(app.address, count=120, seed=7, max_seq_len=MAX_SEQ_LEN, timeout_s=30.0,
+    outcomes = fuzz.run_campaign(app.address, count=150, seed=7, max_seq_len=MAX_SEQ_LEN, timeout_s=30.0,
                                  token=TOKEN, tls_ca_file=str(tls_files[0]))
-    assert sum(sum(c.values()) for c in outcomes.values()) == 120 and len(outcomes) == 10
+    assert sum(sum(c.values()) for c in outcomes.values()) == 150 and len(outcomes) == 15
     assert fuzz.unexpected(outcomes) == {}, fuzz.table(outcomes)
+    bodies = fuzz_http.run_campaign(app.http_url, count=65, seed=7, timeout_s=30.0, token=TOKEN,
+                                    tls_ca_file=str(tls_files[0]))
+    assert fuzz_http.unexpected(bodies) == {}, fuzz.table(bodies)
     prompt = tokenizer("import os\n", add_special_tokens=False)["input_ids"]
     with client(app, tls_files) as good:
         assert list(good.generate(prompt_token_ids=prompt, max_new_tokens=12).token_ids) == hf_greedy(prompt, 12)

@@ -191,6 +191,24 @@ def test_a_body_shorter_than_its_content_length_is_400_after_the_body_timeout(se
         assert status == 200
 
 
+def test_a_fuzz_campaign_of_bad_bodies_is_all_400_naming_a_field_and_harms_nobody(client, server, served, tokenizer,
+                                                                                 hf_greedy):
+    """scripts/fuzz_http.py's cases (nesting, surrogates, extreme floats, ...), 10 of each: no
+    5xx, no hang, every refusal names its field, the valid extremes are served."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import fuzz_http
+
+    outcomes = fuzz_http.run_campaign(server.url, count=130, seed=11, timeout_s=30.0)
+    assert len(outcomes) == 13 and fuzz_http.unexpected(outcomes) == {}, outcomes
+    assert wait_until(lambda: idle(served))
+    prompt = tokenizer("import os\n", add_special_tokens=False)["input_ids"]
+    text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+    assert text == tokenizer.decode(hf_greedy(prompt, 12), skip_special_tokens=True)
+
+
 def test_bad_input_to_a_stream_is_400_too_and_the_server_goes_on(client, prompt_ids, hf_greedy):
     with pytest.raises(openai.BadRequestError) as error:
         client.chat.completions.create(model=MODEL, messages=[{"role": "nobody", "content": "x"}], stream=True)

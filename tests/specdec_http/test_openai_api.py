@@ -41,6 +41,7 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
 
 @pytest.mark.parametrize("body, param", [
     ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "n": True}, "n"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
     ({"prompt": "x", "logprobs": 5}, "logprobs"),
     ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
