@@ -53,10 +53,10 @@ def _message(**fields) -> bytes:
 
 def _string_field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2) carrying raw bytes: lets a string be invalid UTF-8."""
-    return bytes([number << 3 | 2]) + _varint(len(payload)) + payload
+    return bytes([number << 3 | 2]) + varint(len(payload)) + payload
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     out = bytearray()
     while True:
         byte, value = value & 0x7F, value >> 7
@@ -86,7 +86,7 @@ class Cases:
     def deep_nesting(self) -> bytes:
         """Unknown groups (wire types 3 and 4) nested past the decoder's depth limit (100)."""
         depth, number = self.rng.choice([101, 200, 5000]), self.rng.choice([15, 99, 2047])
-        start, end = _varint(number << 3 | 3), _varint(number << 3 | 4)
+        start, end = varint(number << 3 | 3), varint(number << 3 | 4)
         return _message(prompt="x") + start * depth + end * depth
 
     def encoded_surrogate(self) -> bytes:
@@ -107,7 +107,7 @@ class Cases:
         if self.rng.random() < 0.5:
             sampling = bytes([1 << 3 | 1]) + struct.pack("<d", self.rng.choice([0.5, 1e300, 1e-300]))
             return _message(prompt="x") + _string_field(4, sampling)
-        return bytes([1 << 3 | 0]) + _varint(self.rng.randrange(2**32)) + _message(prompt_token_ids=[1])
+        return bytes([1 << 3 | 0]) + varint(self.rng.randrange(2**32)) + _message(prompt_token_ids=[1])
 
     def invalid_utf8(self) -> bytes:
         bad = bytes(self.rng.choice([0x80, 0xC0, 0xFF, 0xFE, 0xED]) for _ in range(self.rng.randint(1, 16)))
@@ -158,7 +158,7 @@ class Cases:
         inner = b""
         for number, value in ((1, mode), (3, proposer)):
             if value:  # raw varints: protobuf would truncate those past 32 bits into valid ones
-                inner += bytes([number << 3]) + _varint(value % 2**64)
+                inner += bytes([number << 3]) + varint(value % 2**64)
         return _message(prompt="x") + _string_field(5, inner)
 
     def prompt_both_or_neither(self) -> bytes:

@@ -2,6 +2,8 @@
 (INVALID_ARGUMENT naming the message type), not an UNKNOWN failure inside a proxy."""
 
 import asyncio
+import sys
+from pathlib import Path
 
 import grpc
 import pytest
@@ -11,6 +13,9 @@ from grpc_health.v1 import health_pb2
 from specdec_rpc.raw_requests import (MalformedRequestError, add_HealthServicer_to_server,
                                       add_SpeculativeDecodingServicer_to_server, parse)
 from specdec_rpc.v1 import specdec_pb2
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from fuzz import varint  # noqa: E402  (the fuzz campaign's wire encoder)
 
 INVALID_UTF8_PROMPT = b"\x0a\x02\xff\xfe"  # field 1 (prompt, a string) holding bytes that are not UTF-8
 TRUNCATED = specdec_pb2.GenerateRequest(prompt="hello", max_new_tokens=4).SerializeToString()[:-3]
@@ -30,18 +35,9 @@ def test_parse_refuses_what_is_not_a_message_naming_the_type(raw):
         parse(raw, specdec_pb2.GenerateRequest)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _speculation(field: int, value: int) -> bytes:
-    inner = bytes([field << 3]) + _varint(value)
-    return b"\x0a\x01x" + bytes([5 << 3 | 2]) + _varint(len(inner)) + inner  # prompt "x" + speculation
+    inner = bytes([field << 3]) + varint(value)
+    return b"\x0a\x01x" + bytes([5 << 3 | 2]) + varint(len(inner)) + inner  # prompt "x" + speculation
 
 
 @pytest.mark.parametrize("raw, param", [
@@ -49,8 +45,8 @@ def _speculation(field: int, value: int) -> bytes:
     (_speculation(3, 2**32 + 2), "speculation.proposer"),  # would read as 2 (NGRAM)
     (_speculation(2, 2**32 + 4), "speculation.gamma"),
     (_speculation(1, 2**31), "speculation.mode"),
-    (b"\x12\x06" + _varint(5) + _varint(2**32 + 5), "prompt_token_ids"),  # packed: the second id would read as 5
-    (bytes([7 << 3]) + _varint(2**32), "stop_token_ids"),  # unpacked uint32
+    (b"\x12\x06" + varint(5) + varint(2**32 + 5), "prompt_token_ids"),  # packed: the second id would read as 5
+    (bytes([7 << 3]) + varint(2**32), "stop_token_ids"),  # unpacked uint32
 ], ids=["mode", "proposer", "gamma", "mode-2^31", "packed-ids", "uint32"])
 def test_a_varint_beyond_its_fields_32_bits_is_refused_naming_the_field(raw, param):
     """protobuf would truncate it to a valid value (an unknown enum number turning into a known one)."""
@@ -60,7 +56,7 @@ def test_a_varint_beyond_its_fields_32_bits_is_refused_naming_the_field(raw, par
 
 @pytest.mark.parametrize("raw, param", [
     (b"\x0a\x01x\x22\x09" + bytes([1 << 3 | 1]) + bytes(8), "sampling.temperature"),  # a double, not a float
-    (b"\x18" + bytes([1]) + bytes([1 << 3 | 0]) + _varint(5), "prompt"),  # a string sent as a number
+    (b"\x18" + bytes([1]) + bytes([1 << 3 | 0]) + varint(5), "prompt"),  # a string sent as a number
 ], ids=["double-temperature", "numeric-prompt"])
 def test_a_known_field_with_another_wire_type_is_refused_not_dropped(raw, param):
     with pytest.raises(MalformedRequestError, match=rf"^{param}: sent as wire type"):
