@@ -37,8 +37,11 @@ from specdec_rpc.v1 import specdec_pb2  # noqa: E402
 
 GENERATE = "/specdec.v1.SpeculativeDecoding/Generate"
 GENERATE_STREAM = "/specdec.v1.SpeculativeDecoding/GenerateStream"
-#: every unary method a corrupt message is sent to (the streaming one: GENERATE_STREAM)
-SERVICES = (GENERATE, "/specdec.v1.SpeculativeDecoding/GetStats", "/grpc.health.v1.Health/Check")
+HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
+#: every method a corrupt message is sent to (the streaming ones: STREAMING)
+SERVICES = (GENERATE, GENERATE_STREAM, "/specdec.v1.SpeculativeDecoding/GetStats", "/grpc.health.v1.Health/Check",
+            "/grpc.health.v1.Health/List", HEALTH_WATCH)
+STREAMING = {GENERATE_STREAM, HEALTH_WATCH}
 EXPECTED = {"INVALID_ARGUMENT"}
 #: cases that are valid requests (extreme but allowed values): they must be served
 VALID_CASES = {"extreme_float": {"OK"}}
@@ -193,8 +196,8 @@ def run_campaign(address: str, count: int, seed: int = 0, vocab_size: int = 4096
     with open_channel(address, tls_ca_file) as channel:
         for i, (name, method, raw) in enumerate(requests(count, seed, vocab_size, max_seq_len)):
             try:
-                if method is None and i % 2:
-                    for _ in channel.unary_stream(GENERATE_STREAM)(raw, timeout=timeout_s, metadata=metadata):
+                if method in STREAMING or (method is None and i % 2):
+                    for _ in channel.unary_stream(method or GENERATE_STREAM)(raw, timeout=timeout_s, metadata=metadata):
                         pass
                 else:
                     channel.unary_unary(method or GENERATE)(raw, timeout=timeout_s, metadata=metadata)

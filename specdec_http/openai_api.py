@@ -53,9 +53,8 @@ def _check_fields(body: Any, allowed: set[str], model: str) -> None:
     if not isinstance(body, dict):
         raise InvalidRequestError("body", "must be a JSON object")
     for name, value in body.items():
-        if _depth(value) > MAX_DEPTH - 1:
+        if _depth(value) > MAX_DEPTH - 1:  # first: the checks below compare and echo values
             raise InvalidRequestError(name, f"is nested deeper than {MAX_DEPTH} levels")
-    for name, value in body.items():
         if name in allowed:
             continue
         if name in NEUTRAL:

@@ -225,7 +225,7 @@ class SpeculationPolicy:
         curves = self._curves(snapshot, rows)
         margin = -s.min_gain if len(rows) <= self.judged_rows else s.min_gain  # the state decides within the error
         # a request's own γ may exceed gamma_max (up to speculation.gamma_max): the plan prices
-        # that row at gamma_max and the row keeps its γ, so it never changes its neighbours' plan
+        # that row at gamma_max and the row keeps its γ (its neighbours are still planned)
         plan = plan_gammas(curves, [min(x, s.gamma_max) for x in lo], [min(x, s.gamma_max) for x in hi],
                            snapshot.round_cost, margin, max_round_ratio=s.max_round_ratio,
                            prompt_tokens=sum(r.prompt_tokens for r in rows), catch_up=amortised_catch_up(curves, rows, hi))
