@@ -194,17 +194,48 @@ class SpecdecRouter:
     ) -> health_pb2.HealthCheckResponse:
         """grpc.health.v1: SERVING while loaded and the target answers (a draft that is
         down only degrades speculation, which GetStats reports), NOT_SERVING otherwise."""
-        try:
-            if not self.open_health:
-                self._authorize(grpc_context)
-            request = parse(request, health_pb2.HealthCheckRequest)
-        except (AuthenticationError, ValueError) as exc:
-            _fail(exc, grpc_context)
+        request = self._health_request(request, grpc_context, health_pb2.HealthCheckRequest)
+        if request is None:
             return health_pb2.HealthCheckResponse()
         status = self.service.health(request.service)
         if status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN:
             _fail(UnknownServiceError(f"unknown service {request.service!r}"), grpc_context)
         return health_pb2.HealthCheckResponse(status=status)
+
+    async def List(  # noqa: N802
+        self, request: health_pb2.HealthListRequest, grpc_context: Any = None
+    ) -> health_pb2.HealthListResponse:
+        """grpc.health.v1: the status of every service this server answers for."""
+        response = health_pb2.HealthListResponse()
+        if self._health_request(request, grpc_context, health_pb2.HealthListRequest) is not None:
+            for service, status in self.service.health_statuses().items():
+                response.statuses[service].status = status
+        return response
+
+    async def Watch(  # noqa: N802
+        self, request: health_pb2.HealthCheckRequest, grpc_context: Any = None
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        """grpc.health.v1 Watch is not offered (probes use Check): UNIMPLEMENTED, which the
+        protocol lets a server answer. A stream must raise for Serve to send the status."""
+        details = "Watch is not offered: use Check"
+        if self._health_request(request, grpc_context, health_pb2.HealthCheckRequest) is None:
+            details = "bad health request"  # the status (INVALID_ARGUMENT, ...) is on the context
+        elif grpc_context is not None:
+            grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+            grpc_context.set_details(details)
+        raise CallFailed(details)
+        yield  # noqa: RET503 (an async generator: Serve streams it)
+
+    def _health_request(self, request: Any, grpc_context: Any, message_type: type) -> Any:
+        """A health call's request, parsed from its bytes and authorized where health is not
+        open; None after putting the failure's status on the context."""
+        try:
+            if not self.open_health:
+                self._authorize(grpc_context)
+            return parse(request, message_type)
+        except (AuthenticationError, ValueError) as exc:
+            _fail(exc, grpc_context)
+            return None
 
     def __del__(self) -> None:
         closed = getattr(self, "_closed", None)

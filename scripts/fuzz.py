@@ -190,7 +190,8 @@ def run_campaign(address: str, count: int, seed: int = 0, vocab_size: int = 4096
                  timeout_s: float = 30.0, token: str | None = None,
                  tls_ca_file: str | None = None) -> dict[str, collections.Counter]:
     """Send the requests (Generate and GenerateStream in turn, or the case's method); per
-    case, a Counter of status names (HANG: no answer within timeout_s)."""
+    case (and method: "corrupt_to_every_service Health/Watch"), a Counter of status names
+    (HANG: no answer within timeout_s)."""
     outcomes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     metadata = (("authorization", f"Bearer {token}"),) if token else None
     with open_channel(address, tls_ca_file) as channel:
@@ -204,7 +205,7 @@ def run_campaign(address: str, count: int, seed: int = 0, vocab_size: int = 4096
                 code = "OK"
             except grpc.RpcError as exc:
                 code = HANG if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else exc.code().name
-            outcomes[name][code] += 1
+            outcomes[name if method is None else f"{name} {method.rsplit('.', 1)[-1]}"][code] += 1
     return outcomes
 
 
