@@ -224,7 +224,7 @@ class SpecdecRouter:
             grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
             grpc_context.set_details(details)
         raise CallFailed(details)
-        yield  # noqa: RET503 (an async generator: Serve streams it)
+        yield  # unreachable: makes Watch an async generator, as Serve streams it
 
     def _health_request(self, request: Any, grpc_context: Any, message_type: type) -> Any:
         """A health call's request, parsed from its bytes and authorized where health is not
