@@ -45,13 +45,13 @@ from specdec_rpc.v1 import specdec_pb2
 logger = logging.getLogger(__name__)
 
 #: the servicer registrations Serve's gRPC proxy needs (import paths, resolved in the proxy)
-#: (the public service takes raw request bytes, so a corrupt message is INVALID_ARGUMENT here
+#: (both services take raw request bytes, so a corrupt message is INVALID_ARGUMENT here
 #: rather than UNKNOWN inside the proxy: `specdec_rpc.raw_requests`; the first one makes the
 #: handlers registered after it report a dead replica as UNAVAILABLE: `specdec_rpc.replica_loss`)
 GRPC_SERVICER_FUNCTIONS = [
     "specdec_rpc.replica_loss.report_replica_loss_as_unavailable",
     "specdec_rpc.raw_requests.add_SpeculativeDecodingServicer_to_server",
-    "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
+    "specdec_rpc.raw_requests.add_HealthServicer_to_server",
 ]
 
 
@@ -202,16 +202,48 @@ class SpecdecRouter:
     ) -> health_pb2.HealthCheckResponse:
         """grpc.health.v1: SERVING while loaded and the target answers (a draft that is
         down only degrades speculation, which GetStats reports), NOT_SERVING otherwise."""
-        if not self.open_health:
-            try:
-                self._authorize(grpc_context)
-            except AuthenticationError as exc:
-                _fail(exc, grpc_context)
-                return health_pb2.HealthCheckResponse()
+        request = self._health_request(request, grpc_context, health_pb2.HealthCheckRequest)
+        if request is None:
+            return health_pb2.HealthCheckResponse()
         status = self.service.health(request.service)
         if status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN:
             _fail(UnknownServiceError(f"unknown service {request.service!r}"), grpc_context)
         return health_pb2.HealthCheckResponse(status=status)
+
+    async def List(  # noqa: N802
+        self, request: health_pb2.HealthListRequest, grpc_context: Any = None
+    ) -> health_pb2.HealthListResponse:
+        """grpc.health.v1: the status of every service this server answers for."""
+        response = health_pb2.HealthListResponse()
+        if self._health_request(request, grpc_context, health_pb2.HealthListRequest) is not None:
+            for service, status in self.service.health_statuses().items():
+                response.statuses[service].status = status
+        return response
+
+    async def Watch(  # noqa: N802
+        self, request: health_pb2.HealthCheckRequest, grpc_context: Any = None
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        """grpc.health.v1 Watch is not offered (probes use Check): UNIMPLEMENTED, which the
+        protocol lets a server answer. A stream must raise for Serve to send the status."""
+        details = "Watch is not offered: use Check"
+        if self._health_request(request, grpc_context, health_pb2.HealthCheckRequest) is None:
+            details = "bad health request"  # the status (INVALID_ARGUMENT, ...) is on the context
+        elif grpc_context is not None:
+            grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+            grpc_context.set_details(details)
+        raise CallFailed(details)
+        yield  # unreachable: makes Watch an async generator, as Serve streams it
+
+    def _health_request(self, request: Any, grpc_context: Any, message_type: type) -> Any:
+        """A health call's request, parsed from its bytes and authorized where health is not
+        open; None after putting the failure's status on the context."""
+        try:
+            if not self.open_health:
+                self._authorize(grpc_context)
+            return parse(request, message_type)
+        except (AuthenticationError, ValueError) as exc:
+            _fail(exc, grpc_context)
+            return None
 
     def __del__(self) -> None:
         closed = getattr(self, "_closed", None)

@@ -12,7 +12,8 @@ limits before it joins (`RequestLimits`); each row drafts its own γ, clipped to
 budget and context (`RoundPlanner`); a proposer failure costs the round its drafts, never
 a request; and when a round fails for a reason one row may have caused, the batch is split
 and retried so that only the rows that fail alone fail (a `WorkerError`, which no row
-causes, fails the round's whole batch).
+causes, fails the round's whole batch). Bookkeeping after the tokens are applied (the
+policy's record, releases) only logs a failure: applied tokens always reach the outputs.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from specdec.policy.speculation_policy import Decision, RoundPolicy
 from specdec.stats import SpecStats
 from specdec.stop_conditions import StopChecker
 from specdec.verifier import Verifier, VerifyRequest
-
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +189,10 @@ class SpeculativeEngine:
         for seq in batch:
             seq.stats.seconds += elapsed
             if seq.finished:
-                self._retire(seq)
+                try:  # the round's outputs are made: a failed release must not lose them
+                    self._retire(seq)
+                except Exception:
+                    logger.exception("releasing %s failed (its lease frees the slots)", seq.seq_id)
         self.timer.step_ended(time.perf_counter(), busy=bool(self._running or self._waiting))
         return outputs
 
@@ -246,9 +249,12 @@ class SpeculativeEngine:
         missed = [seq.stats.speculation_unavailable and g > 0 for seq, g in zip(now, gamma_now)]
         asked = [g if i in fresh and not missed[i] else 0 for i, g in enumerate(gamma_now)]
         planned_s = 0.0 if any(missed) else self.planner.planned_s(len(now))
-        self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill, planned_s)
-        if ahead is not None:
-            ahead.round_done(sum(len(result.emitted) for result in results), time.perf_counter() - start)
+        try:  # the tokens are applied: failing bookkeeping must not lose them from the outputs (a retry would)
+            self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill, planned_s)
+            if ahead is not None:
+                ahead.round_done(sum(len(result.emitted) for result in results), time.perf_counter() - start)
+        except Exception:
+            logger.exception("the round's bookkeeping failed; its tokens stand")
         return outputs
 
     def _note_unavailable(self, batch: list[Sequence], gammas: list[int], proposal: Proposal) -> None:

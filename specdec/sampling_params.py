@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from specdec.counter_rng import MAX_SEED
 
+MAX_TOP_K = 2**31 - 1  # the largest top_k (an int32 on the wire; any k >= the vocabulary means no limit)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -32,8 +34,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be an integer in [0, 2**31) (0 = no limit), got {self.top_k!r}")
         if not _is_real(self.top_p) or not (0.0 < self.top_p <= 1.0):  # also rejects NaN
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):

@@ -9,6 +9,8 @@ admits the request (`GenerationRequest.check_limits`).
 
 A text prompt longer than `ServerDefaults.max_prompt_chars` is refused from its length
 alone: it could not fit the context, and tokenising it would cost every other request.
+Text that is not valid Unicode (a lone UTF-16 surrogate, which a JSON string's \\u escapes can
+carry) is refused naming its field: no tokenizer can encode it, and no output can match it.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def to_generation_request(
 ) -> GenerationRequest:
     """The engine's request; ValueError naming the field when bad. (Runs the tokenizer and
     the chat template: call it off the event loop.)"""
+    _check_text(request)
     prompt_ids = _prompt_ids(request, encode, defaults.max_prompt_chars, tokenizer, model)
     if request.max_new_tokens is not None and request.max_new_tokens < 1:
         raise InvalidRequestError("max_new_tokens", f"must be >= 1, got {request.max_new_tokens}")
@@ -73,6 +76,20 @@ def to_generation_request(
         proposer=request.proposer,
         mode=request.mode,
     )
+
+
+def _check_text(request: TextRequest) -> None:
+    """Every string of the request encodes as UTF-8 (InvalidRequestError naming it otherwise)."""
+    texts = [("prompt", request.prompt)] + [(f"stop[{i}]", s) for i, s in enumerate(request.stop)]
+    for i, message in enumerate(request.messages):
+        texts += [(f"messages[{i}].{key}", value) for key, value in message.items()]
+    for name, text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(
+                name, f"is not valid Unicode: a lone surrogate {text[exc.start]!r} at character {exc.start}"
+            ) from None
 
 
 def _prompt_ids(request: TextRequest, encode: Callable[[str], list[int]], max_chars: int, tokenizer: Any,

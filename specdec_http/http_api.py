@@ -42,6 +42,7 @@ StreamObserver = Callable[[float | None, list[tuple[float, int]]], None]
 #: checks an `authorization` header value (None: absent); raises AuthenticationError
 Authorize = Callable[[str | None], None]
 DISCONNECT_POLL_S = 0.25  # how often a unary request checks whether its client is still there
+BODY_TIMEOUT_S = 30.0  # the longest a request's body may take to arrive in full
 
 
 class ClientDisconnectedError(ConnectionError):
@@ -61,8 +62,9 @@ class HttpApi:
 
     def __init__(self, frontend: Frontend, error_kind: ErrorKindOf = core_error_kind,
                  observe_stream: StreamObserver | None = None, authorize: Authorize | None = None,
-                 open_paths: frozenset[str] = frozenset({"/health"})) -> None:
+                 open_paths: frozenset[str] = frozenset({"/health"}), body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.frontend = frontend
+        self.body_timeout_s = body_timeout_s  # a body not in within it is refused (400)
         self.error_kind = error_kind
         self.observe_stream = observe_stream
         self.authorize = authorize  # raises AuthenticationError (401) unless the header carries a valid token
@@ -100,7 +102,7 @@ class HttpApi:
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         self.frontend.ready()  # 503 while loading, whatever the body says (the model name is not known yet)
-        body = await _json(request)
+        body = await _json(request, self.body_timeout_s)
         translate = chat_request if chat else completion_request
         text_request, stream = translate(body, self.frontend.model)
         call = Call.new(chat, self.frontend.model)
@@ -204,11 +206,20 @@ def _route_path(request: Request) -> str:
     return path.rstrip("/") or "/"
 
 
-async def _json(request: Request) -> Any:
+async def _json(request: Request, timeout_s: float = BODY_TIMEOUT_S) -> Any:
+    """The request's JSON body; 400 naming `body` when it is not JSON, nests past what the
+    parser can take, or does not arrive in full within `timeout_s` (a Content-Length that
+    promises more than the client sends would otherwise hold the request forever)."""
     try:
-        return json.loads(await request.body())
+        raw = await asyncio.wait_for(request.body(), timeout_s)
+    except asyncio.TimeoutError:
+        raise InvalidRequestError("body", f"not received in full within {timeout_s:g} s") from None
+    try:
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequestError("body", f"is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidRequestError("body", "is nested too deeply") from None
 
 
 def asgi_app(api: HttpApi) -> Any:

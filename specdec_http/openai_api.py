@@ -6,6 +6,10 @@ InvalidRequestError naming it (400). Defaults follow OpenAI where it has one
 server's `generation.max_new_tokens`). Extensions: `top_k`, `stop_token_ids` (as vLLM),
 `speculation` {mode, gamma, proposer} and `timeout_s` (the request's deadline, 504 past it).
 The responses are `specdec_http.openai_responses`'.
+
+A body nested deeper than `MAX_DEPTH` is refused naming its top-level field: no valid
+request nests that deep, and a deeply nested value is costly (or, past Python's
+recursion limit, impossible) to compare or echo in an error message.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ NEUTRAL = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (Non
            "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
            "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None,),
            "max_completion_tokens": (None,)}
+#: the deepest nesting a body may have (a chat message's content parts: 5 levels)
+MAX_DEPTH = 8
 
 
 def completion_request(body: Any, model: str) -> tuple[TextRequest, bool]:
@@ -47,6 +53,8 @@ def _check_fields(body: Any, allowed: set[str], model: str) -> None:
     if not isinstance(body, dict):
         raise InvalidRequestError("body", "must be a JSON object")
     for name, value in body.items():
+        if _depth(value) > MAX_DEPTH - 1:  # first: the checks below compare and echo values
+            raise InvalidRequestError(name, f"is nested deeper than {MAX_DEPTH} levels")
         if name in allowed:
             continue
         if name in NEUTRAL:
@@ -56,8 +64,24 @@ def _check_fields(body: Any, allowed: set[str], model: str) -> None:
         raise InvalidRequestError(name, "unrecognized request argument")
     if body.get("model") not in (None, model):
         raise InvalidRequestError("model", f"the model {body.get('model')!r} does not exist here (serving {model!r})")
-    if body.get("n", 1) not in (None, 1):
+    if body.get("n") is not None and (isinstance(body["n"], bool) or body["n"] != 1):  # true == 1 in Python
         raise InvalidRequestError("n", f"only n = 1 is supported (one choice per request), got {body.get('n')!r}")
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in `value` (0 for a scalar); iterative, so that no
+    depth can exhaust the stack, and it stops counting past MAX_DEPTH."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_DEPTH:
+            return deepest
+        todo.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _prompt(prompt: Any) -> tuple[str, tuple[int, ...]]:

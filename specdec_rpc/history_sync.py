@@ -22,7 +22,7 @@ any history by itself.
 A failed call leaves the router unsure what the worker applied, so it resets the sent
 lengths of that call's sequences too (a whole history is always a correct delta).
 
-Also here: the SamplingParams translation that every delta carries.
+Also here: the SamplingParams translation that every delta carries (doubles: exact).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 
 from specdec.sequence import common_prefix_length
 from specdec.sampling_params import SamplingParams
-from specdec_rpc.v1 import specdec_pb2, worker_pb2
+from specdec_rpc.v1 import worker_pb2
 
 
-def sampling_to_proto(params: SamplingParams) -> specdec_pb2.SamplingParams:
-    """Core SamplingParams -> proto (top_p 1.0 and seed None are left unset)."""
-    message = specdec_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k)
+def sampling_to_proto(params: SamplingParams) -> worker_pb2.WorkerSamplingParams:
+    """Core SamplingParams -> the workers' proto, exactly (doubles; top_p 1.0 and seed None are left unset)."""
+    message = worker_pb2.WorkerSamplingParams(temperature=params.temperature, top_k=params.top_k)
     if params.top_p != 1.0:
         message.top_p = params.top_p
     if params.seed is not None:
@@ -45,7 +45,7 @@ def sampling_to_proto(params: SamplingParams) -> specdec_pb2.SamplingParams:
     return message
 
 
-def sampling_from_proto(message: specdec_pb2.SamplingParams) -> SamplingParams:
+def sampling_from_proto(message: worker_pb2.WorkerSamplingParams) -> SamplingParams:
     """Proto -> core SamplingParams (validated: bad values raise ValueError naming the field)."""
     return SamplingParams(
         temperature=message.temperature,

@@ -66,6 +66,10 @@ class PublicService:
         there is one) and this replica's totals."""
         return to_stats_response(self.frontend.status())
 
+    def health_statuses(self) -> dict[str, int]:
+        """grpc.health.v1 List: the status of every service name this server answers for."""
+        return {service: self.health(service) for service in ("", SERVICE_NAME)}
+
     def health(self, service: str = "") -> int:
         """HealthCheckResponse.ServingStatus for `service` ("" = the whole server)."""
         if service not in ("", SERVICE_NAME):

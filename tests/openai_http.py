@@ -21,6 +21,17 @@ def post(base_url: str, path: str, body: dict, timeout_s: float = 120.0) -> tupl
         conn.close()
 
 
+def post_raw(base_url: str, path: str, body: str | bytes, timeout_s: float = 120.0) -> tuple[int, dict]:
+    """(status, JSON body) of a POST of bytes as they are (what json.dumps would not write)."""
+    conn = _connect(base_url, timeout_s)
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
 def get(base_url: str, path: str, timeout_s: float = 30.0) -> tuple[int, dict]:
     conn = _connect(base_url, timeout_s)
     try:

@@ -221,13 +221,15 @@ class SpeculationPolicy:
             return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore)
         curves = self._curves(snapshot, rows)
         margin = -s.min_gain if len(rows) <= self.judged_rows else s.min_gain  # the state decides within the error
-        plan = plan_gammas(curves, lo, hi, snapshot.round_cost, margin,
-                           max_round_ratio=s.max_round_ratio, prompt_tokens=sum(r.prompt_tokens for r in rows),
-                           catch_up=amortised_catch_up(curves, rows, hi))
+        # a request's own γ may exceed gamma_max (up to speculation.gamma_max): the plan prices
+        # that row at gamma_max and the row keeps its γ (its neighbours are still planned)
+        plan = plan_gammas(curves, [min(x, s.gamma_max) for x in lo], [min(x, s.gamma_max) for x in hi],
+                           snapshot.round_cost, margin, max_round_ratio=s.max_round_ratio,
+                           prompt_tokens=sum(r.prompt_tokens for r in rows), catch_up=amortised_catch_up(curves, rows, hi))
+        gammas = [g if f is None else own for g, f, own in zip(plan.gammas, fixed, lo)]
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
-        return self._priced(self._decision(list(plan.gammas), free, rows, True, reason, explore), snapshot, rows,
-                            explore)
+        return self._priced(self._decision(gammas, free, rows, True, reason, explore), snapshot, rows, explore)
 
     @staticmethod
     def _priced(decision: Decision, snapshot: LoadSnapshot, rows: list[RowState], explore: bool) -> Decision:

@@ -3,12 +3,14 @@ real Ray Serve proxies on every interface (serving.host 0.0.0.0), and a fuzz cam
 
 gRPC and HTTPS answer only with a valid token (UNAUTHENTICATED / 401 otherwise, nothing
 else), health stays open for probes, plaintext to the TLS port gets nowhere, no listener
-outside loopback serves the API in plaintext (Serve's own gRPC port is on loopback), and every
-fuzzed request (random bytes, invalid UTF-8, NaN, out-of-vocabulary ids, huge prompts, …)
-is INVALID_ARGUMENT; afterwards a normal request still returns the reference output. A router
-replica killed mid-request: a raw gRPC client sees UNAVAILABLE, the `openai` client 503 or an
-error event, never INTERNAL or a cut. The models run in the router (the worker path has its
-own tests): this module is about the public surface.
+outside loopback serves the API in plaintext (Serve's own gRPC port is on loopback), every
+fuzzed request (random bytes to every method, health included, invalid UTF-8, NaN,
+out-of-vocabulary ids, huge prompts, enum numbers past 32 bits, …) is INVALID_ARGUMENT and
+every fuzzed HTTP body a 400 naming its field (float extremes served); afterwards a normal
+request still returns the reference output. A router replica killed mid-request: a raw gRPC
+client sees UNAVAILABLE, the `openai` client 503 or an error event, never INTERNAL or a cut.
+The models run in the router (the worker path has its own tests): this module is about the
+public surface.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ray_processes import actor_pids, listening_sockets
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "scripts"))
 import fuzz  # noqa: E402
+import fuzz_http  # noqa: E402
 
 TOKEN = "operator-token-1"
 MAX_SEQ_LEN = 256
@@ -109,13 +112,39 @@ def test_https_serves_a_valid_token_and_refuses_others(app, tls_files):
 
 def test_a_fuzz_campaign_of_bad_requests_is_all_invalid_argument_and_harms_nobody(app, tls_files, tokenizer,
                                                                                    hf_greedy):
-    outcomes = fuzz.run_campaign(app.address, count=120, seed=7, max_seq_len=MAX_SEQ_LEN, timeout_s=30.0,
+    outcomes = fuzz.run_campaign(app.address, count=150, seed=7, max_seq_len=MAX_SEQ_LEN, timeout_s=30.0,
                                  token=TOKEN, tls_ca_file=str(tls_files[0]))
-    assert sum(sum(c.values()) for c in outcomes.values()) == 120 and len(outcomes) == 10
+    assert sum(sum(c.values()) for c in outcomes.values()) == 150 and len({n.split()[0] for n in outcomes}) == 15
     assert fuzz.unexpected(outcomes) == {}, fuzz.table(outcomes)
+    bodies = fuzz_http.run_campaign(app.http_url, count=65, seed=7, timeout_s=30.0, token=TOKEN,
+                                    tls_ca_file=str(tls_files[0]))
+    assert fuzz_http.unexpected(bodies) == {}, fuzz.table(bodies)
     prompt = tokenizer("import os\n", add_special_tokens=False)["input_ids"]
     with client(app, tls_files) as good:
         assert list(good.generate(prompt_token_ids=prompt, max_new_tokens=12).token_ids) == hf_greedy(prompt, 12)
+
+
+def test_corrupt_bytes_to_every_method_of_both_services_are_invalid_argument(app, tls_files):
+    """Health included (it used to answer UNKNOWN, and List / Watch INTERNAL); a valid List
+    reports both services, a valid Watch is UNIMPLEMENTED (probes use Check)."""
+    from grpc_health.v1 import health_pb2
+
+    from specdec_rpc.client import open_channel
+
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    with open_channel(app.address, str(tls_files[0])) as channel:
+        for method in fuzz.SERVICES:
+            call = channel.unary_stream(method) if method in fuzz.STREAMING else channel.unary_unary(method)
+            with pytest.raises(grpc.RpcError) as error:
+                list(call(b"\x0a\x05ab\xff", timeout=30.0, metadata=metadata))
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+        listed = health_pb2.HealthListResponse.FromString(channel.unary_unary("/grpc.health.v1.Health/List")(
+            b"", timeout=30.0, metadata=metadata))
+        assert {name: s.status for name, s in listed.statuses.items()} == {
+            "": health_pb2.HealthCheckResponse.SERVING, "specdec.v1.SpeculativeDecoding": health_pb2.HealthCheckResponse.SERVING}
+        with pytest.raises(grpc.RpcError) as error:
+            list(channel.unary_stream(fuzz.HEALTH_WATCH)(b"", timeout=30.0, metadata=metadata))
+        assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_the_client_cli_takes_a_token_and_a_ca(app, tls_files, capsys):

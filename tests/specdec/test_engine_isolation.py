@@ -186,3 +186,44 @@ def test_a_target_restart_mid_request_replays_no_random_number(make_engine, prom
     while engine.has_unfinished():
         engine.step()
     assert engine.result(seq_id).token_ids == reference.token_ids
+
+
+class RecordFailsOnce:
+    """A round policy that plans γ 3 for every row and whose first `record` raises."""
+
+    def __init__(self):
+        self.records = 0
+
+    def on_arrival(self, count=1):
+        pass
+
+    def set_load(self, in_flight, queued):
+        pass
+
+    def plan(self, rows, default_gamma):
+        from specdec.policy.speculation_policy import Decision
+
+        return Decision(3, True, "test", (3,) * len(rows))
+
+    def record(self, sample):
+        self.records += 1
+        if self.records == 1:
+            raise RuntimeError("the policy's bookkeeping failed")
+
+
+def test_tokens_applied_in_a_round_reach_the_outputs_even_if_bookkeeping_after_them_fails(
+    make_engine, prompt_ids, hf_greedy
+):
+    """The policy's `record` raising once used to send the round's rows into a retry that
+    dropped their already-applied tokens from the stream (17 of 20 streamed, 20 in the result)."""
+    engine = make_engine("draft", gamma=3).engine
+    engine.policy = RecordFailsOnce()
+    ids = [engine.add_request(GenerationRequest(p, 20, ignore_eos=True)) for p in prompt_ids[:2]]
+    streamed = {seq_id: [] for seq_id in ids}
+    while engine.has_unfinished():
+        for output in engine.step():
+            streamed[output.seq_id].extend(output.new_token_ids)
+    results = [engine.result(seq_id) for seq_id in ids]
+    assert engine.policy.records > 1
+    for seq_id, prompt, result in zip(ids, prompt_ids, results):
+        assert streamed[seq_id] == result.token_ids == hf_greedy(prompt, 20)

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from actors.ports import free_port
-from openai_http import OpenStream, OpenUnary, UvicornThread, get, post, sse_lines, wait_until
+from openai_http import OpenStream, OpenUnary, UvicornThread, get, post, post_raw, sse_lines, wait_until
 from specdec.config import load_config
 from specdec.engine_builder import local_served_engine
 from specdec.frontend import Frontend
@@ -140,6 +140,73 @@ def test_bad_input_is_400_naming_the_field(client, kwargs, param):
         client.completions.create(**{"model": MODEL, "prompt": "x", "max_tokens": 4, **kwargs})
     assert error.value.param == param and error.value.type == "invalid_request_error"
     assert param in error.value.message
+
+
+def _nested(depth: int, inner: str = "") -> str:
+    return "[" * depth + inner + "]" * depth
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", _nested(100_000), "body"),
+    ("/v1/completions", '{"prompt": "x", "stop": %s}' % _nested(50_000, '"a"'), "body"),
+    ("/v1/completions", '{"prompt": "x", "stop": %s}' % _nested(12, '"a"'), "stop"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": %s}]}' % ('{"a": ' * 40 + "1" + "}" * 40),
+     "messages"),
+    ("/v1/chat/completions", '{"messages": [{"role": %s, "content": "x"}]}' % _nested(900), "messages"),
+    ("/v1/completions", '{"prompt": "ab\\ud800cd"}', "prompt"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "ab\\ud800cd"}]}', "messages[0].content"),
+    ("/v1/completions", '{"prompt": "x", "stop": ["\\udfff"]}', "stop[0]"),
+    ("/v1/completions", '{"prompt": "x", "top_k": 2147483648}', "top_k"),
+    ("/v1/completions", '{"prompt": "x", "temperature": 1e400}', "temperature"),
+])
+def test_bodies_that_once_reached_a_500_are_400_naming_the_field(server, path, body, param):
+    """Deep nesting, lone UTF-16 surrogates and an int32-overflowing top_k (the held-out fuzz's 500s)."""
+    status, answer = post_raw(server.url, path, body.replace('{"', '{"max_tokens": 2, "', 1))
+    assert status == 400 and answer["error"]["param"] == param, answer
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 1e39}, {"temperature": 1e300}, {"temperature": 1e-300},
+                                      {"temperature": 1.0, "top_p": 1e-50}, {"temperature": 1.0, "top_p": 5e-324}])
+def test_extreme_but_valid_sampling_values_are_served(client, sampling):
+    """Any finite temperature > 0 and any top_p in (0, 1] is served as asked (not a 500)."""
+    choice = client.completions.create(model=MODEL, prompt="def f():", max_tokens=3, seed=1, **sampling).choices[0]
+    assert choice.finish_reason == "length"
+
+
+def test_a_body_shorter_than_its_content_length_is_400_after_the_body_timeout(served):
+    """A client that promises more body than it sends is answered, not held forever."""
+    import socket
+    import time
+
+    with UvicornThread(asgi_app(HttpApi(Frontend(served), body_timeout_s=0.5)), free_port()) as slow:
+        port = int(slow.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10.0) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"prompt\": \"x\"")
+            started = time.monotonic()
+            answer = sock.recv(65536).decode()
+            assert time.monotonic() - started < 5.0
+        assert answer.startswith("HTTP/1.1 400") and '"param":"body"' in answer, answer
+        status, _ = post(slow.url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2})
+        assert status == 200
+
+
+def test_a_fuzz_campaign_of_bad_bodies_is_all_400_naming_a_field_and_harms_nobody(client, server, served, tokenizer,
+                                                                                 hf_greedy):
+    """scripts/fuzz_http.py's cases (nesting, surrogates, extreme floats, ...), 10 of each: no
+    5xx, no hang, every refusal names its field, the valid extremes are served."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import fuzz_http
+
+    outcomes = fuzz_http.run_campaign(server.url, count=130, seed=11, timeout_s=30.0)
+    assert len(outcomes) == 13 and fuzz_http.unexpected(outcomes) == {}, outcomes
+    assert wait_until(lambda: idle(served))
+    prompt = tokenizer("import os\n", add_special_tokens=False)["input_ids"]
+    text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+    assert text == tokenizer.decode(hf_greedy(prompt, 12), skip_special_tokens=True)
 
 
 def test_bad_input_to_a_stream_is_400_too_and_the_server_goes_on(client, prompt_ids, hf_greedy):

@@ -41,6 +41,7 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
 
 @pytest.mark.parametrize("body, param", [
     ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "n": True}, "n"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
     ({"prompt": "x", "logprobs": 5}, "logprobs"),
     ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
@@ -62,6 +63,9 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
     ({"prompt": "x", "speculation": {"gamma": -2}}, "speculation.gamma"),
     ({"prompt": "x", "speculation": {"colour": "blue"}}, "speculation"),
     ({"prompt": "x", "timeout_s": float("nan")}, "timeout_s"),
+    ({"prompt": "x", "top_k": 2**31}, "top_k"),
+    ({"prompt": "x", "stop": [[[[[[[[["a"]]]]]]]]]}, "stop"),
+    ({"prompt": "x", "speculation": {"mode": [[[[[[[["on"]]]]]]]]}}, "speculation"),
 ])
 def test_bad_or_unsupported_fields_are_refused_naming_them(body, param):
     with pytest.raises(InvalidRequestError) as error:

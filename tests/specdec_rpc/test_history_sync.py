@@ -6,7 +6,7 @@ import pytest
 
 from specdec.sampling_params import SamplingParams
 from specdec_rpc.history_sync import HistorySender, HistoryStore, sampling_from_proto, sampling_to_proto
-from specdec_rpc.v1 import specdec_pb2, worker_pb2
+from specdec_rpc.v1 import worker_pb2
 
 GREEDY = SamplingParams()
 
@@ -60,18 +60,30 @@ def test_every_delta_carries_the_sampling_params():
     assert sampling_from_proto(message) == sampling
 
 
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(temperature=1e-300, seed=1), SamplingParams(temperature=1e39), SamplingParams(temperature=1e300),
+    SamplingParams(temperature=1.0, top_p=1e-50), SamplingParams(temperature=1.0, top_p=5e-324),
+    SamplingParams(temperature=0.7, top_p=1 - 2**-40, top_k=2**31 - 1, seed=2**64 - 1),
+])
+def test_sampling_params_reach_the_workers_at_full_precision(sampling):
+    """What the router validated is what a worker samples with: nothing rounds to float32
+    (1e-300 would become greedy, 1e39 infinity, top_p just below 1 no filter at all)."""
+    wire = HistorySender().delta("a", [1], sampling).SerializeToString()
+    assert sampling_from_proto(worker_pb2.HistoryDelta.FromString(wire).sampling) == sampling
+
+
 def test_sampling_defaults_stay_unset_on_the_wire_and_come_back():
     message = sampling_to_proto(GREEDY)
     assert not message.HasField("top_p") and not message.HasField("seed")
     assert sampling_from_proto(message) == GREEDY
-    assert sampling_from_proto(specdec_pb2.SamplingParams(seed=0)).seed == 0
+    assert sampling_from_proto(worker_pb2.WorkerSamplingParams(seed=0)).seed == 0
 
 
 def test_bad_sampling_values_fail_naming_the_field():
     with pytest.raises(ValueError, match="temperature"):
-        sampling_from_proto(specdec_pb2.SamplingParams(temperature=-1))
+        sampling_from_proto(worker_pb2.WorkerSamplingParams(temperature=-1))
     with pytest.raises(ValueError, match="top_p"):
-        sampling_from_proto(specdec_pb2.SamplingParams(top_p=0))
+        sampling_from_proto(worker_pb2.WorkerSamplingParams(top_p=0))
 
 
 def test_the_store_rebuilds_histories_from_deltas():

@@ -115,6 +115,17 @@ def test_a_seeded_sampled_request_repeats_exactly_and_shares_rounds_with_greedy_
     assert greedy_1.token_ids == hf_greedy(prompt_ids[1], MAX_NEW)
 
 
+def test_sampling_values_beyond_float32_are_served_as_in_process(remote_engine, make_engine, prompt_ids):
+    """The workers sample with the router's doubles: a temperature of 1e39 or a top_p of
+    1e-50 (infinity and 0 in float32) gives the in-process engine's seeded output."""
+    samplings = [SamplingParams(temperature=1e39, seed=5), SamplingParams(temperature=1.0, top_p=1e-50, seed=6),
+                 SamplingParams(temperature=1e-300, seed=7), SamplingParams(temperature=0.8, top_p=1 - 2**-40, seed=8)]
+    requests = [GenerationRequest(prompt_ids[i], 8, s) for i, s in enumerate(samplings)]
+    local = make_engine("draft", gamma=0).engine.generate(requests)
+    remote = remote_engine("draft", 0).generate(requests)
+    assert [r.token_ids for r in remote] == [r.token_ids for r in local]
+
+
 @pytest.mark.parametrize("micro_batches, prompts", [(False, 1), (True, 4)], ids=["look-ahead", "micro-batches"])
 @pytest.mark.parametrize("proposer", ["draft", "ngram"])
 def test_drafting_ahead_while_the_remote_target_verifies_keeps_the_output(

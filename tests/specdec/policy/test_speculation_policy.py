@@ -185,6 +185,18 @@ def test_overrides_are_cut_to_the_rows_cap():
     assert SpeculationPolicy(settings()).plan(snapshot(), [RowState("on", 6, 2)], 100.0, 3).gammas == (2,)
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.9])
+def test_a_requests_own_gamma_above_gamma_max_is_its_own_and_its_neighbours_are_still_planned(alpha):
+    """speculation.gamma_max (a request's cap, 16) may exceed the policy's gamma_max (8): the
+    row keeps its γ, priced at gamma_max, and the other rows get the goodput plan."""
+    def plan(own_gamma):
+        rows = [*auto(2, cap=16), RowState("on", own_gamma, 16, seq_id="mine")]
+        return SpeculationPolicy(settings()).plan(snapshot(alpha=alpha), rows, 100.0, 4)
+
+    above, at_the_max = plan(12), plan(8)
+    assert above.gammas == (*at_the_max.gammas[:2], 12) and "goodput plan" in above.reason
+
+
 def test_an_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="mode"):
         SpeculationPolicy(settings()).plan(snapshot(), [RowState("sometimes", None, 8)], 100.0, 3)
