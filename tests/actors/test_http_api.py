@@ -20,7 +20,7 @@ import pytest
 import ray
 
 from actors.app import free_port, start_app
-from openai_http import OpenStream, OpenUnary, get, sse_lines, wait_until
+from openai_http import OpenStream, OpenUnary, get, post, sse_lines, wait_until
 from specdec.config import load_config
 from specdec_rpc.client import SpecdecClient
 from specdec_rpc.remote_proposer import RemoteProposer
@@ -117,12 +117,21 @@ def test_seeded_sampling_is_reproducible(client):
     ({"temperature": -1}, "temperature"),
     ({"max_tokens": 10**6}, "max_tokens"),
     ({"n": 3}, "n"),
-    ({"model": "gpt-4"}, "model"),
 ])
 def test_bad_input_is_400_naming_the_field(client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as error:
         client.completions.create(**{"model": MODEL, "prompt": "x", "max_tokens": 4, **kwargs})
     assert error.value.param == param
+
+
+def test_an_unknown_model_is_404_and_the_tokenizer_routes_are_served(app, client, tokenizer):
+    with pytest.raises(openai.NotFoundError) as error:
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=4)
+    assert error.value.code == "model_not_found"
+    status, body = post(app.http_url, "/tokenize", {"model": MODEL, "prompt": "import sys"})
+    assert status == 200 and body["tokens"] == tokenizer("import sys", add_special_tokens=False)["input_ids"]
+    assert body["max_model_len"] == 256 and client.models.list().data[0].model_extra["max_model_len"] == 256
+    assert post(app.http_url, "/detokenize", {"tokens": body["tokens"]}) == (200, {"prompt": "import sys"})
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_slots(app, workers):
