@@ -10,12 +10,15 @@ the neutral value load tools send by default (`repetition_penalty: 1.0`, `best_o
 `response_format: {"type": "text"}`, ...) and refused otherwise, since ignoring them would
 change the output the client expects. A negative seed (OpenAI's seeds are int64) maps to
 the core's uint64 seeds as its two's complement (seed mod 2**64): deterministic, and no two
-int64 seeds share one. An unknown model is 404 `model_not_found`.
+int64 seeds share one. OpenAI fields that change nothing returned (`metadata`, `store`, ...)
+are ignored; an unknown field is refused (a misspelt `max_token` must not pass silently).
+An unknown model is 404 `model_not_found`.
 The responses are `specdec_http.openai_responses`'.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -23,6 +26,9 @@ from specdec.chat_template import check_messages
 from specdec.sampling_params import SamplingParams
 from specdec.serving_errors import InvalidRequestError, NotFoundError, param_of
 from specdec.text_request import TextRequest
+
+logger = logging.getLogger(__name__)
+_logged_ignored: set[str] = set()
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "n", "stream",
           "stream_options", "speculation", "timeout_s", "user", "ignore_eos"}
@@ -32,6 +38,8 @@ NEUTRAL = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, 
            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
            "min_p": (None, 0), "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []),
            "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}), "max_completion_tokens": (None,)}
+#: OpenAI fields that change nothing this server returns: accepted and ignored (logged once per field)
+IGNORED = {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls"}
 MIN_SEED = -(2**63)  # OpenAI's seeds are int64; negative ones map to their two's complement in uint64
 
 
@@ -62,6 +70,11 @@ def _check_fields(body: Any, allowed: set[str], model: str) -> None:
         raise InvalidRequestError("body", "must be a JSON object")
     for name, value in body.items():
         if name in allowed:
+            continue
+        if name in IGNORED:
+            if name not in _logged_ignored:
+                _logged_ignored.add(name)
+                logger.info("requests send %r, which changes nothing here: ignored", name)
             continue
         if name in NEUTRAL:
             if not _is_neutral(value, NEUTRAL[name]):

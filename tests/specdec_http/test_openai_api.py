@@ -100,6 +100,13 @@ def test_values_that_would_change_the_output_of_an_unimplemented_field_are_400_n
     assert error.value.param == name and "supported" in str(error.value)
 
 
+@pytest.mark.parametrize("name, value", [("metadata", {"team": "a"}), ("store", False), ("service_tier", "auto"),
+                                         ("prompt_cache_key", "k"), ("parallel_tool_calls", True)])
+def test_openai_fields_that_change_nothing_returned_are_ignored(name, value):
+    plain, _ = completion_request({"prompt": "x"}, MODEL)
+    assert completion_request({"prompt": "x", name: value}, MODEL)[0] == plain
+
+
 def test_top_k_minus_one_is_no_top_k_and_ignore_eos_travels():
     request, _ = completion_request({"prompt": "x", "top_k": -1, "ignore_eos": True}, MODEL)
     assert request.sampling.top_k == 0 and request.ignore_eos
