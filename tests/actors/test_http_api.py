@@ -30,6 +30,7 @@ from worker_slots import free_slots_within
 NUM_SLOTS = 8
 MAX_CONCURRENT = 4
 MODEL = "bundled:target"
+ORIGIN = "http://ui.example"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,7 @@ def app():
         "cache": {"num_slots": NUM_SLOTS, "max_seq_len": 256},
         "serving": {"port": free_port(), "http_port": free_port(), "host": "127.0.0.1",
                     "max_concurrent_requests": MAX_CONCURRENT, "worker_timeout_s": 10.0},
+        "security": {"cors_allowed_origins": [ORIGIN]},
     })
     app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
     yield app
@@ -132,6 +134,18 @@ def test_an_unknown_model_is_404_and_the_tokenizer_routes_are_served(app, client
     assert status == 200 and body["tokens"] == tokenizer("import sys", add_special_tokens=False)["input_ids"]
     assert body["max_model_len"] == 256 and client.models.list().data[0].model_extra["max_model_len"] == 256
     assert post(app.http_url, "/detokenize", {"tokens": body["tokens"]}) == (200, {"prompt": "import sys"})
+
+
+def test_a_listed_origins_preflight_is_answered_through_serves_proxy(app):
+    import http.client
+
+    host, port = app.http_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("OPTIONS", "/v1/chat/completions", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    assert response.status == 204 and response.headers["access-control-allow-origin"] == ORIGIN
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_slots(app, workers):
