@@ -36,6 +36,7 @@ from specdec.config import SecurityConfig
 from specdec.serving_errors import RETRY_AFTER_S
 from specdec_rpc.raw_requests import parse
 from actors.served_actor import own_cores
+from specdec_http.cors import Cors
 from specdec_http.http_api import HttpApi
 from specdec_rpc.public_service import PublicService
 from specdec_rpc.router_backend import RouterBackend
@@ -98,7 +99,8 @@ class SpecdecRouter:
         self.metrics = RouterMetrics(model=model)
         authorize = self.tokens.check if self.tokens.enabled else None
         self.http = HttpApi(self.service.frontend, error_kind=error_kind, observe_stream=self.metrics.observe_stream,
-                            authorize=authorize, open_paths=frozenset({"/health"} if self.open_health else ()))
+                            authorize=authorize, open_paths=frozenset({"/health"} if self.open_health else ()),
+                            cors=Cors(security.cors_allowed_origins))
         self._closed = threading.Event()
         self._loader = threading.Thread(target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True)
         self._loader.start()

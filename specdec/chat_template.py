@@ -16,7 +16,8 @@ ROLES = ("system", "user", "assistant", "developer", "tool")
 
 def check_messages(messages: Any, max_messages: int = 1024) -> tuple[dict[str, str], ...]:
     """Messages as {role, content} dicts with text content; InvalidRequestError naming the
-    offending message otherwise. Content may be a string or a list of {"type": "text"} parts."""
+    offending message otherwise. Content may be a string or a list of {"type": "text"} parts
+    (joined with newlines, as vLLM does)."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InvalidRequestError("messages", "must be a non-empty list of {role, content} objects")
     if len(messages) > max_messages:
@@ -33,7 +34,7 @@ def _message(message: Any, where: str) -> dict[str, str]:
     if isinstance(content, list):
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
             raise InvalidRequestError(f"{where}.content", "only text parts ({type: text, text}) are supported")
-        content = "".join(p["text"] for p in content)
+        content = "\n".join(p["text"] for p in content)  # as vLLM joins text parts
     if not isinstance(content, str):
         raise InvalidRequestError(f"{where}.content", "must be a string")
     return {"role": role, "content": content}

@@ -253,11 +253,24 @@ class SecurityConfig(StrictModel):
         "SPECDEC_INTERNAL_SECRET also works. Neither = internal calls are not authenticated (`specdec serve` "
         "starting its own Ray then generates one for the run)."
     )
+    cors_allowed_origins: list[str] = Field(
+        default_factory=list, description="Browser origins (scheme://host[:port], or '*' for any) allowed to call the "
+        "HTTP API cross-origin (CORS); their preflights are answered without a token. Empty = CORS off."
+    )
 
     @model_validator(mode="after")
     def _tls_pair(self) -> "SecurityConfig":
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("security.tls_cert_file and security.tls_key_file are set together (or neither)")
+        return self
+
+    @model_validator(mode="after")
+    def _origins(self) -> "SecurityConfig":
+        for origin in self.cors_allowed_origins:
+            scheme, _, host = origin.partition("://")
+            if origin != "*" and (scheme not in ("http", "https") or not host or "/" in host):
+                raise ValueError(f"security.cors_allowed_origins: {origin!r} is not an origin "
+                                 "(scheme://host[:port] without a path, or '*')")
         return self
 
 

@@ -111,6 +111,11 @@ class Frontend:
         """The proposer names a request may pick here (none while loading)."""
         return self.served.defaults.proposers if self.served is not None else ()
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The target's context in tokens (cache.max_seq_len); None while loading."""
+        return self.served.loop.engine.verifier.max_seq_len if self.served is not None else None
+
     # ---- requests ----------------------------------------------------------------------
 
     async def prepare(self, request: TextRequest) -> GenerationRequest:

@@ -37,6 +37,8 @@ class TextRequest:
     timeout_s: the request's own deadline (None = none): past it, DeadlineExceededError.
     request_id: the server's unique id for the request (the engine's sequence id, so logs
         and responses name it alike); None = one the engine makes up.
+    ignore_eos: generate past the model's end-of-sequence tokens (load tools ask for it
+        so every request runs its whole budget).
     """
 
     prompt: str = ""
@@ -51,6 +53,7 @@ class TextRequest:
     proposer: str | None = None
     timeout_s: float | None = None
     request_id: str | None = None
+    ignore_eos: bool = False
 
 
 def to_generation_request(
@@ -75,6 +78,7 @@ def to_generation_request(
         gamma=request.gamma,
         proposer=request.proposer,
         mode=request.mode,
+        ignore_eos=request.ignore_eos,
     )
 
 

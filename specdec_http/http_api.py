@@ -2,7 +2,8 @@
 
     POST /v1/completions        text (or token-id) prompt -> completion; stream: true -> SSE
     POST /v1/chat/completions   messages (the tokenizer's chat template) -> chat completion
-    GET  /v1/models             the served model
+    GET  /v1/models             the served model (its context as max_model_len)
+    POST /tokenize, /detokenize the served tokenizer (vLLM's shapes: specdec_http.tokenize_routes)
     GET  /health                200 with the server status when serving, 503 otherwise
 
 `HttpApi.handle` takes one request and returns its response, so any host can run it: Ray
@@ -13,7 +14,7 @@ Retry-After / 503) rather than a broken stream; a failure after that ends the st
 an error event.
 A client that disconnects cancels the request, which frees its cache slots. With
 `authorize`, every route but the open ones (/health) needs `authorization: Bearer <token>`:
-401 otherwise.
+401 otherwise. With `cors`, listed browser origins may call it (specdec_http.cors).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specdec.frontend import Delta, Frontend
 from specdec.serving_errors import RETRY_AFTER_S, ErrorKind, InvalidRequestError, NotFoundError, classify
+from specdec_http.cors import Cors
 from specdec_http.openai_api import chat_request, completion_request
 from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, error_body, sse
+from specdec_http.tokenize_routes import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 
@@ -62,24 +65,35 @@ class HttpApi:
 
     def __init__(self, frontend: Frontend, error_kind: ErrorKindOf = core_error_kind,
                  observe_stream: StreamObserver | None = None, authorize: Authorize | None = None,
-                 open_paths: frozenset[str] = frozenset({"/health"}), body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+                 open_paths: frozenset[str] = frozenset({"/health"}), body_timeout_s: float = BODY_TIMEOUT_S,
+                 cors: Cors | None = None) -> None:
         self.frontend = frontend
         self.body_timeout_s = body_timeout_s  # a body not in within it is refused (400)
         self.error_kind = error_kind
         self.observe_stream = observe_stream
         self.authorize = authorize  # raises AuthenticationError (401) unless the header carries a valid token
         self.open_paths = open_paths  # answered without a token
+        self.cors = cors or Cors()  # no origins: off
+        self.created = int(time.time())  # the models' `created`: when this server started
         self.routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/completions"): lambda r: self._generate(r, chat=False),
             ("POST", "/v1/chat/completions"): lambda r: self._generate(r, chat=True),
             ("GET", "/v1/models"): self._models,
+            ("POST", "/tokenize"): lambda r: self._tokenizer_route(r, tokenize),
+            ("POST", "/detokenize"): lambda r: self._tokenizer_route(r, detokenize),
             ("GET", "/health"): self._health,
         }
 
     async def handle(self, request: Request) -> Response:
         """The response to one request; failures become OpenAI error objects."""
+        return self.cors.decorate(request, await self._handle(request))
+
+    async def _handle(self, request: Request) -> Response:
         path = _route_path(request)
         route = self.routes.get((request.method, path))
+        preflight = self.cors.preflight(request, sorted(m for m, p in self.routes if p == path))
+        if preflight is not None:  # before authentication: a browser's preflight carries no token
+            return preflight
         try:
             if self.authorize is not None and path not in self.open_paths:
                 self.authorize(request.headers.get("authorization"))
@@ -106,6 +120,8 @@ class HttpApi:
         translate = chat_request if chat else completion_request
         text_request, stream = translate(body, self.frontend.model)
         call = Call.new(chat, self.frontend.model)
+        if body.get("user"):  # the end user's id: logged with the request's id, not used otherwise
+            logger.info("request %s is from user %r", call.id, body["user"])
         text_request = replace(text_request, request_id=call.id)  # the response's id is the engine's
         if not stream:
             completion = await _unless_disconnected(request, self.frontend.generate(text_request))
@@ -143,9 +159,13 @@ class HttpApi:
             await deltas.aclose()
 
     async def _models(self, request: Request) -> Response:
-        model = {"id": self.frontend.model, "object": "model", "created": 0, "owned_by": "specdec",
+        model = {"id": self.frontend.model, "object": "model", "created": self.created, "owned_by": "specdec",
+                 "max_model_len": self.frontend.max_model_len,
                  "speculation": {"proposers": list(self.frontend.proposers)}}
         return JSONResponse({"object": "list", "data": [model]})
+
+    async def _tokenizer_route(self, request: Request, answer) -> Response:
+        return JSONResponse(await answer(self.frontend, await _json(request)))
 
     async def _health(self, request: Request) -> Response:
         if not self.frontend.is_ready:
@@ -230,4 +250,4 @@ def asgi_app(api: HttpApi) -> Any:
     async def endpoint(request: Request) -> Response:
         return await api.handle(request)
 
-    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST", "PUT", "DELETE"])])
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST", "PUT", "DELETE", "OPTIONS"])])

@@ -3,8 +3,16 @@
 A request body becomes a `TextRequest`; every bad or unsupported field raises
 InvalidRequestError naming it (400). Defaults follow OpenAI where it has one
 (temperature 1.0, top_p 1.0, n 1) and the server otherwise (max_tokens unset = the
-server's `generation.max_new_tokens`). Extensions: `top_k`, `stop_token_ids` (as vLLM),
-`speculation` {mode, gamma, proposer} and `timeout_s` (the request's deadline, 504 past it).
+server's `generation.max_new_tokens`). Extensions: `top_k` (-1 or 0 = none), `stop_token_ids`
+and `ignore_eos` (as vLLM), `speculation` {mode, gamma, proposer} and `timeout_s` (the
+request's deadline, 504 past it). Fields this server does not implement are accepted at
+the neutral value load tools send by default (`repetition_penalty: 1.0`, `best_of: 1`,
+`response_format: {"type": "text"}`, ...) and refused otherwise, since ignoring them would
+change the output the client expects. A negative seed (OpenAI's seeds are int64) maps to
+the core's uint64 seeds as its two's complement (seed mod 2**64): deterministic, and no two
+int64 seeds share one. OpenAI fields that change nothing returned (`metadata`, `store`, ...)
+are ignored; an unknown field is refused (a misspelt `max_token` must not pass silently).
+An unknown model is 404 `model_not_found`.
 The responses are `specdec_http.openai_responses`'.
 
 A body nested deeper than `MAX_DEPTH` is refused naming its top-level field: no valid
@@ -14,23 +22,38 @@ recursion limit, impossible) to compare or echo in an error message.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 from specdec.chat_template import check_messages
 from specdec.sampling_params import SamplingParams
-from specdec.serving_errors import InvalidRequestError, param_of
+from specdec.serving_errors import InvalidRequestError, NotFoundError, param_of
 from specdec.text_request import TextRequest
 
+logger = logging.getLogger(__name__)
+_logged_ignored: set[str] = set()
+
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "n", "stream",
-          "stream_options", "speculation", "timeout_s", "user"}
-#: accepted at their neutral value only (anything else is refused, naming the field)
-NEUTRAL = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-           "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
-           "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None,),
-           "max_completion_tokens": (None,)}
+          "stream_options", "speculation", "timeout_s", "user", "ignore_eos"}
+#: accepted at their neutral value only (anything else is refused, naming the field); `logprobs: 0` is
+#: not neutral on completions (OpenAI then returns the sampled tokens' logprobs)
+NEUTRAL = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+           "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
+           "min_p": (None, 0), "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []),
+           "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}), "max_completion_tokens": (None,)}
+#: OpenAI fields that change nothing this server returns: accepted and ignored (logged once per field)
+IGNORED = {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls"}
 #: the deepest nesting a body may have (a chat message's content parts: 5 levels)
 MAX_DEPTH = 8
+MIN_SEED = -(2**63)  # OpenAI's seeds are int64; negative ones map to their two's complement in uint64
+MAX_SEED = 2**64 - 1  # the core's seeds are uint64
+
+
+class ModelNotFoundError(NotFoundError):
+    """The request named a model this server does not serve (404 `model_not_found`, as OpenAI)."""
+
+    openai_code = "model_not_found"
 
 
 def completion_request(body: Any, model: str) -> tuple[TextRequest, bool]:
@@ -57,15 +80,32 @@ def _check_fields(body: Any, allowed: set[str], model: str) -> None:
             raise InvalidRequestError(name, f"is nested deeper than {MAX_DEPTH} levels")
         if name in allowed:
             continue
+        if name in IGNORED:
+            if name not in _logged_ignored:
+                _logged_ignored.add(name)
+                logger.info("requests send %r, which changes nothing here: ignored", name)
+            continue
         if name in NEUTRAL:
-            if value not in NEUTRAL[name]:
+            if not _is_neutral(value, NEUTRAL[name]):
                 raise InvalidRequestError(name, f"is not supported by this server (got {value!r})")
             continue
         raise InvalidRequestError(name, "unrecognized request argument")
-    if body.get("model") not in (None, model):
-        raise InvalidRequestError("model", f"the model {body.get('model')!r} does not exist here (serving {model!r})")
-    if body.get("n") is not None and (isinstance(body["n"], bool) or body["n"] != 1):  # true == 1 in Python
+    check_model(body.get("model"), model)
+    if not isinstance(body.get("user", ""), (str, type(None))):
+        raise InvalidRequestError("user", f"must be a string (the end user's id, logged), got {body['user']!r}")
+    if not _is_neutral(body.get("n"), (None, 1)):
         raise InvalidRequestError("n", f"only n = 1 is supported (one choice per request), got {body.get('n')!r}")
+
+
+def check_model(requested: Any, model: str) -> None:
+    """ModelNotFoundError unless `requested` is the served model (or left out)."""
+    if requested not in (None, model):
+        raise ModelNotFoundError(f"The model {requested!r} does not exist (this server serves {model!r})")
+
+
+def _is_neutral(value: Any, neutrals: tuple[Any, ...]) -> bool:
+    """Equal to one of `neutrals`, a bool only to a bool (`best_of: true` is not 1)."""
+    return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutrals)
 
 
 def _depth(value: Any) -> int:
@@ -102,8 +142,12 @@ def _stream(body: dict[str, Any]) -> bool:
     if stream not in (None, True, False):
         raise InvalidRequestError("stream", f"must be true or false, got {stream!r}")
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
-        raise InvalidRequestError("stream_options", "must be an object with include_usage (true or false)")
+    if options is not None:
+        if not isinstance(options, dict) or set(options) - {"include_usage"} or \
+                options.get("include_usage") not in (None, True, False):
+            raise InvalidRequestError("stream_options", "must be an object with include_usage (true or false)")
+        if not stream:
+            raise InvalidRequestError("stream_options", "is only allowed when stream is true")
     return bool(stream)
 
 
@@ -117,6 +161,7 @@ def _text_request(body: dict[str, Any], **prompt: Any) -> TextRequest:
         stop_token_ids=tuple(_int_list(body, "stop_token_ids")),
         mode=mode, gamma=gamma, proposer=proposer,
         timeout_s=_optional_number(body, "timeout_s"),
+        ignore_eos=_optional_bool(body, "ignore_eos"),
     )
 
 
@@ -126,12 +171,20 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
     try:
         return SamplingParams(
             temperature=1.0 if temperature is None else temperature,
-            top_k=_optional_int(body, "top_k", minimum=0) or 0,
+            top_k=max(_optional_int(body, "top_k", minimum=-1) or 0, 0),  # -1 = none (as vLLM)
             top_p=1.0 if top_p is None else top_p,
-            seed=_optional_int(body, "seed", minimum=0),
+            seed=_seed(body),
         )
     except ValueError as exc:  # SamplingParams names the field first
         raise InvalidRequestError(param_of(exc) or "body", str(exc).split(" ", 1)[1]) from None
+
+
+def _seed(body: dict[str, Any]) -> int | None:
+    """The core's uint64 seed: a negative int64 seed is its two's complement (seed mod 2**64)."""
+    seed = _optional_int(body, "seed", minimum=MIN_SEED)
+    if seed is not None and seed > MAX_SEED:
+        raise InvalidRequestError("seed", f"must be an integer in [-2**63, 2**64), got {seed!r}")
+    return None if seed is None else seed % 2**64
 
 
 def _stop(stop: Any) -> tuple[str, ...]:
@@ -176,6 +229,13 @@ def _optional_number(body: dict[str, Any], name: str) -> float | None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         raise InvalidRequestError(name, f"must be a finite number, got {value!r}")
     return float(value)
+
+
+def _optional_bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequestError(name, f"must be true or false, got {value!r}")
+    return bool(value)
 
 
 def _int_list(body: dict[str, Any], name: str) -> list[int]:

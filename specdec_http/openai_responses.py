@@ -106,8 +106,10 @@ def sse(data: dict[str, Any]) -> str:
 
 
 def error_body(kind: ErrorKind, message: str, exc: BaseException | None = None) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, OpenAI's error object) for a failure of `kind`."""
+    """(HTTP status, OpenAI's error object) for a failure of `kind` (an exception with an
+    `openai_code`, e.g. model_not_found, sets the code)."""
     status, kind_name, code = ERRORS[kind]
+    code = getattr(exc, "openai_code", None) or code
     param = param_of(exc) if exc is not None and kind is ErrorKind.INVALID else None
     if param in OPENAI_PARAMS:  # name the field as the client sent it
         message = OPENAI_PARAMS[param] + message[len(param):] if message.startswith(param) else message

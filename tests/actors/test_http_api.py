@@ -20,7 +20,7 @@ import pytest
 import ray
 
 from actors.app import free_port, start_app
-from openai_http import OpenStream, OpenUnary, get, sse_lines, wait_until
+from openai_http import OpenStream, OpenUnary, get, post, sse_lines, wait_until
 from specdec.config import load_config
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
@@ -32,6 +32,7 @@ from worker_slots import free_slots_within
 NUM_SLOTS = 8
 MAX_CONCURRENT = 4
 MODEL = "bundled:target"
+ORIGIN = "http://ui.example"
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,7 @@ def app():
         "cache": {"num_slots": NUM_SLOTS, "max_seq_len": 256},
         "serving": {"port": free_port(), "http_port": free_port(), "host": "127.0.0.1",
                     "max_concurrent_requests": MAX_CONCURRENT, "worker_timeout_s": 10.0},
+        "security": {"cors_allowed_origins": [ORIGIN]},
     })
     app = start_app(config, ray_init_kwargs={"num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
     yield app
@@ -136,12 +138,33 @@ def test_a_seeded_sampled_request_gives_one_text_over_both_apis_with_speculation
     ({"temperature": -1}, "temperature"),
     ({"max_tokens": 10**6}, "max_tokens"),
     ({"n": 3}, "n"),
-    ({"model": "gpt-4"}, "model"),
 ])
 def test_bad_input_is_400_naming_the_field(client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as error:
         client.completions.create(**{"model": MODEL, "prompt": "x", "max_tokens": 4, **kwargs})
     assert error.value.param == param
+
+
+def test_an_unknown_model_is_404_and_the_tokenizer_routes_are_served(app, client, tokenizer):
+    with pytest.raises(openai.NotFoundError) as error:
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=4)
+    assert error.value.code == "model_not_found"
+    status, body = post(app.http_url, "/tokenize", {"model": MODEL, "prompt": "import sys"})
+    assert status == 200 and body["tokens"] == tokenizer("import sys", add_special_tokens=False)["input_ids"]
+    assert body["max_model_len"] == 256 and client.models.list().data[0].model_extra["max_model_len"] == 256
+    assert post(app.http_url, "/detokenize", {"tokens": body["tokens"]}) == (200, {"prompt": "import sys"})
+
+
+def test_a_listed_origins_preflight_is_answered_through_serves_proxy(app):
+    import http.client
+
+    host, port = app.http_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("OPTIONS", "/v1/chat/completions", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    assert response.status == 204 and response.headers["access-control-allow-origin"] == ORIGIN
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_slots(app, workers):

@@ -21,9 +21,9 @@ def test_a_model_without_a_template_is_refused_naming_messages():
     assert error.value.param == "messages" and "plain-model" in str(error.value)
 
 
-def test_text_parts_are_joined():
+def test_text_parts_are_joined_with_newlines_as_vllm_does():
     [message] = check_messages([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
-    assert message == {"role": "user", "content": "ab"}
+    assert message == {"role": "user", "content": "a\nb"}
 
 
 @pytest.mark.parametrize("messages, param", [

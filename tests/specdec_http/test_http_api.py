@@ -131,7 +131,7 @@ def test_models_and_health(client, server):
     ({"max_tokens": 10**6}, "max_tokens"),
     ({"prompt": [10**7]}, "prompt"),
     ({"n": 2}, "n"),
-    ({"extra_body": {"top_k": -1}}, "top_k"),
+    ({"extra_body": {"top_k": -2}}, "top_k"),
     ({"extra_body": {"speculation": {"proposer": "oracle"}}}, "speculation.proposer"),
     ({"prompt": ""}, "prompt"),
 ])

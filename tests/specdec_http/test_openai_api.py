@@ -6,7 +6,7 @@ import json
 import pytest
 
 from specdec.frontend import Completion, Delta, Usage
-from specdec.serving_errors import AdmissionError, ErrorKind, InvalidRequestError, classify
+from specdec.serving_errors import AdmissionError, ErrorKind, InvalidRequestError, NotFoundError, classify
 from specdec.stats import SpecStats
 from specdec_http.openai_api import chat_request, completion_request
 from specdec_http.openai_responses import Call, chunk_events, completion_object, error_body
@@ -46,7 +46,6 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
     ({"prompt": "x", "logprobs": 5}, "logprobs"),
     ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
     ({"prompt": "x", "mystery": 1}, "mystery"),
-    ({"prompt": "x", "model": "gpt-4"}, "model"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": 3}, "prompt"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
@@ -54,8 +53,13 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
     ({"prompt": "x", "temperature": -1}, "temperature"),
     ({"prompt": "x", "temperature": "hot"}, "temperature"),
     ({"prompt": "x", "top_p": 1.5}, "top_p"),
-    ({"prompt": "x", "top_k": -1}, "top_k"),
-    ({"prompt": "x", "seed": -1}, "seed"),
+    ({"prompt": "x", "top_k": -2}, "top_k"),
+    ({"prompt": "x", "seed": -(2**63) - 1}, "seed"),
+    ({"prompt": "x", "user": 7}, "user"),
+    ({"prompt": "x", "ignore_eos": "yes"}, "ignore_eos"),
+    ({"prompt": "x", "stream": True, "stream_options": {"include_usage": "no"}}, "stream_options"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "x", "stream": False, "stream_options": {"include_usage": False}}, "stream_options"),
     ({"prompt": "x", "stop": [1]}, "stop"),
     ({"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
@@ -73,6 +77,63 @@ def test_bad_or_unsupported_fields_are_refused_naming_them(body, param):
     assert error.value.param == param
     status, obj = error_body(classify(error.value), str(error.value), error.value)
     assert status == 400 and obj["error"]["param"] == param and obj["error"]["type"] == "invalid_request_error"
+
+
+NEUTRAL_VALUES = [("repetition_penalty", 1.0), ("repetition_penalty", 1), ("presence_penalty", 0),
+                  ("frequency_penalty", 0.0), ("logprobs", None), ("logprobs", False), ("min_p", 0),
+                  ("min_p", 0.0), ("response_format", {"type": "text"}), ("best_of", 1), ("n", 1),
+                  ("top_logprobs", 0), ("echo", False), ("logit_bias", {}), ("tool_choice", "none")]
+
+
+@pytest.mark.parametrize("name, value", NEUTRAL_VALUES)
+def test_the_neutral_values_clients_send_by_default_are_accepted_and_change_nothing(name, value):
+    plain, _ = completion_request({"model": MODEL, "prompt": "x", "temperature": 0.5}, MODEL)
+    request, _ = completion_request({"model": MODEL, "prompt": "x", "temperature": 0.5, name: value}, MODEL)
+    assert request == plain
+
+
+@pytest.mark.parametrize("name, value", [
+    ("repetition_penalty", 1.1), ("presence_penalty", 0.5), ("frequency_penalty", -1), ("logprobs", 0),
+    ("logprobs", True), ("min_p", 0.05), ("response_format", {"type": "json_object"}), ("best_of", 2),
+    ("best_of", True), ("n", True), ("top_logprobs", 2), ("echo", True), ("logit_bias", {"5": 10}),
+    ("tools", [{"type": "function"}]), ("repetition_penalty", float("nan")),
+])
+def test_values_that_would_change_the_output_of_an_unimplemented_field_are_400_naming_it(name, value):
+    with pytest.raises(InvalidRequestError) as error:
+        completion_request({"model": MODEL, "prompt": "x", name: value}, MODEL)
+    assert error.value.param == name and "supported" in str(error.value)
+
+
+@pytest.mark.parametrize("name, value", [("metadata", {"team": "a"}), ("store", False), ("service_tier", "auto"),
+                                         ("prompt_cache_key", "k"), ("parallel_tool_calls", True)])
+def test_openai_fields_that_change_nothing_returned_are_ignored(name, value):
+    plain, _ = completion_request({"prompt": "x"}, MODEL)
+    assert completion_request({"prompt": "x", name: value}, MODEL)[0] == plain
+
+
+def test_top_k_minus_one_is_no_top_k_and_ignore_eos_travels():
+    request, _ = completion_request({"prompt": "x", "top_k": -1, "ignore_eos": True}, MODEL)
+    assert request.sampling.top_k == 0 and request.ignore_eos
+    assert not completion_request({"prompt": "x", "ignore_eos": False}, MODEL)[0].ignore_eos
+
+
+@pytest.mark.parametrize("seed, core_seed", [(-1, 2**64 - 1), (-(2**63), 2**63), (0, 0), (2**63 - 1, 2**63 - 1)])
+def test_a_negative_int64_seed_is_its_twos_complement(seed, core_seed):
+    assert completion_request({"prompt": "x", "seed": seed}, MODEL)[0].sampling.seed == core_seed
+
+
+def test_chat_content_parts_are_joined_with_newlines():
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    request, _ = chat_request({"messages": [{"role": "user", "content": parts}]}, MODEL)
+    assert request.messages == ({"role": "user", "content": "a\nb"},)
+
+
+def test_an_unknown_model_is_404_model_not_found_in_openais_shape():
+    with pytest.raises(NotFoundError) as error:
+        completion_request({"model": "gpt-4", "prompt": "x"}, MODEL)
+    status, obj = error_body(classify(error.value), str(error.value), error.value)
+    assert status == 404 and obj["error"]["code"] == "model_not_found" and "gpt-4" in obj["error"]["message"]
+    assert obj["error"]["type"] == "invalid_request_error" and obj["error"]["param"] is None
 
 
 def test_a_body_that_is_not_an_object_is_refused():

@@ -1,0 +1,176 @@
+"""What real OpenAI-compatible clients send, over HTTP on in-process models (uvicorn on 127.0.0.1).
+
+The exact default payloads of `vllm bench serve` (openai and openai-chat backends) and of
+SGLang's `bench_serving` (openai backend) are served and stream to `[DONE]`; an unknown
+model is 404 `model_not_found`; `/tokenize` and `/detokenize` round-trip and need the
+bearer token like every generation route; `/v1/models` says when the server started and
+its context; CORS preflights are answered for listed origins only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import pytest
+
+from actors.ports import free_port
+from openai_http import UvicornThread, get, post, sse_lines
+from specdec.api_auth import ApiTokens
+from specdec.config import load_config
+from specdec.engine_builder import local_served_engine
+from specdec.frontend import Frontend
+from specdec_http.cors import Cors
+from specdec_http.http_api import HttpApi, asgi_app
+
+MODEL = "bundled:target"
+MAX_SEQ_LEN = 256
+ORIGIN = "http://ui.example"
+TOKEN = "team-token"
+
+
+@pytest.fixture(scope="module")
+def served():
+    served = local_served_engine(load_config(overrides={"cache": {"num_slots": 4, "max_seq_len": MAX_SEQ_LEN}}))
+    yield served
+    served.close()
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    with UvicornThread(asgi_app(HttpApi(Frontend(served))), free_port()) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def guarded(served):
+    """A server with a bearer token and CORS for ORIGIN."""
+    api = HttpApi(Frontend(served), authorize=ApiTokens.of([TOKEN]).check, cors=Cors([ORIGIN]))
+    with UvicornThread(asgi_app(api), free_port()) as server:
+        yield server
+
+
+def streamed(server, path: str, body: dict) -> list[dict]:
+    """The chunks of a stream that must end with [DONE]."""
+    lines = sse_lines(server.url, path, body)
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+VLLM_COMPLETIONS = {"model": MODEL, "prompt": "def parse(line):", "temperature": 0.0, "repetition_penalty": 1.0,
+                    "max_tokens": 12, "logprobs": None, "stream": True, "stream_options": {"include_usage": True}}
+VLLM_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "a stack class"}]}],
+             "temperature": 0.0, "max_completion_tokens": 12, "stream": True, "stream_options": {"include_usage": True}}
+SGLANG_COMPLETIONS = {"model": MODEL, "prompt": "class Stack:", "temperature": 0.0, "best_of": 1, "max_tokens": 12,
+                      "stream": True, "ignore_eos": True}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", VLLM_COMPLETIONS),
+    ("/v1/completions", {**VLLM_COMPLETIONS, "ignore_eos": True}),  # vllm bench serve --ignore-eos
+    ("/v1/chat/completions", VLLM_CHAT),
+    ("/v1/completions", SGLANG_COMPLETIONS),
+], ids=["vllm-openai", "vllm-openai-ignore-eos", "vllm-openai-chat", "sglang-openai"])
+def test_the_default_payloads_of_load_tools_stream_to_done(server, path, body):
+    chunks = streamed(server, path, body)
+    if body.get("stream_options"):  # then the last chunk is the usage alone
+        usage = chunks.pop()
+        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] >= 1
+    assert chunks and chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_ignore_eos_generates_past_the_end_of_sequence_token(server, served, tokenizer):
+    body = {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 12, "temperature": 0}
+    text = post(server.url, "/v1/completions", body)[1]["choices"][0]["text"]
+    engine = served.loop.engine
+    eos, engine.eos_token_ids = engine.eos_token_ids, (tokenizer(text, add_special_tokens=False)["input_ids"][2],)
+    try:  # the greedy continuation's third token now ends a sequence
+        ended = post(server.url, "/v1/completions", body)[1]
+        ignored = post(server.url, "/v1/completions", {**body, "ignore_eos": True})[1]
+    finally:
+        engine.eos_token_ids = eos
+    assert ended["choices"][0]["finish_reason"] == "stop" and ended["usage"]["completion_tokens"] < 12
+    assert ignored["choices"][0]["finish_reason"] == "length" and ignored["choices"][0]["text"] == text
+
+
+def test_the_neutral_values_leave_the_greedy_output_as_it_is(server):
+    plain = {"model": MODEL, "prompt": "import os", "max_tokens": 10, "temperature": 0}
+    neutral = {**plain, "repetition_penalty": 1.0, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": False,
+               "top_k": -1, "min_p": 0, "response_format": {"type": "text"}, "best_of": 1, "n": 1, "seed": -5,
+               "ignore_eos": False, "user": "someone"}
+    status, answer = post(server.url, "/v1/completions", neutral)
+    assert status == 200 and answer["choices"] == post(server.url, "/v1/completions", plain)[1]["choices"]
+
+
+@pytest.mark.parametrize("name, value", [("repetition_penalty", 1.2), ("min_p", 0.1), ("logprobs", 1),
+                                         ("response_format", {"type": "json_object"}), ("best_of", 2)])
+def test_a_value_that_would_change_the_output_is_400_naming_the_field(server, name, value):
+    status, body = post(server.url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2, name: value})
+    assert status == 400 and body["error"]["param"] == name
+
+
+def test_an_unknown_model_is_404_model_not_found(server):
+    for path, body in [("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", VLLM_CHAT),
+                       ("/tokenize", {"prompt": "x"})]:
+        status, answer = post(server.url, path, {**body, "model": "gpt-4o"})
+        assert status == 404 and answer["error"]["code"] == "model_not_found" and "gpt-4o" in answer["error"]["message"]
+
+
+def test_models_say_when_the_server_started_and_its_context(server):
+    status, body = get(server.url, "/v1/models")
+    [model] = body["data"]
+    assert status == 200 and model["max_model_len"] == MAX_SEQ_LEN
+    assert time.time() - 600 < model["created"] <= time.time()
+
+
+def test_tokenize_and_detokenize_round_trip_as_the_server_encodes(server, tokenizer):
+    text = "def parse(line):\n    return line.split(',')"
+    status, body = post(server.url, "/tokenize", {"model": MODEL, "prompt": text})
+    assert status == 200 and body["tokens"] == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == MAX_SEQ_LEN
+    assert post(server.url, "/detokenize", {"tokens": body["tokens"]}) == (200, {"prompt": text})
+    status, chat = post(server.url, "/tokenize", {"messages": VLLM_CHAT["messages"]})
+    unary = post(server.url, "/v1/chat/completions", {**VLLM_CHAT, "stream": False, "stream_options": None})[1]
+    assert status == 200 and chat["count"] == unary["usage"]["prompt_tokens"]  # the prompt the chat route used
+    assert post(server.url, "/detokenize", {"tokens": [10**7]})[1]["error"]["param"] == "tokens"
+    assert post(server.url, "/tokenize", {"prompt": "x", "add_special_tokens": True})[1]["error"]["param"] == \
+        "add_special_tokens"
+
+
+def request(server, method: str, path: str, headers: dict, body: dict | None = None) -> http.client.HTTPResponse:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request(method, path, json.dumps(body) if body is not None else None, headers)
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    return response
+
+
+PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"}
+
+
+def test_tokenize_needs_the_bearer_token_like_the_generation_routes(guarded):
+    assert request(guarded, "POST", "/tokenize", {}, {"prompt": "x"}).status == 401
+    ok = request(guarded, "POST", "/tokenize", {"authorization": f"Bearer {TOKEN}"}, {"prompt": "x"})
+    assert ok.status == 200
+
+
+def test_a_listed_origins_preflight_is_answered_without_a_token_and_its_calls_carry_the_header(guarded):
+    preflight = request(guarded, "OPTIONS", "/v1/chat/completions", {"Origin": ORIGIN, **PREFLIGHT})
+    assert preflight.status == 204 and preflight.headers["access-control-allow-origin"] == ORIGIN
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert "authorization" in preflight.headers["access-control-allow-headers"]
+    call = request(guarded, "POST", "/v1/completions", {"Origin": ORIGIN, "authorization": f"Bearer {TOKEN}"},
+                   {"prompt": "x", "max_tokens": 2})
+    assert call.status == 200 and call.headers["access-control-allow-origin"] == ORIGIN
+    refused = request(guarded, "POST", "/v1/completions", {"Origin": ORIGIN}, {"prompt": "x"})
+    assert refused.status == 401 and refused.headers["access-control-allow-origin"] == ORIGIN  # readable by the UI
+
+
+def test_another_origins_preflight_gets_no_cors_headers_and_cors_is_off_by_default(guarded, server):
+    other = request(guarded, "OPTIONS", "/v1/completions", {"Origin": "http://evil.example", **PREFLIGHT})
+    assert other.status == 401 and "access-control-allow-origin" not in other.headers
+    off = request(server, "OPTIONS", "/v1/completions", {"Origin": ORIGIN, **PREFLIGHT})
+    assert off.status == 405 and "access-control-allow-origin" not in off.headers
