@@ -149,6 +149,11 @@ class ServingConfig(StrictModel):
     target_recovery_s: float = Field(
         120.0, ge=0, description="How long a round waits for a re-formed target group before failing, seconds."
     )
+    shutdown_grace_s: float = Field(
+        20.0, ge=0, le=3600, description="On SIGTERM / SIGINT: how long in-flight requests may run on while new "
+        "ones are refused, before the rest end as unavailable and everything stops, seconds (the Helm chart's "
+        "terminationGracePeriodSeconds covers it).",
+    )
     target_hang_s: float = Field(
         30.0, gt=0, description="A target rank that has not answered the supervisor's heartbeat for this long is "
         "taken for hung (alive but stuck) and the group is re-formed, seconds; above the slowest single forward.",
