@@ -26,6 +26,7 @@ from specdec.startup_check import check_startup
 from specdec.api_auth import check_security_files
 from specdec.model_paths import check_model_paths
 from specdec_cli.client_cli import add_client_parser, add_status_parser
+from specdec_cli.drain_cli import add_drain_parser
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -121,7 +122,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return core_cli.build_parser(extra_subcommands=(add_serve_parser, add_client_parser, add_status_parser))
+    return core_cli.build_parser(extra_subcommands=(add_serve_parser, add_client_parser, add_status_parser,
+                                                    add_drain_parser))
 
 
 def main(argv: list[str] | None = None) -> int:
