@@ -49,7 +49,7 @@ def _serve_config(args: argparse.Namespace):
         serving["http_port"] = args.http_port
     if args.tensor_parallel_size is not None:
         serving["tensor_parallel_size"] = args.tensor_parallel_size
-    return load_config(*args.config, overrides={"serving": serving})
+    return load_config(*args.config, overrides={"serving": serving} if serving else {})  # errors name the file
 
 
 def _with_load_store(config: SpecdecConfig) -> tuple[SpecdecConfig, LocalRedis | None, str]:
