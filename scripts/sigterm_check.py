@@ -144,8 +144,9 @@ def sse_stream(http_port: int, tokens: int, started: threading.Event, out: list[
             if line.startswith(b"data: [DONE]"):
                 out.append("finished")
                 return
-            if line.startswith(b"data: ") and b'"error"' in line:
-                error = json.loads(line[6:])["error"]
+            event = json.loads(line[6:]) if line.startswith(b"data: {") else {}
+            if "error" in event:  # (a token's text may say "error" too: only the event's key counts)
+                error = event["error"]
                 out.append("unavailable" if error.get("type") == "service_unavailable_error" else f"SSE {error}")
                 return
     except Exception as exc:
