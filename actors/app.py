@@ -31,6 +31,9 @@ from ray.serve import Application
 from actors.backend import cluster_backend, monitored_backend
 from actors.ports import free_port  # noqa: F401 - re-exported for callers of start_app
 from actors.router import SpecdecRouter
+from actors.router_drain import drain_routers
+from actors.signal_handlers import kept_signal_handlers
+from actors.start_failure import StartFailed, explained, router_load_failure
 from actors.serve_endpoints import ServeEndpoints, export_environment, probe_token, serve_endpoints
 from actors.worker_hub import get_or_create_hub, start_hub, stop_hub
 from specdec.config import SpecdecConfig, load_config
@@ -64,6 +67,12 @@ class SpecdecApp:
     def target_tp(self) -> int:
         return self.config.serving.tensor_parallel_size
 
+    def drain(self, grace_s: float | None = None) -> list[dict[str, Any]]:
+        """Drain every router replica (actors/router_drain.py) within grace_s (default:
+        serving.shutdown_grace_s); call before shutdown() for a clean stop. Their reports."""
+        grace = self.config.serving.shutdown_grace_s if grace_s is None else grace_s
+        return drain_routers(APP_NAME, self.config.serving.router_replicas, grace)
+
     def shutdown(self) -> None:
         """Serve (proxy and router), then the target group and the draft, then Ray if we started it."""
         while self._stoppers:
@@ -83,7 +92,8 @@ def _init_ray(address: str | None, ray_init_kwargs: dict[str, Any] | None) -> bo
     if ray.is_initialized():
         return False
     # a named namespace: the WorkerHub is a named detached actor that later calls look up
-    ray.init(address=address, **{"namespace": RAY_NAMESPACE, **(ray_init_kwargs or {})})
+    with kept_signal_handlers():  # Ray's driver would abort on SIGTERM instead of our clean stop
+        ray.init(address=address, **{"namespace": RAY_NAMESPACE, **(ray_init_kwargs or {})})
     return True
 
 
@@ -130,12 +140,17 @@ def _start_serve(config: SpecdecConfig, backend_factory: Callable[[], RouterBack
     serve.run(router_deployment(config, backend_factory), name=APP_NAME, route_prefix="/")
 
 
-def wait_until_serving(address: str, timeout_s: float, token: str | None = None) -> None:
-    """Poll grpc.health.v1 on `address` until SERVING (raises TimeoutError)."""
+def wait_until_serving(address: str, timeout_s: float, token: str | None = None,
+                       failed: Callable[[], str | None] = lambda: None) -> None:
+    """Poll grpc.health.v1 on `address` until SERVING (raises TimeoutError; StartFailed as
+    soon as `failed` names a reason the start cannot succeed)."""
     deadline = time.monotonic() + timeout_s
     status = "no answer"
     with SpecdecClient(address, timeout_s=5.0, retries=0, token=token) as client:
         while time.monotonic() < deadline:
+            reason = failed()
+            if reason is not None:
+                raise StartFailed(reason)
             try:
                 status = client.health()
                 if status == "SERVING":
@@ -190,8 +205,12 @@ def start_app(
             backend_factory = _start_workers(config, app)
         app._stoppers.append(serve.shutdown)
         progress("starting Serve's gRPC and HTTP proxies and the router; warming up")
-        _start_serve(config, backend_factory, endpoints)
-        wait_until_serving(endpoints.probe_address, ready_timeout_s, probe_token(config))
+        try:
+            _start_serve(config, backend_factory, endpoints)
+        except RuntimeError as exc:  # Serve's summary: name the replica's own exception
+            raise explained(exc, APP_NAME) from exc
+        wait_until_serving(endpoints.probe_address, ready_timeout_s, probe_token(config),
+                           failed=functools.partial(router_load_failure, APP_NAME))
         wait_until_http_ready(app.http_url, ready_timeout_s, probe_token(config))
     except BaseException:
         app.shutdown()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ from specdec_metrics.router_metrics import RouterMetrics
 from specdec.api_auth import AuthenticationError, TokenSource
 from specdec.config import SecurityConfig
 from specdec.serving_errors import RETRY_AFTER_S
+from specdec.drain import Drain
 from specdec_rpc.raw_requests import parse
 from actors.served_actor import own_cores
 from specdec_http.cors import Cors
@@ -102,6 +104,8 @@ class SpecdecRouter:
                             authorize=authorize, open_paths=frozenset({"/health"} if self.open_health else ()),
                             cors=Cors(security.cors_allowed_origins))
         self._closed = threading.Event()
+        self._drain = Drain(self.service.frontend)
+        self.replica_id = uuid.uuid4().hex[:12]
         self._loader = threading.Thread(target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True)
         self._loader.start()
 
@@ -196,8 +200,21 @@ class SpecdecRouter:
     def check_health(self) -> None:
         """Serve's replica health check: fails while the backend failed to load, so that
         `serve status` and KubeRay show it (Serve then replaces the replica: a new load)."""
-        if self.service.load_error is not None:
-            raise RuntimeError(f"the router's backend failed to load: {self.service.load_error}")
+        failure = self.load_failure()
+        if failure is not None:
+            raise RuntimeError(f"the router's backend failed to load: {failure}")
+
+    async def drain(self, grace_s: float) -> dict[str, Any]:
+        """Stop admitting, let in-flight requests finish within grace_s, end the rest as
+        unavailable, stop the engine loop (specdec.drain); this replica's report."""
+        report = await self._drain.run(grace_s)
+        return {"replica": self.replica_id, **report.as_dict()}
+
+    def load_failure(self) -> str | None:
+        """Why the backend failed to load ('Type: message'; None while it loads or serves):
+        `specdec serve` asks while it waits for the start, to fail it at once naming this."""
+        error = self.service.load_error
+        return None if error is None else f"{type(error).__name__}: {error}"
 
     async def Check(  # noqa: N802
         self, request: health_pb2.HealthCheckRequest, grpc_context: Any = None

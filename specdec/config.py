@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from specdec.config_rules import check_generation, check_load_monitor, check_serving
 from specdec.proposer_registry import DRAFT, ProposerName
 
 
@@ -117,6 +118,11 @@ class GenerationConfig(StrictModel):
     )
     max_stop_string_chars: int = Field(256, ge=1, description="Longest stop string a request may send, characters.")
 
+    @model_validator(mode="after")
+    def _default_within_limit(self) -> "GenerationConfig":
+        check_generation(self)
+        return self
+
 
 class ServingConfig(StrictModel):
     host: str = Field("0.0.0.0", description="Interface the public gRPC and HTTP ports (Ray Serve's proxies) bind to "
@@ -157,10 +163,20 @@ class ServingConfig(StrictModel):
     target_recovery_s: float = Field(
         120.0, ge=0, description="How long a round waits for a re-formed target group before failing, seconds."
     )
+    shutdown_grace_s: float = Field(
+        20.0, ge=0, le=3600, description="On SIGTERM / SIGINT: how long in-flight requests may run on while new "
+        "ones are refused, before the rest end as unavailable and everything stops, seconds (the Helm chart's "
+        "terminationGracePeriodSeconds covers it).",
+    )
     target_hang_s: float = Field(
         30.0, gt=0, description="A target rank that has not answered the supervisor's heartbeat for this long is "
         "taken for hung (alive but stuck) and the group is re-formed, seconds; above the slowest single forward.",
     )
+
+    @model_validator(mode="after")
+    def _startable(self) -> "ServingConfig":
+        check_serving(self)
+        return self
 
 
 class LoadMonitorConfig(StrictModel):
@@ -217,21 +233,19 @@ class LoadMonitorConfig(StrictModel):
     enable_qps: float | None = Field(
         None, ge=0, description="With disable_qps: requests/s below which it may turn on again (< disable_qps)."
     )
-    disable_in_flight: float = Field(
-        1e9, gt=0, description="With disable_qps: requests in flight + queued above which it is forced off."
+    disable_in_flight: float | None = Field(
+        None, gt=0, description="With disable_qps: requests in flight + queued above which it is forced off too "
+        "(null = the override looks at QPS only)."
     )
-    enable_in_flight: float = Field(
-        1e9, ge=0, description="With disable_qps: in flight + queued below which it may turn on again."
+    enable_in_flight: float | None = Field(
+        None, ge=0, description="With disable_in_flight: in flight + queued below which it may turn on again "
+        "(< disable_in_flight)."
     )
     min_dwell_s: float = Field(1.0, ge=0, description="Least time between two on/off changes, seconds (no flapping).")
 
     @model_validator(mode="after")
     def _consistent(self) -> "LoadMonitorConfig":
-        if (self.disable_qps is None) != (self.enable_qps is None):
-            raise ValueError("load_monitor.disable_qps and load_monitor.enable_qps are set together (or neither)")
-        if self.cost_window_s < self.window_s:
-            raise ValueError(f"load_monitor.cost_window_s ({self.cost_window_s}) must be >= "
-                             f"load_monitor.window_s ({self.window_s})")
+        check_load_monitor(self)
         return self
 
 
@@ -356,7 +370,8 @@ def _explain(exc: ValidationError, sources: list[tuple[str, dict[str, Any]]]) ->
         if loc and not isinstance(error["input"], dict):
             problem += f" (got {error['input']!r})"
     more = len(exc.errors()) - 1
-    return f"{origin}: {key}: {problem}" + (f" (and {more} more)" if more else "")
+    named = problem.startswith((f"{key}.", f"{key}:"))  # a cross-field rule names its keys itself
+    return f"{origin}: {'' if named else f'{key}: '}{problem}" + (f" (and {more} more)" if more else "")
 
 
 def _has_key(layer: dict[str, Any], loc: tuple[str, ...]) -> bool:

@@ -70,12 +70,15 @@ class Frontend:
     def __init__(self, served: ServedEngine | None = None) -> None:
         self.served = served
         self.load_error: BaseException | None = None
+        self.closing: str | None = None  # why new requests are refused (a drain: specdec.drain)
         self.requests = RequestLog()  # every request that ended, until the metrics collect them
 
     # ---- readiness ---------------------------------------------------------------------
 
     def ready(self) -> ServedEngine:
-        """The served engine; NotReadyError while it loads (or when loading failed)."""
+        """The served engine; NotReadyError while it loads (or when loading failed) or drains."""
+        if self.closing is not None:
+            raise NotReadyError(f"the server is not ready ({self.closing})")
         if self.served is None:
             reason = f"failed to load: {self.load_error}" if self.load_error else "models are still loading"
             raise NotReadyError(f"the server is not ready ({reason})")
@@ -86,11 +89,13 @@ class Frontend:
         """Loaded, the engine loop running and the target answering (what health checks
         report as SERVING; a draft that is down only degrades speculation)."""
         served = self.served
-        return served is not None and served.loop.is_running and served.loop.engine.verifier.unavailable_reason is None
+        return self.closing is None and served is not None and served.loop.is_running and served.loop.engine.verifier.unavailable_reason is None
 
     def problems(self) -> list[str]:
         """Why the server is not (fully) serving, for health reports ([] = all well). The one
         place health asks the engine about itself."""
+        if self.closing is not None:
+            return [self.closing]
         if self.served is None:
             return [f"failed to load: {self.load_error}" if self.load_error else "models are still loading"]
         found = [] if self.served.loop.is_running else ["the engine loop is not running"]

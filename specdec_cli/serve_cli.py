@@ -2,8 +2,9 @@
 
 `specdec serve` starts Ray (or joins one with --address), the draft worker, the target
 group and the Serve app (gRPC and the OpenAI-compatible HTTP API), prints one line naming
-both endpoints when ready, and shuts everything down on
-SIGINT / SIGTERM, also while it is still starting (specdec_cli/stop_signals.py). A start that
+both endpoints when ready, and on SIGINT / SIGTERM drains the routers within
+serving.shutdown_grace_s and shuts everything down with exit status 0
+(specdec_cli/graceful_stop.py), also while it is still starting (specdec_cli/stop_signals.py). A start that
 fails (e.g. resources that never appear within serving.placement_timeout_s) exits 1 with one
 line naming what is missing, after releasing what it started.
 """
@@ -18,11 +19,14 @@ from typing import Any
 from specdec import cli as core_cli
 from specdec import proposer_registry as registry
 from specdec_redis.local_redis import LocalRedis, redis_server_binary
+from specdec_cli.graceful_stop import drain_and_stop
 from specdec_cli.stop_signals import Interrupted, StopSignals
 from specdec.config import SpecdecConfig, load_config
+from specdec.startup_check import check_startup
 from specdec.api_auth import check_security_files
 from specdec.model_paths import check_model_paths
 from specdec_cli.client_cli import add_client_parser, add_status_parser
+from specdec_cli.drain_cli import add_drain_parser
 from specdec_cli.profile_cli import add_profile_parser
 
 
@@ -46,7 +50,7 @@ def _serve_config(args: argparse.Namespace):
         serving["http_port"] = args.http_port
     if args.tensor_parallel_size is not None:
         serving["tensor_parallel_size"] = args.tensor_parallel_size
-    return load_config(*args.config, overrides={"serving": serving})
+    return load_config(*args.config, overrides={"serving": serving} if serving else {})  # errors name the file
 
 
 def _with_load_store(config: SpecdecConfig) -> tuple[SpecdecConfig, LocalRedis | None, str]:
@@ -67,6 +71,7 @@ def _with_load_store(config: SpecdecConfig) -> tuple[SpecdecConfig, LocalRedis |
 
 def run_serve(args: argparse.Namespace) -> int:
     config = _serve_config(args)
+    check_startup(config)  # what the router and workers build from it, before Ray starts
     check_model_paths(config.models, draft_needed=config.speculation.proposer == registry.DRAFT)  # before Ray starts
     check_security_files(config.security)
     from actors.app import start_app  # ray and serve only for this subcommand
@@ -86,9 +91,9 @@ def run_serve(args: argparse.Namespace) -> int:
                 raise
             if stops.received is not None:  # (Ray's C++ waits may wrap Interrupted in a SystemError)
                 print(f"specdec serve: {Interrupted(stops.received)} while starting; what had started is shut down",
-                      file=sys.stderr)
-                return 128 + stops.received
-            print(f"specdec serve: failed to start: {_one_line(exc)}", file=sys.stderr)
+                      file=sys.stderr, flush=True)
+                return 0  # a stop asked for and done
+            print(f"specdec serve: failed to start: {_one_line(exc)}", file=sys.stderr, flush=True)
             return 1
         try:
             serving = config.serving
@@ -99,10 +104,10 @@ def run_serve(args: argparse.Namespace) -> int:
                   f"OpenAI-compatible HTTP on {'https' if config.security.tls_cert_file else 'http'}://"
                   f"{serving.host}:{serving.http_port}/v1", flush=True)
             stops.wait()
-        except Interrupted:
-            pass
+        except Interrupted as stop:
+            drain_and_stop(app, str(stop))
         finally:
-            app.shutdown()
+            app.shutdown()  # (idempotent: after a drain there is nothing left to stop)
     finally:
         if local_redis is not None:
             local_redis.stop()
@@ -114,12 +119,14 @@ def _one_line(exc: BaseException) -> str:
     RayTaskError whose text carries the remote traceback)."""
     cause = getattr(exc, "cause", None)
     root = cause if isinstance(cause, BaseException) else exc
+    if type(root).__name__ == "StartFailed":  # actors.start_failure: already the reason, in one line
+        return str(root)
     return f"{type(root).__name__}: {str(root).strip().splitlines()[-1] if str(root).strip() else ''}"
 
 
 def build_parser() -> argparse.ArgumentParser:
     return core_cli.build_parser(extra_subcommands=(add_serve_parser, add_client_parser, add_status_parser,
-                                                       add_profile_parser))
+                                                       add_profile_parser, add_drain_parser))
 
 
 def main(argv: list[str] | None = None) -> int:

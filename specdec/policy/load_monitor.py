@@ -14,6 +14,7 @@ timed out after the store had executed it) is retried as is, so it counts once.
 from __future__ import annotations
 
 import itertools
+import math
 import logging
 import threading
 import time
@@ -43,11 +44,12 @@ class LoadMonitor:
         breaker: CircuitBreaker | None = None,
         clock: Callable[[], float] = time.time,
         cost_window_s: float | None = None,
+        bucket_s: float = 1.0,
     ) -> None:
         """store: the shared store (None = this process only); window_s / cost_window_s:
-        this replica's own measurements (the fallback), as the store keeps them."""
+        this replica's own measurements (the fallback), as the store keeps them, in buckets of bucket_s."""
         self.store = store
-        self.local = InProcessLoadStore(window_s=window_s, cost_window_s=cost_window_s)
+        self.local = InProcessLoadStore(window_s=window_s, bucket_s=bucket_s, cost_window_s=cost_window_s)
         self.policy = policy
         self.replica_id = replica_id
         self.refresh_s = refresh_s
@@ -229,8 +231,9 @@ def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, repli
         thresholds = LoadThresholds(
             disable_qps=config.disable_qps,
             enable_qps=config.enable_qps,
-            disable_in_flight=config.disable_in_flight,
-            enable_in_flight=config.enable_in_flight,
+            # no in-flight thresholds: never off because of them, never held off by them
+            disable_in_flight=math.inf if config.disable_in_flight is None else config.disable_in_flight,
+            enable_in_flight=math.inf if config.enable_in_flight is None else config.enable_in_flight,
             min_dwell_s=config.min_dwell_s,
         )
     settings = PolicySettings(
@@ -248,4 +251,4 @@ def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, repli
     )
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
     return LoadMonitor(store, SpeculationPolicy(settings), replica_id, config.refresh_s, config.window_s, breaker,
-                       cost_window_s=config.cost_window_s)
+                       cost_window_s=config.cost_window_s, bucket_s=config.bucket_s)

@@ -10,6 +10,7 @@ sooner than `min_dwell_s` after the last switch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -24,7 +25,8 @@ class LoadThresholds:
     def __post_init__(self) -> None:
         if not 0 <= self.enable_qps < self.disable_qps:
             raise ValueError(f"need 0 <= enable_qps ({self.enable_qps}) < disable_qps ({self.disable_qps})")
-        if not 0 <= self.enable_in_flight < self.disable_in_flight:
+        no_in_flight = self.enable_in_flight == self.disable_in_flight == math.inf  # QPS alone decides
+        if not (0 <= self.enable_in_flight < self.disable_in_flight or no_in_flight):
             raise ValueError(
                 f"need 0 <= enable_in_flight ({self.enable_in_flight}) < disable_in_flight ({self.disable_in_flight})"
             )

@@ -157,7 +157,7 @@ def test_a_router_whose_backend_failed_to_load_fails_serves_health_check(app):
 
     router = SpecdecRouter.func_or_class(factory)
     router._loader.join(timeout=10)
-    with pytest.raises(RuntimeError, match="failed to load: no checkpoint at /models/missing"):
+    with pytest.raises(RuntimeError, match="failed to load: FileNotFoundError: no checkpoint at /models/missing"):
         router.check_health()
 
 

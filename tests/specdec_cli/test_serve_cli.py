@@ -177,7 +177,7 @@ def test_sigint_while_waiting_for_resources_stops_everything_within_seconds(tmp_
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 128 + signal.SIGINT, err
+    assert process.returncode == 0, err  # a stop asked for and done
     assert "stopped by SIGINT while starting" in err
     assert all_gone_s < 30, f"took {all_gone_s:.0f}s"
     print(f"\nSIGINT while waiting for resources -> exited in {stopped_s:.1f}s, all children gone in {all_gone_s:.1f}s")

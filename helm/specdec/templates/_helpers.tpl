@@ -381,3 +381,26 @@ Argument: dict "root" $ "group" <workerGroups entry>.
 {{- 6379 }}
 {{- end }}
 {{- end }}
+
+{{/*
+The drain's grace period in whole seconds: specdec.config.serving.shutdown_grace_s, else the
+config schema's default (20; tests/deploy check they agree).
+*/}}
+{{- define "specdec.shutdownGraceSeconds" -}}
+{{- dig "serving" "shutdown_grace_s" 20 (.Values.specdec.config | default dict) | float64 | ceil | int -}}
+{{- end }}
+
+{{/*
+The head's preStop hook: drain the routers before Kubernetes sends SIGTERM (`specdec drain`).
+*/}}
+{{- define "specdec.drainCommand" -}}
+{{- $replicas := dig "serving" "router_replicas" 1 (.Values.specdec.config | default dict) | int -}}
+- specdec
+- drain
+- --app
+- {{ .Values.serve.appName | quote }}
+- --replicas
+- {{ $replicas | quote }}
+- --grace
+- {{ include "specdec.shutdownGraceSeconds" . | quote }}
+{{- end }}
