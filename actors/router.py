@@ -102,7 +102,9 @@ class SpecdecRouter:
                             authorize=authorize, open_paths=frozenset({"/health"} if self.open_health else ()),
                             cors=Cors(security.cors_allowed_origins))
         self._closed = threading.Event()
-        self._loader = threading.Thread(target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True)
+        self._loader = threading.Thread(
+            target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True
+        )
         self._loader.start()
 
     def _load(self, backend_factory: Callable[[], RouterBackend]) -> None:
