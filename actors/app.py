@@ -133,7 +133,9 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     return router_deployment(config, functools.partial(cluster_backend, config))
 
 
-def _start_serve(config: SpecdecConfig, backend_factory: Callable[[], RouterBackend], endpoints: ServeEndpoints) -> None:
+def _start_serve(
+    config: SpecdecConfig, backend_factory: Callable[[], RouterBackend], endpoints: ServeEndpoints
+) -> None:
     serve.start(proxy_location=ProxyLocation.HeadOnly, http_options=endpoints.http, grpc_options=endpoints.grpc)
     # the route prefix "/" puts the OpenAI paths (/v1/...) at the root of the HTTP port and
     # makes the app an endpoint of the gRPC proxy too

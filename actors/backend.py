@@ -10,8 +10,6 @@ import os
 import socket
 import uuid
 
-import ray
-
 from actors.worker_hub import draft_resolver, get_or_create_hub, start_hub, target_resolver
 from specdec.config import SpecdecConfig
 from specdec.policy.load_monitor import LoadMonitor, build_load_monitor

@@ -106,7 +106,9 @@ class SpecdecRouter:
         self._closed = threading.Event()
         self._drain = Drain(self.service.frontend)
         self.replica_id = uuid.uuid4().hex[:12]
-        self._loader = threading.Thread(target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True)
+        self._loader = threading.Thread(
+            target=self._load, args=(backend_factory,), name="specdec-router-load", daemon=True
+        )
         self._loader.start()
 
     def _load(self, backend_factory: Callable[[], RouterBackend]) -> None:

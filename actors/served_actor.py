@@ -6,7 +6,10 @@ from typing import Any
 
 import ray
 
+from specdec.config import SpecdecConfig
+from specdec_rpc.internal_auth import configured_secret
 from specdec_rpc.worker_runtime import info_as_dict
+from specdec_rpc.worker_server import WorkerServer, start_worker_server
 
 
 def own_cores(num_cpus: float) -> None:
@@ -15,9 +18,7 @@ def own_cores(num_cpus: float) -> None:
     import torch
 
     torch.set_num_threads(max(1, int(num_cpus)))
-from specdec.config import SpecdecConfig
-from specdec_rpc.internal_auth import configured_secret
-from specdec_rpc.worker_server import WorkerServer, start_worker_server
+
 
 #: bind addresses that mean every interface: routers reach such a server at the node's address
 WILDCARDS = {"0.0.0.0", "::", "[::]"}

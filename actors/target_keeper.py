@@ -62,7 +62,8 @@ class TargetKeeper(WorkerKeeper):
             problem = heartbeat.check(group, [group.leader, *group.followers])
             if problem is not None and not self._stop.is_set():
                 why, hung = problem
-                self._recover(why, lambda: self._reform(orderly=not hung))
+                # _recover calls the lambda before the loop goes on: it sees this round's hung
+                self._recover(why, lambda: self._reform(orderly=not hung))  # noqa: B023
 
     def _reform(self, orderly: bool = True) -> str:
         """Stop every rank, release the placement group, start a new group; its leader's address.

@@ -117,6 +117,7 @@ class TargetLeader(ServedActor, _Shard):
         config = self._config
         metrics = WorkerMetrics(model=config.models.target, role="target", rank=0)  # exported by this actor
         servicer = TargetServicer(
-            verifier, config.models.target, config.cache.num_slots, self._world_size, config.serving.lease_ttl_s, metrics
+            verifier, config.models.target, config.cache.num_slots, self._world_size, config.serving.lease_ttl_s,
+            metrics
         )
         return await self._serve(servicer, host, port, config)

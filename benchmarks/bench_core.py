@@ -126,7 +126,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="passes per configuration; the best is kept")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--profile", default=None, help="run on emulated devices of this profile (configs/devices/)")
-    ap.add_argument("--streams", type=_ints, default=(1, 8, 32), help="with --profile: concurrent requests, e.g. 1,8,32")
+    ap.add_argument("--streams", type=_ints, default=(1, 8, 32),
+                    help="with --profile: concurrent requests, e.g. 1,8,32")
     ap.add_argument("--gammas", type=_ints, default=(2, 4, 6), help="with --profile: fixed γ values of the ON rows")
     ap.add_argument("--time-scale", type=float, default=1.0, help="with --profile: multiplies every device time")
     args = ap.parse_args()
@@ -187,11 +188,13 @@ def measure(base, prompts: list[list[int]], args: argparse.Namespace, c: float) 
 
 def print_table(rows: list[dict], hf_plain: float, hf_assisted: float) -> None:
     baseline = rows[0]["tokens_per_s"]  # target only
-    print("| method | γ | tokens/s | α | mean accepted length | c | theoretical speedup | measured speedup | measured / theoretical |")
+    print("| method | γ | tokens/s | α | mean accepted length | c | theoretical speedup | measured speedup "
+          "| measured / theoretical |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['method']} | {r['gamma']} | {r['tokens_per_s']:.1f} | {r['alpha']:.3f} | "
-              f"{r['mean_accepted_length']:.2f} | {r['c']:.3f} | {_num(r['theoretical'])} | {r['speedup']:.2f} | {_num(r['ratio'])} |")
+              f"{r['mean_accepted_length']:.2f} | {r['c']:.3f} | {_num(r['theoretical'])} | {r['speedup']:.2f} "
+              f"| {_num(r['ratio'])} |")
     print(f"| transformers generate (target only) | 0 | {hf_plain:.1f} | | | | | {hf_plain / baseline:.2f} | |")
     print(f"| transformers generate(assistant_model=draft) | dyn. | {hf_assisted:.1f} | | | | | "
           f"{hf_assisted / baseline:.2f} | |")

@@ -270,7 +270,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="light loads: stretch a run's measured interval to this many arrivals on average")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each (QPS, policy), pooled; the policies' order rotates between repeats")
-    parser.add_argument("--warmup", type=float, default=6.0, help="unmeasured seconds of arrivals first (policy settles)")
+    parser.add_argument("--warmup", type=float, default=6.0,
+                        help="unmeasured seconds of arrivals first (policy settles)")
     parser.add_argument("--drain-s", type=float, default=30.0, help="most seconds to wait for a run's last requests")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--on-gamma", type=int, default=None,
@@ -281,9 +282,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-concurrent", type=int, default=64, help="serving.max_concurrent_requests")
     parser.add_argument("--window-s", type=float, default=4.0, help="load_monitor.window_s")
     parser.add_argument("--min-dwell-s", type=float, default=1.0, help="load_monitor.min_dwell_s")
-    parser.add_argument("--disable-qps", type=float, default=None, help="load_monitor.disable_qps (override; default none)")
+    parser.add_argument("--disable-qps", type=float, default=None,
+                        help="load_monitor.disable_qps (override; default none)")
     parser.add_argument("--enable-qps", type=float, default=None, help="load_monitor.enable_qps (with --disable-qps)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of every request (0 = greedy)")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature of every request (0 = greedy)")
     parser.add_argument("--config", action="append", default=[], help="YAML override file(s) under the above")
     parser.add_argument("--plot", type=Path, default=RESULTS_DIR / "load_sweep.png", help="PNG output")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw rows to this JSON file")
@@ -329,7 +332,8 @@ def report(args: argparse.Namespace, config: SpecdecConfig, rows: list[dict], re
     table, close = closeness(rows, repeats)
     if close:
         print(f"AUTO vs the better fixed policy at each QPS, {args.repeats} repeats pooled, each repeat's range in "
-              "brackets (tokens/s ratio: higher is better, 1.00 = as good; ITL ratios: lower is better, 1.00 = as good):")
+              "brackets (tokens/s ratio: higher is better, 1.00 = as good; "
+              "ITL ratios: lower is better, 1.00 = as good):")
         print()
         print(table)
     lm = config.load_monitor
@@ -344,9 +348,11 @@ def report(args: argparse.Namespace, config: SpecdecConfig, rows: list[dict], re
     print(f"\nplots: {args.plot}, {timeline_path}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v)
+                                                  for k, v in vars(args).items()},
                                          "rows": rows, "auto_vs_best": close,
-                                         "repeats": [[{k: v for k, v in r.items() if k != "switch_timeline"} for r in rep]
+                                         "repeats": [[{k: v for k, v in r.items() if k != "switch_timeline"}
+                                                      for r in rep]
                                                      for rep in repeats]}, indent=2))
         print(f"rows: {args.json}")
 

@@ -195,7 +195,8 @@ def _verdict(qps: float, on: dict, off: dict, auto: dict, spread: list[dict]) ->
     line = (f"| {qps:g} | {c['on_over_off']:.2f} | {c['on_over_off_itl_mean']:.2f} "
             f"| {fmt(c['on_over_off_latency_mean'], '.2f')} | {c['better']} "
             f"| {' | '.join(cells)} | {'yes' if c['goals_met'] else 'no'} | {', '.join(best)} "
-            f"| {strict['itl_p50_ms']:.2f}, {strict['itl_p99_ms']:.2f} | {'yes' if c['goals_met_per_figure'] else 'no'} "
+            f"| {strict['itl_p50_ms']:.2f}, {strict['itl_p99_ms']:.2f} "
+            f"| {'yes' if c['goals_met_per_figure'] else 'no'} "
             f"| {fmt(100 * c['auto_speculated_fraction'], '.0f')}% |")
     return c, line
 

@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                     "distributed_backend": "gloo", "worker_timeout_s": 10.0, "lease_ttl_s": 2.0},
         "load_monitor": {"redis_url": redis.url},
     })
-    app = start_app(config, ray_init_kwargs={"num_cpus": args.tp + 2, "include_dashboard": False, "log_to_driver": False})
+    app = start_app(config, ray_init_kwargs={"num_cpus": args.tp + 2, "include_dashboard": False,
+                                             "log_to_driver": False})
     rows = []
     try:
         with SpecdecClient(app.address, timeout_s=120.0) as client:

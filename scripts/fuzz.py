@@ -148,7 +148,8 @@ class Cases:
         if choice == 0:
             return _message(prompt="x", max_new_tokens=self.rng.choice([-1, -(2**31), INT32_MAX]))
         if choice == 1:
-            return _message(prompt="x", speculation=specdec_pb2.SpeculationParams(gamma=self.rng.choice([-1, 65, INT32_MAX])))
+            return _message(prompt="x",
+                            speculation=specdec_pb2.SpeculationParams(gamma=self.rng.choice([-1, 65, INT32_MAX])))
         if choice == 2:
             return _message(prompt="x", stop_token_ids=[self.rng.choice([self.vocab, UINT32_MAX])])
         if choice == 3:

@@ -119,7 +119,8 @@ def grpc_stream(port: int, tokens: int, started: threading.Event, out: list[str]
                     return
         out.append("cut: no final chunk")
     except grpc.RpcError as exc:
-        out.append("unavailable" if exc.code() == grpc.StatusCode.UNAVAILABLE else f"{exc.code().name}: {exc.details()}")
+        unavailable = exc.code() == grpc.StatusCode.UNAVAILABLE
+        out.append("unavailable" if unavailable else f"{exc.code().name}: {exc.details()}")
     except Exception as exc:
         out.append(f"{type(exc).__name__}: {exc}")
     finally:

@@ -3,7 +3,8 @@
 Tokens come from `security.api_tokens_file` (one per line, '#' comments) and the
 SPECDEC_API_TOKENS environment variable (comma-separated). With none configured every call
 is allowed (the embedded local demo); a configured file that holds no token is an error,
-and a file that goes bad while serving keeps the last good tokens (`TokenSource`). A call presents `authorization: Bearer <token>` (gRPC
+and a file that goes bad while serving keeps the last good tokens (`TokenSource`). A call presents
+`authorization: Bearer <token>` (gRPC
 metadata or an HTTP header); it is compared in constant time against every accepted token
 (SHA-256 digests, so neither a token's length nor its position in the list leaks through
 timing). A refusal says only that the token is missing or invalid. `TokenSource` re-reads

@@ -24,8 +24,10 @@ class StrictModel(BaseModel):
 
 
 class ModelsConfig(StrictModel):
-    target: str = Field("bundled:target", description="Target model: a local HF directory, a hub id, or 'bundled:target'.")
-    draft: str = Field("bundled:draft", description="Draft model for the 'draft' proposer: local dir, hub id or 'bundled:draft'.")
+    target: str = Field("bundled:target",
+                        description="Target model: a local HF directory, a hub id, or 'bundled:target'.")
+    draft: str = Field("bundled:draft",
+                       description="Draft model for the 'draft' proposer: local dir, hub id or 'bundled:draft'.")
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "float32", description="Compute dtype of both models; float32 on CPU (half precision is slow there)."
     )
@@ -180,7 +182,8 @@ class ServingConfig(StrictModel):
 
 
 class LoadMonitorConfig(StrictModel):
-    enabled: bool = Field(True, description="Choose γ per request and round by goodput (else: always speculation.gamma).")
+    enabled: bool = Field(True,
+                          description="Choose γ per request and round by goodput (else: always speculation.gamma).")
     redis_url: str = Field(
         "", description="Shared Redis, e.g. redis://host:6379/0 ('' = env SPECDEC_REDIS_URL, or local/in-process)."
     )

@@ -263,7 +263,9 @@ class SpeculativeEngine:
         for i, (seq, gamma) in enumerate(zip(batch, gammas)):
             if gamma > 0:
                 missing = int(proposal.num_drafted[i]) == 0
-                seq.stats.speculation_unavailable = missing and self.proposer.unavailable(seq.request.proposer) is not None
+                seq.stats.speculation_unavailable = (
+                    missing and self.proposer.unavailable(seq.request.proposer) is not None
+                )
 
     def _ready_drafts(self, batch: list[Sequence], gammas: list[int]) -> tuple[Proposal, set[int]]:
         """Each row's drafts made ahead when they continue its history; the other speculating

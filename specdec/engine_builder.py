@@ -105,7 +105,8 @@ def build_draft_ahead(speculation: SpeculationConfig) -> DraftAhead:
     return DraftAhead(speculation.overlap_min_acceptance, speculation.overlap_micro_batches,
                       speculation.look_ahead_branches, speculation.overlap_max_rows,
                       OverlapChoice() if speculation.overlap_measured else None,
-                      LookAheadHits(speculation.look_ahead_min_hit_rate, probe_every=speculation.look_ahead_probe_every))
+                      LookAheadHits(speculation.look_ahead_min_hit_rate,
+                                    probe_every=speculation.look_ahead_probe_every))
 
 
 def load_runner(name: str, models: ModelsConfig, cache: CacheConfig) -> ModelRunner:

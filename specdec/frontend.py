@@ -89,7 +89,9 @@ class Frontend:
         """Loaded, the engine loop running and the target answering (what health checks
         report as SERVING; a draft that is down only degrades speculation)."""
         served = self.served
-        return self.closing is None and served is not None and served.loop.is_running and served.loop.engine.verifier.unavailable_reason is None
+        if self.closing is not None or served is None or not served.loop.is_running:
+            return False
+        return served.loop.engine.verifier.unavailable_reason is None
 
     def problems(self) -> list[str]:
         """Why the server is not (fully) serving, for health reports ([] = all well). The one

@@ -89,7 +89,9 @@ class GenerationRequest:
                 f"exceed the context of {limits.max_seq_len} tokens (cache.max_seq_len)"
             )
         if self.gamma is not None and self.gamma > limits.gamma_max:
-            raise ValueError(f"speculation.gamma {self.gamma} exceeds the limit {limits.gamma_max} (speculation.gamma_max)")
+            raise ValueError(
+                f"speculation.gamma {self.gamma} exceeds the limit {limits.gamma_max} (speculation.gamma_max)"
+            )
         if self.proposer is not None and self.proposer not in limits.proposers:
             raise ValueError(
                 f"speculation.proposer: {self.proposer!r} is not available here (have {list(limits.proposers)})"
@@ -107,7 +109,9 @@ class GenerationRequest:
                 "(cache.max_seq_len)"
             )
         if len(self.stop_token_ids) > limits.max_stop_strings:
-            raise ValueError(f"stop_token_ids: {len(self.stop_token_ids)} ids exceed the limit {limits.max_stop_strings}")
+            raise ValueError(
+                f"stop_token_ids: {len(self.stop_token_ids)} ids exceed the limit {limits.max_stop_strings}"
+            )
 
     def _check_stop(self, limits: RequestLimits) -> None:
         if len(self.stop) > limits.max_stop_strings:

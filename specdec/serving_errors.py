@@ -26,7 +26,8 @@ from specdec.async_engine import AdmissionError, EngineClosedError
 from specdec.errors import WorkerError
 from specdec.models.kv_cache import CacheFullError
 
-__all__ = ["RETRY_AFTER_S", "AdmissionError", "AuthenticationError", "DeadlineExceededError", "ErrorKind", "InvalidRequestError", "NotFoundError",
+__all__ = ["RETRY_AFTER_S", "AdmissionError", "AuthenticationError", "DeadlineExceededError", "ErrorKind",
+           "InvalidRequestError", "NotFoundError",
            "NotReadyError", "classify", "param_of"]
 
 

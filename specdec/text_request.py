@@ -112,7 +112,8 @@ def _prompt_ids(request: TextRequest, encode: Callable[[str], list[int]], max_ch
         raise InvalidRequestError("prompt", "must not be empty (set prompt or prompt_token_ids)")
     if len(text) > max_chars:
         raise InvalidRequestError(
-            "prompt", f"{len(text)} characters cannot fit the context (at most {max_chars} characters are even tokenised)"
+            "prompt",
+            f"{len(text)} characters cannot fit the context (at most {max_chars} characters are even tokenised)",
         )
     ids = encode(text)
     if not ids:
@@ -128,7 +129,8 @@ def _check_speculation(request: TextRequest, defaults: ServerDefaults) -> None:
     if request.proposer is not None:
         if request.proposer not in registry.REQUESTABLE:
             raise InvalidRequestError(
-                "speculation.proposer", f"unknown proposer {request.proposer!r} (one of {', '.join(registry.REQUESTABLE)})"
+                "speculation.proposer",
+                f"unknown proposer {request.proposer!r} (one of {', '.join(registry.REQUESTABLE)})",
             )
         if request.proposer not in defaults.proposers:
             raise InvalidRequestError(

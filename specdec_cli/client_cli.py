@@ -160,7 +160,8 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _as_json(message: Any) -> str:
-    return json.dumps(MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
+    return json.dumps(MessageToDict(message, preserving_proto_field_name=True,
+                                    always_print_fields_with_no_presence=True))
 
 
 def run_client_generate(args: argparse.Namespace) -> int:

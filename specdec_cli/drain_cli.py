@@ -26,7 +26,8 @@ def add_drain_parser(subparsers: Any) -> None:
     p.add_argument("--app", default="specdec", help="Serve application name (default specdec)")
     p.add_argument("--replicas", type=int, default=1, help="router replicas to reach (serving.router_replicas)")
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
-                   help=f"seconds in-flight requests may run on (serving.shutdown_grace_s, default {DEFAULT_GRACE_S:g})")
+                   help="seconds in-flight requests may run on "
+                        f"(serving.shutdown_grace_s, default {DEFAULT_GRACE_S:g})")
     p.set_defaults(func=run_drain)
 
 

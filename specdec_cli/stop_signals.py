@@ -39,7 +39,8 @@ class StopSignals:
 
     def _handle(self, signum: int, _frame: Any) -> None:
         if self.received is not None:
-            print(f"specdec serve: {signal.Signals(signum).name} ignored: already stopping", file=sys.stderr, flush=True)
+            print(f"specdec serve: {signal.Signals(signum).name} ignored: already stopping",
+                  file=sys.stderr, flush=True)
             return
         self.received = signum
         raise Interrupted(signum)

@@ -8,9 +8,11 @@ Names follow vLLM's speculative-decoding metrics (Ray adds the `ray_` prefix on 
   specdec_spec_decode_gamma                       gauge     largest γ the plan gave an AUTO request last round
   specdec_spec_decode_enabled                     gauge     1 while speculation is on (the plan's or the override's
                                                             state) and the proposer can draft
-  specdec_spec_decode_unavailable                 gauge     1 while the default proposer cannot draft (draft worker down)
+  specdec_spec_decode_unavailable                 gauge     1 while the default proposer cannot draft
+                                                            (draft worker down)
   specdec_spec_decode_off_because_of_load         gauge     1 while it is off because of load
-  specdec_spec_decode_crossover_rows              gauge     rows per round beyond which speculation stops paying (0 unknown)
+  specdec_spec_decode_crossover_rows              gauge     rows per round beyond which speculation stops
+                                                            paying (0 unknown)
   specdec_spec_decode_acceptance_rate             gauge     α over the load monitor's window
   specdec_qps                                     gauge     cluster-wide arrivals per second
   specdec_num_requests_running / _waiting         gauge     this replica's requests
@@ -72,7 +74,8 @@ class RouterMetrics:
         self.num_drafts = counter(f"{p}num_drafts", description="Rounds that drafted tokens")
         self.draft_tokens = counter(f"{p}num_draft_tokens", description="Drafted tokens")
         self.accepted_tokens = counter(f"{p}num_accepted_tokens", description="Accepted drafted tokens")
-        self.accepted_per_pos = counter(f"{p}num_accepted_tokens_per_pos", description="Accepted tokens by drafted position",
+        self.accepted_per_pos = counter(f"{p}num_accepted_tokens_per_pos",
+                                        description="Accepted tokens by drafted position",
                                         tag_keys=("position",))
         self.drafted_per_pos = counter(f"{p}num_draft_tokens_per_pos", description="Drafted tokens by position",
                                        tag_keys=("position",))
@@ -94,7 +97,8 @@ class RouterMetrics:
         self.queue_time = histogram("specdec_request_queue_time_seconds", description="Waiting for a cache slot",
                                     boundaries=REQUEST_BUCKETS)
         self.prompt_tokens = counter("specdec_prompt_tokens", description="Prompt tokens of finished requests")
-        self.generation_tokens = counter("specdec_generation_tokens", description="Generated tokens of finished requests")
+        self.generation_tokens = counter("specdec_generation_tokens",
+                                         description="Generated tokens of finished requests")
         self.finished = counter("specdec_requests_finished", description="Requests by finish reason",
                                 tag_keys=("finish_reason",))
         self.draft_time = histogram("specdec_draft_time_seconds", description="Proposer call of a drafting round",

@@ -59,7 +59,8 @@ class WorkerMetrics:
         tags = {"role": role} if rank is None else {"role": role, "rank": str(rank)}
         counter, gauge, histogram = tagged(classes or ray_metric_classes(), model, **tags)
         self.role = role
-        self.compute_time = histogram("specdec_worker_compute_time_seconds", description="Propose / Verify compute per call",
+        self.compute_time = histogram("specdec_worker_compute_time_seconds",
+                                      description="Propose / Verify compute per call",
                                       boundaries=LATENCY_BUCKETS, tag_keys=("rpc",))
         self.calls = counter("specdec_worker_calls", description="Worker calls by rpc and status code",
                              tag_keys=("rpc", "code"))
@@ -71,7 +72,8 @@ class WorkerMetrics:
         self.slots = gauge("specdec_worker_kv_cache_slots", description="KV-cache slots in all")
         self.leases = gauge("specdec_worker_leases", description="Router leases the worker knows")
         self.sequences = gauge("specdec_worker_sequences", description="Sequences the worker holds state for")
-        self.expired = counter("specdec_worker_expired_sequences", description="Sequences freed because their lease lapsed")
+        self.expired = counter("specdec_worker_expired_sequences",
+                               description="Sequences freed because their lease lapsed")
         self._expired_seen = 0
 
     @classmethod

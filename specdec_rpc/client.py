@@ -145,11 +145,15 @@ class SpecdecClient(_Retrying):
                     _raise(exc)
                 time.sleep(self._delay(attempt))
 
-    def generate(self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any) -> specdec_pb2.GenerateResponse:
+    def generate(
+        self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any
+    ) -> specdec_pb2.GenerateResponse:
         """The whole result (fields: see build_request)."""
         return self._call(self._stub.Generate, build_request(prompt, **fields), timeout_s)
 
-    def generate_stream(self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any) -> Iterator[specdec_pb2.GenerateChunk]:
+    def generate_stream(
+        self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any
+    ) -> Iterator[specdec_pb2.GenerateChunk]:
         """Chunks as rounds confirm them; stopping the iteration early cancels the call."""
         request = build_request(prompt, **fields)
         for attempt in range(self.retries + 1):
@@ -206,7 +210,9 @@ class AsyncSpecdecClient(_Retrying):
                     _raise(exc)
                 await asyncio.sleep(self._delay(attempt))
 
-    async def generate(self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any) -> specdec_pb2.GenerateResponse:
+    async def generate(
+        self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any
+    ) -> specdec_pb2.GenerateResponse:
         return await self._call(self._stub.Generate, build_request(prompt, **fields), timeout_s)
 
     async def generate_stream(

@@ -76,7 +76,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             self.stats.record(batch_size)
         seconds = time.perf_counter() - start
         self.metrics.observe_compute("Verify", seconds, verified_tokens)
-        return worker_pb2.VerifyResponse(outcomes=outcomes, resync_seq_ids=applied.resync_seq_ids, compute_seconds=seconds)
+        return worker_pb2.VerifyResponse(outcomes=outcomes, resync_seq_ids=applied.resync_seq_ids,
+                                         compute_seconds=seconds)
 
     def _run(self, request: worker_pb2.VerifyRequest, applied: AppliedDeltas):
         """On the worker thread: decode q, drop stale state of diverged sequences, verify.

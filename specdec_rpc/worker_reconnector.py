@@ -4,7 +4,8 @@ A remote client whose worker stopped answering (killed, restarted elsewhere by i
 supervisor) must not pay a failing call every round, and must notice when a worker is back,
 possibly at another address. The reconnector does that on a daemon thread: it asks
 `resolve()` for the worker's current address (the supervisor's answer, or simply the old
-address; None = it is being restarted, "" = there is none and none is coming: `gone`), probes it (`probe(address)` raises while nothing serves there) and hands the
+address; None = it is being restarted, "" = there is none and none is coming: `gone`), probes it
+(`probe(address)` raises while nothing serves there) and hands the
 first address that answers to `on_found(address)`; between tries it waits with exponential
 backoff (`backoff_s` doubling up to `max_backoff_s`). `trigger()` starts a search; the
 client keeps serving without the worker meanwhile.

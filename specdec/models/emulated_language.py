@@ -11,7 +11,8 @@ of each, so the per-token acceptance is α on average for greedy and sampled dec
 any temperature, top-k or top-p, while it varies from stretch to stretch as in real text.
 
 Token 0 (the tokenizer's end-of-text) is never likely: sequences end at their budget or a
-stop string; the emulated models make only readable tokens likely (`readable_ids`). Everything is table lookups and integer hashing over [batch, tokens] tensors.
+stop string; the emulated models make only readable tokens likely (`readable_ids`). Everything is table lookups
+and integer hashing over [batch, tokens] tensors.
 """
 
 from __future__ import annotations

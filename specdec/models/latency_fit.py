@@ -47,7 +47,8 @@ def time_forward(runner: ModelRunner, rows: int, tokens: int, context: int, repe
     try:
         vocab = runner.vocab_size
         if context:
-            runner.forward(slots, torch.randint(1, vocab, (rows, context), generator=generator).tolist(), last_only=True)
+            ids = torch.randint(1, vocab, (rows, context), generator=generator).tolist()
+            runner.forward(slots, ids, last_only=True)
         new = torch.randint(1, vocab, (rows, tokens), generator=generator).tolist()
         times = []
         for _ in range(repeats + 2):  # two warm-up forwards

@@ -155,7 +155,7 @@ def plan_gammas(
     budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
     slowest = cost.prefill_round_s(plain, prompt_tokens) * max_round_ratio if max_round_ratio > 0 else float("inf")
     all_steps = np.arange(int(lo_a.max()) + 1, int(hi_a.max()) + 1)
-    for steps, choice in zip(all_steps.tolist(), _plans_for_steps(emitted, lo_a, hi_a, all_steps, cost, read)):
+    for _steps, choice in zip(all_steps.tolist(), _plans_for_steps(emitted, lo_a, hi_a, all_steps, cost, read)):
         gammas = _within_budget(emitted, tuple(choice.tolist()), lo_a, budget)
         gammas = _within_time(emitted, gammas, lo_a, whole_round, slowest)
         value = _goodput(emitted, gammas, seconds)

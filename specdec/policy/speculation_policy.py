@@ -225,7 +225,8 @@ class SpeculationPolicy:
         # that row at gamma_max and the row keeps its γ (its neighbours are still planned)
         plan = plan_gammas(curves, [min(x, s.gamma_max) for x in lo], [min(x, s.gamma_max) for x in hi],
                            snapshot.round_cost, margin, max_round_ratio=s.max_round_ratio,
-                           prompt_tokens=sum(r.prompt_tokens for r in rows), catch_up=amortised_catch_up(curves, rows, hi))
+                           prompt_tokens=sum(r.prompt_tokens for r in rows),
+                           catch_up=amortised_catch_up(curves, rows, hi))
         gammas = [g if f is None else own for g, f, own in zip(plan.gammas, fixed, lo)]
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
@@ -280,7 +281,8 @@ class SpeculationPolicy:
         if snapshot.alpha is not None and not thin:  # acceptance measured, the cost model not yet
             alpha, positions = snapshot.alpha, snapshot.alpha_per_position
         elif snapshot.alpha is not None and snapshot.drafted > 0:
-            alpha = (snapshot.alpha * snapshot.drafted + last.alpha * ENOUGH_DRAFTED) / (snapshot.drafted + ENOUGH_DRAFTED)
+            alpha = ((snapshot.alpha * snapshot.drafted + last.alpha * ENOUGH_DRAFTED)
+                     / (snapshot.drafted + ENOUGH_DRAFTED))
         cost = snapshot.round_cost
         if cost is None:
             cost = last.round_cost

@@ -153,5 +153,5 @@ class Proposer(ABC):
             found.append([Branch(len(request.token_ids), drafted[0], drafted[1:], probs)] if len(drafted) > 1 else [])
         return found
 
-    def release(self, seq_id: str) -> None:
+    def release(self, seq_id: str) -> None:  # noqa: B027 (optional hook: a no-op unless a proposer holds state)
         """The sequence finished (or was cancelled): free whatever is held for it."""

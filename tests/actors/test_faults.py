@@ -1,7 +1,7 @@
 """Fault injection with real Ray: worker processes are SIGKILLed (by PID, from Ray's actor table).
 
-The server runs a TP = 2 target. Draft death while greedy streams run: the streams finish with exactly the target's greedy
-output (they go on target-only while the draft is down) and their stats say they did not
+The server runs a TP = 2 target. Draft death while greedy streams run: the streams finish with exactly the
+target's greedy output (they go on target-only while the draft is down) and their stats say they did not
 speculate; GetStats says speculation is unavailable and why; the WorkerHub's DraftKeeper
 starts a new draft worker, the router finds it through the hub, rebuilds its sequences
 from the router's histories, and speculation resumes by itself. Health stays SERVING
@@ -10,7 +10,8 @@ group, the rounds wait for it and re-prefill from the router's histories, and th
 finish with the same output. A rank that hangs without dying (SIGSTOP) misses the keeper's
 heartbeat for serving.target_hang_s: it is taken for dead, its process killed with the group,
 and the streams finish with the same output. A draft that hangs (SIGSTOP) costs a round at
-most the draft deadline: no stream pauses for long, and speculation resumes after SIGCONT. A dead leader while idle: health turns NOT_SERVING within a
+most the draft deadline: no stream pauses for long, and speculation resumes after SIGCONT. A dead leader while
+idle: health turns NOT_SERVING within a
 keep-alive period, SERVING again once the group is re-formed. A router whose backend failed
 to load fails Serve's replica health check.
 """
@@ -186,13 +187,15 @@ def test_a_killed_target_rank_pauses_the_streams_which_finish_with_the_same_outp
     with SpecdecClient(app.address, timeout_s=300.0, retries=0) as client:
         [pid] = actor_pids("TargetFollower")
         killed = []
-        outputs = stream_all(client, prompts, MAX_NEW, lambda: (os.kill(pid, signal.SIGKILL), killed.append(time.monotonic())))
+        outputs = stream_all(client, prompts, MAX_NEW,
+                             lambda: (os.kill(pid, signal.SIGKILL), killed.append(time.monotonic())))
         finished_s = time.monotonic() - killed[0]
         assert outputs == [hf_greedy(p, MAX_NEW) for p in prompts], "the same output after the pause"
         assert client.health() == "SERVING"
     status = ray.get(app.hub.target_status.remote())
     assert status["restarts"] == 1 and status["down_reason"] is None
-    print(f"\nrank killed -> group re-formed in {status['last_recovery_s']:.1f}s; streams done {finished_s:.1f}s after the kill")
+    print(f"\nrank killed -> group re-formed in {status['last_recovery_s']:.1f}s; "
+          f"streams done {finished_s:.1f}s after the kill")
 
 
 def process_state(pid: int) -> str | None:

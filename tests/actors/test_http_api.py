@@ -13,7 +13,6 @@ The app is started once for the module; the last test stops the workers.
 from __future__ import annotations
 
 import json
-import time
 
 import openai
 import pytest

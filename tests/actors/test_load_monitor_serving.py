@@ -55,7 +55,9 @@ def wait_for(client: SpecdecClient, predicate, timeout_s: float = 20.0):
         if all(predicate(v) for v in views):
             return views
         time.sleep(0.25)
-    raise AssertionError(f"condition not reached; last views: {[(v.speculation_enabled, v.qps, v.reason) for v in views]}")
+    raise AssertionError(
+        f"condition not reached; last views: {[(v.speculation_enabled, v.qps, v.reason) for v in views]}"
+    )
 
 
 async def burst(address: str, prompts: list[list[int]], count: int) -> list:

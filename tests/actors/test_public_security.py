@@ -141,7 +141,8 @@ def test_corrupt_bytes_to_every_method_of_both_services_are_invalid_argument(app
         listed = health_pb2.HealthListResponse.FromString(channel.unary_unary("/grpc.health.v1.Health/List")(
             b"", timeout=30.0, metadata=metadata))
         assert {name: s.status for name, s in listed.statuses.items()} == {
-            "": health_pb2.HealthCheckResponse.SERVING, "specdec.v1.SpeculativeDecoding": health_pb2.HealthCheckResponse.SERVING}
+            "": health_pb2.HealthCheckResponse.SERVING,
+            "specdec.v1.SpeculativeDecoding": health_pb2.HealthCheckResponse.SERVING}
         with pytest.raises(grpc.RpcError) as error:
             list(channel.unary_stream(fuzz.HEALTH_WATCH)(b"", timeout=30.0, metadata=metadata))
         assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED

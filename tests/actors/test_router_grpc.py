@@ -146,7 +146,8 @@ def test_concurrent_streams_equal_their_single_streams_and_share_target_calls(ap
     async def stream_all():
         async with AsyncSpecdecClient(app.address, timeout_s=120.0) as aclient:
             async def one(p, n):
-                return [t async for c in aclient.generate_stream(prompt_token_ids=p, max_new_tokens=n) for t in c.token_ids]
+                return [t async for c in aclient.generate_stream(prompt_token_ids=p, max_new_tokens=n)
+                        for t in c.token_ids]
 
             return await asyncio.gather(*(one(p, n) for p, n in jobs))
 
@@ -189,7 +190,8 @@ def test_bad_input_is_invalid_argument_naming_the_field(client, kwargs, field):
 
 
 def test_the_server_still_serves_after_bad_input(client, prompt_ids, hf_greedy):
-    assert list(client.generate(prompt_token_ids=prompt_ids[0], max_new_tokens=8).token_ids) == hf_greedy(prompt_ids[0], 8)
+    greedy = client.generate(prompt_token_ids=prompt_ids[0], max_new_tokens=8)
+    assert list(greedy.token_ids) == hf_greedy(prompt_ids[0], 8)
 
 
 def test_a_cancelled_stream_leaves_no_slot_allocated(client, workers, prompt_ids):
@@ -207,13 +209,15 @@ def test_an_expired_deadline_is_deadline_exceeded_and_leaves_no_slot_allocated(c
 
 
 def test_requests_beyond_the_admission_limit_are_resource_exhausted(client, workers, prompt_ids):
-    streams = [client.generate_stream(prompt_token_ids=prompt_ids[0], max_new_tokens=180) for _ in range(MAX_CONCURRENT)]
+    streams = [client.generate_stream(prompt_token_ids=prompt_ids[0], max_new_tokens=180)
+               for _ in range(MAX_CONCURRENT)]
     for stream in streams:
         next(stream)  # admitted and running
     try:
         with pytest.raises(grpc.RpcError) as error:
             client.generate(prompt="x", max_new_tokens=4)
-        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_concurrent_requests" in error.value.details()
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_concurrent_requests" in error.value.details()
     finally:
         for stream in streams:
             stream.close()

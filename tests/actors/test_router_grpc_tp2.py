@@ -16,7 +16,8 @@ def app():
     config = load_config(
         overrides={
             "cache": {"num_slots": 4, "max_seq_len": 256},
-            "serving": {"port": free_port(), "http_port": free_port(), "tensor_parallel_size": 2, "distributed_backend": "gloo"},
+            "serving": {"port": free_port(), "http_port": free_port(), "tensor_parallel_size": 2,
+                        "distributed_backend": "gloo"},
             "speculation": {"overlap": True},  # pipelined rounds on the tensor-parallel target
         }
     )

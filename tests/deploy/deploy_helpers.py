@@ -87,7 +87,9 @@ class Rendered(list):
 
     def one(self, kind: str, name_suffix: str = "") -> dict[str, Any]:
         found = [d for d in self.of_kind(kind) if d["metadata"]["name"].endswith(name_suffix)]
-        assert len(found) == 1, f"expected one {kind} named *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
+        assert len(found) == 1, (
+            f"expected one {kind} named *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
+        )
         return found[0]
 
     def by_source(self) -> dict[str, list[dict[str, Any]]]:

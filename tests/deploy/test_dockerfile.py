@@ -9,7 +9,6 @@ import fnmatch
 import re
 import subprocess
 
-import pytest
 import yaml
 
 from deploy_helpers import CHART_DIR, CLUSTER_DIR, REPO_ROOT, dockerfile_instructions, fetch_hadolint, tool_missing  # noqa: E501  registered by conftest.py

@@ -116,7 +116,8 @@ def test_should_render_a_redis_with_a_password_from_a_secret_by_default(rendered
     assert view.selects(deployment["spec"]["selector"]["matchLabels"], labels)
     assert view.selects(service["spec"]["selector"], labels)
     assert not rendered.of_kind("PersistentVolumeClaim")
-    assert {"emptyDir": {}} == {k: v for k, v in deployment["spec"]["template"]["spec"]["volumes"][0].items() if k != "name"}
+    volume = deployment["spec"]["template"]["spec"]["volumes"][0]
+    assert {"emptyDir": {}} == {k: v for k, v in volume.items() if k != "name"}
     pod_template_schema = sub_schema(crd_schema(RAYCLUSTER_CRD), "spec", "headGroupSpec", "template")
     assert schema_errors(deployment["spec"]["template"], pod_template_schema) == []
     service_schema = crd_schema(RAYSERVICE_CRD)["properties"]["spec"]["properties"]["serveService"]
@@ -195,7 +196,8 @@ def test_generated_secrets_should_keep_their_values_on_renders_that_see_the_clus
               ("serving", "specdec-internal"): {"secret": "stored-internal-secret"}}
     with FakeKubeApi("specdec", stored) as api:
         first, second = _render_against(helm_bin, api), _render_against(helm_bin, api)
-        assert {"/api/v1/namespaces/serving/secrets/specdec-redis", "/api/v1/namespaces/serving/secrets/specdec-api-tokens",
+        assert {"/api/v1/namespaces/serving/secrets/specdec-redis",
+                "/api/v1/namespaces/serving/secrets/specdec-api-tokens",
                 "/api/v1/namespaces/serving/secrets/specdec-internal"} <= set(api.requests)
     assert first == second
     assert _secret_data(first) == {"specdec-redis": {"redis-password": "stored-redis-password"},
@@ -226,7 +228,8 @@ def test_should_render_a_claim_only_when_persistence_is_enabled(render, crds):
     assert "--appendonly yes" in view.container(docs.one("Deployment")["spec"]["template"])["command"][-1]
     existing = render((), **{"redis.persistence.enabled": True, "redis.persistence.existingClaim": "old"})
     assert not existing.of_kind("PersistentVolumeClaim")
-    assert existing.one("Deployment")["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "old"}
+    volume = existing.one("Deployment")["spec"]["template"]["spec"]["volumes"][0]
+    assert volume["persistentVolumeClaim"] == {"claimName": "old"}
 
 
 def test_should_not_render_redis_when_an_external_url_is_given(render):
@@ -344,7 +347,8 @@ def test_ray_pods_should_reach_only_each_other_dns_redis_and_public_https(render
         egress = strip_source(docs.one("NetworkPolicy", "-ray"))["spec"]["egress"]
         redis_labels = docs.one("Deployment", "-redis")["spec"]["template"]["metadata"]["labels"]
         any_port = [r for r in egress if "ports" not in r]
-        assert len(any_port) == 1 and view.selects(any_port[0]["to"][0]["podSelector"]["matchLabels"], _ray_labels(docs))
+        assert len(any_port) == 1
+        assert view.selects(any_port[0]["to"][0]["podSelector"]["matchLabels"], _ray_labels(docs))
         dns = [r for r in egress if {"port": 53, "protocol": "UDP"} in r.get("ports", [])]
         assert dns and dns[0]["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
         assert dns[0]["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
@@ -386,7 +390,8 @@ def test_should_restrict_api_clients_and_admit_prometheus_when_asked(render, crd
     clients = [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]
     docs = render((), **{"networkPolicy.apiFrom": clients, "metrics.serviceMonitor.enabled": True})
     rules = strip_source(docs.one("NetworkPolicy", "-ray"))["spec"]["ingress"]
-    api_ports = [{"port": VALUES["grpc"]["port"], "protocol": "TCP"}, {"port": VALUES["serve"]["httpPort"], "protocol": "TCP"}]
+    api_ports = [{"port": VALUES["grpc"]["port"], "protocol": "TCP"},
+                 {"port": VALUES["serve"]["httpPort"], "protocol": "TCP"}]
     api = [r for r in rules if r.get("ports") == api_ports]
     assert api == [{"ports": api_ports, "from": clients}]
     assert any(r.get("ports") == [{"port": VALUES["metrics"]["port"], "protocol": "TCP"}] for r in rules)
@@ -402,8 +407,10 @@ def test_should_render_no_network_policy_when_disabled(render):
 
 
 def _pod_specs(docs) -> list[tuple[str, dict[str, Any]]]:
-    specs = [(f"ray:{t['metadata']['labels']['app.kubernetes.io/component']}", t["spec"]) for t in view.ray_pod_templates(docs)]
-    specs += [(f"deployment:{d['metadata']['name']}", d["spec"]["template"]["spec"]) for d in docs.of_kind("Deployment")]
+    specs = [(f"ray:{t['metadata']['labels']['app.kubernetes.io/component']}", t["spec"])
+             for t in view.ray_pod_templates(docs)]
+    specs += [(f"deployment:{d['metadata']['name']}", d["spec"]["template"]["spec"])
+              for d in docs.of_kind("Deployment")]
     specs += [(f"pod:{p['metadata']['name']}", p["spec"]) for p in docs.of_kind("Pod")]
     return specs
 
@@ -466,8 +473,10 @@ def test_helm_test_should_send_the_token_when_auth_is_on_and_not_when_off(render
     script, args = _grpc_test(pod)
     assert f"{TOKENS_FILE} | grep -m1 ." in script and "export SPECDEC_API_TOKEN" in script
     assert "--token" not in args  # the token never appears in argv
-    assert _test_volumes(pod) == {"api-tokens": ("specdec-api-tokens", {"tokens": "tokens"}, "/etc/specdec/api-tokens", True)}
-    assert pod["spec"]["volumes"][0]["secret"]["secretName"] == rendered.one("Secret", "-api-tokens")["metadata"]["name"]
+    assert _test_volumes(pod) == {
+        "api-tokens": ("specdec-api-tokens", {"tokens": "tokens"}, "/etc/specdec/api-tokens", True)}
+    secret_name = rendered.one("Secret", "-api-tokens")["metadata"]["name"]
+    assert pod["spec"]["volumes"][0]["secret"]["secretName"] == secret_name
     existing = strip_source(render((), **{"security.auth.existingSecret": "team-tokens",
                                           "security.auth.secretKey": "list"}).one("Pod"))
     assert _test_volumes(existing)["api-tokens"][:2] == ("team-tokens", {"list": "tokens"})

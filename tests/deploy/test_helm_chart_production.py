@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import json
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -141,7 +140,8 @@ def test_tls_and_existing_token_and_internal_secrets_should_be_mounted_as_files(
     assert security == {"tls_cert_file": "/etc/specdec/tls/tls.crt", "tls_key_file": "/etc/specdec/tls/tls.key",
                         "api_tokens_file": "/etc/specdec/api-tokens/list", "open_health": False,
                         "internal_secret_file": "/etc/specdec/internal/secret"}
-    assert not docs.of_kind("Secret")[1:] and [s["metadata"]["name"] for s in docs.of_kind("Secret")] == ["specdec-redis"]
+    assert not docs.of_kind("Secret")[1:]
+    assert [s["metadata"]["name"] for s in docs.of_kind("Secret")] == ["specdec-redis"]
     for template in view.ray_pod_templates(docs):
         volumes = _volumes(template)
         assert volumes["api-tls"]["secret"]["secretName"] == "api-cert"
@@ -176,7 +176,8 @@ def test_tls_should_add_specdecs_tls_port_to_serves_grpc_proxy(render):
     docs = render((), **{"security.tls.existingSecret": "api-cert"})
     grpc_options = view.serve_config(docs)["grpc_options"]
     assert grpc_options["port"] == VALUES["grpc"]["tlsInternalPort"] != VALUES["grpc"]["port"]
-    assert grpc_options["grpc_servicer_functions"] == [*VALUES["serve"]["grpcServicerFunctions"], tls["SERVICER_FUNCTION"]]
+    assert grpc_options["grpc_servicer_functions"] == [
+        *VALUES["serve"]["grpcServicerFunctions"], tls["SERVICER_FUNCTION"]]
     assert _args(docs)["serving"]["port"] == VALUES["grpc"]["port"]
     for template in view.ray_pod_templates(docs):
         env = view.env(view.container(template))
@@ -231,7 +232,8 @@ def test_ray_token_authentication_can_use_a_secret_or_be_disabled(render):
 def test_gcs_fault_tolerance_should_use_the_charts_redis_and_its_password(rendered):
     ft = view.cluster(rendered)["gcsFaultToleranceOptions"]
     redis_service = strip_source(rendered.one("Service", "-redis"))
-    assert ft["redisAddress"] == f"{redis_service['metadata']['name']}.serving.svc:{redis_service['spec']['ports'][0]['port']}"
+    redis_port = redis_service["spec"]["ports"][0]["port"]
+    assert ft["redisAddress"] == f"{redis_service['metadata']['name']}.serving.svc:{redis_port}"
     secret = strip_source(rendered.one("Secret", "-redis"))
     assert ft["redisPassword"] == {"valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"],
                                                                   "key": "redis-password"}}}
@@ -285,7 +287,8 @@ def test_pod_disruption_budget_should_cover_every_ray_pod(rendered):
 
 
 def test_pod_disruption_budget_can_allow_evictions_or_be_left_out(render):
-    assert render((), **{"podDisruptionBudget.maxUnavailable": 1}).one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    budget = render((), **{"podDisruptionBudget.maxUnavailable": 1}).one("PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
     assert not render((), **{"podDisruptionBudget.enabled": False}).of_kind("PodDisruptionBudget")
 
 
@@ -302,7 +305,8 @@ def test_default_cache_should_be_sized_for_the_gpu_model_not_1024_tokens():
 
 def exported_metric_names() -> dict[str, str]:
     """Prometheus names of the metrics the code defines, read from the modules of specdec_metrics/:
-    `counter|gauge|histogram(NAME, ...)` calls (or Counter/Gauge/Histogram) whose NAME is a string or an f-string over module or function
+    `counter|gauge|histogram(NAME, ...)` calls (or Counter/Gauge/Histogram) whose NAME is a string or an
+    f-string over module or function
     string constants. Ray exports them with the `ray_` prefix; counters get `_total`, histograms
     `_bucket`, `_sum` and `_count`. Returns {prometheus name: kind}."""
     files = sorted(REPO_ROOT.glob("specdec_metrics/*metrics*.py"))
@@ -321,7 +325,7 @@ def exported_metric_names() -> dict[str, str]:
                 parts = [text(v.value) if isinstance(v, ast.FormattedValue) else text(v) for v in node.values]
                 return None if None in parts else "".join(parts)
             if isinstance(node, ast.Name):
-                return constants.get(node.id)
+                return constants.get(node.id)  # noqa: B023 (text() is only called within this iteration)
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
                 left, right = text(node.left), text(node.right)
                 return None if left is None or right is None else left + right
@@ -406,7 +410,8 @@ def test_dashboard_configmap_should_carry_the_file_and_the_sidecar_label(render)
     assert json.loads(cm["data"]["specdec.json"]) == json.loads(DASHBOARD_FILE.read_text())
     other = strip_source(render((), **{"metrics.grafanaDashboard.labels": {"dash": "yes", "grafana_dashboard": None},
                                        "metrics.grafanaDashboard.namespace": "monitoring",
-                                       "metrics.grafanaDashboard.annotations": {"grafana_folder": "LLM"}}).one("ConfigMap"))
+                                       "metrics.grafanaDashboard.annotations": {"grafana_folder": "LLM"}})
+                 .one("ConfigMap"))
     assert other["metadata"]["labels"]["dash"] == "yes" and "grafana_dashboard" not in other["metadata"]["labels"]
     assert other["metadata"]["namespace"] == "monitoring"
     assert other["metadata"]["annotations"] == {"grafana_folder": "LLM"}
@@ -421,7 +426,8 @@ def test_the_image_has_what_the_probes_run():
 
 
 @pytest.mark.parametrize("sets", [
-    {"security.tls.existingSecret": "cert", "security.auth.existingSecret": "tokens", "security.internal.existingSecret": "shared",
+    {"security.tls.existingSecret": "cert", "security.auth.existingSecret": "tokens",
+     "security.internal.existingSecret": "shared",
      "redis.enabled": False, "externalRedis.url": "rediss://r.example:6380/1", "externalRedis.existingSecret": "pw",
      "externalRedis.caSecret": "ca", "metrics.serviceMonitor.enabled": True, "ray.auth.secretName": "ray-token",
      "upgradeStrategy.type": "None", "podDisruptionBudget.maxUnavailable": 1, "serve.proxyLocation": "EveryNode"},

@@ -22,7 +22,8 @@ def test_a_model_without_a_template_is_refused_naming_messages():
 
 
 def test_text_parts_are_joined_with_newlines_as_vllm_does():
-    [message] = check_messages([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    [message] = check_messages(
+        [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
     assert message == {"role": "user", "content": "a\nb"}
 
 

@@ -28,7 +28,8 @@ def test_json_output_has_text_token_ids_and_stats(capsys):
 def test_every_proposer_gives_the_same_greedy_text(capsys):
     texts = set()
     for proposer in ("draft", "ngram", "none"):
-        code, out, _ = run_cli(capsys, "--prompt", "import os\n", "--max-new-tokens", "16", "--proposer", proposer, "--json")
+        code, out, _ = run_cli(capsys, "--prompt", "import os\n", "--max-new-tokens", "16",
+                               "--proposer", proposer, "--json")
         assert code == 0
         texts.add(json.loads(out)["text"])
     assert len(texts) == 1
@@ -40,7 +41,8 @@ def test_plain_output_prints_prompt_and_continuation(capsys):
 
 
 def test_seeded_sampling_is_reproducible(capsys):
-    args = ("--prompt", "def f(x):", "--max-new-tokens", "16", "--temperature", "0.9", "--top-p", "0.9", "--seed", "5", "--json")
+    args = ("--prompt", "def f(x):", "--max-new-tokens", "16", "--temperature", "0.9", "--top-p", "0.9",
+            "--seed", "5", "--json")
     first = json.loads(run_cli(capsys, *args)[1])["token_ids"]
     assert json.loads(run_cli(capsys, *args)[1])["token_ids"] == first
 
@@ -110,4 +112,5 @@ def test_serve_checks_the_security_files_before_ray_starts(tmp_path):
     out = subprocess.run([sys.executable, "-m", "specdec_cli.serve_cli", "serve", "--config", str(path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
-    assert out.stderr.strip() == f"specdec: error: security.api_tokens_file: {tmp_path}/absent-tokens is not a readable file"
+    assert out.stderr.strip() == (
+        f"specdec: error: security.api_tokens_file: {tmp_path}/absent-tokens is not a readable file")

@@ -55,7 +55,8 @@ def pipelined(num_slots: int = 8, max_seq_len: int = 256, min_acceptance: float 
               micro_batches: bool = True, branches: int = 3, draft_slots: int | None = None,
               max_rows: int | None = None, choice: OverlapChoice | None = None, hits: LookAheadHits | None = None):
     """draft_slots: the draft's cache (default num_slots + 16, room for the look-ahead's forks)."""
-    target = ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=num_slots, max_seq_len=max_seq_len)
+    target = ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=num_slots,
+                                         max_seq_len=max_seq_len)
     draft = ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=draft_slots or num_slots + 16,
                                         max_seq_len=max_seq_len)
     proposer = DraftModelProposer(draft, target.vocab_size, wire_dtype=torch.float16)
@@ -271,7 +272,8 @@ def run_rows(params: SamplingParams, micro_batches: bool, chunks: int = 4):
     for chunk in range(chunks):
         engine = pipelined(num_slots=1024, max_seq_len=8, gamma=1, micro_batches=micro_batches, draft_slots=3 * 1024)
         engine.draft_ahead = RecordingDraftAhead(0.0, micro_batches)
-        ids = [engine.add_request(GenerationRequest([START], 3, dataclasses.replace(params, seed=7_000_000 + chunk * 1024 + i),
+        ids = [engine.add_request(GenerationRequest([START], 3,
+                                                    dataclasses.replace(params, seed=7_000_000 + chunk * 1024 + i),
                                                     gamma=1, mode="on", ignore_eos=True)) for i in range(1024)]
         while engine.has_unfinished():
             engine.step()

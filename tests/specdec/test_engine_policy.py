@@ -127,8 +127,6 @@ class PoorProposer:
     def propose(self, requests):
         import time
 
-        import torch
-
         from specdec.proposers.base import Proposal
 
         width = max(r.gamma for r in requests)

@@ -37,7 +37,8 @@ def frontend():
 def all_slots_free(frontend: Frontend, timeout_s: float = 5.0) -> bool:
     async def wait() -> bool:
         for _ in range(int(timeout_s / 0.05)):
-            if frontend.served.loop.num_requests == 0 and frontend.served.loop.engine.verifier.num_free_slots == NUM_SLOTS:
+            served = frontend.served.loop
+            if served.num_requests == 0 and served.engine.verifier.num_free_slots == NUM_SLOTS:
                 return True
             await asyncio.sleep(0.05)
         return False
@@ -80,7 +81,8 @@ def test_a_stop_string_cuts_the_text_and_finishes_with_stop(frontend):
 def test_seeded_sampling_is_reproducible(frontend):
     def run(seed: int) -> list[int]:
         sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=seed)
-        return asyncio.run(frontend.generate(TextRequest(prompt="class Stack:", max_new_tokens=16, sampling=sampling))).token_ids
+        request = TextRequest(prompt="class Stack:", max_new_tokens=16, sampling=sampling)
+        return asyncio.run(frontend.generate(request)).token_ids
 
     assert run(7) == run(7) != run(8)
 
@@ -96,7 +98,8 @@ def test_a_deadline_aborts_the_request_and_frees_its_slots(frontend):
 
 def test_the_admission_limit_refuses_the_next_request_and_closing_a_stream_frees_it(frontend):
     async def main():
-        streams = [frontend.stream(TextRequest(prompt="def parse(line):", max_new_tokens=200)) for _ in range(MAX_CONCURRENT)]
+        streams = [frontend.stream(TextRequest(prompt="def parse(line):", max_new_tokens=200))
+                   for _ in range(MAX_CONCURRENT)]
         for stream in streams:
             await stream.__anext__()  # admitted and generating
         with pytest.raises(AdmissionError, match="max_concurrent_requests"):

@@ -75,7 +75,8 @@ def test_client_health_and_generate_against_the_server(server, capsys, tokenizer
     assert main(["client", "health", "--server", f"127.0.0.1:{port}"]) == 0
     assert capsys.readouterr().out == "SERVING\n"
     prompt = "def parse(line):"
-    args = ["client", "generate", "--server", f"127.0.0.1:{port}", "--prompt", prompt, "--max-new-tokens", "12", "--json"]
+    args = ["client", "generate", "--server", f"127.0.0.1:{port}", "--prompt", prompt, "--max-new-tokens", "12",
+            "--json"]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["token_ids"] == hf_greedy(tokenizer(prompt, add_special_tokens=False)["input_ids"], 12)
@@ -90,7 +91,8 @@ def test_status_shows_the_live_speculation_picture(server, capsys):
     _, port, _ = server
     assert main(["status", "--server", f"127.0.0.1:{port}"]) == 0
     table = capsys.readouterr().out
-    for row in ("speculation", "gamma (AUTO requests)", "acceptance rate α", "round cost (ms)", "speculation pays below"):
+    rows = ("speculation", "gamma (AUTO requests)", "acceptance rate α", "round cost (ms)", "speculation pays below")
+    for row in rows:
         assert row in table
     assert main(["status", "--server", f"127.0.0.1:{port}", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
@@ -137,7 +139,8 @@ def unschedulable_serve(tmp_path, placement_timeout_s: float) -> subprocess.Pope
     config = tmp_path / "huge.yaml"
     config.write_text(f"serving:\n  target_num_cpus: 64\n  placement_timeout_s: {placement_timeout_s}\n")
     return subprocess.Popen(
-        [sys.executable, "-m", "specdec_cli.serve_cli", "serve", "--port", str(free_port()), "--http-port", str(free_port()),
+        [sys.executable, "-m", "specdec_cli.serve_cli", "serve", "--port", str(free_port()),
+         "--http-port", str(free_port()),
          "--tensor-parallel-size", "2", "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )

@@ -93,7 +93,8 @@ def test_the_official_client_streams_completions_with_usage(client):
                                        stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    assert text == client.completions.create(model=MODEL, prompt="def fibonacci(n):", max_tokens=20, temperature=0).choices[0].text
+    completion = client.completions.create(model=MODEL, prompt="def fibonacci(n):", max_tokens=20, temperature=0)
+    assert text == completion.choices[0].text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
 
 
@@ -105,7 +106,8 @@ def test_chat_completions_unary_and_streaming(client, tokenizer, hf_greedy):
     assert response.choices[0].message.role == "assistant"
     assert response.choices[0].message.content == tokenizer.decode(hf_greedy(ids, 10), skip_special_tokens=True)
     assert response.usage.prompt_tokens == len(ids)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0, stream=True))
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
+                                                 stream=True))
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "length"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == response.choices[0].message.content
 
@@ -308,7 +310,8 @@ def test_a_client_that_disconnects_before_its_unary_answer_frees_its_slots(serve
 
 def test_past_its_deadline_a_request_is_504_and_frees_its_slots(client, served):
     with pytest.raises(openai.APIStatusError) as error:
-        client.completions.create(model=MODEL, prompt="def parse(line):", max_tokens=200, extra_body={"timeout_s": 0.05})
+        client.completions.create(model=MODEL, prompt="def parse(line):", max_tokens=200,
+                                  extra_body={"timeout_s": 0.05})
     assert error.value.status_code == 504 and error.value.code == "deadline_exceeded"
     assert wait_until(lambda: idle(served))
 
@@ -341,7 +344,8 @@ def test_with_tokens_only_a_valid_bearer_token_is_served_and_health_stays_open(s
                 with pytest.raises(openai.AuthenticationError) as error:
                     bad.completions.create(model=MODEL, prompt="def f():", max_tokens=3)
                 assert error.value.status_code == 401
-                assert error.value.body["code"] == "invalid_api_key" and "wrong-token" not in error.value.body["message"]
+                assert error.value.body["code"] == "invalid_api_key"
+                assert "wrong-token" not in error.value.body["message"]
         with pytest.raises(urllib.error.HTTPError) as error:
             urllib.request.urlopen(f"{server.url}/v1/models")
         assert error.value.code == 401

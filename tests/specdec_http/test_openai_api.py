@@ -169,7 +169,8 @@ def test_chat_chunks_carry_the_role_first_and_the_outcome_last():
     call = Call("chatcmpl-1", "chat.completion", MODEL, 0)
     [first] = events(chunk_events(call, Delta("de", [1]), first=True, include_usage=True))
     assert first["object"] == "chat.completion.chunk"
-    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "de"} and first["choices"][0]["finish_reason"] is None
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "de"}
+    assert first["choices"][0]["finish_reason"] is None
     last = Delta("f", [2], "length", SpecStats(rounds=1), Usage(4, 2))
     chunk, usage = events(chunk_events(call, last, first=False, include_usage=True))
     assert chunk["choices"][0]["delta"] == {"content": "f"} and chunk["choices"][0]["finish_reason"] == "length"

@@ -32,7 +32,8 @@ def test_gauges_show_the_load_monitors_decision():
     status = PolicyStatus(gamma=0, speculation_enabled=False, alpha=0.61, qps=12.5, off_because_of_load=True,
                           crossover=Crossover(rows=6, qps=3.0))
     metrics.update(engine_with([]), status)
-    assert (metrics.gamma.value, metrics.enabled.value, metrics.acceptance.value, metrics.qps.value) == (0, 0.0, 0.61, 12.5)
+    values = (metrics.gamma.value, metrics.enabled.value, metrics.acceptance.value, metrics.qps.value)
+    assert values == (0, 0.0, 0.61, 12.5)
     assert (metrics.off_for_load.value, metrics.crossover.value) == (1.0, 6.0)
 
 

@@ -53,7 +53,8 @@ def test_calls_are_counted_by_rpc_and_code_and_compute_feeds_time_and_tokens():
 def test_gauges_show_the_cache_and_leases_and_expired_sequences_count_only_the_increase():
     metrics = WorkerMetrics(FAKES, role="draft")
     metrics.update(WorkerState(slots=8, free_slots=5, leases=2, sequences=3, expired_sequences=0))
-    assert (metrics.slots.value, metrics.slots_used.value, metrics.leases.value, metrics.sequences.value) == (8, 3, 2, 3)
+    values = (metrics.slots.value, metrics.slots_used.value, metrics.leases.value, metrics.sequences.value)
+    assert values == (8, 3, 2, 3)
     metrics.update(WorkerState(slots=8, free_slots=7, leases=1, sequences=1, expired_sequences=2))
     metrics.update(WorkerState(slots=8, free_slots=7, leases=1, sequences=1, expired_sequences=2))
     metrics.update(WorkerState(slots=8, free_slots=8, leases=0, sequences=0, expired_sequences=3))

@@ -27,7 +27,8 @@ def alive(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
 def test_redis_child_stops_when_its_parent_is_killed():
     require_redis_server()
-    code = "from specdec_redis.local_redis import LocalRedis; r = LocalRedis().start(); print(r.process.pid, flush=True); input()"
+    code = ("from specdec_redis.local_redis import LocalRedis; r = LocalRedis().start(); "
+            "print(r.process.pid, flush=True); input()")
     parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, cwd=REPO)
     redis_pid = int(parent.stdout.readline())

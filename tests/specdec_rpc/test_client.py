@@ -70,7 +70,8 @@ def flaky(server):
 #: what Ray Serve's gRPC proxy sends (with INTERNAL) for a call whose replica was killed (Ray 2.60)
 REPLICA_DIED = (
     "The actor died unexpectedly before finishing this task.\n\tclass_name: ServeReplica:specdec:SpecdecRouter\n"
-    "\tactor_id: 4b7fa6e25786e9e7f031b3e801000000\n\tpid: 29158\n\tname: SERVE_REPLICA::specdec#SpecdecRouter#24pwwv5v\n"
+    "\tactor_id: 4b7fa6e25786e9e7f031b3e801000000\n\tpid: 29158\n"
+    "\tname: SERVE_REPLICA::specdec#SpecdecRouter#24pwwv5v\n"
     "\tnamespace: serve\n\tip: 192.0.2.2\nThe actor is dead because its worker process has died."
 )
 

@@ -128,7 +128,8 @@ def test_an_over_long_prompt_is_refused_before_it_is_tokenised():
     with pytest.raises(ValueError, match="prompt: 101 characters cannot fit the context"):
         to_generation_request(pb.GenerateRequest(prompt="y" * 101), counting_encode, DEFAULTS)
     assert calls == []
-    assert len(to_generation_request(pb.GenerateRequest(prompt="y" * 100), counting_encode, DEFAULTS).prompt_token_ids) == 100
+    request = to_generation_request(pb.GenerateRequest(prompt="y" * 100), counting_encode, DEFAULTS)
+    assert len(request.prompt_token_ids) == 100
 
 
 def test_the_prompt_character_bound_follows_the_longest_token(tokenizer):

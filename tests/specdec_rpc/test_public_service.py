@@ -20,7 +20,8 @@ def service():
 
 
 def request(prompt_ids, n, **speculation):
-    return pb.GenerateRequest(prompt_token_ids=prompt_ids, max_new_tokens=n, speculation=pb.SpeculationParams(**speculation))
+    return pb.GenerateRequest(prompt_token_ids=prompt_ids, max_new_tokens=n,
+                              speculation=pb.SpeculationParams(**speculation))
 
 
 @pytest.mark.parametrize(
@@ -113,7 +114,8 @@ def test_stats_carry_the_measured_choice_of_drafting_ahead_and_the_status_shows_
                           overlap_choice=(180.0, 0.0, True))
     profile = to_stats_response(status).round_profile
     assert (profile.rows_drafted_ahead, profile.look_ahead_hit_rate) == (40, 0.5)
-    assert (profile.look_ahead_tokens_per_s, profile.sequential_tokens_per_s, profile.looking_ahead) == (180.0, 0.0, True)
+    looked = (profile.look_ahead_tokens_per_s, profile.sequential_tokens_per_s, profile.looking_ahead)
+    assert looked == (180.0, 0.0, True)
     line = next(line for line in format_status(to_stats_response(status)).splitlines() if line.startswith("drafting"))
     assert "on for a lone request" in line and "50% of 40" in line
     assert "180 tokens/s looking ahead, not measured yet without" in line

@@ -95,7 +95,8 @@ class EchoServicer:
             request = parse(raw, health_pb2.HealthCheckRequest)
         except MalformedRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        status = health_pb2.HealthCheckResponse.SERVING if not request.service else health_pb2.HealthCheckResponse.UNKNOWN
+        status = (health_pb2.HealthCheckResponse.SERVING if not request.service
+                  else health_pb2.HealthCheckResponse.UNKNOWN)
         return health_pb2.HealthCheckResponse(status=status)
 
 

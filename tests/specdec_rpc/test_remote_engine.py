@@ -141,7 +141,8 @@ def test_drafting_ahead_while_the_remote_target_verifies_keeps_the_output(
     if proposer == "draft" and not micro_batches:
         assert ahead.rejection_hits > 0, "the draft worker's branches after a rejection came over the wire"
     sampled = GenerationRequest(prompt_ids[2], MAX_NEW, SamplingParams(temperature=0.9, seed=12), ignore_eos=True)
-    runs = [remote_engine(proposer, 4, draft_ahead=DraftAhead(0.0, micro_batches)).generate([sampled]) for _ in range(2)]
+    runs = [remote_engine(proposer, 4, draft_ahead=DraftAhead(0.0, micro_batches)).generate([sampled])
+            for _ in range(2)]
     assert runs[0][0].token_ids == runs[1][0].token_ids
 
 
@@ -220,7 +221,8 @@ def test_a_q_that_does_not_decode_is_not_trusted_and_fails_nothing(workers, prom
         stub = worker_pb2_grpc.TargetWorkerStub(channel)
         items = [
             worker_pb2.VerifyItem(
-                history=worker_pb2.HistoryDelta(seq_id="corrupt", token_ids=prompt_ids[0], sampling=sampling_to_proto(sampled)),
+                history=worker_pb2.HistoryDelta(seq_id="corrupt", token_ids=prompt_ids[0],
+                                                sampling=sampling_to_proto(sampled)),
                 draft_token_ids=[5], draft_probs=[broken],
             ),
             worker_pb2.VerifyItem(history=worker_pb2.HistoryDelta(seq_id="fine", token_ids=prompt_ids[1])),

@@ -74,7 +74,8 @@ def draft():
 def target():
     metrics = WorkerMetrics(FAKES, model=CONFIG.models.target, role="target", rank=0)
     runner = load_runner(CONFIG.models.target, CONFIG.models, CONFIG.cache)
-    servicer = TargetServicer(TargetVerifier(runner), CONFIG.models.target, NUM_SLOTS, lease_ttl_s=TTL_S, metrics=metrics)
+    servicer = TargetServicer(TargetVerifier(runner), CONFIG.models.target, NUM_SLOTS, lease_ttl_s=TTL_S,
+                              metrics=metrics)
     with ServerThread(servicer) as server, grpc.insecure_channel(server.address) as channel:
         yield servicer, worker_pb2_grpc.TargetWorkerStub(channel)
 

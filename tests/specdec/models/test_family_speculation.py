@@ -1,5 +1,6 @@
 """Speculative decoding over the newer families, on the own runtime (Qwen3, Gemma 2/3, Phi-3) and on the
-transformers fallback (gpt2, Phi-3 with partial rotary): greedy output equals transformers' generate(do_sample=False), with a
+transformers fallback (gpt2, Phi-3 with partial rotary): greedy output equals transformers'
+generate(do_sample=False), with a
 draft that agrees with the target (accepted and bonus tokens) and with one that does not (rejections,
 recovered tokens and rollbacks)."""
 

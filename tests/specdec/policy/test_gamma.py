@@ -233,7 +233,8 @@ def test_the_bound_is_set_against_plain_decodings_own_long_round_the_one_that_re
     free = plan_gammas(curve, [0], [8], per_token)
     steady = plan_gammas(curve, [0], [8], per_token, max_round_ratio=1.0)
     assert 0 < steady.gammas[0] < free.gammas[0]
-    assert per_token.round_s(steady.gammas) <= per_token.prefill_round_s((0,)) < per_token.round_s((steady.gammas[0] + 1,))
+    assert per_token.round_s(steady.gammas) <= per_token.prefill_round_s((0,))
+    assert per_token.prefill_round_s((0,)) < per_token.round_s((steady.gammas[0] + 1,))
     assert plan_gammas(curve, [0], [8], per_token, max_round_ratio=1.0, prompt_tokens=20).gammas == (0,)
     short = plan_gammas(curve, [0], [8], per_token, max_round_ratio=1.0, prompt_tokens=10)  # 5 ms left for drafts
     assert 0 < short.gammas[0] < steady.gammas[0]

@@ -63,7 +63,8 @@ def test_one_hard_request_in_the_load_window_does_not_set_the_deployments_accept
     def drafts(count, accepted_of_4):
         w = StatsWindow()
         for _ in range(count):
-            w.add_round(RoundSample(1, 4, 4, accepted_of_4, 0.01, 0.01, tuple([1] * accepted_of_4 + [0] * (4 - accepted_of_4)),
+            w.add_round(RoundSample(1, 4, 4, accepted_of_4, 0.01, 0.01,
+                                    tuple([1] * accepted_of_4 + [0] * (4 - accepted_of_4)),
                                     (1, 1, 1, 1), 1, 0.02))
         return w
     store = InProcessLoadStore(window_s=4.0, bucket_s=1.0, cost_window_s=60.0)

@@ -212,7 +212,7 @@ def test_calls_at_one_gamma_give_their_cost_to_the_steps_and_other_gammas_correc
     """γ = 4 only (mode ON traffic): a shorter γ is predicted cheaper in proportion, as an
     autoregressive draft is, so the plan still tries it; rounds at other γs then fit the truth."""
     window = StatsWindow()
-    for k in range(40):
+    for _ in range(40):
         add_round_timing(window.add, RoundShape(1, 5, 1, 4), TRUE.verify_s(1, 4), TRUE.draft_s(1, 4), 0.0)
     one_gamma = RoundCostModel.from_sums(window.sums)
     assert one_gamma.draft_s(1, 4) == pytest.approx(TRUE.draft_s(1, 4), rel=1e-3)
@@ -238,7 +238,8 @@ def test_the_history_a_draft_reads_first_is_its_own_cost_not_the_calls():
     fitted = RoundCostModel.from_sums(window.sums)
     assert fitted.draft == pytest.approx(true.draft, rel=1e-3, abs=1e-7)
     assert fitted.round_s([2, 2], catch_up=[2, 70]) == pytest.approx(true.round_s([2, 2], catch_up=[2, 70]), rel=1e-3)
-    assert fitted.round_s([2, 0], catch_up=[2, 70]) < fitted.round_s([2, 2], catch_up=[2, 70])  # only drafting rows read
+    # only drafting rows read
+    assert fitted.round_s([2, 0], catch_up=[2, 70]) < fitted.round_s([2, 2], catch_up=[2, 70])
 
 
 def test_a_row_and_a_drafted_token_are_priced_apart():
@@ -254,7 +255,8 @@ def test_a_row_and_a_drafted_token_are_priced_apart():
         add_round_timing(window.add, shape, verify_s(true, shape), true.draft_s(shape.draft_rows, gamma), 0.0)
         add_point(one_price_window.add, "one", (1.0, float(shape.tokens)), verify_s(true, shape))
     fitted = RoundCostModel.from_sums(window.sums)
-    assert fitted.verify == pytest.approx(true.verify, rel=1e-2, abs=1e-7)  # the tie pulls a little where drafts are rare
+    # the tie pulls a little where drafts are rare
+    assert fitted.verify == pytest.approx(true.verify, rel=1e-2, abs=1e-7)
     assert fitted.round_s([4]) == pytest.approx(true.round_s([4]), rel=1e-3)
     fixed, token = fit_nonnegative(one_price_window.sums, "one", 2)
     one_price = RoundCostModel(verify=(fixed, token), draft=true.draft)
@@ -276,7 +278,8 @@ def test_a_three_term_draft_model_has_no_catch_up_cost():
     assert RoundCostModel(verify=(0.01, 0.001), draft=(0.001, 0.002, 0.0)).draft == (0.001, 0.002, 0.0, 0.0)
     with pytest.raises(ValueError, match="draft"):
         RoundCostModel(verify=(0.01, 0.001), draft=(0.001, 0.002))
-    assert RoundCostModel(verify=(0.01, 0.001, 0.0002), draft=(0.0, 0.0, 0.0)).verify == (0.01, 0.001, 0.001, 0.0002, 0.0)
+    expanded = RoundCostModel(verify=(0.01, 0.001, 0.0002), draft=(0.0, 0.0, 0.0)).verify
+    assert expanded == (0.01, 0.001, 0.001, 0.0002, 0.0)
 
 
 def test_the_model_keeps_a_newcomers_mean_prompt_from_the_rounds_that_read_prompts():
@@ -337,7 +340,8 @@ def test_a_planned_drafting_round_whose_proposer_drafted_nothing_calibrates_draf
         add_round_timing(window.add, RoundShape(1, 1, 1, 4), 0.010, 0.002, 0.012, planned_s=0.024)
     fitted = RoundCostModel.from_sums(window.sums)
     assert fitted.plain_scale == 1.0
-    assert fitted.drafting_scale == pytest.approx((40 * 0.012 + CALIBRATION_PRIOR_S) / (40 * 0.024 + CALIBRATION_PRIOR_S))
+    assert fitted.drafting_scale == pytest.approx(
+        (40 * 0.012 + CALIBRATION_PRIOR_S) / (40 * 0.024 + CALIBRATION_PRIOR_S))
 
 
 def test_without_planned_rounds_the_parts_are_the_prediction():

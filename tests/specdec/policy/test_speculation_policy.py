@@ -34,7 +34,8 @@ def snapshot(alpha=0.7, cost=CHEAP_VERIFY, at=100.0, qps=1.0, in_flight=1.0, noi
             jitter = 1 + rng.uniform(-noise, noise)
             verify = cost.verify_s(rows * (gamma + 1)) * jitter
             draft = cost.draft_s(rows, gamma) * jitter
-            w.add_round(RoundSample.from_rows(gammas, gammas, accepted, draft, verify, verify + draft + cost.overhead_s))
+            w.add_round(RoundSample.from_rows(gammas, gammas, accepted, draft, verify,
+                                              verify + draft + cost.overhead_s))
     return LoadSnapshot.from_window(w, 10.0, in_flight, 0, measured_at=at)
 
 
@@ -263,7 +264,8 @@ def test_noisy_measurements_near_the_crossover_do_not_flap():
     states = []
     for k in range(200):
         now = 100.0 + 0.1 * k
-        states.append(policy.update_switch(snapshot(alpha=0.7, cost=HEAVY_VERIFY, at=now, noise=0.15, rng=rng), rows, now))
+        states.append(policy.update_switch(
+            snapshot(alpha=0.7, cost=HEAVY_VERIFY, at=now, noise=0.15, rng=rng), rows, now))
     changes = sum(a != b for a, b in zip(states, states[1:]))
     assert changes <= 20 / 2.0
 
@@ -352,7 +354,8 @@ def test_after_a_stretch_of_plain_rounds_drafting_is_priced_as_last_measured():
     measured = snapshot(alpha=0.8)
     assert policy.update_switch(measured, 2, 100.0) is True
     after_plain = replace(measured, **thin)
-    assert SpeculationPolicy(settings()).plan(after_plain, auto(2), 130.0, 4).gammas == (0, 0)  # nothing measured before
+    # nothing measured before
+    assert SpeculationPolicy(settings()).plan(after_plain, auto(2), 130.0, 4).gammas == (0, 0)
     assert all(policy.plan(after_plain, auto(2), 130.0, 4).gammas)
     assert policy.update_switch(after_plain, 2, 130.0) is True
     heavy = SpeculationPolicy(settings(min_dwell_s=0.0))
