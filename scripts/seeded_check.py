@@ -124,20 +124,23 @@ def draft_pid(process: subprocess.Popen) -> int:
     return sorted(found, key=lambda pid: pid not in mine)[0]
 
 
-def grpc_call(port: int, case: Case, mode: str, max_new: int, stream: bool) -> tuple[list[int] | None, str]:
+def grpc_call(port: int, case: Case, mode: str, max_new: int, stream: bool) -> tuple[list[int] | None, str, int]:
+    """(token ids, text, drafted tokens) of one gRPC request."""
     fields = dict(max_new_tokens=max_new, temperature=1.0, top_p=case.top_p, seed=case.seed, mode=mode)
     with SpecdecClient(f"127.0.0.1:{port}", timeout_s=300, retries=0) as client:
         if not stream:
             response = client.generate(case.prompt, **fields)
-            return list(response.token_ids), response.text
-        ids, text = [], ""
+            return list(response.token_ids), response.text, response.stats.drafted
+        ids, text, drafted = [], "", 0
         for chunk in client.generate_stream(case.prompt, **fields):
             ids += chunk.token_ids
             text += chunk.text
-        return ids, text
+            drafted += chunk.stats.drafted
+        return ids, text, drafted
 
 
-def http_call(http_port: int, case: Case, mode: str, max_new: int, stream: bool) -> tuple[list[int] | None, str]:
+def http_call(http_port: int, case: Case, mode: str, max_new: int, stream: bool) -> tuple[list[int] | None, str, int]:
+    """(None: no ids over HTTP, text, drafted tokens) of one /v1/completions request."""
     body = {"prompt": case.prompt, "max_tokens": max_new, "temperature": 1.0, "top_p": case.top_p,
             "seed": case.seed, "speculation": {"mode": mode}, "stream": stream}
     conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=300)
@@ -147,16 +150,18 @@ def http_call(http_port: int, case: Case, mode: str, max_new: int, stream: bool)
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status} {response.read()[:300]!r}")
         if not stream:
-            return None, json.loads(response.read())["choices"][0]["text"]
-        text = ""
+            body = json.loads(response.read())
+            return None, body["choices"][0]["text"], body["speculation"]["drafted"]
+        text, drafted = "", 0
         for line in response:
             if line.startswith(b"data: [DONE]"):
-                return None, text
+                return None, text, drafted
             if line.startswith(b"data: {"):
                 event = json.loads(line[6:])
                 if "error" in event:
                     raise RuntimeError(f"SSE error {event['error']}")
                 text += "".join(choice["text"] for choice in event["choices"])
+                drafted += event.get("speculation", {}).get("drafted", 0)
         raise RuntimeError("SSE cut before [DONE]")
     finally:
         conn.close()
@@ -178,21 +183,22 @@ class Tally:
 
     def __init__(self, refs: dict[int, tuple[list[int], str]], decode) -> None:
         self.refs, self.decode = refs, decode
-        self.counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        self.counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])  # identical, total, drafted
         self.diffs: list[str] = []
         self.lock = threading.Lock()
 
     def check(self, path: str, mode: str, case: Case, call) -> None:
         ref_ids, ref_text = self.refs[case.index]
         try:
-            ids, text = call()
+            ids, text, drafted = call()
             same = text == ref_text and (ids is None or ids == ref_ids)
             why = "" if same else first_difference(ref_ids, ref_text, ids, text, self.decode)
         except Exception as exc:  # a failed request counts as a difference: it returned no text
-            same, why = False, f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+            same, why, drafted = False, f"failed: {type(exc).__name__}: {str(exc)[:200]}", 0
         with self.lock:
             self.counts[(path, mode)][0] += same
             self.counts[(path, mode)][1] += 1
+            self.counts[(path, mode)][2] += drafted
             if not same:
                 self.diffs.append(f"{path} mode={mode} {case.name}: {why}")
 
@@ -214,42 +220,45 @@ def mixed_phase(tally: Tally, all_cases: list[Case], ports: tuple[int, int], max
 
 
 def sigstop_phase(tally: Tally, all_cases: list[Case], ports: tuple[int, int], max_new: int, concurrency: int,
-                  pid: int, stop_s: float) -> int:
+                  pid: int, stop_s: float) -> tuple[int, int]:
     """Seeded ON streams (gRPC and SSE) sent continuously from 1 s before the draft worker's
-    SIGSTOP to 2 s after its SIGCONT; returns how many were sent."""
+    SIGSTOP to 2 s after its SIGCONT; returns how many were sent, and how many of them were
+    in flight at some time while it was stopped."""
     done = threading.Event()
-    sent = [0]
+    spans: list[tuple[float, float]] = []
 
     def load(worker: int) -> None:
         i = worker
         while not done.is_set():
-            case = all_cases[i % len(all_cases)]
+            case, start = all_cases[i % len(all_cases)], time.monotonic()
             if i % 2:
                 tally.check("grpc-stream+SIGSTOP", "on", case, partial(grpc_call, ports[0], case, "on", max_new, True))
             else:
                 tally.check("sse+SIGSTOP", "on", case, partial(http_call, ports[1], case, "on", max_new, True))
-            sent[0] += 1
+            spans.append((start, time.monotonic()))
             i += concurrency
     threads = [threading.Thread(target=load, args=(w,), daemon=True) for w in range(concurrency)]
     for t in threads:
         t.start()
     time.sleep(1.0)
     os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
     try:
         time.sleep(stop_s)
     finally:
         os.kill(pid, signal.SIGCONT)
+        resumed = time.monotonic()
     time.sleep(2.0)
     done.set()
     for t in threads:
         t.join(300)
-    return sent[0]
+    return len(spans), sum(start < resumed and end > stopped for start, end in spans)
 
 
 def print_table(tally: Tally) -> bool:
-    print(f"{'path':22s} {'mode':5s} identical/total")
-    for (path, mode), (same, total) in sorted(tally.counts.items()):
-        print(f"{path:22s} {mode:5s} {same}/{total}{'' if same == total else '  DIFFERS'}")
+    print(f"{'path':22s} {'mode':5s} identical/total  drafted tokens")
+    for (path, mode), (same, total, drafted) in sorted(tally.counts.items()):
+        print(f"{path:22s} {mode:5s} {f'{same}/{total}':15s}  {drafted:6d}{'' if same == total else '  DIFFERS'}")
     for line in tally.diffs:
         print("  " + line)
     return not tally.diffs
@@ -272,9 +281,10 @@ def main() -> int:
         try:
             mixed_phase(tally, all_cases, (port, http_port), args.max_new, args.concurrency)
             print(f"mixed phase done at {time.monotonic() - started:.0f}s", flush=True)
-            sent = sigstop_phase(tally, all_cases, (port, http_port), args.max_new, args.concurrency,
+            sent, during = sigstop_phase(tally, all_cases, (port, http_port), args.max_new, args.concurrency,
                                  draft_pid(process), args.stop_s)
-            print(f"SIGSTOP phase: {sent} streams ({args.stop_s:g}s stop)", flush=True)
+            print(f"SIGSTOP phase: {sent} streams, {during} of them in flight during the {args.stop_s:g}s stop",
+                  flush=True)
         finally:
             code = stop_server(process)
             print(f"server exit status {code}", flush=True)
