@@ -5,22 +5,18 @@ being verified; it is used only when the verdict matches one of them (a *hit*). 
 twice: the draft's batched look-ahead work ran next to the verify for nothing, and the round
 still has to wait for it before it can ask for a fresh proposal. How often look-aheads hit
 depends on how the target picks its last token: a greedy target's argmax is often the
-draft's own guess (bundled pair, γ = 4, 4 branches: 50 % hits), a sampled target's token
-rarely is (temperature 1: about 15 %, where the look-ahead made rounds slower than
-sequential ones; README, serving benchmark and QPS sweep).
+draft's own guess, a sampled target's token much less often (a branch after a rejection
+guesses the recovered token as the draft's next-best one), and below some rate the
+look-ahead makes rounds slower than sequential ones (docs/rounds.md).
 
 So hits are counted apart for greedy and for sampled rows, as an exponentially weighted
 rate over their recent look-aheads (`weight` for the newest). A kind whose rate falls below
 `min_hit_rate` stops looking ahead, except every `probe_every`-th row of that kind, so that
 its rate stays measured and looking ahead comes back when it would hit again. A probe is
-dear: sampled look-aheads on the bundled pair (2 CPU cores) hit 7-12 % of the time, and a
-probe's look-ahead took 15-20 ms of draft work next to a 10 ms verify, making its round
-35-40 % longer (one-row rounds: 26 against 20 ms under mode ON, 34 against 25 ms under the
-goodput policy, whose γ is longer). One probe in 8 rows put those rounds into the ITL tail;
-one in 32, measured side by side (QPS sweep at 1 and 4 requests/s, two runs of each
-alternated), cut the ITL p99 at 1 request/s by 8 % (ON) and 9 % (AUTO), and AUTO's at 4
-requests/s by 16 %. At a weight of 1/32 a kind whose hits return still crosses the bar
-after about 9 probes (a few hundred rows). Until a kind
+dear: its look-ahead is draft work next to the verify that will probably be thrown away,
+and its round is longer than a sequential one, so frequent probes show in the ITL tail;
+rare ones keep the rate current at a cost no request notices. At a weight of 1/32 a kind
+whose hits return still crosses the bar after about 9 probes (a few hundred rows). Until a kind
 has `warmup` look-aheads it looks ahead. Whether a row looks ahead never changes what is
 emitted, only when its drafts are made.
 """

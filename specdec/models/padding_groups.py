@@ -8,10 +8,8 @@ length, the cheapest split is contiguous, and a small dynamic programme finds it
 
     cost(group) = overhead_tokens + len(group) · longest(group)        (token-rows)
 
-Measured with the bundled pair on 2 CPU cores (one forward of 1–8 decode rows costs as
-much as ~30–40 padded token-rows): a draft catch-up of 8 one-token rows and a 40-token
-prompt took 9.7 ms padded and 2.9 ms split; the target's 5-token rows with an 80-token
-prompt, 57.6 ms against 20.9 ms at 4 rows.
+overhead_tokens is a forward's fixed cost expressed in padded token-rows: what one more
+forward of a few decode rows costs, compared with making each row one token longer.
 """
 
 from __future__ import annotations

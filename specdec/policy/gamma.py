@@ -70,8 +70,8 @@ def expected_accepted(cluster: np.ndarray, offered: ArrayLike) -> float | np.nda
     """The drafted tokens a row would have had accepted at the cluster's acceptance: offered[k]
     of its rounds offered a (k + 1)-th drafted token, accepted with P(first k + 1 accepted).
     Compared with accepted / drafted, the drafts after a round's first rejection (never
-    judged) do not count as rejections: a row drafting γ = 8 with the cluster's acceptance,
-    measured on γ = 4, would look a third worse than the cluster. cluster: # [gamma_max];
+    judged) do not count as rejections: a row drafting a longer γ than the cluster's rounds
+    did, at the cluster's acceptance, would otherwise look worse than the cluster. cluster: # [gamma_max];
     offered: # [positions] for one row (a float back), or # [rows, positions] zero-padded
     (# [rows] back)."""
     counts = np.asarray(offered, dtype=np.float64)
@@ -130,9 +130,9 @@ def plan_gammas(
     (`RoundCostModel.prefill_round_s`; 0 = unbounded).
     prompt_tokens: what the target reads this round besides the rows' γ + 1 tokens: read
     whatever the plan, its time is sunk, so goodput is that of the rows' decoding alone
-    (counted in the round's own ratio, a prompt made every draft look cheaper: at 32 rows on
-    the bundled pair, plans of rounds that read prompts predicted 50-90 % over plain decoding,
-    those of the rounds beside them 5-21 %); it counts towards the round-time bound only;
+    (counted in the round's own ratio, a prompt lowers plain decoding's goodput more than
+    drafting's, and the plan would draft in the rounds that are long already); it counts
+    towards the round-time bound only;
     catch_up: what the proposer reads of each row's history before drafting for it (None: 0).
     curves: # [rows, gamma_max] P_i(k), k = 1 … gamma_max; lo, hi: each row's bounds."""
     rows = len(lo)

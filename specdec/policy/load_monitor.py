@@ -64,7 +64,7 @@ class LoadMonitor:
         self._snapshot: LoadSnapshot | None = None
         self._last_tick = float("-inf")
         self._default_gamma = policy.settings.fallback_gamma  # the server's γ, as the engine last said
-        self._crossover: tuple[float, Crossover] | None = None  # (when, value): ~10 ms to compute
+        self._crossover: tuple[float, Crossover] | None = None  # (when, value): dear to compute, so reused
         self.source = "local" if store is None else "shared"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

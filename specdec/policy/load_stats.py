@@ -10,10 +10,9 @@ rather than configured.
 
 Acceptance belongs to the deployment (the proposer and target pair, the traffic's mix of
 prompts), not to the moment's load, as a round's cost does. Over a load window of a few
-seconds at 1 request/s it is one or two requests' α: on the bundled pair over gRPC, one hard
-prompt (α 0.38 in a 4 s window, against 0.64 over the minute) made the plan switch
-speculation off at one row, and while it was off the window held too few drafts to measure
-α again, so the policy went on planning with that one request's α. A request's own α still
+seconds at light load it is one or two requests' α: one hard prompt can make the plan
+switch speculation off, and while it is off the window holds too few drafts to measure α
+again, so the policy would go on planning with that one request's α. A request's own α still
 moves its own γ at once (`specdec.policy.gamma.row_prefix_acceptance`).
 """
 

@@ -1,8 +1,8 @@
 """What a round costs at the current batch: a linear model learnt online from round timings.
 
 A round runs one proposer call (γ draft steps for the rows that draft) and one target
-forward over every row's pending token and drafted tokens, plus fixed bookkeeping. Measured
-in seconds:
+forward over every row's pending token and drafted tokens, plus fixed bookkeeping. In
+seconds:
 
     verify_s ≈ v_fixed + v_row · rows + v_drafted · drafted + v_prompt · prompt tokens
                + v_speculating (when the round verifies any draft)
@@ -10,76 +10,41 @@ in seconds:
     round_s  ≈ verify_s + draft_s (0 when nobody drafts) + overhead_s
 
 (SmartSpec, "Optimizing Speculative Decoding for Serving LLMs Using Goodput", 2024, fits a
-batch's time as a linear function of its tokens in the same way.) The target's three
-kinds of token are priced apart:
-* a row (its pending token) brings its own attention over its context, its own sampling
-  and bookkeeping;
-* a drafted token only lengthens its row's forward (one more query) and is judged;
-* a newcomer's prompt is read in one batched forward and sampled once.
-On the bundled pair over gRPC (2 CPU cores) one price for both was fitted at 0.6 ms under ON
-traffic and rose to 1.5-2.2 ms after a minute of plain rounds (speculation off, or OFF
-traffic), while a drafted token costs about 0.5 ms more in a forward in-process: fitted on
-plain rounds, one price takes a drafted token for a whole row, and a γ = 4 round looked
-4-7 ms dearer than it was, just when only drafting rounds could have measured the truth.
-Where the rounds cannot tell the two apart (no drafts in the window, or every row drafting
-the same γ), a small fusion penalty makes them equal (`DRAFTED_TIE`): the one price, as
-before. A round that verifies drafts also pays once for doing so (v_speculating): the proposal's
-transfer and the rejection sampler's setup and, on a shared host, the draft's look-ahead
-computing the next drafts on the cores the verify forward runs on. Without that term the
-fixed extra was spread over the drafted tokens: on the bundled pair over gRPC (2 CPU cores)
-the target's fixed cost was fitted at 28-34 ms under ON traffic and 20-23 ms under OFF
-traffic at the same load, and after a minute of plain rounds a drafted token was priced
-at 2-3 ms instead of 0.4-0.9 ms, which kept speculation off at 1-4 rows where ON streamed
-1.6× faster than OFF. Where every round verified drafts (ON traffic) the term cannot be
-told from v_fixed and a ridge gives it to v_fixed (`VERIFY_RIDGE`): plain rounds are then
-priced as drafting ones were, as before the term. On a GPU at small batches the per-token
-prices are small (verification is memory-bound) and v_fixed holds most of the call.
-d_fixed holds the proposer call's fixed cost (a network hop);
-d_step one draft step whatever the batch; d_row_step one more row in a step; d_catch_up each
-token the draft reads before it drafts (catch_up: each drafting row's history since the
-proposer last saw it: a few tokens while a row drafts every round, its whole prompt and
-everything decoded plainly since when it starts drafting again). Without that term, the dear
-first calls of rows that drafted now and then (the policy's own exploration, speculation
-coming back on) read as a large fixed cost of every call, and short rounds looked
-unprofitable.
+batch's time as a linear function of its tokens in the same way.) Each term is there because
+a model without it misprices a choice the plan makes (docs/speculation_policy.md):
+* a row brings its own attention, sampling and bookkeeping; a drafted token only lengthens
+  its row's forward; a newcomer's prompt is read in one batched forward. One price for rows
+  and drafted tokens, fitted on mostly plain rounds, prices drafting far too dear; where the
+  rounds cannot tell the two apart a small penalty makes them equal (`DRAFTED_TIE`);
+* v_speculating: what verifying any draft costs once (the proposal's transfer, the rejection
+  sampler's setup, a look-ahead sharing the verify's cores); spread over drafted tokens it
+  keeps speculation off where it pays. Where every round verified drafts, a ridge gives it
+  to v_fixed (`VERIFY_RIDGE`);
+* d_catch_up: the history a row's draft reads before drafting (its whole prompt, or what was
+  decoded plainly since it last drafted); without it the dear first calls of rows that draft
+  now and then read as a fixed cost of every call.
 
-Each coefficient is fitted by non-negative least squares over additive sums (Σ x·xᵀ,
-Σ x·y, n), so that the sums of any number of router replicas and time buckets merge by
-adding (`StatsWindow` in Redis). Draft calls at one γ only cannot separate the call's
-fixed cost from its steps' cost; a small ridge term then gives it to the steps (`DRAFT_RIDGE`),
-which predicts the rounds measured exactly and corrects itself once other γs are seen.
+The coefficients are fitted by non-negative least squares over additive sums (Σ x·xᵀ, Σ x·y,
+n), so the sums of any number of router replicas and time buckets merge by adding
+(`StatsWindow` in Redis). Draft calls at one γ cannot separate the call's fixed cost from its
+steps'; a ridge then gives it to the steps (`DRAFT_RIDGE`), so a shorter γ is predicted
+cheaper and gets tried. A round's cost belongs to the deployment, not to the moment's load:
+its sums are kept over the longer cost window (`load_monitor.cost_window_s`, `COST_KEYS`).
 
-What a round costs belongs to the deployment (models, devices, network), not to the
-moment's load: its sums are kept over a longer window than QPS and acceptance
-(`load_monitor.cost_window_s`, `COST_KEYS`). Fitted on a few seconds of rounds in which γ
-barely varied, the draft's fixed and per-step costs cannot be told apart, and such a fit
-switched speculation off at three rows that a minute of rounds showed it paid for.
+A linear fit is trusted only near the rounds it was fitted on. `drafted_limit`, the trust
+region, is the most drafted tokens a round may plan: the largest forward seen in at least
+EDGE_ROUNDS rounds (counted per quarter octave, so counts add up) and a quarter more. Plans
+stay inside it and their rounds widen it, so speculation grows into a new regime step by step.
 
-A linear fit is trusted only near the rounds it was fitted on: fitted on batches of 32
-plain rows, its slope says little about 32 rows drafting 8 tokens each. `drafted_limit`
-is the trust region: the most drafted tokens a round may plan. Its edge is the largest
-forward measured in at least EDGE_ROUNDS rounds (verified tokens per round, drafted
-tokens per proposer call; counted per quarter octave, so the counts add up too) and a
-quarter more. Plans stay inside it, their rounds widen it, so speculation grows into a
-new regime step by step. (Its edge was the mean + 2 standard deviations of all rounds:
-at 1-4 requests/s the many small plain rounds held it at 9-12 tokens, so 4 rows could
-draft only 1-2 tokens each, which did not pay for the draft call, where γ = 4 for each
-row gained 28 % per row.)
-
-A linear model of the parts misses what the parts do to each other, and it prices a round
-as planned: the draft's look-ahead (drafts made during the previous verify, so the round
-waits for no proposer call), the two workers sharing a host's cores, a worker woken from
-idle. So each planned round's predicted seconds (uncalibrated, `base_round_s`) are summed
-with its measured seconds, apart for rounds that verified drafts and plain ones, and a
-round's prediction is scaled by measured / predicted of its kind (`drafting_scale`,
+The parts' sum misses what the parts do to each other (a look-ahead made during the previous
+verify, two workers sharing cores, a worker woken from idle), so each planned round's
+prediction (`base_round_s`) is summed with its actual seconds, apart for drafting and plain
+rounds, and predictions are scaled by actual / predicted of their kind (`drafting_scale`,
 `plain_scale`; shrunk towards 1 by CALIBRATION_PRIOR_S of rounds, within CALIBRATION_LIMITS).
-On the bundled pair over gRPC at 1 request/s the scales came out at 0.92-1.0 (drafting)
-and 0.92-0.98 (plain): there the parts' sum was within 8 % of the rounds.
 
-Plain decoding's own longest rounds are those that read a newcomer's prompt. The model
-keeps the mean prompt such a round read (`prompt_tokens`, from the `prefill:` sums), so a
-round-time bound can be set against that round (`prefill_round_s`): speculation then may
-not stretch a gap past the ones plain decoding has anyway.
+Plain decoding's own longest rounds read a newcomer's prompt; the model keeps the mean such
+prompt (`prompt_tokens`) so that a round-time bound can be set against that round
+(`prefill_round_s`): speculation may not stretch a gap past those plain decoding has anyway.
 """
 
 from __future__ import annotations

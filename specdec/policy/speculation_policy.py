@@ -188,9 +188,9 @@ class SpeculationPolicy:
         batch, so both policies' steady batches lie on the same side of the crossover, and
         the one below it streams faster (mean ITL = rows / demand). Unlike the batch now, the
         demand does not depend on which policy serves it: a burst does not switch speculation
-        off, nor a lull back on into the next burst (at 16 requests/s on the bundled pair the
-        window's mean batch moved between 10 and 21 rows around a crossover of 12-14, and the
-        state with it). None: no cost model yet, or plain decoding would not keep up."""
+        off, nor a lull back on into the next burst (a window's mean batch near the crossover
+        swings across it with the bursts of Poisson arrivals, and a state judged at it flaps).
+        None: no cost model yet, or plain decoding would not keep up."""
         cost = self.remembered(snapshot).round_cost
         if cost is None:
             return None
@@ -266,10 +266,10 @@ class SpeculationPolicy:
         cost model keeps its plain-round prices and takes the remembered model's prices of
         drafting and trust region (`RoundCostModel.with_drafting_of`): fitted on a few
         exploration calls (one row, a worker woken from idle, a long catch-up) and a window of
-        plain rounds (the trust region shrinks to their forwards), the plan found no γ that
-        paid at 2-4 rows where drafting gained 24-28 % on the bundled pair over gRPC, and
-        speculation stayed off. An error that keeps speculation on is measured and corrected
-        by the rounds it drafts; one that keeps it off is never measured again."""
+        plain rounds (the trust region shrinks to their forwards), the plan would find no γ
+        that pays where drafting does pay, and speculation would stay off. An error that keeps
+        speculation on is measured and corrected by the rounds it drafts; one that keeps it off
+        is never measured again."""
         thin = self._needs_measurements(snapshot)
         if snapshot.alpha is not None and snapshot.round_cost is not None and not thin:
             self._measured = snapshot
