@@ -5,11 +5,12 @@ time-per-output-token (TPOT) target: goodput as serving systems define it (DistS
 2024: the rate of requests that meet their latency targets). Among the plans priced below,
 the plan is the one with the most tokens/s whose predicted per-token time meets every row's
 target; when none does, the one whose worst row misses its target by the least (predicted
-TPOT over target); rows without a target meet any. A row's predicted TPOT under a plan is
-the round's decoding seconds over the tokens it emits: round_s(γ) / E_i(γ_i). Without
-targets the constraint is void and the plan is the tokens/s maximum alone. Prompts read
-in the round are left out of the TPOT as of the tokens/s: that time is the same whatever
-the plan. (At one batch, rows alike have TPOT = rows / tokens/s, so the target decides
+TPOT over target; a speculating plan only by the error band less than plain decoding, as
+its tokens/s must beat plain decoding's by it); rows without a target meet any. A row's
+predicted TPOT under a plan is the round's decoding seconds over the tokens it emits:
+round_s(γ) / E_i(γ_i). Without targets the constraint is void and the plan is the tokens/s
+maximum alone. Prompts read in the round are left out of the TPOT as of the tokens/s: that
+time is the same whatever the plan. (At one batch, rows alike have TPOT = rows / tokens/s, so the target decides
 only where rows differ: a row that decodes plainly pays for its neighbours' drafts.)
 
 Row i drafting γ_i tokens emits on average E_i(γ_i) = 1 + Σ_{k ≤ γ_i} P_i(k) tokens, where
@@ -152,8 +153,10 @@ def plan_gammas(
     those of the rounds beside them 5-21 %); it counts towards the round-time bound only;
     catch_up: what the proposer reads of each row's history before drafting for it (None: 0).
     tpot_targets_s: each row's time-per-output-token target, seconds (inf = none; None: no
-    row has one): the margin then only chooses between plain decoding and a plan that
-    speculates where both meet the targets.
+    row has one). The margin still chooses between plain decoding and a plan that speculates
+    where both meet the targets, or where neither does (the speculating plan must then miss
+    them by that fraction less: for rows alike, the same test as on tokens/s, so that an
+    unreachable target does not undo the margin).
     curves: # [rows, gamma_max] P_i(k), k = 1 … gamma_max; lo, hi: each row's bounds."""
     rows = len(lo)
     read = np.zeros(rows) if catch_up is None else np.asarray(catch_up, dtype=np.float64)  # [rows]
@@ -171,7 +174,7 @@ def plan_gammas(
     whole_round = lambda gammas: cost.round_s(gammas, prompt_tokens, read_list)  # noqa: E731
     plain_goodput = _goodput(emitted, plain, seconds)
     excess = _tpot_excess(emitted, seconds, tpot_targets_s, rows)
-    closest = (excess(plain), plain, plain_goodput)  # the plan nearest the targets, should none meet them
+    closest = (float("inf"), plain, plain_goodput)  # the speculating plan nearest the targets (should none meet)
     best, best_goodput = plain, -1.0  # the best plan that speculates and meets the targets (plain: none found)
     previous, falling = 0.0, 0
     budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
@@ -182,16 +185,20 @@ def plan_gammas(
         gammas = _within_time(emitted, gammas, lo_a, whole_round, slowest)
         value = _goodput(emitted, gammas, seconds)
         over = excess(gammas)
-        closest = min(closest, (over, gammas, value), key=lambda c: c[0])  # ties: the earlier (fewer steps)
+        if gammas != plain and over < closest[0]:  # ties: the earlier (fewer steps)
+            closest = (over, gammas, value)
         if gammas != plain and over <= 1.0 and value > best_goodput * (1.0 + 1e-12):
             best, best_goodput = gammas, value
         falling = falling + 1 if value < previous else 0
         if falling >= 2:  # past the best number of draft steps: goodput only falls from here
             break
         previous = value
-    if closest[0] > 1.0:  # no plan meets every target: the one that misses them least
-        return Plan(closest[1], closest[2], plain_goodput, closest[0])
-    plain_meets = excess(plain) <= 1.0
+    plain_excess = excess(plain)
+    if plain_excess > 1.0 and closest[0] > 1.0:  # none meets every target: the one that misses them least
+        if closest[0] * (1.0 + margin) < plain_excess:  # ... a speculating one by the margin
+            return Plan(closest[1], closest[2], plain_goodput, closest[0])
+        return Plan(plain, plain_goodput, plain_goodput, plain_excess)
+    plain_meets = plain_excess <= 1.0
     if best == plain or (plain_meets and best_goodput <= plain_goodput * (1.0 + margin)):
         best, best_goodput = plain, plain_goodput
     return Plan(best, best_goodput, plain_goodput, excess(best))

@@ -330,3 +330,16 @@ def test_a_target_plain_decoding_misses_turns_speculation_on_whatever_the_margin
 def test_plain_decoding_that_meets_the_targets_still_needs_the_margin_to_lose():
     plain_tpot = CPU_TINY_PAIR.round_s((0,))
     assert targeted([0.8], [2 * plain_tpot], CPU_TINY_PAIR, margin=10.0).gammas == (0,)
+
+
+@pytest.mark.parametrize("margin", [0.05, -0.05, 0.3])
+def test_an_unreachable_target_leaves_rows_alike_planned_as_without_one(margin):
+    """Under overload no plan meets the target; the error band must still hold speculation
+    back where its gain is within it (for rows alike TPOT = rows / tokens/s)."""
+    rng = random.Random(3)
+    for _ in range(20):
+        rows, alpha = rng.randint(1, 12), rng.uniform(0.2, 0.95)
+        cost = rng.choice([CPU_TINY_PAIR, CHEAP_DRAFTS, COMPUTE_BOUND])
+        free = plan([alpha] * rows, cost, margin=margin)
+        unreachable = targeted([alpha] * rows, [1e-6] * rows, cost, margin=margin)
+        assert unreachable.gammas == free.gammas and unreachable.tpot_excess > 1
