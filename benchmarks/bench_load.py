@@ -44,12 +44,23 @@ AUTO's ITL p50 and p99 over the better of ON and OFF at each figure alone (ON's 
 OFF's p99 where each wins one); and a second plot of AUTO's γ and on/off state over time.
 The summaries, tables, verdict and plots are `load_report.py`'s.
 
+SLO attainment (`slo_report.py`): with `--tpot-target-ms` every request carries that
+time-per-output-token target (speculation.tpot_target_ms: AUTO plans within it, ON and OFF
+ignore it), and each point reports its TPOT p50 and the share of requests that met the
+target (and `--ttft-target-ms`, when given); a second verdict then asks AUTO for ≥ 0.95 × the
+better fixed policy's tokens/s and ≥ its attainment (the better: the higher attainment).
+
+Emulated devices (`--profile NAME`, configs/devices/NAME.yaml; docs/emulated_devices.md):
+the same server on an emulated target and draft whose forwards take the profile's times
+(`--time-scale` multiplies them); the stack above the models is the production code.
+
 Defaults fit 2 CPU cores (~21 minutes): sampled requests (temperature 1, where the bundled
 draft's acceptance is lower than greedy), 32 cache slots so that batches grow large
 enough for the verify forward to dominate, loads from light to past saturation.
 
 Usage: python benchmarks/bench_load.py [--qps 1 4 8 16 24] [--repeats 3] [--duration 12] [--warmup 6]
        [--min-requests 32] [--max-new-tokens 48] [--temperature 1.0] [--num-slots 32]
+       [--profile h100-llama-8b-1b [--time-scale 1]] [--tpot-target-ms MS] [--ttft-target-ms MS]
        [--plot PNG] [--json FILE]
 """
 
@@ -69,6 +80,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_report import POLICIES, RequestResult, closeness, fmt, markdown, plot, plot_timeline, summarize  # noqa: E402
 from progress import Progress  # noqa: E402
+from slo_report import slo_table  # noqa: E402
 
 from specdec.config import SpecdecConfig, load_config  # noqa: E402
 from specdec.model_paths import bundled_prompts  # noqa: E402
@@ -87,11 +99,13 @@ def poisson_schedule(qps: float, seconds: float, n_prompts: int, seed: int) -> l
 
 
 async def one_request(client, prompt: str, mode: str, max_new: int, start: float, res: RequestResult,
-                      timeout_s: float, gamma: int = 0, temperature: float = 0.0) -> None:
+                      timeout_s: float, gamma: int = 0, temperature: float = 0.0,
+                      tpot_target_ms: float | None = None) -> None:
     sent = last = time.perf_counter()
     try:
         async for chunk in client.generate_stream(prompt, max_new_tokens=max_new, mode=mode, gamma=gamma,
-                                                  temperature=temperature, timeout_s=timeout_s):
+                                                  temperature=temperature, timeout_s=timeout_s,
+                                                  tpot_target_ms=tpot_target_ms):
             now = time.perf_counter()
             n = len(chunk.token_ids)
             if n:
@@ -157,7 +171,7 @@ async def run_point(client, prompts: list[str], schedule: list[tuple[float, int]
             res = RequestResult(arrival=arrival, measured=arrival >= warmup)
             results.append(res)
             tasks.append(asyncio.create_task(one_request(client, prompts[idx], mode, args.max_new_tokens, start, res,
-                                                         timeout_s, gamma, args.temperature)))
+                                                         timeout_s, gamma, args.temperature, args.tpot_target_ms)))
         end_of_arrivals = start + warmup + duration
         await asyncio.sleep(max(0.0, end_of_arrivals - time.perf_counter()))
         if tasks:
@@ -176,7 +190,12 @@ async def run_point(client, prompts: list[str], schedule: list[tuple[float, int]
 def server_config(args: argparse.Namespace) -> SpecdecConfig:
     from actors.app import free_port
 
+    models = {}
+    if args.profile:
+        models = {"target": f"emulated:{args.profile}:target", "draft": f"emulated:{args.profile}:draft",
+                  "device_time_scale": args.time_scale}
     return load_config(*args.config, overrides={
+        "models": models,
         "cache": {"num_slots": args.num_slots},
         "serving": {"port": free_port(), "http_port": free_port(), "max_concurrent_requests": args.max_concurrent},
         "load_monitor": {
@@ -188,6 +207,7 @@ def server_config(args: argparse.Namespace) -> SpecdecConfig:
             "disable_qps": args.disable_qps,  # the operator's override: None = the goodput plan alone
             "enable_qps": args.enable_qps,
             "min_dwell_s": args.min_dwell_s,
+            "tpot_target_ms": args.tpot_target_ms,  # the server's default too: the on/off state is judged with it
         },
     })
 
@@ -225,8 +245,13 @@ async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> t
                         run, row = await play(client, prompts, schedule, qps, policy, args)
                         runs.setdefault((qps, policy), []).append(run)
                         repeats[rep].append(row)
-    rows = [summarize(qps, policy, point, args.warmup, measured_s(args, qps)) for (qps, policy), point in runs.items()]
+    rows = [point_summary(qps, policy, point, args) for (qps, policy), point in runs.items()]
     return rows, repeats
+
+
+def point_summary(qps: float, policy: str, runs: list, args: argparse.Namespace) -> dict:
+    """One (QPS, policy) point over its runs, with SLO attainment against the targets given."""
+    return summarize(qps, policy, runs, args.warmup, measured_s(args, qps), args.tpot_target_ms, args.ttft_target_ms)
 
 
 async def play(client, prompts: list[str], schedule: list[tuple[float, int]], qps: float, policy: str,
@@ -237,10 +262,12 @@ async def play(client, prompts: list[str], schedule: list[tuple[float, int]], qp
     gamma = args.on_gamma if policy == "on" else 0
     duration = measured_s(args, qps)
     results, switch, start = await run_point(client, prompts, schedule, policy, gamma, duration, args)
-    row = summarize(qps, policy, [(results, switch)], args.warmup, duration)
+    row = point_summary(qps, policy, [(results, switch)], args)
+    slo = "" if row["slo_attainment"] is None else f", SLO met {fmt(100 * row['slo_attainment'], '.0f')}%"
     print(f"  qps {qps:g} {policy:>4}: {row['completed']}/{row['sent']} done, "
           f"{row['tokens_per_s']:.1f} tokens/s, ITL p50 {fmt(row['itl_p50_ms'])} ms, "
-          f"p99 {fmt(row['itl_p99_ms'])} ms, speculated {fmt(100 * row['speculated_fraction'], '.0f')}%", flush=True)
+          f"p99 {fmt(row['itl_p99_ms'])} ms, TPOT p50 {fmt(row['tpot_p50_ms'])} ms, "
+          f"speculated {fmt(100 * row['speculated_fraction'], '.0f')}%{slo}", flush=True)
     settle = args.window_s + args.min_dwell_s + 0.5
     last_arrival = start + (schedule[-1][0] if schedule else 0.0)
     await asyncio.sleep(max(0.0, last_arrival + settle - time.perf_counter()))
@@ -287,6 +314,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--enable-qps", type=float, default=None, help="load_monitor.enable_qps (with --disable-qps)")
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="sampling temperature of every request (0 = greedy)")
+    parser.add_argument("--profile", default=None,
+                        help="emulated devices: configs/devices/NAME.yaml (or a .yaml path) as target and draft")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="with --profile: multiplies every emulated device time (models.device_time_scale)")
+    parser.add_argument("--tpot-target-ms", type=float, default=None,
+                        help="every request's time-per-output-token target (speculation.tpot_target_ms); "
+                             "reports SLO attainment")
+    parser.add_argument("--ttft-target-ms", type=float, default=None,
+                        help="time-to-first-token target of the SLO attainment (reported only; not sent)")
     parser.add_argument("--config", action="append", default=[], help="YAML override file(s) under the above")
     parser.add_argument("--plot", type=Path, default=RESULTS_DIR / "load_sweep.png", help="PNG output")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw rows to this JSON file")
@@ -294,6 +330,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if any(q <= 0 for q in args.qps) or args.duration <= 0 or args.warmup < 0 or args.repeats < 1 \
             or args.min_requests < 0:
         parser.error("--qps values and --duration must be > 0, --warmup and --min-requests >= 0, --repeats >= 1")
+    if any(t is not None and not 0 < t < float("inf") for t in (args.tpot_target_ms, args.ttft_target_ms)) \
+            or args.time_scale < 0:
+        parser.error("--tpot-target-ms and --ttft-target-ms must be > 0 and finite, --time-scale >= 0")
     return args
 
 
@@ -309,7 +348,8 @@ def main() -> None:
     if args.on_gamma is None:
         args.on_gamma = config.speculation.gamma
     prompts = bundled_prompts()
-    print(f"starting the server on {config.serving.port} ...", flush=True)
+    where = f"emulated devices {args.profile} (device times x{args.time_scale:g})" if args.profile else "this CPU"
+    print(f"starting the server on {config.serving.port} ({where}) ...", flush=True)
     app = start_app(config, ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
     try:
         signal.signal(signal.SIGTERM, _interrupt)
@@ -336,10 +376,18 @@ def report(args: argparse.Namespace, config: SpecdecConfig, rows: list[dict], re
               "ITL ratios: lower is better, 1.00 = as good):")
         print()
         print(table)
+    goodput, slo_close = slo_table(rows)
+    if slo_close:
+        targets = [f"{name} <= {ms:g} ms" for name, ms in (("TPOT", args.tpot_target_ms), ("TTFT", args.ttft_target_ms))
+                   if ms is not None]
+        print(f"\nSLO attainment ({', '.join(targets)}) and AUTO vs the better fixed policy by it "
+              "(goal: tokens/s >= 0.95x, attainment >= its):\n")
+        print(goodput)
     lm = config.load_monitor
     override = f"; operator override off above {lm.disable_qps:g} req/s" if lm.disable_qps is not None else ""
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"
-    title = (f"bundled pair, {sampling}, {args.max_new_tokens} new tokens, {args.num_slots} slots, "
+    pair = f"emulated {args.profile} x{args.time_scale:g}" if args.profile else "bundled pair"
+    title = (f"{pair}, {sampling}, {args.max_new_tokens} new tokens, {args.num_slots} slots, "
              f"{args.repeats} × {args.duration:g}s (≥ {args.min_requests:g} requests) per point; "
              f"AUTO = goodput plan{override}")
     plot(rows, args.plot, title)
@@ -350,7 +398,7 @@ def report(args: argparse.Namespace, config: SpecdecConfig, rows: list[dict], re
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v)
                                                   for k, v in vars(args).items()},
-                                         "rows": rows, "auto_vs_best": close,
+                                         "rows": rows, "auto_vs_best": close, "slo_vs_best": slo_close,
                                          "repeats": [[{k: v for k, v in r.items() if k != "switch_timeline"}
                                                       for r in rep]
                                                      for rep in repeats]}, indent=2))

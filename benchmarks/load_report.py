@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_serving import percentile  # same percentile rule as the serving benchmark
+from slo_report import slo_fields
 
 POLICIES = ("on", "off", "auto")
 GOALS = {"tokens_per_s": 0.95, "itl_p50_ms": 1.10, "itl_p99_ms": 1.10}  # AUTO / the better fixed policy
@@ -45,9 +46,10 @@ def one_token_rounds(done: list[RequestResult]) -> tuple[float, float]:
 
 
 def summarize(qps: float, policy: str, runs: list[tuple[list[RequestResult], list]], warmup: float,
-              duration: float) -> dict:
+              duration: float, tpot_target_ms: float | None = None, ttft_target_ms: float | None = None) -> dict:
     """One (QPS, policy) point over its runs (repeats of the schedule, pooled: every measured
-    request of every run counts once); the switch timeline shown is the first run's."""
+    request of every run counts once), with its TPOT and SLO attainment (`slo_report`); the
+    switch timeline shown is the first run's."""
     results = [r for run, _ in runs for r in run]
     measured = [r for r in results if r.measured]
     done = [r for r in measured if r.done]
@@ -84,6 +86,7 @@ def summarize(qps: float, policy: str, runs: list[tuple[list[RequestResult], lis
         "switch_on_fraction": (sum(s[1] for s in measured_switch) / len(measured_switch)) if measured_switch else None,
         "switch_timeline": [{"t": round(t, 2), "on": on, "gamma": g, "qps": round(q, 2), "running": n}
                             for t, on, g, q, n in runs[0][1]] if runs else [],
+        **slo_fields(measured, tpot_target_ms, ttft_target_ms),
     }
 
 
@@ -94,8 +97,9 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| QPS | policy | sent | done | rejected/failed | tokens/s | TTFT p50 (ms) | ITL p50 (ms) | ITL p99 (ms) "
-        "| ITL mean (ms) | latency mean (ms) | 1-token chunks | their gap p50 (ms) | α | speculated |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ITL mean (ms) | latency mean (ms) | 1-token chunks | their gap p50 (ms) | α | speculated "
+        "| TPOT p50 (ms) | SLO met |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -104,9 +108,14 @@ def markdown(rows: list[dict]) -> str:
             f"| {fmt(r.get('itl_mean_ms'))} | {fmt(r.get('latency_mean_ms'), '.0f')} "
             f"| {fmt(100 * r['one_token_chunk_share'], '.0f')}% "
             f"| {fmt(r['one_token_gap_p50_ms'])} "
-            f"| {fmt(r['acceptance'], '.2f')} | {fmt(100 * r['speculated_fraction'], '.0f')}% |"
+            f"| {fmt(r['acceptance'], '.2f')} | {fmt(100 * r['speculated_fraction'], '.0f')}% "
+            f"| {fmt(r.get('tpot_p50_ms'))} | {_percent(r.get('slo_attainment'))} |"
         )
     return "\n".join(lines)
+
+
+def _percent(x: float | None) -> str:
+    return "–" if x is None else fmt(100 * x, ".0f") + "%"
 
 
 def serves_the_load(r: dict) -> bool:

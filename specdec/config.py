@@ -229,6 +229,11 @@ class LoadMonitorConfig(StrictModel):
         "the gap between two tokens (the ITL tail) past plain decoding's, at the cost of speculating less. "
         "0 = unbounded (pure goodput)."
     )
+    tpot_target_ms: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="A request's time-per-output-token target when it sets none "
+        "(speculation.tpot_target_ms), milliseconds: the policy plans the most tokens/s whose predicted per-token "
+        "time meets every running request's target (docs/goodput.md). null = no target (tokens/s alone)."
+    )
     disable_qps: float | None = Field(
         None, gt=0, description="Operator override: cluster-wide requests/s above which speculation is forced off "
         "(null = the goodput plan decides from measured costs)."

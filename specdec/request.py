@@ -9,6 +9,7 @@ work per round stays small whatever it asks for.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from specdec.sampling_params import SamplingParams
@@ -51,6 +52,8 @@ class GenerationRequest:
     proposer: which proposer drafts for this request ("draft", "ngram"; None = the engine's).
     mode: speculation mode: "auto" (the server's policy decides, following load), "on"
         (always speculate) or "off" (plain decoding, no draft calls).
+    tpot_target_ms: the request's time-per-output-token target, milliseconds (None = the
+        server's, load_monitor.tpot_target_ms): the policy plans within it (docs/goodput.md).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -62,6 +65,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     proposer: str | None = None
     mode: str = "auto"
+    tpot_target_ms: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", _int_tuple(self.prompt_token_ids, "prompt_token_ids"))
@@ -75,6 +79,7 @@ class GenerationRequest:
             raise ValueError(f"speculation.gamma must be >= 0, got {self.gamma!r}")
         if self.mode not in MODES:
             raise ValueError(f"speculation.mode must be auto, on or off, got {self.mode!r}")
+        check_tpot_target(self.tpot_target_ms)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop: stop strings must be non-empty strings")
 
@@ -121,6 +126,14 @@ class GenerationRequest:
             raise ValueError(
                 f"stop: a stop string of {longest} characters exceeds the limit {limits.max_stop_string_chars}"
             )
+
+
+def check_tpot_target(value: object) -> None:
+    """ValueError naming speculation.tpot_target_ms unless it is None or a positive finite number."""
+    ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                           and math.isfinite(value) and value > 0)
+    if not ok:
+        raise ValueError(f"speculation.tpot_target_ms must be a positive, finite number of milliseconds, got {value!r}")
 
 
 def _is_int(value: object) -> bool:

@@ -61,9 +61,11 @@ class RoundPlanner:
         request, stats = seq.request, seq.stats
         room = max_seq_len - len(seq.token_ids)
         cap = max(0, min(self.gamma_max, seq.remaining - 1, room))
+        target = request.tpot_target_ms
         return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, seq.seq_id,
                         unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)),
-                        seq.remaining, tuple(stats.drafted_per_position))
+                        seq.remaining, tuple(stats.drafted_per_position),
+                        None if target is None else target / 1000.0)
 
     def gamma_for(self, seq: Sequence) -> int:
         """This round's planned γ for a row of the batch (0 for a row not in it)."""

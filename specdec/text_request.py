@@ -21,7 +21,7 @@ from typing import Any
 
 from specdec import proposer_registry as registry
 from specdec.chat_template import render_chat
-from specdec.request import MODES, GenerationRequest
+from specdec.request import MODES, GenerationRequest, check_tpot_target
 from specdec.sampling_params import SamplingParams
 from specdec.served_engine import ServerDefaults
 from specdec.serving_errors import InvalidRequestError
@@ -34,6 +34,7 @@ class TextRequest:
     max_new_tokens: the budget (None = the server's default).
     mode / gamma / proposer: speculation "auto" | "on" | "off"; γ (None = the server's);
         a proposer name a request may pick (None = the server's).
+    tpot_target_ms: time-per-output-token target, milliseconds (None = the server's).
     timeout_s: the request's own deadline (None = none): past it, DeadlineExceededError.
     request_id: the server's unique id for the request (the engine's sequence id, so logs
         and responses name it alike); None = one the engine makes up.
@@ -54,6 +55,7 @@ class TextRequest:
     timeout_s: float | None = None
     request_id: str | None = None
     ignore_eos: bool = False
+    tpot_target_ms: float | None = None
 
 
 def to_generation_request(
@@ -79,6 +81,7 @@ def to_generation_request(
         proposer=request.proposer,
         mode=request.mode,
         ignore_eos=request.ignore_eos,
+        tpot_target_ms=request.tpot_target_ms,
     )
 
 
@@ -124,6 +127,10 @@ def _prompt_ids(request: TextRequest, encode: Callable[[str], list[int]], max_ch
 def _check_speculation(request: TextRequest, defaults: ServerDefaults) -> None:
     if request.gamma is not None and request.gamma < 0:
         raise InvalidRequestError("speculation.gamma", f"must be >= 0, got {request.gamma}")
+    try:
+        check_tpot_target(request.tpot_target_ms)
+    except ValueError as exc:
+        raise InvalidRequestError("speculation.tpot_target_ms", str(exc).split(" ", 1)[1]) from None
     if request.mode not in MODES:
         raise InvalidRequestError("speculation.mode", f"must be one of {', '.join(MODES)}, got {request.mode!r}")
     if request.proposer is not None:

@@ -4,7 +4,7 @@ A request body becomes a `TextRequest`; every bad or unsupported field raises
 InvalidRequestError naming it (400). Defaults follow OpenAI where it has one
 (temperature 1.0, top_p 1.0, n 1) and the server otherwise (max_tokens unset = the
 server's `generation.max_new_tokens`). Extensions: `top_k` (-1 or 0 = none), `stop_token_ids`
-and `ignore_eos` (as vLLM), `speculation` {mode, gamma, proposer} and `timeout_s` (the
+and `ignore_eos` (as vLLM), `speculation` {mode, gamma, proposer, tpot_target_ms} and `timeout_s` (the
 request's deadline, 504 past it). Fields this server does not implement are accepted at
 the neutral value load tools send by default (`repetition_penalty: 1.0`, `best_of: 1`,
 `response_format: {"type": "text"}`, ...) and refused otherwise, since ignoring them would
@@ -152,14 +152,14 @@ def _stream(body: dict[str, Any]) -> bool:
 
 
 def _text_request(body: dict[str, Any], **prompt: Any) -> TextRequest:
-    mode, gamma, proposer = _speculation(body.get("speculation"))
+    mode, gamma, proposer, tpot_target_ms = _speculation(body.get("speculation"))
     return TextRequest(
         **prompt,
         max_new_tokens=_optional_int(body, "max_tokens", minimum=1),
         sampling=_sampling(body),
         stop=_stop(body.get("stop")),
         stop_token_ids=tuple(_int_list(body, "stop_token_ids")),
-        mode=mode, gamma=gamma, proposer=proposer,
+        mode=mode, gamma=gamma, proposer=proposer, tpot_target_ms=tpot_target_ms,
         timeout_s=_optional_number(body, "timeout_s"),
         ignore_eos=_optional_bool(body, "ignore_eos"),
     )
@@ -197,18 +197,21 @@ def _stop(stop: Any) -> tuple[str, ...]:
     raise InvalidRequestError("stop", "must be a string or a list of strings")
 
 
-def _speculation(value: Any) -> tuple[str, int | None, str | None]:
-    """(mode, γ, proposer) of the `speculation` extension object."""
+def _speculation(value: Any) -> tuple[str, int | None, str | None, float | None]:
+    """(mode, γ, proposer, TPOT target in ms) of the `speculation` extension object."""
     if value is None:
-        return "auto", None, None
-    if not isinstance(value, dict) or set(value) - {"mode", "gamma", "proposer"}:
-        raise InvalidRequestError("speculation", "must be an object with mode, gamma and/or proposer")
+        return "auto", None, None, None
+    if not isinstance(value, dict) or set(value) - {"mode", "gamma", "proposer", "tpot_target_ms"}:
+        raise InvalidRequestError("speculation", "must be an object with mode, gamma, proposer and/or tpot_target_ms")
     mode = value.get("mode") or "auto"
     gamma = _optional_int(value, "gamma", minimum=0, prefix="speculation.")
     proposer = value.get("proposer")
     if proposer is not None and not isinstance(proposer, str):
         raise InvalidRequestError("speculation.proposer", "must be a proposer name")
-    return mode, gamma, proposer
+    target = _optional_number(value, "tpot_target_ms", prefix="speculation.")
+    if target is not None and target <= 0:
+        raise InvalidRequestError("speculation.tpot_target_ms", f"must be > 0 milliseconds, got {target:g}")
+    return mode, gamma, proposer, target
 
 
 def _optional_int(body: dict[str, Any], name: str, minimum: int, prefix: str = "") -> int | None:
@@ -222,12 +225,12 @@ def _optional_int(body: dict[str, Any], name: str, minimum: int, prefix: str = "
     return value
 
 
-def _optional_number(body: dict[str, Any], name: str) -> float | None:
+def _optional_number(body: dict[str, Any], name: str, prefix: str = "") -> float | None:
     value = body.get(name)
     if value is None:
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise InvalidRequestError(name, f"must be a finite number, got {value!r}")
+        raise InvalidRequestError(prefix + name, f"must be a finite number, got {value!r}")
     return float(value)
 
 

@@ -51,10 +51,12 @@ def build_request(
     proposer: str | None = None,
     stop: Sequence[str] = (),
     stop_token_ids: Sequence[int] = (),
+    tpot_target_ms: float | None = None,
 ) -> specdec_pb2.GenerateRequest:
     """A GenerateRequest from keyword arguments (0 / None = the server's default).
 
-    mode: "auto" (the server decides), "on" or "off"; proposer: "draft", "ngram" or None.
+    mode: "auto" (the server decides), "on" or "off"; proposer: "draft", "ngram" or None;
+    tpot_target_ms: the request's time-per-output-token target (None = the server's).
     The server validates the values; only unknown mode / proposer names fail here.
     """
     if mode not in MODES:
@@ -66,12 +68,15 @@ def build_request(
         sampling.top_p = top_p
     if seed is not None:
         sampling.seed = seed
+    speculation = specdec_pb2.SpeculationParams(mode=MODES[mode], gamma=gamma, proposer=PROPOSERS[proposer])
+    if tpot_target_ms is not None:
+        speculation.tpot_target_ms = tpot_target_ms
     return specdec_pb2.GenerateRequest(
         prompt=prompt or "",
         prompt_token_ids=list(prompt_token_ids or ()),
         max_new_tokens=max_new_tokens,
         sampling=sampling,
-        speculation=specdec_pb2.SpeculationParams(mode=MODES[mode], gamma=gamma, proposer=PROPOSERS[proposer]),
+        speculation=speculation,
         stop=list(stop),
         stop_token_ids=list(stop_token_ids),
     )

@@ -57,6 +57,7 @@ def to_text_request(message: specdec_pb2.GenerateRequest) -> TextRequest:
         mode=MODE_NAMES[speculation.mode],
         gamma=speculation.gamma or None,
         proposer=PROPOSER_NAMES[speculation.proposer],
+        tpot_target_ms=speculation.tpot_target_ms if speculation.HasField("tpot_target_ms") else None,
     )
 
 

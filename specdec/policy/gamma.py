@@ -1,10 +1,23 @@
-"""γ per row, per round, by goodput: the batch's expected emitted tokens per second.
+"""γ per row, per round: the policy's objective, stated here once.
+
+**Objective.** Maximise the batch's expected emitted tokens per second subject to each row's
+time-per-output-token (TPOT) target: goodput as serving systems define it (DistServe, OSDI
+2024: the rate of requests that meet their latency targets). Among the plans priced below,
+the plan is the one with the most tokens/s whose predicted per-token time meets every row's
+target; when none does, the one whose worst row misses its target by the least (predicted
+TPOT over target; a speculating plan only by the error band less than plain decoding, as
+its tokens/s must beat plain decoding's by it); rows without a target meet any. A row's
+predicted TPOT under a plan is the round's decoding seconds over the tokens it emits:
+round_s(γ) / E_i(γ_i). Without targets the constraint is void and the plan is the tokens/s
+maximum alone. Prompts read in the round are left out of the TPOT as of the tokens/s: that
+time is the same whatever the plan. (At one batch, rows alike have TPOT = rows / tokens/s, so the target decides
+only where rows differ: a row that decodes plainly pays for its neighbours' drafts.)
 
 Row i drafting γ_i tokens emits on average E_i(γ_i) = 1 + Σ_{k ≤ γ_i} P_i(k) tokens, where
 P_i(k) is the probability that its first k drafted tokens are all accepted (the cluster's
 measured per-position acceptance, scaled by the row's own acceptance so far, shrunk towards
 the cluster's while the row has drafted little). A round costs `RoundCostModel.round_s(γ)`
-seconds. The plan maximises
+seconds. Unconstrained (no targets), the plan maximises
 
     goodput(γ) = Σ_i E_i(γ_i) / round_s(γ)        over lo_i ≤ γ_i ≤ hi_i
 
@@ -14,7 +27,9 @@ largest γ), the cost is a constant plus a sum of per-row terms, so the ratio is
 by Dinkelbach's iteration: with λ the current goodput, each row independently maximises
 E_i(γ) − λ · cost_i(γ), then λ is updated, until the choice repeats. γ = 0 for every row —
 plain decoding — is what the plan chooses when drafting costs more than it emits (a poor
-proposer, or a large batch whose verify forward is compute-bound).
+proposer, or a large batch whose verify forward is compute-bound). The plans priced are
+plain decoding and, for each number of draft steps, that iteration's choice (trimmed to the
+bounds below); the TPOT targets choose among them.
 
 Goodput is a mean; the latency tail is the round whose first draft is rejected: every row
 then gets one token for the whole round, the draft's steps included. Plain decoding has a
@@ -115,13 +130,16 @@ class Plan:
     gammas: tuple[int, ...]  # each row's γ this round
     goodput: float  # predicted emitted tokens per second
     plain_goodput: float  # the same with every free row at its least γ (speculation off)
+    tpot_excess: float = 0.0  # the worst row's predicted TPOT over its target (<= 1: all met; 0: no targets)
 
 
 def plan_gammas(
     curves: np.ndarray, lo: list[int], hi: list[int], cost: RoundCostModel, margin: float = 0.0,
     max_round_ratio: float = 0.0, prompt_tokens: int = 0, catch_up: list[int] | None = None,
+    tpot_targets_s: ArrayLike | None = None,
 ) -> Plan:
-    """The goodput-maximising γ per row (ties go to fewer draft steps). A plan that speculates
+    """The goodput-maximising γ per row within the rows' TPOT targets (the module's
+    objective; ties go to fewer draft steps). A plan that speculates
     more than the rows' least γ must beat that plain plan by `margin` (a fraction), so that
     noise in the measurements does not switch speculation on for nothing (a negative margin:
     it may fall short of it by that much, so that speculation goes on within the cost
@@ -134,6 +152,11 @@ def plan_gammas(
     drafting's, and the plan would draft in the rounds that are long already); it counts
     towards the round-time bound only;
     catch_up: what the proposer reads of each row's history before drafting for it (None: 0).
+    tpot_targets_s: each row's time-per-output-token target, seconds (inf = none; None: no
+    row has one). The margin still chooses between plain decoding and a plan that speculates
+    where both meet the targets, or where neither does (the speculating plan must then miss
+    them by that fraction less: for rows alike, the same test as on tokens/s, so that an
+    unreachable target does not undo the margin).
     curves: # [rows, gamma_max] P_i(k), k = 1 … gamma_max; lo, hi: each row's bounds."""
     rows = len(lo)
     read = np.zeros(rows) if catch_up is None else np.asarray(catch_up, dtype=np.float64)  # [rows]
@@ -150,7 +173,9 @@ def plan_gammas(
     seconds = lambda gammas: cost.round_s(gammas, 0, read_list)  # noqa: E731
     whole_round = lambda gammas: cost.round_s(gammas, prompt_tokens, read_list)  # noqa: E731
     plain_goodput = _goodput(emitted, plain, seconds)
-    best, best_goodput = plain, -1.0  # the best plan that speculates (plain: none found)
+    excess = _tpot_excess(emitted, seconds, tpot_targets_s, rows)
+    closest = (float("inf"), plain, plain_goodput)  # the speculating plan nearest the targets (should none meet)
+    best, best_goodput = plain, -1.0  # the best plan that speculates and meets the targets (plain: none found)
     previous, falling = 0.0, 0
     budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
     slowest = cost.prefill_round_s(plain, prompt_tokens) * max_round_ratio if max_round_ratio > 0 else float("inf")
@@ -159,15 +184,41 @@ def plan_gammas(
         gammas = _within_budget(emitted, tuple(choice.tolist()), lo_a, budget)
         gammas = _within_time(emitted, gammas, lo_a, whole_round, slowest)
         value = _goodput(emitted, gammas, seconds)
-        if gammas != plain and value > best_goodput * (1.0 + 1e-12):
+        over = excess(gammas)
+        if gammas != plain and over < closest[0]:  # ties: the earlier (fewer steps)
+            closest = (over, gammas, value)
+        if gammas != plain and over <= 1.0 and value > best_goodput * (1.0 + 1e-12):
             best, best_goodput = gammas, value
         falling = falling + 1 if value < previous else 0
         if falling >= 2:  # past the best number of draft steps: goodput only falls from here
             break
         previous = value
-    if best == plain or best_goodput <= plain_goodput * (1.0 + margin):
+    plain_excess = excess(plain)
+    if plain_excess > 1.0 and closest[0] > 1.0:  # none meets every target: the one that misses them least
+        if closest[0] * (1.0 + margin) < plain_excess:  # ... a speculating one by the margin
+            return Plan(closest[1], closest[2], plain_goodput, closest[0])
+        return Plan(plain, plain_goodput, plain_goodput, plain_excess)
+    plain_meets = plain_excess <= 1.0
+    if best == plain or (plain_meets and best_goodput <= plain_goodput * (1.0 + margin)):
         best, best_goodput = plain, plain_goodput
-    return Plan(best, best_goodput, plain_goodput)
+    return Plan(best, best_goodput, plain_goodput, excess(best))
+
+
+def _tpot_excess(emitted: np.ndarray, round_s: Callable[[tuple[int, ...]], float], targets_s: ArrayLike | None,
+                 rows: int) -> Callable[[tuple[int, ...]], float]:
+    """A plan's worst predicted TPOT over its row's target: round_s(γ) / E_i(γ_i) / target_i,
+    maximised over the rows (0 for a plan of rows without targets). emitted: # [rows, gamma_max + 1]"""
+    if targets_s is None:
+        return lambda gammas: 0.0
+    targets = np.asarray(targets_s, dtype=np.float64)  # [rows]
+    assert targets.shape == (rows,) and (targets > 0).all(), (targets, rows)
+    if np.isinf(targets).all():
+        return lambda gammas: 0.0
+
+    def excess(gammas: tuple[int, ...]) -> float:
+        tokens = emitted[np.arange(rows), list(gammas)]  # [rows]
+        return float(np.max(round_s(gammas) / tokens / targets))
+    return excess
 
 
 def _within_budget(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray, budget: float) -> tuple[int, ...]:
@@ -249,15 +300,16 @@ def _plans_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, all_st
 
 
 def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_rows: int = 256,
-                   max_round_ratio: float = 0.0, margin: float = 0.0) -> int | None:
+                   max_round_ratio: float = 0.0, margin: float = 0.0,
+                   tpot_target_s: float | None = None) -> int | None:
     """The smallest batch of rows like `curve` (P(first k accepted)) at which speculating
     no longer gains `margin` (every row plans γ = 0); None when it pays up to max_rows."""
     lo_rows, hi_rows = 1, max_rows
-    if speculation_pays(curve, cost, gamma_max, hi_rows, margin, max_round_ratio):
+    if speculation_pays(curve, cost, gamma_max, hi_rows, margin, max_round_ratio, tpot_target_s):
         return None
     while lo_rows < hi_rows:  # goodput gain shrinks as rows grow: bisect
         mid = (lo_rows + hi_rows) // 2
-        if speculation_pays(curve, cost, gamma_max, mid, margin, max_round_ratio):
+        if speculation_pays(curve, cost, gamma_max, mid, margin, max_round_ratio, tpot_target_s):
             lo_rows = mid + 1
         else:
             hi_rows = mid
@@ -265,8 +317,11 @@ def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_
 
 
 def speculation_pays(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, rows: int, margin: float = 0.0,
-                     max_round_ratio: float = 0.0) -> bool:
-    """Whether a batch of `rows` rows like `curve` (P(first k accepted)) plans any γ > 0,
-    gaining at least `margin` over plain decoding (within the round-time bound)."""
+                     max_round_ratio: float = 0.0, tpot_target_s: float | None = None) -> bool:
+    """Whether a batch of `rows` rows like `curve` (P(first k accepted)), each with TPOT target
+    `tpot_target_s` (None: none), plans any γ > 0, gaining at least `margin` over plain
+    decoding where both meet the target (within the round-time bound)."""
     curves = np.broadcast_to(curve[:gamma_max], (rows, min(gamma_max, len(curve))))
-    return any(plan_gammas(curves, [0] * rows, [gamma_max] * rows, cost, margin, max_round_ratio).gammas)
+    targets = None if tpot_target_s is None else [tpot_target_s] * rows
+    return any(plan_gammas(curves, [0] * rows, [gamma_max] * rows, cost, margin, max_round_ratio,
+                           tpot_targets_s=targets).gammas)

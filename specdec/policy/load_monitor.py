@@ -247,6 +247,7 @@ def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, repli
         explore_gamma=config.explore_gamma,
         explore_rows=config.explore_rows,
         max_round_ratio=config.max_round_ratio,
+        tpot_target_s=None if config.tpot_target_ms is None else config.tpot_target_ms / 1000.0,
         thresholds=thresholds,
     )
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)

@@ -1,5 +1,9 @@
 """The speculation decision: each row's γ this round, by goodput, with per-request overrides.
 
+The objective (`specdec.policy.gamma`, stated there): the most tokens/s whose predicted
+per-token time meets every running row's TPOT target (its own, else the server's
+`tpot_target_s`; none: tokens/s alone).
+
 Pure code: it reads a `LoadSnapshot` (cluster-wide measurements, from any store) and the
 rows of the round, and answers "which γ for each row?" (`specdec.policy.gamma.plan_gammas`).
 Speculation turns off under load because the measured costs say so: at a large batch the
@@ -55,6 +59,7 @@ class PolicySettings:
     explore_gamma: int = 4  # exploration rounds draft 1, 2, … explore_gamma tokens in turn
     explore_rows: int = 1  # at most this many rows explore in such a round
     max_round_ratio: float = 0.0  # a planned round takes at most this × the plain round (0 = unbounded)
+    tpot_target_s: float | None = None  # a row's TPOT target when its request sets none (None = no target)
     thresholds: LoadThresholds | None = None  # an operator's forced load switch (None = follow the plan)
 
 
@@ -70,7 +75,8 @@ class RowState:
     its γ + 1 tokens (its prompt, in its first round);
     catch_up_tokens: what the proposer would read of its history before drafting for it
     (all of it the first time, everything decoded plainly since its last draft);
-    remaining_tokens: the most tokens it may still emit (0 = unknown).
+    remaining_tokens: the most tokens it may still emit (0 = unknown);
+    tpot_target_s: its request's time-per-output-token target, seconds (None = the server's).
     """
 
     mode: str
@@ -83,6 +89,7 @@ class RowState:
     catch_up_tokens: int = 0
     remaining_tokens: int = 0
     drafted_per_position: tuple[int, ...] = ()
+    tpot_target_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,7 @@ class SpeculationPolicy:
         self.judged_rows = rows if snapshot.queued <= 0 else 0
         margin = 0.0 if self.switch.enabled else self.settings.min_gain
         pays = speculation_pays(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
-                                rows, margin, self.settings.max_round_ratio)
+                                rows, margin, self.settings.max_round_ratio, self.settings.tpot_target_s)
         self.switch.set(pays, now)
         return self.switch.enabled
 
@@ -226,10 +233,11 @@ class SpeculationPolicy:
         plan = plan_gammas(curves, [min(x, s.gamma_max) for x in lo], [min(x, s.gamma_max) for x in hi],
                            snapshot.round_cost, margin, max_round_ratio=s.max_round_ratio,
                            prompt_tokens=sum(r.prompt_tokens for r in rows),
-                           catch_up=amortised_catch_up(curves, rows, hi))
+                           catch_up=amortised_catch_up(curves, rows, hi), tpot_targets_s=self._targets(rows))
         gammas = [g if f is None else own for g, f, own in zip(plan.gammas, fixed, lo)]
+        missed = f", TPOT targets missed by {plan.tpot_excess:.2f}x at best" if plan.tpot_excess > 1 else ""
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
-                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows)")
+                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows{missed})")
         return self._priced(self._decision(gammas, free, rows, True, reason, explore), snapshot, rows, explore)
 
     @staticmethod
@@ -250,7 +258,8 @@ class SpeculationPolicy:
         if snapshot is None or snapshot.alpha is None or snapshot.round_cost is None or not self.settings.gamma_max:
             return Crossover(None, None)
         rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
-                              max_round_ratio=self.settings.max_round_ratio, margin=self.settings.min_gain)
+                              max_round_ratio=self.settings.max_round_ratio, margin=self.settings.min_gain,
+                              tpot_target_s=self.settings.tpot_target_s)
         if rows is None or snapshot.qps <= 0 or snapshot.token_rate <= 0:
             return Crossover(rows, None)
         demand = rows / snapshot.round_cost.round_s([0] * rows) * max(1, snapshot.replicas)  # tokens/s (Little's law)
@@ -302,6 +311,15 @@ class SpeculationPolicy:
         if row.requested_gamma is not None:
             return row.requested_gamma if self.switch.enabled else 0
         return None
+
+    def _targets(self, rows: list[RowState]) -> list[float] | None:
+        """Each row's TPOT target, seconds: its own, else the server's, else none (inf);
+        None when no row has one (the plan is then the tokens/s maximum alone)."""
+        default = self.settings.tpot_target_s
+        targets = [row.tpot_target_s if row.tpot_target_s is not None else default for row in rows]
+        if all(t is None for t in targets):
+            return None
+        return [float("inf") if t is None else t for t in targets]
 
     def _curves(self, snapshot: LoadSnapshot, rows: list[RowState]) -> np.ndarray:
         """P(first k accepted) per row, k = 1 … gamma_max: each row's accepted tokens against

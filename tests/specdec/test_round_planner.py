@@ -1,6 +1,8 @@
 """A round's γ per row: the policy's plan or the static γ, never past a row's cap, and what a
 round records of it."""
 
+import pytest
+
 from specdec.policy.speculation_policy import Decision
 from specdec.proposer_view import ProposerView
 from specdec.request import GenerationRequest
@@ -84,3 +86,9 @@ def test_the_plans_predicted_round_belongs_to_its_whole_batch_only():
     planner.plan([seq("a"), seq("b")], PlanEverything(2), max_seq_len=512, load=(2, 0))
     assert planner.planned_s(2) == 0.01
     assert planner.planned_s(1) == 0.0  # a micro-batch or a retried half is another round
+
+
+def test_the_policy_sees_a_requests_tpot_target_in_seconds_and_none_where_it_set_none():
+    planner = RoundPlanner(4, 8, ProposerView())
+    assert planner.row_state(seq("a", tpot_target_ms=25.0), 512).tpot_target_s == pytest.approx(0.025)
+    assert planner.row_state(seq("b"), 512).tpot_target_s is None

@@ -192,3 +192,17 @@ def test_each_error_kind_has_its_http_status(exc, status, code):
 
 def test_unavailable_is_503():
     assert error_body(ErrorKind.UNAVAILABLE, "loading")[0] == 503
+
+
+def test_a_tpot_target_travels_in_the_speculation_object():
+    request, _ = completion_request({"prompt": "x", "speculation": {"tpot_target_ms": 40}}, MODEL)
+    assert request.tpot_target_ms == 40.0
+    assert completion_request({"prompt": "x"}, MODEL)[0].tpot_target_ms is None
+
+
+@pytest.mark.parametrize("target", [0, -1.5, "fast", True, float("inf")])
+def test_a_tpot_target_that_is_not_a_positive_finite_number_is_a_400_naming_it(target):
+    with pytest.raises(InvalidRequestError) as error:
+        completion_request({"prompt": "x", "speculation": {"tpot_target_ms": target}}, MODEL)
+    assert error.value.param == "speculation.tpot_target_ms"
+    assert error_body(classify(error.value), str(error.value), error.value)[0] == 400

@@ -140,3 +140,14 @@ def test_the_prompt_character_bound_follows_the_longest_token(tokenizer):
     for text in ("    " * 5000, "x" * 20000, "é" * 20000, "def f(x):\n" * 2000):
         if len(text) > limit:
             assert len(tokenizer(text, add_special_tokens=False)["input_ids"]) > 64
+
+
+def test_a_tpot_target_travels_to_the_engine_and_unset_means_the_servers():
+    assert translate(prompt="x").tpot_target_ms is None
+    assert translate(prompt="x", speculation=pb.SpeculationParams(tpot_target_ms=25.5)).tpot_target_ms == 25.5
+
+
+@pytest.mark.parametrize("target", [0.0, -5.0, float("nan"), float("inf")])
+def test_a_tpot_target_that_is_not_positive_and_finite_is_invalid_naming_the_field(target):
+    with pytest.raises(ValueError, match="speculation.tpot_target_ms"):
+        translate(prompt="x", speculation=pb.SpeculationParams(tpot_target_ms=target))

@@ -266,3 +266,80 @@ def test_a_newcomers_prompt_read_in_the_round_does_not_make_drafting_look_cheape
     counted = prompts_dear.round_s((1,) * 8, 200), prompts_dear.round_s((0,) * 8, 200)
     emitted = 8 * (1 + 0.6), 8.0
     assert emitted[0] / counted[0] > emitted[1] / counted[1]  # the round's own ratio would have drafted
+
+
+# ---- the objective's constraint: each row's time-per-output-token (TPOT) target ----------
+
+CHEAP_DRAFTS = RoundCostModel(verify=(0.010, 0.0005), draft=(0.0005, 0.001, 0.0001), overhead_s=0.0005)
+
+
+def predicted_tpot(alphas, gammas, cost):
+    """Each row's predicted seconds per emitted token: the round over the tokens it emits."""
+    return [cost.round_s(gammas) / expected_tokens(a, g) for a, g in zip(alphas, gammas)]
+
+
+def targeted(alphas, targets, cost=CHEAP_DRAFTS, margin=0.0, gamma_max=8):
+    curves = np.stack([geometric(a, gamma_max) for a in alphas])
+    rows = len(alphas)
+    return plan_gammas(curves, [0] * rows, [gamma_max] * rows, cost, margin, tpot_targets_s=targets)
+
+
+@pytest.mark.parametrize("cost", [CPU_TINY_PAIR, CHEAP_DRAFTS, COMPUTE_BOUND])
+def test_targets_every_plan_meets_change_nothing(cost):
+    rng = random.Random(7)
+    for _ in range(30):
+        alphas = [rng.random() for _ in range(rng.randint(1, 6))]
+        free = plan(alphas, cost)
+        assert targeted(alphas, [float("inf")] * len(alphas), cost).gammas == free.gammas
+        assert targeted(alphas, [60.0] * len(alphas), cost).gammas == free.gammas
+
+
+def test_a_row_that_decodes_plainly_keeps_its_target_by_making_its_neighbours_draft_less():
+    alphas = [0.95, 0.3]  # the plan drafts for the first row only: the second pays the longer round
+    free = plan(alphas, CHEAP_DRAFTS)
+    assert free.gammas[0] > 0 and free.gammas[1] == 0
+    slowest = predicted_tpot(alphas, free.gammas, CHEAP_DRAFTS)[1]
+    chosen, previous = [], free.goodput
+    for target in np.linspace(slowest * 1.2, slowest * 0.5, 15):  # tighter and tighter
+        p = targeted(alphas, [float("inf"), target])
+        if p.tpot_excess <= 1.0:
+            assert predicted_tpot(alphas, p.gammas, CHEAP_DRAFTS)[1] <= target * (1 + 1e-9)
+        assert p.goodput <= previous * (1 + 1e-9), "a tighter target never buys more tokens/s"
+        previous = p.goodput
+        chosen.append(p.gammas)
+    assert chosen[0] == free.gammas and len(set(chosen)) >= 3, chosen
+    assert all(g[0] < free.gammas[0] for g in chosen[5:]), "under a tight target the good row drafts less"
+
+
+def test_when_no_plan_meets_the_targets_the_plan_misses_them_least():
+    alphas = [0.95, 0.0]  # the second row emits one token a round whatever is drafted
+    p = targeted(alphas, [float("inf"), 0.001], CPU_TINY_PAIR)
+    assert p.gammas == (0, 0), "the shortest round is the poor row's lowest TPOT"
+    assert p.tpot_excess == pytest.approx(CPU_TINY_PAIR.round_s((0, 0)) / 0.001)
+    assert plan(alphas, CPU_TINY_PAIR).gammas[0] > 0, "without the target the good row would draft"
+
+
+def test_a_target_plain_decoding_misses_turns_speculation_on_whatever_the_margin():
+    plain_tpot = CPU_TINY_PAIR.round_s((0,))
+    assert plan([0.8], CPU_TINY_PAIR, margin=10.0).gammas == (0,), "a 10x margin keeps speculation off"
+    p = targeted([0.8], [0.8 * plain_tpot], CPU_TINY_PAIR, margin=10.0)
+    assert p.gammas[0] > 0 and p.tpot_excess <= 1.0
+    assert predicted_tpot([0.8], p.gammas, CPU_TINY_PAIR)[0] <= 0.8 * plain_tpot
+
+
+def test_plain_decoding_that_meets_the_targets_still_needs_the_margin_to_lose():
+    plain_tpot = CPU_TINY_PAIR.round_s((0,))
+    assert targeted([0.8], [2 * plain_tpot], CPU_TINY_PAIR, margin=10.0).gammas == (0,)
+
+
+@pytest.mark.parametrize("margin", [0.05, -0.05, 0.3])
+def test_an_unreachable_target_leaves_rows_alike_planned_as_without_one(margin):
+    """Under overload no plan meets the target; the error band must still hold speculation
+    back where its gain is within it (for rows alike TPOT = rows / tokens/s)."""
+    rng = random.Random(3)
+    for _ in range(20):
+        rows, alpha = rng.randint(1, 12), rng.uniform(0.2, 0.95)
+        cost = rng.choice([CPU_TINY_PAIR, CHEAP_DRAFTS, COMPUTE_BOUND])
+        free = plan([alpha] * rows, cost, margin=margin)
+        unreachable = targeted([alpha] * rows, [1e-6] * rows, cost, margin=margin)
+        assert unreachable.gammas == free.gammas and unreachable.tpot_excess > 1

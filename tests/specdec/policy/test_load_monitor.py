@@ -253,3 +253,12 @@ def test_the_switch_follows_the_demand_not_a_passing_burst_of_rows():
     clock.now += 2.0
     m.tick()
     assert m.policy.steady_rows(m.snapshot) > crossover and not m.policy.switch.enabled
+
+
+def test_the_configured_tpot_target_is_the_policys_default_in_seconds():
+    from specdec.config import LoadMonitorConfig
+    from specdec.policy.load_monitor import build_load_monitor
+
+    assert build_load_monitor(LoadMonitorConfig(), None, "r").policy.settings.tpot_target_s is None
+    targeted = build_load_monitor(LoadMonitorConfig(tpot_target_ms=25.0), None, "r")
+    assert targeted.policy.settings.tpot_target_s == pytest.approx(0.025)

@@ -406,3 +406,30 @@ def test_a_row_that_decoded_plainly_for_a_while_drafts_again_when_it_has_rounds_
     assert policy.plan(snap, many_left, 100.0, 4).planned_s == pytest.approx(
         reading.base_round_s(policy.plan(snap, many_left, 100.0, 4).gammas, 0, [3, 3, 120]))  # the round pays it all
 
+
+
+def two_rows(hard_target=None):
+    """A row whose drafts are mostly accepted and one whose drafts mostly are not (it decodes
+    plainly and pays the longer rounds of its neighbour's drafting)."""
+    return [RowState("auto", None, 8, drafted=400, accepted=390, seq_id="easy"),
+            RowState("auto", None, 8, drafted=400, accepted=8, seq_id="hard", tpot_target_s=hard_target)]
+
+
+def test_the_servers_tpot_target_holds_for_rows_without_their_own_and_a_rows_own_target_wins():
+    snap = snapshot(alpha=0.5)
+    free = SpeculationPolicy(settings()).plan(snap, two_rows(), 100.0, 4)
+    cost = SpeculationPolicy(settings()).remembered(snap).round_cost
+    assert free.gammas[0] > 0 and free.gammas[1] == 0
+    target = 1.4 * cost.round_s((0, 0))  # plain decoding meets it; the free plan's round does not
+    assert cost.round_s(free.gammas) > target
+    assert SpeculationPolicy(settings(tpot_target_s=target)).plan(snap, two_rows(), 100.0, 4).gammas == (0, 0)
+    assert SpeculationPolicy(settings()).plan(snap, two_rows(target), 100.0, 4).gammas == (0, 0)
+    loose_own = SpeculationPolicy(settings(tpot_target_s=target)).plan(snap, two_rows(10.0), 100.0, 4)
+    assert loose_own.gammas == free.gammas, "the easy row meets the server's target; the hard row's own is loose"
+
+
+def test_a_decision_says_when_no_plan_meets_the_targets():
+    snap = snapshot(alpha=0.5)
+    cost = SpeculationPolicy(settings()).remembered(snap).round_cost
+    missed = SpeculationPolicy(settings()).plan(snap, two_rows(0.5 * cost.round_s((0, 0))), 100.0, 4)
+    assert missed.gammas == (0, 0) and "TPOT targets missed by 2.00x" in missed.reason

@@ -1,0 +1,95 @@
+"""The QPS sweep's SLO attainment: the share of requests that met their latency targets, per
+(QPS, policy), and AUTO's verdict against the better fixed policy on the goodput objective.
+
+A request's time per output token (TPOT) is DistServe's (OSDI 2024): the time from its first
+token to its last over the tokens after the first, (latency − TTFT) / (tokens − 1); a request
+of one token has no gaps and meets any TPOT target. A request that failed, was rejected or
+did not finish meets no target: attainment is over every measured request sent.
+
+The goal (issue 37): at every load, AUTO's tokens/s ≥ 0.95 × the better fixed policy's and
+its SLO attainment ≥ that policy's. The better fixed policy is the one a user with these
+targets would pick: the higher attainment, at a tie the higher tokens/s.
+
+Pure (no server, no gRPC): `bench_load.py` plays the schedules and hands the requests here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from bench_serving import percentile  # same percentile rule as the serving benchmark
+
+TOKENS_GOAL = 0.95  # AUTO's tokens/s over the better fixed policy's, at least
+
+
+def request_tpot_s(r) -> float:
+    """A finished request's seconds per output token after its first (nan: not finished)."""
+    if not r.done:
+        return math.nan
+    return (r.latency - r.ttft) / (r.tokens - 1) if r.tokens > 1 else 0.0
+
+
+def slo_fields(measured: list, tpot_target_ms: float | None, ttft_target_ms: float | None) -> dict:
+    """TPOT percentiles of the finished requests and, per target given, the share of all
+    measured requests that finished within it; `slo_attainment`: within every target given
+    (None without targets)."""
+    tpots = [1000 * request_tpot_s(r) for r in measured if r.done]
+    meets = [r.done for r in measured]
+    out = {"tpot_p50_ms": percentile(tpots, 50), "tpot_p90_ms": percentile(tpots, 90),
+           "tpot_target_ms": tpot_target_ms, "ttft_target_ms": ttft_target_ms}
+    if tpot_target_ms is not None:
+        within = [r.done and 1000 * request_tpot_s(r) <= tpot_target_ms for r in measured]
+        out["tpot_attainment"] = _share(within)
+        meets = [m and w for m, w in zip(meets, within)]
+    if ttft_target_ms is not None:
+        within = [r.done and 1000 * r.ttft <= ttft_target_ms for r in measured]
+        out["ttft_attainment"] = _share(within)
+        meets = [m and w for m, w in zip(meets, within)]
+    targeted = tpot_target_ms is not None or ttft_target_ms is not None
+    out["slo_attainment"] = _share(meets) if targeted else None
+    return out
+
+
+def _share(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else math.nan
+
+
+def better_by_slo(on: dict, off: dict) -> dict:
+    """The fixed policy with the higher SLO attainment (a tie: the higher tokens/s)."""
+    return max((on, off), key=lambda r: (r["slo_attainment"], r["tokens_per_s"]))
+
+
+def slo_verdict(on: dict, off: dict, auto: dict) -> dict:
+    """AUTO against the better fixed policy (`better_by_slo`) at one load."""
+    better = better_by_slo(on, off)
+    ratio = auto["tokens_per_s"] / better["tokens_per_s"] if better["tokens_per_s"] else math.nan
+    gap = auto["slo_attainment"] - better["slo_attainment"]
+    return {"qps": auto["qps"], "better": better["policy"], "auto_tokens_per_s_ratio": ratio,
+            "auto_minus_better_slo_attainment": gap,
+            "slo_attainment": {r["policy"]: r["slo_attainment"] for r in (on, off, auto)},
+            "goal_met": ratio >= TOKENS_GOAL and gap >= 0}
+
+
+def _each(point: list[dict], key: str, spec: str) -> str:
+    return " / ".join("–" if math.isnan(r[key]) else spec.format(r[key]) for r in point)
+
+
+def slo_table(rows: list[dict]) -> tuple[str, list[dict]]:
+    """Per QPS: tokens/s, TPOT p50 and SLO attainment of ON / OFF / AUTO, AUTO's tokens/s over
+    the better fixed policy's and its attainment less that policy's; ("", []) without targets."""
+    by = {(r["qps"], r["policy"]): r for r in rows}
+    lines = ["| QPS | tokens/s ON / OFF / AUTO | TPOT p50 ms ON / OFF / AUTO | SLO attainment ON / OFF / AUTO "
+             f"| better | AUTO / better tokens/s (≥ {TOKENS_GOAL:.2f}) | AUTO − better attainment (≥ 0) | goal met |",
+             "|---:|---|---|---|---|---:|---:|---|"]
+    out = []
+    for qps in sorted({r["qps"] for r in rows}):
+        point = [by.get((qps, p)) for p in ("on", "off", "auto")]
+        if not all(point) or any(r.get("slo_attainment") is None for r in point):
+            continue
+        v = slo_verdict(*point)
+        out.append(v)
+        lines.append(f"| {qps:g} | {_each(point, 'tokens_per_s', '{:.0f}')} | {_each(point, 'tpot_p50_ms', '{:.1f}')} "
+                     f"| {_each(point, 'slo_attainment', '{:.0%}')} | {v['better']} "
+                     f"| {v['auto_tokens_per_s_ratio']:.2f} | {100 * v['auto_minus_better_slo_attainment']:+.0f} pp "
+                     f"| {'yes' if v['goal_met'] else 'no'} |")
+    return ("\n".join(lines), out) if out else ("", [])

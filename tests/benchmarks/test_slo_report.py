@@ -1,0 +1,53 @@
+"""SLO attainment in the QPS sweep: a request's TPOT as DistServe defines it, attainment over
+every measured request (failures miss), and AUTO's goodput verdict against the better fixed
+policy (the higher attainment)."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from load_report import RequestResult  # noqa: E402
+from slo_report import request_tpot_s, slo_fields, slo_table  # noqa: E402
+
+
+def done(tokens, ttft, latency):
+    return RequestResult(arrival=0.0, measured=True, tokens=tokens, ttft=ttft, latency=latency, done=True)
+
+
+def test_tpot_is_the_time_after_the_first_token_over_the_tokens_after_it():
+    assert request_tpot_s(done(11, 0.5, 1.5)) == pytest.approx(0.1)
+    assert request_tpot_s(done(1, 0.5, 0.5)) == 0.0, "one token: no gaps"
+    assert math.isnan(request_tpot_s(RequestResult(0.0, True, error="RESOURCE_EXHAUSTED")))
+
+
+def test_attainment_counts_every_measured_request_and_failures_miss():
+    measured = [done(11, 0.1, 1.1), done(11, 0.1, 0.6), done(11, 0.9, 1.4), RequestResult(0.0, True, error="x")]
+    f = slo_fields(measured, tpot_target_ms=60.0, ttft_target_ms=None)  # TPOTs: 100, 50, 50 ms
+    assert f["tpot_attainment"] == pytest.approx(2 / 4) and f["slo_attainment"] == pytest.approx(2 / 4)
+    both = slo_fields(measured, tpot_target_ms=60.0, ttft_target_ms=500.0)  # the third starts too late
+    assert both["ttft_attainment"] == pytest.approx(2 / 4) and both["slo_attainment"] == pytest.approx(1 / 4)
+    assert slo_fields(measured, None, None)["slo_attainment"] is None
+
+
+def point(policy, tokens_per_s, attainment, qps=8.0):
+    return {"qps": qps, "policy": policy, "tokens_per_s": tokens_per_s, "tpot_p50_ms": 10.0,
+            "slo_attainment": attainment}
+
+
+def test_auto_is_judged_against_the_fixed_policy_with_the_higher_attainment():
+    rows = [point("on", 900, 0.95), point("off", 1000, 0.80), point("auto", 880, 0.95)]
+    table, (v,) = slo_table(rows)
+    assert v["better"] == "on" and v["auto_tokens_per_s_ratio"] == pytest.approx(880 / 900) and v["goal_met"]
+    rows[2] = point("auto", 1000, 0.90)  # more tokens/s, fewer requests within their target
+    assert not slo_table(rows)[1][0]["goal_met"]
+    rows[2] = point("auto", 850, 0.99)  # within every target, but under 0.95x the tokens/s
+    assert not slo_table(rows)[1][0]["goal_met"]
+    assert "| 8 | 900 / 1000 / 880 |" in table
+
+
+def test_without_targets_there_is_no_slo_verdict():
+    rows = [point("on", 900, None), point("off", 1000, None), point("auto", 880, None)]
+    assert slo_table(rows) == ("", [])
