@@ -4,8 +4,8 @@ Speculation is only an optimisation, so the draft worker can never fail a round:
 call fails (unavailable, deadline, bad reply) the round goes on with no drafted tokens, the
 failure is logged and counted, and the next call sends whole histories again. Sequences
 the worker asks to resync (it restarted) are sent again at once with their whole history.
-Releases are buffered and sent before the next call (or by `flush()`). Every call carries
-the router's lease id; a LeaseRenewer keeps the lease alive between calls (see worker.proto).
+The channel, lease, release buffer and reconnector are the WorkerClient base's
+(worker_client.py); releases are sent before the next call without waiting for them.
 
 A worker that is down (UNAVAILABLE, DEADLINE_EXCEEDED) is not called again every round:
 rounds go on without drafts (`unavailable_reason` says why) while a WorkerReconnector asks

@@ -6,9 +6,9 @@ no q). Sequences the target does not know any more (it restarted) come back in
 costs a prefill, never a wrong token. A target that is unreachable or timed out raises
 `WorkerError` (no row caused it: the round fails its batch, UNAVAILABLE); other errors
 propagate as grpc.RpcError, so the engine can isolate the row that caused them. The
-sequences of a failed call send their whole history next time. Releases are buffered and
-sent before the next call (or by `flush()`). Every call carries the router's lease id; a
-LeaseRenewer keeps the lease alive between calls (see worker.proto).
+sequences of a failed call send their whole history next time. The channel, lease, release
+buffer and reconnector are the WorkerClient base's (worker_client.py); buffered releases are
+sent (and waited for) before the next call.
 
 A target that goes down while a round is in flight need not fail that round: with
 `recovery_s` > 0 the call waits (up to recovery_s) while a WorkerReconnector asks `resolve()`
