@@ -9,9 +9,11 @@ import grpc
 import pytest
 
 from specdec.ports import free_port
+from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_client import WorkerClient
 from specdec_rpc.worker_server import ServerThread
+from specdec_rpc.worker_servicer import WorkerServicer
 
 
 class Client(WorkerClient):
@@ -34,15 +36,17 @@ class Client(WorkerClient):
         pass
 
 
-class Draft(worker_pb2_grpc.DraftWorkerServicer):
-    def start(self):
-        pass
+class Draft(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
+    """A worker that only answers GetInfo."""
 
-    def close(self):
-        pass
+    def __init__(self) -> None:
+        super().__init__("probed-worker", 30.0, WorkerMetrics.off("draft"))
 
-    async def GetInfo(self, request, context):  # noqa: N802
-        return worker_pb2.WorkerInfo(model="found")
+    def state(self) -> WorkerState:
+        return WorkerState(0, 0, 0, 0, 0)
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        return self._info(model="found")
 
 
 @pytest.fixture
