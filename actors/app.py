@@ -29,7 +29,7 @@ from ray.serve.config import ProxyLocation
 from ray.serve import Application
 
 from actors.backend import cluster_backend, monitored_backend
-from actors.ports import free_port  # noqa: F401 - re-exported for callers of start_app
+from specdec.ports import free_port  # noqa: F401 - re-exported for callers of start_app
 from actors.router import SpecdecRouter
 from actors.router_drain import drain_routers
 from actors.signal_handlers import kept_signal_handlers

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ray.serve.config import HTTPOptions, gRPCOptions
 
-from actors.ports import free_port
+from specdec.ports import free_port
 from actors.router import GRPC_SERVICER_FUNCTIONS
 from actors.serve_proxy import CALLBACK, CALLBACK_ENV
 from specdec.api_auth import read_tokens

@@ -18,7 +18,7 @@ import ray
 import torch.distributed as dist
 
 from actors.mirrored_runner import MirroredRunner
-from actors.ports import free_port
+from specdec.ports import free_port
 from actors.served_actor import ServedActor, own_cores
 from specdec.config import SpecdecConfig
 from specdec.model_paths import resolve_model_path

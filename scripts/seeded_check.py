@@ -33,7 +33,7 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from actors.ports import free_port  # noqa: E402
+from specdec.ports import free_port  # noqa: E402
 from specdec_rpc.client import SpecdecClient  # noqa: E402
 
 PROMPTS = ["def parse(line):", "import os\nimport sys\n", "class Stack:\n    def push(self, item):",

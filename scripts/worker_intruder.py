@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
     os.environ.pop(SECRET_ENV, None)
-    from actors.ports import free_port
+    from specdec.ports import free_port
     from specdec_rpc.client import SpecdecClient
 
     port, http_port = free_port(), free_port()

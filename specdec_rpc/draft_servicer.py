@@ -3,9 +3,8 @@
 It only translates: deltas -> full histories (HistoryStore), one batched `propose` per
 call, drafted tokens and q (prob_codec) -> the reply. The proposer rounds q to float16
 before sampling (wire_dtype), so the q it sends is exactly the q it sampled from. Greedy
-rows send no q (their verification needs none). Every sequence is held under its
-router's lease (LeaseReaper): a router that stops renewing it loses its slots. Its calls,
-compute and cache use go to its WorkerMetrics (none recorded unless the actor passes real ones).
+rows send no q (their verification needs none). Leases, Release, GetInfo, KeepAlive and
+the metrics are the WorkerServicer base's (worker_servicer.py).
 """
 
 from __future__ import annotations
@@ -21,12 +20,13 @@ from specdec.models.runners import vocab_size_of
 from specdec.model_paths import resolve_model_path
 from specdec.proposers.base import Proposal, ProposalRequest
 from specdec.proposers.draft_proposer import DraftModelProposer
-from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_proto
-from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S, LeaseReaper
+from specdec_rpc.history_sync import AppliedDeltas, sampling_from_proto
+from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
-from specdec_rpc.worker_runtime import CallStats, SerialExecutor, check_caller_waits, run_locked, run_serially
+from specdec_rpc.worker_runtime import check_caller_waits, run_locked
+from specdec_rpc.worker_servicer import WorkerServicer
 
 MAX_BRANCHES = 16  # ProposeRequest.branches above this is refused (INVALID_ARGUMENT)
 
@@ -45,7 +45,7 @@ def load_wire_draft_proposer(config: SpecdecConfig) -> DraftModelProposer:
     return load_draft_proposer(config.models, config.cache, vocab_size, tokenizer, wire_dtype=WIRE_DTYPE)
 
 
-class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
+class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
     """Serves one DraftModelProposer; calls run one at a time on a worker thread."""
 
     def __init__(
@@ -62,26 +62,13 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
             )
         self.proposer = proposer
         self.model = model
-        self.histories = HistoryStore()
-        self.stats = CallStats()
-        self._work = SerialExecutor("draft-worker")
-        self.leases = LeaseReaper(lease_ttl_s, self._work, self._release)
-        self.metrics = metrics or WorkerMetrics.off("draft")
-        self._metrics_task = None
+        super().__init__("draft-worker", lease_ttl_s, metrics or WorkerMetrics.off("draft"))
 
     @classmethod
     def from_config(cls, config: SpecdecConfig, metrics: WorkerMetrics | None = None) -> "DraftServicer":
         return cls(load_wire_draft_proposer(config), config.models.draft, config.serving.lease_ttl_s, metrics)
 
-    def start(self) -> None:
-        """On the server's event loop: start freeing the slots of lapsed leases and updating the
-        cache and lease gauges."""
-        self.leases.start()
-        if self._metrics_task is None:
-            self._metrics_task = self.metrics.poll(self.state)
-
     def state(self) -> WorkerState:
-        """The cache and leases now (read on the event loop, which owns the lease table)."""
         runner = self.proposer.runner
         return WorkerState(runner.cache.num_slots, self.proposer.num_free_slots, len(self.leases.table),
                            len(self.histories), self.leases.table.expired_sequences)
@@ -156,30 +143,13 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
             drafts.append(draft)
         return drafts
 
-    async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
-        with self.leases.call(request.lease_id):
-            await run_serially(self._work, context, "Release", self._release, list(request.seq_ids), calls=self.metrics)
-        self.leases.released(request.seq_ids)
-        return worker_pb2.ReleaseResponse()
-
-    def _release(self, seq_ids: list[str]) -> None:
-        for seq_id in seq_ids:
-            self.proposer.release(seq_id)
-            self.histories.release(seq_id)
-
-    async def GetInfo(self, request: worker_pb2.InfoRequest, context: grpc.aio.ServicerContext):
-        self.metrics.observe_call("GetInfo")
-        return self.info()
-
-    async def KeepAlive(self, request: worker_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
-        held = self.leases.keep_alive(request.lease_id)
-        self.metrics.observe_call("KeepAlive")
-        return worker_pb2.KeepAliveResponse(lease_ttl_s=self.leases.ttl_s, held_sequences=held)
+    def _free(self, seq_id: str) -> None:
+        self.proposer.release(seq_id)
 
     def info(self) -> worker_pb2.WorkerInfo:
         """vocab_size is the width of the q rows it sends: the target's vocabulary."""
         runner = self.proposer.runner
-        return worker_pb2.WorkerInfo(
+        return self._info(
             model=self.model,
             vocab_size=self.proposer.vocab_size,
             max_seq_len=runner.max_seq_len,
@@ -187,15 +157,4 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
             free_slots=self.proposer.num_free_slots,
             tensor_parallel_size=1,
             runner=runner.runner_kind,
-            calls=self.stats.calls,
-            sequences=self.stats.sequences,
-            max_batch_size=self.stats.max_batch_size,
-            **self.leases.info_fields(),
         )
-
-    def close(self) -> None:
-        if self._metrics_task is not None:
-            self._metrics_task.cancel()
-            self._metrics_task = None
-        self.leases.stop()
-        self._work.shutdown()

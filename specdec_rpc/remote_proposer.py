@@ -4,8 +4,8 @@ Speculation is only an optimisation, so the draft worker can never fail a round:
 call fails (unavailable, deadline, bad reply) the round goes on with no drafted tokens, the
 failure is logged and counted, and the next call sends whole histories again. Sequences
 the worker asks to resync (it restarted) are sent again at once with their whole history.
-Releases are buffered and sent before the next call (or by `flush()`). Every call carries
-the router's lease id; a LeaseRenewer keeps the lease alive between calls (see worker.proto).
+The channel, lease, release buffer and reconnector are the WorkerClient base's
+(worker_client.py); releases are sent before the next call without waiting for them.
 
 A worker that is down (UNAVAILABLE, DEADLINE_EXCEEDED) is not called again every round:
 rounds go on without drafts (`unavailable_reason` says why) while a WorkerReconnector asks
@@ -30,7 +30,6 @@ Not thread-safe: one engine drives it.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,14 +39,10 @@ import torch
 
 from specdec.draft_deadline import DraftDeadline
 from specdec.proposers.base import Branch, Proposal, ProposalRequest, Proposer
-from specdec_rpc.history_sync import HistorySender
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
-from specdec_rpc.lease_renewer import LeaseRenewer, new_lease_id
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
-from specdec_rpc.worker_reconnector import WorkerReconnector
-from specdec_rpc.internal_auth import secret_channel
-from specdec_rpc.worker_server import CHANNEL_OPTIONS
+from specdec_rpc.worker_client import WorkerClient
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +69,12 @@ class LateCall:
         self.ended = time.monotonic()
 
 
-class RemoteProposer(Proposer):
+class RemoteProposer(WorkerClient, Proposer):
     """Drafts with a remote draft model; q arrives float16-exact, as the draft sampled it."""
 
     has_probs = True
     names = ("draft",)
+    stub_class = worker_pb2_grpc.DraftWorkerStub
 
     def __init__(
         self,
@@ -93,23 +89,13 @@ class RemoteProposer(Proposer):
         round waits for its drafts only `deadline.budget_s()`, capped far below it);
         lease_id: the router's lease (None = a new one); lease_ttl_s: assumed until the worker says;
         resolve: the worker's current address after it went down (None = the same address)."""
-        self.address = address
-        self.secret = secret  # the cluster's internal secret, presented on every call (None: none)
-        self.timeout_s = timeout_s
+        super().__init__(address, timeout_s, lease_id, resolve, secret)
         self.failures = 0  # rounds that ran without draft proposals because a call failed or the worker is down
         self.reconnects = 0  # times the client found its worker again after it went down
-        self._channel = secret_channel(address, secret, CHANNEL_OPTIONS)
-        self._stub = worker_pb2_grpc.DraftWorkerStub(self._channel)
-        self._lock = threading.Lock()  # the reconnector's thread swaps the channel; gRPC's re-buffers releases
         self._down: tuple[float, str] | None = None  # (since, why) while the worker is down
         self._fresh_worker = False  # switched to a worker that holds no history yet
-        self._found: grpc.Channel | None = None
-        self.reconnector = WorkerReconnector(resolve or (lambda: self.address), self._probe, self._switch_to)
-        self.lease = LeaseRenewer(lease_id or new_lease_id(), self._keep_alive, lease_ttl_s).start()
-        self._sender = HistorySender(namespace=f"{self.lease.lease_id}/")  # see RemoteVerifier
-        self._released: list[str] = []  # wire ids whose Release is not sent yet
+        self._renew_lease(lease_ttl_s)
         self._vocab_size: int | None = None
-        self.last_compute_s = 0.0
         self.deadline = DraftDeadline.within(timeout_s)
         self._due = 0.0  # when the current round stops waiting for its drafts (time.monotonic)
         self._late: LateCall | None = None  # the call that missed its deadline, while it runs
@@ -220,31 +206,20 @@ class RemoteProposer(Proposer):
         retry = f"; reconnecting (last try: {last})" if last else "; reconnecting"
         return f"draft worker {self.address} is down for {time.monotonic() - since:.0f}s ({why}){retry}"
 
-    def _probe(self, address: str) -> None:
-        """The reconnector's probe: a GetInfo on a new channel; keeps the channel when it answers."""
-        channel = secret_channel(address, self.secret, CHANNEL_OPTIONS)
-        try:
-            # in time: within the longest a round would wait for drafts
-            worker_pb2_grpc.DraftWorkerStub(channel).GetInfo(worker_pb2.InfoRequest(), timeout=self.deadline.cap_s)
-        except BaseException:
-            channel.close()
-            raise
-        self._found = channel
+    @property
+    def probe_timeout_s(self) -> float:
+        """In time: within the longest a round would wait for drafts."""
+        return self.deadline.cap_s
 
-    def _switch_to(self, address: str) -> None:
-        """A worker answers at `address` again (the reconnector's thread): use it from the next round."""
-        with self._lock:
-            old, self._channel = self._channel, self._found
-            self._stub = worker_pb2_grpc.DraftWorkerStub(self._channel)
-            since = self._down[0] if self._down else time.monotonic()
-            self.address, self._down, self._fresh_worker = address, None, True
-            self._late = None  # on the old channel, which closes
-            self.deadline.found_again()
-            self.unavailable_reason = None
-            self.reconnects += 1
+    def _switched_to(self, address: str) -> None:
+        """A worker answers at `address` again: use it from the next round (every history whole)."""
+        since = self._down[0] if self._down else time.monotonic()
+        self._down, self._fresh_worker = None, True
+        self._late = None  # on the old channel, which closes
+        self.deadline.found_again()
+        self.unavailable_reason = None
+        self.reconnects += 1
         logger.warning("draft worker back at %s after %.1fs: speculation resumes", address, time.monotonic() - since)
-        if old is not self._channel:
-            old.close()
 
     def _vocab(self) -> int:
         """Width of the q rows (the target's vocabulary), asked once."""
@@ -328,12 +303,6 @@ class RemoteProposer(Proposer):
             branches.append(Branch(wire.base_length, wire.token_id, list(wire.token_ids), probs))
         return branches
 
-    def release(self, seq_id: str) -> None:
-        """Buffered: sent with the next call or flush()."""
-        self._sender.reset([seq_id])
-        with self._lock:
-            self._released.append(self._sender.wire_id(seq_id))
-
     def flush(self) -> bool:
         """Send buffered releases now and wait for the reply; False (ids kept for the next
         try) when the call failed."""
@@ -349,13 +318,10 @@ class RemoteProposer(Proposer):
     def _send_releases(self) -> grpc.Future | None:
         """Send buffered releases without waiting (a round never waits for them); ids whose
         call fails are buffered again. None when there was nothing to send, or the worker is down."""
-        with self._lock:
-            if not self._released or self._down is not None:
-                return None  # kept for the worker that answers next
-            seq_ids, self._released = self._released, []
-        self.lease.touch()
-        release = worker_pb2.ReleaseRequest(seq_ids=seq_ids, lease_id=self.lease.lease_id)
-        future = self._stub.Release.future(release, timeout=self.timeout_s)
+        seq_ids = self._take_releases()
+        if not seq_ids:
+            return None
+        future = self._stub.Release.future(self._release_request(seq_ids), timeout=self.timeout_s)
         future.add_done_callback(lambda done: self._release_done(done, seq_ids))
         return future
 
@@ -364,28 +330,16 @@ class RemoteProposer(Proposer):
         if future.cancelled() or future.exception() is not None:
             why = "cancelled" if future.cancelled() else _describe(future.exception())
             logger.warning("draft worker %s: Release failed (will retry): %s", self.address, why)
-            with self._lock:
-                self._released.extend(seq_ids)
+            self._keep_releases(seq_ids)
+
+    def _holds_releases(self) -> bool:
+        return self._down is not None  # kept for the worker that answers next
 
     def info(self) -> worker_pb2.WorkerInfo:
-        """The worker's WorkerInfo (after sending buffered releases); raises grpc.RpcError when
-        unreachable. Waits up to timeout_s (not on a round's path: at start, and for status)."""
-        self.flush()
-        info = self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=self.timeout_s)
+        """The worker's WorkerInfo (at start, and for status; see WorkerClient.info)."""
+        info = super().info()
         self._vocab_size = info.vocab_size
         return info
-
-    def _keep_alive(self, lease_id: str) -> float:
-        """One KeepAlive (from the LeaseRenewer's thread); returns the worker's lease TTL."""
-        request = worker_pb2.KeepAliveRequest(lease_id=lease_id)
-        return self._stub.KeepAlive(request, timeout=min(self.timeout_s, self.lease.period_s)).lease_ttl_s
-
-    def close(self) -> None:
-        """Send buffered releases (best effort), stop renewing the lease, close the channel."""
-        self.reconnector.close()
-        self.flush()
-        self.lease.close()
-        self._channel.close()
 
 
 def _describe(exc: Exception) -> str:

@@ -6,9 +6,9 @@ no q). Sequences the target does not know any more (it restarted) come back in
 costs a prefill, never a wrong token. A target that is unreachable or timed out raises
 `WorkerError` (no row caused it: the round fails its batch, UNAVAILABLE); other errors
 propagate as grpc.RpcError, so the engine can isolate the row that caused them. The
-sequences of a failed call send their whole history next time. Releases are buffered and
-sent before the next call (or by `flush()`). Every call carries the router's lease id; a
-LeaseRenewer keeps the lease alive between calls (see worker.proto).
+sequences of a failed call send their whole history next time. The channel, lease, release
+buffer and reconnector are the WorkerClient base's (worker_client.py); buffered releases are
+sent (and waited for) before the next call.
 
 A target that goes down while a round is in flight need not fail that round: with
 `recovery_s` > 0 the call waits (up to recovery_s) while a WorkerReconnector asks `resolve()`
@@ -36,14 +36,10 @@ import logging
 
 from specdec.errors import WorkerError
 from specdec.verifier import Verifier, VerifyRequest, VerifyResult
-from specdec_rpc.history_sync import HistorySender
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
-from specdec_rpc.lease_renewer import LeaseRenewer, new_lease_id
 from specdec_rpc.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
-from specdec_rpc.worker_reconnector import WorkerReconnector
-from specdec_rpc.internal_auth import secret_channel
-from specdec_rpc.worker_server import CHANNEL_OPTIONS
+from specdec_rpc.worker_client import WorkerClient
 
 
 logger = logging.getLogger(__name__)
@@ -57,12 +53,15 @@ class ResyncError(RuntimeError):
     """The target asked to resync sequences that were just sent whole (a protocol violation)."""
 
 
-class RemoteVerifier(Verifier):
+class RemoteVerifier(WorkerClient, Verifier):
     """Verifies on a remote (tensor-parallel) target; capacity is tracked on this side.
 
     Sequence ids travel in the namespace of this client's lease (its id is their prefix),
     so routers that number their sequences alike never share target state.
     """
+
+    stub_class = worker_pb2_grpc.TargetWorkerStub
+    probe_timeout_s = PROBE_TIMEOUT_S  # one GetInfo while looking for the target again
 
     def __init__(
         self,
@@ -82,26 +81,16 @@ class RemoteVerifier(Verifier):
         one); lease_ttl_s: assumed until the target states its own. resolve: where the target
         serves after it went down (None = the same address); recovery_s: how long a round
         waits for it (0 = fail the round at once)."""
-        self.address = address
-        self.secret = secret  # the cluster's internal secret, presented on every call (None: none)
-        self.timeout_s = timeout_s
+        super().__init__(address, timeout_s, lease_id, resolve, secret)
         self.recovery_s = recovery_s
         self.recoveries = 0  # rounds sent again to a target that came back
-        self._found: grpc.Channel | None = None
         self._switched = threading.Event()
-        self.reconnector = WorkerReconnector(resolve or (lambda: self.address), self._probe, self._switch_to)
-        self._channel = secret_channel(address, secret, CHANNEL_OPTIONS)
-        self._stub = worker_pb2_grpc.TargetWorkerStub(self._channel)
-        lease_id = lease_id or new_lease_id()
-        self._sender = HistorySender(namespace=f"{lease_id}/")
         self._held: set[str] = set()  # sequences holding a target slot
-        self._released: list[str] = []  # wire ids whose Release is not sent yet
-        self.last_compute_s = 0.0
         info = self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=timeout_s, wait_for_ready=True)
         self.vocab_size = info.vocab_size
         self.max_seq_len = info.max_seq_len
         self.num_slots = info.num_slots if slot_budget is None else min(info.num_slots, slot_budget)
-        self.lease = LeaseRenewer(lease_id, self._keep_alive, info.lease_ttl_s or lease_ttl_s).start()
+        self._renew_lease(info.lease_ttl_s or lease_ttl_s)
 
     @property
     def num_free_slots(self) -> int:
@@ -160,24 +149,10 @@ class RemoteVerifier(Verifier):
         self._sender.clear()
         return True
 
-    def _probe(self, address: str) -> None:
-        """The reconnector's probe: a GetInfo on a new channel; keeps the channel when it answers."""
-        channel = secret_channel(address, self.secret, CHANNEL_OPTIONS)
-        try:
-            worker_pb2_grpc.TargetWorkerStub(channel).GetInfo(worker_pb2.InfoRequest(), timeout=PROBE_TIMEOUT_S)
-        except BaseException:
-            channel.close()
-            raise
-        self._found = channel
-
-    def _switch_to(self, address: str) -> None:
-        """A target answers at `address` (the reconnector's thread): the waiting round uses it."""
-        old, self._channel = self._channel, self._found
-        self._stub = worker_pb2_grpc.TargetWorkerStub(self._channel)
-        self.address, self.unavailable_reason = address, None
+    def _switched_to(self, address: str) -> None:
+        """A target answers at `address`: the waiting round uses it."""
+        self.unavailable_reason = None
         self._switched.set()
-        if old is not self._channel:
-            old.close()
 
     def _item(self, request: VerifyRequest) -> worker_pb2.VerifyItem:
         item = worker_pb2.VerifyItem(
@@ -240,44 +215,30 @@ class RemoteVerifier(Verifier):
 
     def release(self, seq_id: str) -> None:
         """Frees the slot on this side at once; the Release call is sent before the next call."""
-        self._sender.reset([seq_id])
         self._held.discard(seq_id)
-        self._released.append(self._sender.wire_id(seq_id))
+        super().release(seq_id)
 
     def flush(self) -> None:
         """Send buffered releases now (raises grpc.RpcError; the ids stay buffered then)."""
-        if self._released:
-            self.lease.touch()
-            release = worker_pb2.ReleaseRequest(seq_ids=self._released, lease_id=self.lease.lease_id)
-            self._stub.Release(release, timeout=self.timeout_s)
-            self._released = []
-
-    def info(self) -> worker_pb2.WorkerInfo:
-        """The target's WorkerInfo (after sending buffered releases)."""
-        self.flush()
-        return self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=self.timeout_s)
+        seq_ids = self._take_releases()
+        if not seq_ids:
+            return
+        try:
+            self._stub.Release(self._release_request(seq_ids), timeout=self.timeout_s)
+        except BaseException:
+            self._keep_releases(seq_ids)
+            raise
 
     def _keep_alive(self, lease_id: str) -> float:
-        """One KeepAlive (from the LeaseRenewer's thread); returns the target's lease TTL."""
-        request = worker_pb2.KeepAliveRequest(lease_id=lease_id)
+        """One KeepAlive; a target found down (or back) sets (or clears) unavailable_reason."""
         try:
-            ttl_s = self._stub.KeepAlive(request, timeout=min(self.timeout_s, self.lease.period_s)).lease_ttl_s
+            ttl_s = super()._keep_alive(lease_id)
         except grpc.RpcError as exc:
             if exc.code() in WORKER_DOWN:
                 self.unavailable_reason = f"target {self.address} is unavailable ({exc.code().name}: {exc.details()})"
             raise
         self.unavailable_reason = None
         return ttl_s
-
-    def close(self) -> None:
-        """Send buffered releases (best effort), stop renewing the lease, close the channel."""
-        self.reconnector.close()
-        try:
-            self.flush()
-        except grpc.RpcError:
-            pass
-        self.lease.close()
-        self._channel.close()
 
 
 class _PendingVerify:

@@ -3,9 +3,8 @@
 It only translates: deltas -> full histories (HistoryStore), draft q (prob_codec) ->
 weights, one batched `verify` per call, outcomes -> the reply. In the tensor-parallel group
 the leader's verifier runs on a runner that mirrors every cache operation to the other
-ranks; this servicer does not know the difference. Every sequence is held under its
-router's lease (LeaseReaper): a router that stops renewing it loses its slots. Its calls,
-compute and cache use go to its WorkerMetrics (none recorded unless the actor passes real ones).
+ranks; this servicer does not know the difference. Leases, Release, GetInfo, KeepAlive
+and the metrics are the WorkerServicer base's (worker_servicer.py).
 """
 
 from __future__ import annotations
@@ -17,17 +16,18 @@ import grpc
 
 from specdec.target_verifier import TargetVerifier
 from specdec.verifier import VerifyRequest, VerifyResult
-from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_proto
-from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S, LeaseReaper
+from specdec_rpc.history_sync import AppliedDeltas, sampling_from_proto
+from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
-from specdec_rpc.worker_runtime import CallStats, SerialExecutor, run_locked, run_serially
+from specdec_rpc.worker_runtime import run_locked
+from specdec_rpc.worker_servicer import WorkerServicer
 
 logger = logging.getLogger(__name__)
 
 
-class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
+class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
     """Serves one TargetVerifier; calls run one at a time on a worker thread."""
 
     def __init__(
@@ -43,22 +43,9 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         self.model = model
         self.num_slots = num_slots
         self.tensor_parallel_size = tensor_parallel_size
-        self.histories = HistoryStore()
-        self.stats = CallStats()
-        self._work = SerialExecutor("target-worker")
-        self.leases = LeaseReaper(lease_ttl_s, self._work, self._release)
-        self.metrics = metrics or WorkerMetrics.off("target", rank=0)
-        self._metrics_task = None
-
-    def start(self) -> None:
-        """On the server's event loop: start freeing the slots of lapsed leases and updating the
-        cache and lease gauges."""
-        self.leases.start()
-        if self._metrics_task is None:
-            self._metrics_task = self.metrics.poll(self.state)
+        super().__init__("target-worker", lease_ttl_s, metrics or WorkerMetrics.off("target", rank=0))
 
     def state(self) -> WorkerState:
-        """The cache and leases now (read on the event loop, which owns the lease table)."""
         return WorkerState(self.num_slots, self.verifier.num_free_slots, len(self.leases.table), len(self.histories),
                            self.leases.table.expired_sequences)
 
@@ -125,28 +112,11 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             )
         return outcomes
 
-    async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
-        with self.leases.call(request.lease_id):
-            await run_serially(self._work, context, "Release", self._release, list(request.seq_ids), calls=self.metrics)
-        self.leases.released(request.seq_ids)
-        return worker_pb2.ReleaseResponse()
-
-    def _release(self, seq_ids: list[str]) -> None:
-        for seq_id in seq_ids:
-            self.verifier.release(seq_id)
-            self.histories.release(seq_id)
-
-    async def GetInfo(self, request: worker_pb2.InfoRequest, context: grpc.aio.ServicerContext):
-        self.metrics.observe_call("GetInfo")
-        return self.info()
-
-    async def KeepAlive(self, request: worker_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
-        held = self.leases.keep_alive(request.lease_id)
-        self.metrics.observe_call("KeepAlive")
-        return worker_pb2.KeepAliveResponse(lease_ttl_s=self.leases.ttl_s, held_sequences=held)
+    def _free(self, seq_id: str) -> None:
+        self.verifier.release(seq_id)
 
     def info(self) -> worker_pb2.WorkerInfo:
-        return worker_pb2.WorkerInfo(
+        return self._info(
             model=self.model,
             vocab_size=self.verifier.vocab_size,
             max_seq_len=self.verifier.max_seq_len,
@@ -154,16 +124,5 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             free_slots=self.verifier.num_free_slots,
             tensor_parallel_size=self.tensor_parallel_size,
             runner=self.verifier.runner_kind,
-            calls=self.stats.calls,
-            sequences=self.stats.sequences,
-            max_batch_size=self.stats.max_batch_size,
             rejected_proposals=self.verifier.rejected_proposals,
-            **self.leases.info_fields(),
         )
-
-    def close(self) -> None:
-        if self._metrics_task is not None:
-            self._metrics_task.cancel()
-            self._metrics_task = None
-        self.leases.stop()
-        self._work.shutdown()

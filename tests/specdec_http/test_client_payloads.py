@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from actors.ports import free_port
+from specdec.ports import free_port
 from openai_http import UvicornThread, get, post, sse_lines
 from specdec.api_auth import ApiTokens
 from specdec.config import load_config

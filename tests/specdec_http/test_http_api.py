@@ -14,7 +14,7 @@ import json
 import openai
 import pytest
 
-from actors.ports import free_port
+from specdec.ports import free_port
 from openai_http import OpenStream, OpenUnary, UvicornThread, get, post, post_raw, sse_lines, wait_until
 from specdec.config import load_config
 from specdec.engine_builder import local_served_engine

@@ -13,7 +13,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from actors.draft_worker import start_draft_worker  # noqa: E402
-from actors.ports import free_port  # noqa: E402
+from specdec.ports import free_port  # noqa: E402
 from specdec.config import load_config  # noqa: E402
 from specdec.sampling_params import SamplingParams  # noqa: E402
 from specdec_rpc.history_sync import sampling_to_proto  # noqa: E402

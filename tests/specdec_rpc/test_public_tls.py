@@ -7,7 +7,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from actors.ports import free_port
+from specdec.ports import free_port
 from specdec_rpc.public_tls import add_tls_port_to_server, tls_environment
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from actors.ports import bindable, ephemeral_low, free_port
+from specdec.ports import bindable, ephemeral_low, free_port
 
 
 def test_ports_are_below_the_ephemeral_range_free_everywhere_and_never_handed_out_twice():
