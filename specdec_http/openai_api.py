@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 from specdec.chat_template import check_messages
+from specdec.request import check_speculation
 from specdec.sampling_params import SamplingParams
 from specdec.serving_errors import InvalidRequestError, NotFoundError, param_of
 from specdec.text_request import TextRequest
@@ -203,12 +204,10 @@ def _speculation(value: Any) -> tuple[str, int | None, str | None]:
         return "auto", None, None
     if not isinstance(value, dict) or set(value) - {"mode", "gamma", "proposer"}:
         raise InvalidRequestError("speculation", "must be an object with mode, gamma and/or proposer")
-    mode = value.get("mode") or "auto"
-    gamma = _optional_int(value, "gamma", minimum=0, prefix="speculation.")
-    proposer = value.get("proposer")
-    if proposer is not None and not isinstance(proposer, str):
-        raise InvalidRequestError("speculation.proposer", "must be a proposer name")
-    return mode, gamma, proposer
+    mode, gamma, proposer = value.get("mode") or "auto", value.get("gamma"), value.get("proposer")
+    if isinstance(gamma, float) and gamma.is_integer():
+        gamma = int(gamma)
+    return check_speculation(mode, gamma, proposer), gamma, proposer
 
 
 def _optional_int(body: dict[str, Any], name: str, minimum: int, prefix: str = "") -> int | None:
