@@ -63,8 +63,8 @@ class NgramConfig(StrictModel):
 
 # keys that were removed or renamed -> what to set instead (refused, naming the replacement)
 RETIRED_SPECULATION_KEYS = {
-    "gamma_max": "renamed: set speculation.gamma_limit (the largest γ a request may ask for; load_monitor.gamma_max is "
-                 "the policy's own cap)",
+    "gamma_max": "renamed: set speculation.gamma_limit (the largest γ a request may ask for; "
+                 "load_monitor.gamma_max is the policy's own cap)",
     "overlap_measured": "removed: with speculation.overlap a lone request's rounds always measure whether "
                         "looking ahead is faster here (specdec/overlap_choice.py)",
     "overlap_min_acceptance": "removed: a row drafts ahead while its own measured acceptance is at least 0.3 "

@@ -35,7 +35,8 @@ def add_client_parser(subparsers: Any) -> None:
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1] (unset = off)")
     gen.add_argument("--seed", type=int, default=None, help="uint64 seed keying the request's random draws")
-    gen.add_argument("--mode", choices=[m.value for m in SpeculationMode], default="auto", help="speculation mode (default auto)")
+    gen.add_argument("--mode", choices=[m.value for m in SpeculationMode], default="auto",
+                     help="speculation mode (default auto)")
     gen.add_argument("--gamma", type=int, default=0, help="γ, drafted tokens per round (0 = the server's)")
     gen.add_argument("--proposer", choices=registry.REQUESTABLE, default=None, help="the server's proposer if unset")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
