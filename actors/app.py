@@ -38,7 +38,7 @@ from actors.serve_endpoints import ServeEndpoints, export_environment, probe_tok
 from actors.worker_hub import get_or_create_hub, start_hub, stop_hub
 from specdec.config import SpecdecConfig, load_config
 from specdec_rpc.client import SpecdecClient
-from specdec_rpc.router_backend import RouterBackend
+from specdec.served_engine import ServedEngine
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def _init_ray(address: str | None, ray_init_kwargs: dict[str, Any] | None) -> bo
     return True
 
 
-def _start_workers(config: SpecdecConfig, app: SpecdecApp) -> Callable[[], RouterBackend]:
+def _start_workers(config: SpecdecConfig, app: SpecdecApp) -> Callable[[], ServedEngine]:
     """The target group and the draft worker (through the WorkerHub); returns the router's
     backend factory (remote workers + the load monitor)."""
     hub = get_or_create_hub(config)
@@ -116,7 +116,7 @@ def _workers_stage(config: SpecdecConfig) -> str:
             f"{need}){draft}; waiting at most {serving.placement_timeout_s:g}s for the placement")
 
 
-def router_deployment(config: SpecdecConfig, backend_factory: Callable[[], RouterBackend]) -> Application:
+def router_deployment(config: SpecdecConfig, backend_factory: Callable[[], ServedEngine]) -> Application:
     """The SpecdecRouter bound to its backend factory, sized from config.serving."""
     router = SpecdecRouter.options(
         num_replicas=config.serving.router_replicas,
@@ -134,7 +134,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
 
 def _start_serve(
-    config: SpecdecConfig, backend_factory: Callable[[], RouterBackend], endpoints: ServeEndpoints
+    config: SpecdecConfig, backend_factory: Callable[[], ServedEngine], endpoints: ServeEndpoints
 ) -> None:
     serve.start(proxy_location=ProxyLocation.HeadOnly, http_options=endpoints.http, grpc_options=endpoints.grpc)
     # the route prefix "/" puts the OpenAI paths (/v1/...) at the root of the HTTP port and
@@ -186,13 +186,13 @@ def wait_until_http_ready(url: str, timeout_s: float, token: str | None = None) 
 def start_app(
     config: SpecdecConfig,
     address: str | None = None,
-    backend_factory: Callable[[], RouterBackend] | None = None,
+    backend_factory: Callable[[], ServedEngine] | None = None,
     ray_init_kwargs: dict[str, Any] | None = None,
     ready_timeout_s: float = 600.0,
     progress: Callable[[str], None] = logger.info,
 ) -> SpecdecApp:
     """Start everything and wait until it serves. backend_factory=None starts the draft
-    worker and the target group; pass one (e.g. `local_backend`) to serve in-process models.
+    worker and the target group; pass one (e.g. `build_served_engine` on the config) to serve in-process models.
     progress: told each stage as it begins (`specdec serve` prints them)."""
     endpoints = serve_endpoints(config)
     export_environment(endpoints, ray_started_here=address is None and not ray.is_initialized())

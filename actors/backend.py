@@ -14,7 +14,9 @@ from actors.worker_hub import draft_resolver, get_or_create_hub, start_hub, targ
 from specdec.config import SpecdecConfig
 from specdec.policy.load_monitor import LoadMonitor, build_load_monitor
 from specdec.policy.load_store import LoadStore
-from specdec_rpc.router_backend import RouterBackend, remote_backend
+from specdec.engine_builder import build_served_engine
+from specdec.served_engine import ServedEngine
+from specdec_rpc.router_backend import remote_parts
 
 REDIS_URL_ENV = "SPECDEC_REDIS_URL"
 REDIS_PASSWORD_ENV = "SPECDEC_REDIS_PASSWORD"
@@ -45,8 +47,9 @@ def load_monitor(config: SpecdecConfig) -> LoadMonitor | None:
     return build_load_monitor(config.load_monitor, load_store(config), replica_id)
 
 
-def monitored_backend(config: SpecdecConfig, target_address: str, draft_address: str | None) -> RouterBackend:
-    """remote_backend with the load monitor deciding γ and switching speculation under load."""
+def monitored_backend(config: SpecdecConfig, target_address: str, draft_address: str | None) -> ServedEngine:
+    """The workers' served engine (remote_parts), the load monitor deciding γ and switching
+    speculation under load."""
     monitor = load_monitor(config)
     # the workers may have been restarted since the app started (a replica that Serve
     # replaces later must not dial the dead ones): the hub knows where they serve now
@@ -56,11 +59,11 @@ def monitored_backend(config: SpecdecConfig, target_address: str, draft_address:
     # a restarted draft worker may serve elsewhere: the hub knows where
     resolve = draft_resolver(config, draft_address) if draft_address is not None else None
     # the core starts the monitor with the engine and stops it when the engine closes
-    return remote_backend(config, target_address, draft_address, policy=monitor, resolve_draft=resolve,
-                          resolve_target=target_resolver(config, target_address))
+    return build_served_engine(config, remote_parts(config, target_address, draft_address, resolve,
+                                                    target_resolver(config, target_address), policy=monitor))
 
 
-def cluster_backend(config: SpecdecConfig) -> RouterBackend:
+def cluster_backend(config: SpecdecConfig) -> ServedEngine:
     """For `serve deploy` / RayService: get (or start) the workers through the hub."""
     hub = get_or_create_hub(config)
     target_address, draft_address = start_hub(hub)

@@ -10,9 +10,9 @@ router only translates: failures become status codes on Serve's `grpc_context`
 (`specdec_rpc.status_codes`) or OpenAI error objects.
 
 The backend comes from a factory (picklable, called inside the replica), so the same
-deployment runs on remote workers (`remote_backend`) or on in-process models
-(`local_backend`). It is built on a background thread: health reports NOT_SERVING and calls
-get UNAVAILABLE until it is ready.
+deployment runs on remote workers (`remote_parts`) or on in-process models
+(`build_served_engine` without parts). It is built on a background thread: health reports
+NOT_SERVING and calls get UNAVAILABLE until it is ready.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from actors.served_actor import own_cores
 from specdec_http.cors import Cors
 from specdec_http.http_api import HttpApi
 from specdec_rpc.public_service import PublicService
-from specdec_rpc.router_backend import RouterBackend
+from specdec.served_engine import ServedEngine
 from specdec_rpc.status_codes import UnknownServiceError, error_kind, status_for
 from specdec_rpc.v1 import specdec_pb2
 
@@ -91,7 +91,7 @@ class SpecdecRouter:
 
     METRICS_PERIOD_S = 1.0
 
-    def __init__(self, backend_factory: Callable[[], RouterBackend], security: SecurityConfig | None = None,
+    def __init__(self, backend_factory: Callable[[], ServedEngine], security: SecurityConfig | None = None,
                  model: str = "") -> None:
         own_cores(1)  # the router only tokenises and does small tensor work: the models get the cores
         security = security or SecurityConfig()
@@ -111,7 +111,7 @@ class SpecdecRouter:
         )
         self._loader.start()
 
-    def _load(self, backend_factory: Callable[[], RouterBackend]) -> None:
+    def _load(self, backend_factory: Callable[[], ServedEngine]) -> None:
         try:
             self.service.backend = backend_factory()
         except BaseException as exc:  # reported by health and every call

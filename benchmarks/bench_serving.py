@@ -12,11 +12,10 @@ concurrent streams (N = 1, 4, 8), each stream taking the next prompt when it fin
 * server: `specdec serve`'s stack started here (draft worker, target group, router behind
   Serve's gRPC proxy), streaming GenerateChunks with AsyncSpecdecClient: rounds one after
   the other (speculation.overlap false), with speculation ON and OFF (plain decoding);
-* server, drafting ahead: the default configuration (speculation.overlap on, overlap_measured
-  off): a lone request's draft always drafts the next round for several verdicts of the round
-  being verified while the target verifies; steps with more requests run sequential rounds;
-* server, measured choice: overlap_measured on: a lone request's rounds run in blocks with
-  and without looking ahead, and the faster way is kept.
+* server, drafting ahead: the default configuration (speculation.overlap on): a lone
+  request's rounds run in blocks with and without looking ahead (the draft drafting the next
+  round for several verdicts of the round being verified), and the faster way is kept;
+  steps with more requests run sequential rounds.
 
 Every setup runs `--runs` times (3), interleaved: after starting a server stack, each run
 measures the in-process reference and then the server at each level, so that a faster or
@@ -284,8 +283,7 @@ def main() -> None:
     prompts = bundled_prompts()[: args.prompts]
     stacks = [  # (label, speculation overrides, speculation modes)
         ("server", {"overlap": False}, ("on", "off")),
-        ("server, drafting ahead", {"overlap": True, "overlap_measured": False}, ("on",)),  # the default
-        ("server, measured choice", {"overlap": True, "overlap_measured": True}, ("on",)),
+        ("server, drafting ahead", {"overlap": True}, ("on",)),  # the default: the measured choice
     ]
     levels, runs, n = args.concurrency, args.runs, args.max_new_tokens
     reference = InProcess(load_config(*args.config), max(levels))

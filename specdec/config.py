@@ -61,17 +61,33 @@ class NgramConfig(StrictModel):
         return self
 
 
+# keys that were removed or renamed -> what to set instead (refused, naming the replacement)
+RETIRED_SPECULATION_KEYS = {
+    "gamma_max": "renamed: set speculation.gamma_limit (the largest γ a request may ask for; "
+                 "load_monitor.gamma_max is the policy's own cap)",
+    "overlap_measured": "removed: with speculation.overlap a lone request's rounds always measure whether "
+                        "looking ahead is faster here (specdec/overlap_choice.py)",
+    "overlap_min_acceptance": "removed: a row drafts ahead while its own measured acceptance is at least 0.3 "
+                              "(specdec/draft_ahead.py)",
+    "look_ahead_min_hit_rate": "removed: greedy and sampled rows look ahead while their measured hit rate is at "
+                               "least 0.3 (specdec/look_ahead_hits.py)",
+    "look_ahead_probe_every": "removed: below that hit rate one row in 32 still looks ahead to keep it measured "
+                              "(specdec/look_ahead_hits.py)",
+}
+
+
 class SpeculationConfig(StrictModel):
     proposer: ProposerName = Field(
         DRAFT, description="Who guesses tokens: a draft model, n-gram prompt lookup, or none (plain decoding)."
     )
     gamma: int = Field(4, ge=0, le=64, description="γ: tokens proposed per round (0 = plain decoding).")
-    gamma_max: int = Field(
+    gamma_limit: int = Field(
         16, ge=0, le=64, description="Largest γ a request may ask for; larger ones are refused (bad input)."
     )
     ngram: NgramConfig = Field(default_factory=NgramConfig, description="Settings of the n-gram proposer.")
     overlap: bool = Field(
-        True, description="Draft while the target verifies (pipelined rounds; only where the target is remote)."
+        True, description="Draft while the target verifies (pipelined rounds; only where the target is remote); "
+        "a lone request's rounds measure whether looking ahead is faster here and keep the faster way."
     )
     overlap_micro_batches: bool = Field(
         False, description="With overlap and several requests: two micro-batches take turns (else the whole "
@@ -81,32 +97,22 @@ class SpeculationConfig(StrictModel):
         1, ge=1, le=4096, description="With overlap: look ahead only while at most this many requests speculate "
         "in a step; larger steps run sequential rounds.",
     )
-    overlap_measured: bool = Field(
-        False, description="With overlap: run a lone request's rounds in blocks with and without looking ahead and "
-        "keep the way that emits more tokens per second (re-measuring the other now and then); false = always "
-        "look ahead where allowed.",
-    )
-    overlap_min_acceptance: float = Field(
-        0.3, ge=0, le=1, description="A request drafts ahead only while its own acceptance rate is at least this."
-    )
-    look_ahead_min_hit_rate: float = Field(
-        0.3, ge=0, le=1, description="With overlap: greedy and sampled requests each look ahead only while that "
-        "kind's look-aheads hit at least this share of the time (measured; a few still look ahead to keep it "
-        "measured; 0 = always).",
-    )
-    look_ahead_probe_every: int = Field(
-        32, ge=1, le=1024, description="With overlap: below look_ahead_min_hit_rate, every this many of a kind's "
-        "rounds that could look ahead still do (a probe), so that its hit rate stays measured (1 = all of them).",
-    )
     look_ahead_branches: int = Field(
         4, ge=1, le=16, description="Draft-model look-ahead (with overlap): for how many verdicts of the round being "
         "verified the draft drafts the next round (1 = only for 'every draft accepted').",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_keys(cls, data: Any) -> Any:
+        for key in RETIRED_SPECULATION_KEYS.keys() & (data.keys() if isinstance(data, dict) else set()):
+            raise ValueError(f"speculation.{key}: {RETIRED_SPECULATION_KEYS[key]}")
+        return data
+
     @model_validator(mode="after")
     def _gamma_within_cap(self) -> "SpeculationConfig":
-        if self.gamma > self.gamma_max:
-            raise ValueError(f"gamma ({self.gamma}) must be <= gamma_max ({self.gamma_max})")
+        if self.gamma > self.gamma_limit:
+            raise ValueError(f"gamma ({self.gamma}) must be <= gamma_limit ({self.gamma_limit})")
         return self
 
 
@@ -200,7 +206,9 @@ class LoadMonitorConfig(StrictModel):
     replica_ttl_s: float = Field(5.0, gt=0, description="A router silent this long no longer counts, seconds.")
     breaker_failures: int = Field(3, ge=1, description="Consecutive Redis failures that open the circuit breaker.")
     breaker_reset_s: float = Field(1.0, ge=0, description="Seconds before an open breaker probes Redis again.")
-    gamma_max: int = Field(8, ge=0, le=32, description="Largest γ the policy may choose.")
+    gamma_max: int = Field(
+        8, ge=0, le=32, description="Largest γ the policy may choose (a request's own γ: speculation.gamma_limit)."
+    )
     fallback_gamma: int = Field(2, ge=0, description="γ when measurements are missing or stale (a safe default).")
     stale_after_s: float = Field(3.0, gt=0, description="Measurements older than this are ignored, seconds.")
     min_gain: float = Field(
@@ -311,10 +319,10 @@ class SpecdecConfig(StrictModel):
 
     @model_validator(mode="after")
     def _policy_within_cap(self) -> "SpecdecConfig":
-        if self.load_monitor.gamma_max > self.speculation.gamma_max:
+        if self.load_monitor.gamma_max > self.speculation.gamma_limit:
             raise ValueError(
                 f"load_monitor.gamma_max ({self.load_monitor.gamma_max}) must be <= "
-                f"speculation.gamma_max ({self.speculation.gamma_max})"
+                f"speculation.gamma_limit ({self.speculation.gamma_limit})"
             )
         if self.models.runner == "transformers" and self.serving.tensor_parallel_size > 1:
             raise ValueError("models.runner 'transformers' cannot be tensor-parallel: serving.tensor_parallel_size "

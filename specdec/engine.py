@@ -31,7 +31,7 @@ from specdec.errors import WorkerError
 from specdec.policy.load_stats import RoundSample
 from specdec.proposer_view import ProposerView
 from specdec.proposers.base import Proposal, ProposalRequest, Proposer
-from specdec.request import GenerationRequest, RequestLimits
+from specdec.request import DEFAULT_CAPS, GenerationRequest, RequestCaps, RequestLimits
 from specdec.round_timer import RoundTimer
 from specdec.sequence import Sequence
 from specdec.round_output import FINISH_ERROR, GenerationResult, RoundOutput
@@ -54,30 +54,27 @@ class SpeculativeEngine:
         gamma: int,
         eos_token_ids: Seq[int] = (),
         decode: Callable[[list[int]], str] | None = None,
-        max_new_tokens_limit: int = 4096,
         policy: RoundPolicy | None = None,
-        gamma_max: int = 16,
-        max_stop_strings: int = 16,
-        max_stop_string_chars: int = 256,
+        caps: RequestCaps = DEFAULT_CAPS,
         draft_ahead: DraftAhead | None = None,
     ) -> None:
         """gamma: the server's γ (used when no policy decides, and for mode ON).
         eos_token_ids: every id that ends a sequence (generation_config's list, too).
         policy: plans each row's γ per round from measured costs (None = always `gamma`).
-        gamma_max, max_stop_strings, max_stop_string_chars: per-request caps (RequestLimits).
+        caps: what one request may ask for (built once from config; with the models' they
+        make the engine's `limits`).
         draft_ahead: draft round k + 1 while the target verifies round k (pipelined rounds;
         pays only when the verifier runs concurrently, e.g. on a remote target)."""
-        if not 0 <= gamma <= gamma_max:
-            raise ValueError(f"gamma must be in [0, gamma_max={gamma_max}], got {gamma}")
+        if not 0 <= gamma <= caps.gamma_limit:
+            raise ValueError(f"gamma must be in [0, gamma_limit={caps.gamma_limit}], got {gamma}")
         self.verifier = verifier
         self.proposer = proposer
         self.eos_token_ids = tuple(eos_token_ids)
         self.decode = decode
-        self.max_new_tokens_limit = max_new_tokens_limit
-        self._caps = (max_stop_strings, max_stop_string_chars)
+        self.caps = caps
         self.policy = policy
         self._proposer_view = ProposerView()  # what the proposer must catch up on, per row
-        self.planner = RoundPlanner(gamma, gamma_max, self._proposer_view)
+        self.planner = RoundPlanner(gamma, caps.gamma_limit, self._proposer_view)
         self.stats = SpecStats()
         self.proposer_failures = 0  # rounds that ran without drafts because the proposer failed
         self.timer = RoundTimer()
@@ -94,11 +91,6 @@ class SpeculativeEngine:
         return self.planner.gamma
 
     @property
-    def gamma_max(self) -> int:
-        """No request drafts more per round."""
-        return self.planner.gamma_max
-
-    @property
     def last_decision(self) -> Decision:
         """The last round's plan."""
         return self.planner.decision
@@ -108,10 +100,7 @@ class SpeculativeEngine:
     @property
     def limits(self) -> RequestLimits:
         """What this engine accepts (its models, caps and proposers)."""
-        return RequestLimits(
-            self.verifier.vocab_size, self.verifier.max_seq_len, self.max_new_tokens_limit, self.gamma_max,
-            *self._caps, proposers=self.proposer.names,
-        )
+        return RequestLimits.of(self.caps, self.verifier.vocab_size, self.verifier.max_seq_len, self.proposer.names)
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise ValueError (naming the field) for a request this engine cannot serve."""

@@ -1,12 +1,13 @@
 """Assemble an engine from config: tokenizer, target runner, proposers (with the tokenizer check).
 
-`make_engine` is the one place a SpeculativeEngine is put together from config, and
-`assemble_served_engine` the one place a served engine (the engine loop, its proposers,
-tokenizer, defaults and load monitor) is, for every backend. A backend contributes only
-its `EngineParts`: the target side and how to get the draft model (in-process models:
-`local_served_engine`; gRPC clients of worker actors, local or on a Ray cluster:
-`specdec_rpc.router_backend.remote_parts`) and the round policy; which proposers exist and
-which are loaded is `specdec.proposer_registry`'s.
+Two builders, named for what they build: `build_engine`, a SpeculativeEngine (in-process
+models unless given a verifier and proposer), and `build_served_engine`, a served engine
+(the engine loop, its proposers, tokenizer, defaults and load monitor) for every backend.
+A backend contributes only its `EngineParts`: the target side and how to get the draft
+model (in-process models: `local_parts`; gRPC clients of worker actors, local or on a Ray
+cluster: `specdec_rpc.router_backend.remote_parts`) and the round policy; which proposers
+exist and which are loaded is `specdec.proposer_registry`'s. The request caps are built once
+from config here (`RequestCaps.from_config`) and handed to the engine.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from specdec.config import CacheConfig, ModelsConfig, SpecdecConfig, Speculation
 from specdec.draft_ahead import DraftAhead
 from specdec.look_ahead_hits import LookAheadHits
 from specdec.overlap_choice import OverlapChoice
+from specdec.request import RequestCaps
 from specdec.engine import SpeculativeEngine
 from specdec.async_engine import AsyncEngine
 from specdec.policy.load_monitor import build_load_monitor
@@ -78,35 +80,30 @@ def server_gamma(config: SpecdecConfig) -> int:
     return 0 if config.speculation.proposer == registry.NONE else config.speculation.gamma
 
 
-def make_engine(
+def _speculative_engine(
     config: SpecdecConfig, verifier: Verifier, proposer: Proposer, tokenizer: Any, policy: RoundPolicy | None = None
 ) -> SpeculativeEngine:
     """The engine for `config` over the given verifier and proposer (in-process or remote).
     It drafts ahead (pipelined rounds) when configured and the verifier runs concurrently."""
-    generation, speculation = config.generation, config.speculation
-    ahead = speculation.overlap and verifier.runs_concurrently
+    ahead = config.speculation.overlap and verifier.runs_concurrently
     return SpeculativeEngine(
         verifier,
         proposer,
         gamma=server_gamma(config),
         eos_token_ids=eos_token_ids(config.models.target, tokenizer),
         decode=decoder(tokenizer),
-        max_new_tokens_limit=generation.max_new_tokens_limit,
         policy=policy,
-        gamma_max=speculation.gamma_max,
-        max_stop_strings=generation.max_stop_strings,
-        max_stop_string_chars=generation.max_stop_string_chars,
-        draft_ahead=build_draft_ahead(speculation) if ahead else None,
+        caps=RequestCaps.from_config(config),
+        draft_ahead=build_draft_ahead(config.speculation) if ahead else None,
     )
 
 
 def build_draft_ahead(speculation: SpeculationConfig) -> DraftAhead:
-    """Pipelined rounds as `speculation` configures them (overlap_*, look_ahead_*)."""
-    return DraftAhead(speculation.overlap_min_acceptance, speculation.overlap_micro_batches,
-                      speculation.look_ahead_branches, speculation.overlap_max_rows,
-                      OverlapChoice() if speculation.overlap_measured else None,
-                      LookAheadHits(speculation.look_ahead_min_hit_rate,
-                                    probe_every=speculation.look_ahead_probe_every))
+    """Pipelined rounds as `speculation` configures them (overlap_*, look_ahead_branches); a
+    lone request's rounds measure whether looking ahead pays here (OverlapChoice), and each
+    kind's look-ahead hit rate is measured (LookAheadHits), at the code's own bars."""
+    return DraftAhead(micro_batches=speculation.overlap_micro_batches, branches=speculation.look_ahead_branches,
+                      max_rows=speculation.overlap_max_rows, choice=OverlapChoice(), hits=LookAheadHits())
 
 
 def load_runner(name: str, models: ModelsConfig, cache: CacheConfig) -> ModelRunner:
@@ -149,29 +146,33 @@ class BuiltEngine:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def build_engine(config: SpecdecConfig) -> BuiltEngine:
-    """The in-process engine: the same goodput policy as the server (its measurements kept
-    in this process), unless load_monitor.enabled is false (then always speculation.gamma)."""
-    tokenizer = load_tokenizer(config.models.target)
-    target = load_runner(config.models.target, config.models, config.cache)
-    proposer = build_proposer(config.speculation, config.models, config.cache, target, tokenizer)
-    policy = build_load_monitor(config.load_monitor, None, "in-process") if config.load_monitor.enabled else None
-    return BuiltEngine(make_engine(config, TargetVerifier(target), proposer, tokenizer, policy), tokenizer, config)
+def build_engine(
+    config: SpecdecConfig, verifier: Verifier | None = None, proposer: Proposer | None = None, tokenizer: Any = None,
+    policy: RoundPolicy | None = None,
+) -> BuiltEngine:
+    """A SpeculativeEngine for `config`: on in-process models (the configured proposer) unless
+    given a verifier and proposer, under the same goodput policy as the server (its
+    measurements kept in this process) unless load_monitor.enabled is false (then always
+    speculation.gamma) or a policy is given."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.models.target)
+    if verifier is None or proposer is None:
+        target = load_runner(config.models.target, config.models, config.cache)
+        verifier = TargetVerifier(target)
+        proposer = build_proposer(config.speculation, config.models, config.cache, target, tokenizer)
+    if policy is None and config.load_monitor.enabled:
+        policy = build_load_monitor(config.load_monitor, None, "in-process")
+    return BuiltEngine(_speculative_engine(config, verifier, proposer, tokenizer, policy), tokenizer, config)
 
 
-def build_served_engine(
-    config: SpecdecConfig,
-    verifier: Verifier,
-    proposers: dict[str, Proposer],
-    tokenizer: Any,
+def _served(
+    config: SpecdecConfig, verifier: Verifier, proposers: dict[str, Proposer], tokenizer: Any,
     policy: RoundPolicy | None = None,
 ) -> ServedEngine:
-    """The served engine for every backend: a CompositeProposer over `proposers` (the
-    configured one is the default), the engine loop with the admission limit, and the
-    server's defaults. policy: decides each round's γ for AUTO requests from the load
-    (None = the static γ)."""
+    """A CompositeProposer over `proposers` (the configured one is the default), the engine
+    loop with the admission limit, and the server's defaults. policy: decides each round's
+    γ for AUTO requests from the load (None = the static γ)."""
     default = config.speculation.proposer if config.speculation.proposer in proposers else next(iter(proposers))
-    engine = make_engine(config, verifier, CompositeProposer(proposers, default=default), tokenizer, policy)
+    engine = _speculative_engine(config, verifier, CompositeProposer(proposers, default=default), tokenizer, policy)
     loop = AsyncEngine(engine, config.serving.max_concurrent_requests, on_idle=lambda: _flush(verifier, proposers))
     return ServedEngine(
         loop=loop,
@@ -213,15 +214,17 @@ class EngineParts:
     closers: list[Callable[[], None]] = field(default_factory=list)
 
 
-def assemble_served_engine(config: SpecdecConfig, parts: EngineParts) -> ServedEngine:
-    """The served engine of every backend: the registry's proposers (n-gram always, the draft
+def build_served_engine(config: SpecdecConfig, parts: EngineParts | None = None) -> ServedEngine:
+    """The served engine of every backend (parts: what the backend contributes; None = the
+    in-process models, `local_parts`): the registry's proposers (n-gram always, the draft
     model when the backend has one), the engine loop, the defaults, the load monitor."""
+    parts = parts if parts is not None else local_parts(config)
     tokenizer = parts.tokenizer if parts.tokenizer is not None else load_tokenizer(config.models.target)
     loaded = registry.DRAFT if parts.draft is not None else registry.NGRAM
     proposers = registry.build_proposers(loaded, {
         registry.NGRAM: registry.ngram_builder(config.speculation), registry.DRAFT: parts.draft,
     })
-    served = build_served_engine(config, parts.verifier, proposers, tokenizer, parts.policy)
+    served = _served(config, parts.verifier, proposers, tokenizer, parts.policy)
     served.closers.extend(parts.closers)
     served.closers.extend(p.close for p in proposers.values() if hasattr(p, "close"))
     start, stop = getattr(parts.policy, "start", None), getattr(parts.policy, "stop", None)
@@ -232,10 +235,10 @@ def assemble_served_engine(config: SpecdecConfig, parts: EngineParts) -> ServedE
     return served
 
 
-def local_served_engine(config: SpecdecConfig) -> ServedEngine:
-    """A served engine on in-process models (no workers, no network): the draft model
-    loaded whatever the configured proposer, so requests may pick either; the static γ."""
+def local_parts(config: SpecdecConfig) -> EngineParts:
+    """In-process models (no workers, no network): the draft model loaded whatever the
+    configured proposer, so requests may pick either; the static γ."""
     tokenizer = load_tokenizer(config.models.target)
     target = load_runner(config.models.target, config.models, config.cache)
     draft = lambda: load_draft_proposer(config.models, config.cache, target.vocab_size, tokenizer)  # noqa: E731
-    return assemble_served_engine(config, EngineParts(TargetVerifier(target), draft=draft, tokenizer=tokenizer))
+    return EngineParts(TargetVerifier(target), draft=draft, tokenizer=tokenizer)

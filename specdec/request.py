@@ -1,40 +1,85 @@
-"""A generation request and its validation (bad input fails here, naming the field).
+"""A generation request, its contract with the server, and its validation (bad input fails
+here, naming the field).
 
-Validation happens in two steps, both before the request touches any shared state:
-`GenerationRequest.__post_init__` checks what needs nothing but the request, and
-`check_limits` checks it against the server (`RequestLimits`: vocabulary, context, the
-configured caps and the proposers loaded). Every bound here exists so that one request's
-work per round stays small whatever it asks for.
+The rules live here once: `check_speculation` (mode, γ, proposer name) and
+`GenerationRequest.__post_init__` check what needs nothing but the request (a protocol shell
+may call `check_speculation` on its own fields too, for an early 400), and `check_limits`
+checks it against the server (`RequestLimits`: the configured `RequestCaps`, built once from
+config, plus the model's vocabulary, context and the proposers loaded). Every bound here
+exists so that one request's work per round stays small whatever it asks for.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+from specdec import proposer_registry as registry
+from specdec.config import SpecdecConfig
+from specdec.errors import InvalidRequestError
 from specdec.sampling_params import SamplingParams
-
-MODES = ("auto", "on", "off")
+from specdec.speculation_mode import SpeculationMode
 
 
 @dataclass(frozen=True)
-class RequestLimits:
-    """What a server accepts (its models and its configured caps).
+class RequestCaps:
+    """The configured caps on what one request may ask for.
+
+    max_new_tokens_limit: the largest max_new_tokens (generation.max_new_tokens_limit).
+    gamma_limit: the largest per-request γ (speculation.gamma_limit).
+    max_stop_strings / max_stop_string_chars: how many stop strings (and stop token ids),
+        and how long each (generation.*).
+    """
+
+    max_new_tokens_limit: int
+    gamma_limit: int
+    max_stop_strings: int
+    max_stop_string_chars: int
+
+    @classmethod
+    def from_config(cls, config: SpecdecConfig) -> "RequestCaps":
+        generation = config.generation
+        return cls(generation.max_new_tokens_limit, config.speculation.gamma_limit, generation.max_stop_strings,
+                   generation.max_stop_string_chars)
+
+
+DEFAULT_CAPS = RequestCaps.from_config(SpecdecConfig())  # the schema's defaults (configs/default.yaml)
+
+
+@dataclass(frozen=True)
+class RequestLimits(RequestCaps):
+    """What a server accepts: its caps, plus its models.
 
     vocab_size / max_seq_len: the target's vocabulary and context (cache.max_seq_len).
-    max_new_tokens_limit: the largest max_new_tokens.
-    gamma_max: the largest per-request γ (speculation.gamma_max).
-    max_stop_strings / max_stop_string_chars: how many stop strings, and how long each.
     proposers: the proposer names loaded here (a request may name one of them).
     """
 
     vocab_size: int
     max_seq_len: int
-    max_new_tokens_limit: int = 4096
-    gamma_max: int = 16
-    max_stop_strings: int = 16
-    max_stop_string_chars: int = 256
     proposers: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, caps: RequestCaps, vocab_size: int, max_seq_len: int, proposers: tuple[str, ...]) -> "RequestLimits":
+        return cls(**asdict(caps), vocab_size=vocab_size, max_seq_len=max_seq_len, proposers=tuple(proposers))
+
+
+def check_speculation(mode: object, gamma: object, proposer: object,
+                      tpot_target_ms: object = None) -> SpeculationMode:
+    """A request's own speculation fields: the mode (returned parsed), γ >= 0 (None = the
+    server's), a proposer name requests may pick (None = the server's), a positive finite
+    TPOT target in ms (None = the server's). InvalidRequestError naming the field otherwise."""
+    target_ok = tpot_target_ms is None or (isinstance(tpot_target_ms, (int, float)) and not isinstance(
+        tpot_target_ms, bool) and math.isfinite(tpot_target_ms) and tpot_target_ms > 0)
+    if not target_ok:
+        raise InvalidRequestError("speculation.tpot_target_ms",
+                                  f"must be a positive, finite number of milliseconds, got {tpot_target_ms!r}")
+    if gamma is not None and (not _is_int(gamma) or gamma < 0):
+        raise InvalidRequestError("speculation.gamma", f"must be an integer >= 0, got {gamma!r}")
+    if proposer is not None and proposer not in registry.REQUESTABLE:
+        raise InvalidRequestError(
+            "speculation.proposer", f"unknown proposer {proposer!r} (one of {', '.join(registry.REQUESTABLE)})"
+        )
+    return SpeculationMode.parse(mode)
 
 
 @dataclass(frozen=True)
@@ -50,8 +95,7 @@ class GenerationRequest:
     gamma: γ for this request (None = the engine's; 0 = no speculation).
     ignore_eos: keep generating past the model's end-of-sequence tokens (benchmarks).
     proposer: which proposer drafts for this request ("draft", "ngram"; None = the engine's).
-    mode: speculation mode: "auto" (the server's policy decides, following load), "on"
-        (always speculate) or "off" (plain decoding, no draft calls).
+    mode: the speculation mode (`SpeculationMode`; its name is accepted too).
     tpot_target_ms: the request's time-per-output-token target, milliseconds (None = the
         server's, load_monitor.tpot_target_ms): the policy plans within it (docs/goodput.md).
     """
@@ -64,7 +108,7 @@ class GenerationRequest:
     gamma: int | None = None
     ignore_eos: bool = False
     proposer: str | None = None
-    mode: str = "auto"
+    mode: SpeculationMode = SpeculationMode.AUTO
     tpot_target_ms: float | None = None
 
     def __post_init__(self) -> None:
@@ -72,16 +116,12 @@ class GenerationRequest:
         object.__setattr__(self, "stop_token_ids", _int_tuple(self.stop_token_ids, "stop_token_ids"))
         object.__setattr__(self, "stop", tuple(self.stop))
         if not self.prompt_token_ids:
-            raise ValueError("prompt: must not be empty")
+            raise InvalidRequestError("prompt", "must not be empty")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
-        if self.gamma is not None and (not _is_int(self.gamma) or self.gamma < 0):
-            raise ValueError(f"speculation.gamma must be >= 0, got {self.gamma!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"speculation.mode must be auto, on or off, got {self.mode!r}")
-        check_tpot_target(self.tpot_target_ms)
+            raise InvalidRequestError("max_new_tokens", f"must be >= 1, got {self.max_new_tokens!r}")
+        object.__setattr__(self, "mode", check_speculation(self.mode, self.gamma, self.proposer, self.tpot_target_ms))
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop: stop strings must be non-empty strings")
+            raise InvalidRequestError("stop", "stop strings must be non-empty strings")
 
     def check_limits(self, limits: RequestLimits) -> None:
         """Checks that need the server: ids in range, context, caps, proposer loaded."""
@@ -93,15 +133,19 @@ class GenerationRequest:
                 f"max_new_tokens: prompt ({len(self.prompt_token_ids)}) + max_new_tokens ({self.max_new_tokens}) "
                 f"exceed the context of {limits.max_seq_len} tokens (cache.max_seq_len)"
             )
-        if self.gamma is not None and self.gamma > limits.gamma_max:
+        if self.gamma is not None and self.gamma > limits.gamma_limit:
             raise ValueError(
-                f"speculation.gamma {self.gamma} exceeds the limit {limits.gamma_max} (speculation.gamma_max)"
+                f"speculation.gamma {self.gamma} exceeds the limit {limits.gamma_limit} (speculation.gamma_limit)"
             )
-        if self.proposer is not None and self.proposer not in limits.proposers:
-            raise ValueError(
-                f"speculation.proposer: {self.proposer!r} is not available here (have {list(limits.proposers)})"
-            )
+        self.check_proposer(limits.proposers)
         self._check_stop(limits)
+
+    def check_proposer(self, available: tuple[str, ...]) -> None:
+        """The proposer the request names (if any) is one of those loaded here."""
+        if self.proposer is not None and self.proposer not in available:
+            raise InvalidRequestError(
+                "speculation.proposer", f"{self.proposer!r} is not available here (have {list(available)})"
+            )
 
     def _check_tokens(self, limits: RequestLimits) -> None:
         for name, ids in (("prompt_token_ids", self.prompt_token_ids), ("stop_token_ids", self.stop_token_ids)):
@@ -128,14 +172,6 @@ class GenerationRequest:
             )
 
 
-def check_tpot_target(value: object) -> None:
-    """ValueError naming speculation.tpot_target_ms unless it is None or a positive finite number."""
-    ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                           and math.isfinite(value) and value > 0)
-    if not ok:
-        raise ValueError(f"speculation.tpot_target_ms must be a positive, finite number of milliseconds, got {value!r}")
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -143,5 +179,5 @@ def _is_int(value: object) -> bool:
 def _int_tuple(values, name: str) -> tuple[int, ...]:
     values = tuple(values)
     if not all(_is_int(v) or (hasattr(v, "__index__") and not isinstance(v, bool)) for v in values):
-        raise ValueError(f"{name}: token ids must be integers")
+        raise InvalidRequestError(name, "token ids must be integers")
     return tuple(int(v) for v in values)

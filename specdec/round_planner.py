@@ -25,10 +25,10 @@ def unread_prompt(seq: Sequence) -> int:
 class RoundPlanner:
     """Plans a round's γ per row and remembers the plan until the next one."""
 
-    def __init__(self, gamma: int, gamma_max: int, proposer_view: ProposerView) -> None:
-        """gamma: the static γ (no policy, mode ON); gamma_max: no row drafts more;
+    def __init__(self, gamma: int, gamma_limit: int, proposer_view: ProposerView) -> None:
+        """gamma: the static γ (no policy, mode ON); gamma_limit: no row drafts more (speculation.gamma_limit);
         proposer_view: what the proposer must catch up on per row (the policy prices it)."""
-        self.gamma, self.gamma_max = gamma, gamma_max
+        self.gamma, self.gamma_limit = gamma, gamma_limit
         self.decision = Decision(gamma, gamma > 0, "static γ")  # the last round's
         self._proposer_view = proposer_view
         self._planned: dict[str, int] = {}  # seq id -> its γ this round
@@ -60,7 +60,7 @@ class RoundPlanner:
         speculation schedule (specdec.gumbel_sampling)."""
         request, stats = seq.request, seq.stats
         room = max_seq_len - len(seq.token_ids)
-        cap = max(0, min(self.gamma_max, seq.remaining - 1, room))
+        cap = max(0, min(self.gamma_limit, seq.remaining - 1, room))
         target = request.tpot_target_ms
         return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, seq.seq_id,
                         unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)),
@@ -75,7 +75,7 @@ class RoundPlanner:
         """The γ a row's statistics record for this round: the planned one, except where its
         cap cut it short (its last rounds), which keeps the last uncut γ."""
         gamma = self.gamma_for(seq)
-        if gamma == self._caps.get(seq.seq_id) < self.gamma_max:
+        if gamma == self._caps.get(seq.seq_id) < self.gamma_limit:
             return seq.stats.gamma
         return gamma
 

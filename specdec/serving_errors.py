@@ -23,7 +23,7 @@ import re
 
 from specdec.api_auth import AuthenticationError
 from specdec.async_engine import AdmissionError, EngineClosedError
-from specdec.errors import WorkerError
+from specdec.errors import InvalidRequestError, WorkerError
 from specdec.models.kv_cache import CacheFullError
 
 __all__ = ["RETRY_AFTER_S", "AdmissionError", "AuthenticationError", "DeadlineExceededError", "ErrorKind",
@@ -43,14 +43,6 @@ class ErrorKind(enum.Enum):
     UNAVAILABLE = "unavailable"
     DEADLINE = "deadline"
     INTERNAL = "internal"
-
-
-class InvalidRequestError(ValueError):
-    """Bad input; `param` names the field (the message starts with it too)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
 
 
 class NotReadyError(RuntimeError):

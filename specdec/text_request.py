@@ -2,10 +2,11 @@
 
 `TextRequest` holds a text prompt, token ids or chat messages, the budget (None = the
 server's), sampling, stop conditions and the speculation settings; `to_generation_request`
-checks what needs only the server's defaults, renders chat messages with the tokenizer's
-template and tokenises (run it off the event loop). Checks that need the model (ids in
-range, prompt + budget within the context, the max_new_tokens limit) run when the engine
-admits the request (`GenerationRequest.check_limits`).
+renders chat messages with the tokenizer's template, tokenises (run it off the event loop)
+and builds the engine's request, whose own rules (`specdec.request`) check every field; the
+proposer is checked against those the server has. Checks that need the model (ids in range,
+prompt + budget within the context, the caps) run when the engine admits the request
+(`GenerationRequest.check_limits`).
 
 A text prompt longer than `ServerDefaults.max_prompt_chars` is refused from its length
 alone: it could not fit the context, and tokenising it would cost every other request.
@@ -19,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec import proposer_registry as registry
 from specdec.chat_template import render_chat
-from specdec.request import MODES, GenerationRequest, check_tpot_target
+from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
+from specdec.speculation_mode import SpeculationMode
 from specdec.served_engine import ServerDefaults
 from specdec.serving_errors import InvalidRequestError
 
@@ -32,7 +33,7 @@ class TextRequest:
     """What a client asks for (exactly one of prompt, prompt_token_ids, messages).
 
     max_new_tokens: the budget (None = the server's default).
-    mode / gamma / proposer: speculation "auto" | "on" | "off"; γ (None = the server's);
+    mode / gamma / proposer: the speculation mode; γ (None = the server's);
         a proposer name a request may pick (None = the server's).
     tpot_target_ms: time-per-output-token target, milliseconds (None = the server's).
     timeout_s: the request's own deadline (None = none): past it, DeadlineExceededError.
@@ -49,7 +50,7 @@ class TextRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
-    mode: str = "auto"
+    mode: SpeculationMode | str = SpeculationMode.AUTO
     gamma: int | None = None
     proposer: str | None = None
     timeout_s: float | None = None
@@ -66,14 +67,11 @@ def to_generation_request(
     the chat template: call it off the event loop.)"""
     _check_text(request)
     prompt_ids = _prompt_ids(request, encode, defaults.max_prompt_chars, tokenizer, model)
-    if request.max_new_tokens is not None and request.max_new_tokens < 1:
-        raise InvalidRequestError("max_new_tokens", f"must be >= 1, got {request.max_new_tokens}")
-    _check_speculation(request, defaults)
     if request.timeout_s is not None and not request.timeout_s > 0:
         raise InvalidRequestError("timeout_s", f"must be > 0 seconds, got {request.timeout_s}")
-    return GenerationRequest(
+    core = GenerationRequest(
         prompt_token_ids=prompt_ids,
-        max_new_tokens=request.max_new_tokens or defaults.max_new_tokens,
+        max_new_tokens=defaults.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens,
         sampling=request.sampling,
         stop=tuple(request.stop),
         stop_token_ids=tuple(request.stop_token_ids),
@@ -83,6 +81,8 @@ def to_generation_request(
         ignore_eos=request.ignore_eos,
         tpot_target_ms=request.tpot_target_ms,
     )
+    core.check_proposer(defaults.proposers)
+    return core
 
 
 def _check_text(request: TextRequest) -> None:
@@ -122,24 +122,3 @@ def _prompt_ids(request: TextRequest, encode: Callable[[str], list[int]], max_ch
     if not ids:
         raise InvalidRequestError("prompt", "encodes to no tokens")
     return ids
-
-
-def _check_speculation(request: TextRequest, defaults: ServerDefaults) -> None:
-    if request.gamma is not None and request.gamma < 0:
-        raise InvalidRequestError("speculation.gamma", f"must be >= 0, got {request.gamma}")
-    try:
-        check_tpot_target(request.tpot_target_ms)
-    except ValueError as exc:
-        raise InvalidRequestError("speculation.tpot_target_ms", str(exc).split(" ", 1)[1]) from None
-    if request.mode not in MODES:
-        raise InvalidRequestError("speculation.mode", f"must be one of {', '.join(MODES)}, got {request.mode!r}")
-    if request.proposer is not None:
-        if request.proposer not in registry.REQUESTABLE:
-            raise InvalidRequestError(
-                "speculation.proposer",
-                f"unknown proposer {request.proposer!r} (one of {', '.join(registry.REQUESTABLE)})",
-            )
-        if request.proposer not in defaults.proposers:
-            raise InvalidRequestError(
-                "speculation.proposer", f"{request.proposer!r} is not available here (have {list(defaults.proposers)})"
-            )

@@ -16,6 +16,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from specdec import proposer_registry as registry
+from specdec.speculation_mode import SpeculationMode
 from specdec_rpc.client import SpecdecClient
 
 
@@ -34,7 +35,8 @@ def add_client_parser(subparsers: Any) -> None:
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1] (unset = off)")
     gen.add_argument("--seed", type=int, default=None, help="uint64 seed keying the request's random draws")
-    gen.add_argument("--mode", choices=["auto", "on", "off"], default="auto", help="speculation mode (default auto)")
+    gen.add_argument("--mode", choices=[m.value for m in SpeculationMode], default="auto",
+                     help="speculation mode (default auto)")
     gen.add_argument("--gamma", type=int, default=0, help="γ, drafted tokens per round (0 = the server's)")
     gen.add_argument("--proposer", choices=registry.REQUESTABLE, default=None, help="the server's proposer if unset")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -89,7 +91,7 @@ def _qps_label(stats: Any) -> str:
 
 def _drafting_ahead(p: Any) -> str:
     """The look-ahead's hit rate, and the measured choice between looking ahead and not
-    (speculation.overlap_measured; without it a lone request always looks ahead)."""
+    (with speculation.overlap)."""
     if not p.rows_drafted_ahead and not p.look_ahead_tokens_per_s:
         return "-"
     used = f"{p.look_ahead_hit_rate:.0%} of {p.rows_drafted_ahead} look-aheads used"

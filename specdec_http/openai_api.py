@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 from specdec.chat_template import check_messages
+from specdec.request import check_speculation
 from specdec.sampling_params import SamplingParams
 from specdec.serving_errors import InvalidRequestError, NotFoundError, param_of
 from specdec.text_request import TextRequest
@@ -203,15 +204,11 @@ def _speculation(value: Any) -> tuple[str, int | None, str | None, float | None]
         return "auto", None, None, None
     if not isinstance(value, dict) or set(value) - {"mode", "gamma", "proposer", "tpot_target_ms"}:
         raise InvalidRequestError("speculation", "must be an object with mode, gamma, proposer and/or tpot_target_ms")
-    mode = value.get("mode") or "auto"
-    gamma = _optional_int(value, "gamma", minimum=0, prefix="speculation.")
-    proposer = value.get("proposer")
-    if proposer is not None and not isinstance(proposer, str):
-        raise InvalidRequestError("speculation.proposer", "must be a proposer name")
-    target = _optional_number(value, "tpot_target_ms", prefix="speculation.")
-    if target is not None and target <= 0:
-        raise InvalidRequestError("speculation.tpot_target_ms", f"must be > 0 milliseconds, got {target:g}")
-    return mode, gamma, proposer, target
+    mode, gamma, proposer = value.get("mode") or "auto", value.get("gamma"), value.get("proposer")
+    if isinstance(gamma, float) and gamma.is_integer():
+        gamma = int(gamma)
+    target = value.get("tpot_target_ms")
+    return check_speculation(mode, gamma, proposer, target), gamma, proposer, target
 
 
 def _optional_int(body: dict[str, Any], name: str, minimum: int, prefix: str = "") -> int | None:

@@ -23,14 +23,15 @@ from typing import Any, NoReturn
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specdec.speculation_mode import SpeculationMode
 from specdec_rpc.replica_loss import as_unavailable
 from specdec_rpc.v1 import specdec_pb2, specdec_pb2_grpc
 
 _UNSET: Any = object()
 MODES = {
-    "auto": specdec_pb2.SPECULATION_MODE_AUTO,
-    "on": specdec_pb2.SPECULATION_MODE_ON,
-    "off": specdec_pb2.SPECULATION_MODE_OFF,
+    SpeculationMode.AUTO: specdec_pb2.SPECULATION_MODE_AUTO,
+    SpeculationMode.ON: specdec_pb2.SPECULATION_MODE_ON,
+    SpeculationMode.OFF: specdec_pb2.SPECULATION_MODE_OFF,
 }
 PROPOSERS = {None: specdec_pb2.PROPOSER_KIND_UNSPECIFIED, "draft": specdec_pb2.PROPOSER_KIND_DRAFT,
              "ngram": specdec_pb2.PROPOSER_KIND_NGRAM}
@@ -60,7 +61,7 @@ def build_request(
     The server validates the values; only unknown mode / proposer names fail here.
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+        raise ValueError(f"mode must be one of {sorted(m.value for m in MODES)}, got {mode!r}")
     if proposer not in PROPOSERS:
         raise ValueError(f"proposer must be 'draft', 'ngram' or None, got {proposer!r}")
     sampling = specdec_pb2.SamplingParams(temperature=temperature, top_k=top_k)

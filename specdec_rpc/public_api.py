@@ -1,8 +1,9 @@
 """Translation between the public `specdec.v1` messages and the core frontend's requests and results.
 
 Inbound: a GenerateRequest becomes a `TextRequest` (0 = the server's default for
-max_new_tokens and γ; the enums become the core's names); the frontend validates it,
-fills in defaults and tokenises (`specdec.text_request`). Every bad input raises
+max_new_tokens and γ; the enums become the core's `SpeculationMode` and proposer names); the
+frontend fills in defaults and tokenises, and the core's rules validate it
+(`specdec.text_request`, `specdec.request`). Every bad input raises
 ValueError whose message names the field; the router turns it into INVALID_ARGUMENT.
 
 Outbound: the frontend's Deltas become GenerateChunks and a Completion (or the engine's
@@ -19,6 +20,7 @@ from specdec.request import GenerationRequest
 from specdec.round_output import GenerationResult, RoundOutput
 from specdec.sampling_params import SamplingParams
 from specdec.served_engine import ServerDefaults, prompt_char_limit
+from specdec.speculation_mode import SpeculationMode
 from specdec.stats import SpecStats
 from specdec.text_request import TextRequest
 from specdec.text_request import to_generation_request as _core_request
@@ -33,9 +35,9 @@ PROPOSER_NAMES = {
     specdec_pb2.PROPOSER_KIND_NGRAM: registry.NGRAM,
 }
 MODE_NAMES = {
-    specdec_pb2.SPECULATION_MODE_AUTO: "auto",
-    specdec_pb2.SPECULATION_MODE_ON: "on",
-    specdec_pb2.SPECULATION_MODE_OFF: "off",
+    specdec_pb2.SPECULATION_MODE_AUTO: SpeculationMode.AUTO,
+    specdec_pb2.SPECULATION_MODE_ON: SpeculationMode.ON,
+    specdec_pb2.SPECULATION_MODE_OFF: SpeculationMode.OFF,
 }
 
 

@@ -1,8 +1,5 @@
 """The distributed router's engine parts: gRPC clients of the workers as the verifier and
-the draft proposer, handed to the core's one assembly (`assemble_served_engine`).
-
-`RouterBackend`, `make_backend` and `local_backend` are the core's ServedEngine,
-build_served_engine and local_served_engine under the names the router has always used.
+the draft proposer, handed to the core's one assembly (`build_served_engine`).
 """
 
 from __future__ import annotations
@@ -10,21 +7,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from specdec.config import SpecdecConfig
-from specdec.engine_builder import EngineParts, assemble_served_engine, build_served_engine, local_served_engine
-from specdec.served_engine import ServedEngine
+from specdec.engine_builder import EngineParts
 from specdec.policy.speculation_policy import RoundPolicy
-
-RouterBackend = ServedEngine
-make_backend = build_served_engine
-local_backend = local_served_engine
 
 
 def remote_parts(
     config: SpecdecConfig, target_address: str, draft_address: str | None,
     resolve_draft: Callable[[], str | None] | None = None, resolve_target: Callable[[], str | None] | None = None,
+    policy: RoundPolicy | None = None,
 ) -> EngineParts:
     """RemoteVerifier for the target group's leader and, when there is a draft worker, a
-    builder of its RemoteProposer; both under one lease for this router.
+    builder of its RemoteProposer; both under one lease for this router. policy (e.g. a
+    LoadMonitor, started and stopped with the engine) decides γ.
     resolve_draft / resolve_target: where a worker serves after it went down (None = the same
     address); with resolve_target, a round waits up to serving.target_recovery_s for it."""
     from specdec_rpc.internal_auth import configured_secret
@@ -49,15 +43,6 @@ def remote_parts(
         return draft
 
     # the draft worker runs only when the draft proposer is configured (WorkerHub)
-    return EngineParts(verifier, draft=remote_draft if draft_address is not None else None, closers=[verifier.close])
+    return EngineParts(verifier, draft=remote_draft if draft_address is not None else None, policy=policy,
+                       closers=[verifier.close])
 
-
-def remote_backend(
-    config: SpecdecConfig, target_address: str, draft_address: str | None, policy: RoundPolicy | None = None,
-    resolve_draft: Callable[[], str | None] | None = None, resolve_target: Callable[[], str | None] | None = None,
-) -> ServedEngine:
-    """The distributed router's served engine: the workers' clients and in-process n-gram
-    lookup; policy (e.g. a LoadMonitor, started and stopped with the engine) decides γ."""
-    parts = remote_parts(config, target_address, draft_address, resolve_draft, resolve_target)
-    parts.policy = policy
-    return assemble_served_engine(config, parts)

@@ -14,7 +14,6 @@ timed out after the store had executed it) is retried as is, so it counts once.
 from __future__ import annotations
 
 import itertools
-import math
 import logging
 import threading
 import time
@@ -24,10 +23,9 @@ from specdec.policy.circuit_breaker import CircuitBreaker
 from specdec.config import LoadMonitorConfig
 from specdec.policy.load_stats import LoadSnapshot, RoundSample, StatsWindow
 from specdec.policy.load_store import InProcessLoadStore, LoadStore, SwitchState
-from specdec.policy.load_switch import LoadThresholds
 from specdec.server_status import PolicyStatus
-from specdec.policy.speculation_policy import (MODE_AUTO, Crossover, Decision, PolicySettings, RowState,
-                                        SpeculationPolicy)
+from specdec.policy.speculation_policy import Crossover, Decision, PolicySettings, RowState, SpeculationPolicy
+from specdec.speculation_mode import SpeculationMode
 
 log = logging.getLogger(__name__)
 CROSSOVER_REFRESH_S = 1.0
@@ -203,7 +201,7 @@ class LoadMonitor:
     def preview(self) -> Decision:
         """What the plan gives AUTO requests now, at the current number of running requests
         (at least one), without moving the on/off state."""
-        rows = [RowState(MODE_AUTO, None, self.policy.settings.gamma_max, seq_id=f"preview-{i}")
+        rows = [RowState(SpeculationMode.AUTO, None, self.policy.settings.gamma_max, seq_id=f"preview-{i}")
                 for i in range(max(1, self._load[0]))]
         return self.policy.plan(self._snapshot, rows, self.clock(), self._default_gamma, update_state=False)
 
@@ -226,30 +224,7 @@ class LoadMonitor:
 
 def build_load_monitor(config: LoadMonitorConfig, store: LoadStore | None, replica_id: str) -> LoadMonitor:
     """A LoadMonitor with the policy, switch and breaker that `config` describes."""
-    thresholds = None
-    if config.disable_qps is not None:
-        thresholds = LoadThresholds(
-            disable_qps=config.disable_qps,
-            enable_qps=config.enable_qps,
-            # no in-flight thresholds: never off because of them, never held off by them
-            disable_in_flight=math.inf if config.disable_in_flight is None else config.disable_in_flight,
-            enable_in_flight=math.inf if config.enable_in_flight is None else config.enable_in_flight,
-            min_dwell_s=config.min_dwell_s,
-        )
-    settings = PolicySettings(
-        gamma_max=config.gamma_max,
-        fallback_gamma=config.fallback_gamma,
-        stale_after_s=config.stale_after_s,
-        min_gain=config.min_gain,
-        min_dwell_s=config.min_dwell_s,
-        prior_tokens=config.prior_tokens,
-        explore_interval_s=config.explore_interval_s,
-        explore_gamma=config.explore_gamma,
-        explore_rows=config.explore_rows,
-        max_round_ratio=config.max_round_ratio,
-        tpot_target_s=None if config.tpot_target_ms is None else config.tpot_target_ms / 1000.0,
-        thresholds=thresholds,
-    )
+    settings = PolicySettings.from_config(config)
     breaker = CircuitBreaker(config.breaker_failures, config.breaker_reset_s)
     return LoadMonitor(store, SpeculationPolicy(settings), replica_id, config.refresh_s, config.window_s, breaker,
                        cost_window_s=config.cost_window_s, bucket_s=config.bucket_s)

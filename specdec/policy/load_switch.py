@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,16 @@ class LoadThresholds:
             )
         if self.min_dwell_s < 0:
             raise ValueError(f"min_dwell_s must be >= 0, got {self.min_dwell_s}")
+
+    @classmethod
+    def from_config(cls, config: Any) -> "LoadThresholds | None":
+        """The operator's override of `config` (load_monitor.disable_* / enable_*; None: not
+        set). Without in-flight thresholds, in flight never switches it (both infinite)."""
+        if config.disable_qps is None:
+            return None
+        no_limit = (math.inf if config.disable_in_flight is None else config.disable_in_flight,
+                    math.inf if config.enable_in_flight is None else config.enable_in_flight)
+        return cls(config.disable_qps, config.enable_qps, *no_limit, config.min_dwell_s)
 
 
 class LoadSwitch:

@@ -33,8 +33,8 @@ On top of the plan:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass, fields, replace
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,8 +42,8 @@ from specdec.policy.gamma import (crossover_rows, expected_accepted, extend_pref
                                   row_prefix_acceptance, speculation_pays)
 from specdec.policy.load_stats import LoadSnapshot, RoundSample
 from specdec.policy.load_switch import LoadSwitch, LoadThresholds
+from specdec.speculation_mode import SpeculationMode, own_gamma
 
-MODE_AUTO, MODE_ON, MODE_OFF = "auto", "on", "off"
 ENOUGH_DRAFT_CALLS, ENOUGH_DRAFTED = 8, 64  # a window with fewer needs exploration
 
 
@@ -62,6 +62,16 @@ class PolicySettings:
     tpot_target_s: float | None = None  # a row's TPOT target when its request sets none (None = no target)
     thresholds: LoadThresholds | None = None  # an operator's forced load switch (None = follow the plan)
 
+    @classmethod
+    def from_config(cls, config: Any) -> "PolicySettings":
+        """The settings of a load_monitor section: each field from the key of its name (the
+        TPOT target from tpot_target_ms, in seconds)."""
+        derived = ("thresholds", "tpot_target_s")
+        own = {f.name: getattr(config, f.name) for f in fields(cls) if f.name not in derived}
+        target_ms = config.tpot_target_ms
+        return cls(**own, tpot_target_s=None if target_ms is None else target_ms / 1000.0,
+                   thresholds=LoadThresholds.from_config(config))
+
 
 @dataclass(frozen=True)
 class RowState:
@@ -79,7 +89,7 @@ class RowState:
     tpot_target_s: its request's time-per-output-token target, seconds (None = the server's).
     """
 
-    mode: str
+    mode: SpeculationMode  # (a plain "auto" | "on" | "off" compares equal)
     requested_gamma: int | None
     cap: int
     drafted: int = 0
@@ -90,6 +100,9 @@ class RowState:
     remaining_tokens: int = 0
     drafted_per_position: tuple[int, ...] = ()
     tpot_target_s: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", SpeculationMode.parse(self.mode))
 
 
 @dataclass(frozen=True)
@@ -125,14 +138,12 @@ def amortised_catch_up(curves: np.ndarray, rows: list[RowState], hi: list[int]) 
 
 
 def fixed_plan(rows: list[RowState], default_gamma: int) -> Decision:
-    """The plan without a policy: every row its own γ, else the server's (mode OFF or γ 0:
-    none; AUTO drafts only when the server's γ is not 0)."""
+    """The plan without a policy: every row its own γ (`own_gamma`, speculating whenever the
+    server's γ is not 0), else the server's."""
     gammas = []
     for row in rows:
-        if row.mode == MODE_OFF or row.requested_gamma == 0 or (row.mode == MODE_AUTO and default_gamma == 0):
-            gammas.append(0)
-        else:
-            gammas.append(row.requested_gamma or default_gamma)
+        own = own_gamma(row.mode, row.requested_gamma, default_gamma, default_gamma > 0)
+        gammas.append(default_gamma if own is None else own)
     return Decision(default_gamma, default_gamma > 0, "static γ", tuple(gammas))
 
 
@@ -209,7 +220,7 @@ class SpeculationPolicy:
         """Each row's γ this round (request overrides, the on/off state, the goodput plan,
         exploration). update_state=False previews it without counting a round (status)."""
         s = self.settings
-        fixed = [self._fixed_gamma(row, default_gamma) for row in rows]
+        fixed = [own_gamma(row.mode, row.requested_gamma, default_gamma, self.switch.enabled) for row in rows]
         free = [i for i, f in enumerate(fixed) if f is None]
         lo = [min(f, row.cap) if f is not None else 0 for f, row in zip(fixed, rows)]
         hi = [min(s.gamma_max, row.cap) if f is None else lo_i for f, row, lo_i in zip(fixed, rows, lo)]
@@ -298,19 +309,6 @@ class SpeculationPolicy:
         elif thin:  # plain rounds re-measured; drafting as it was last measured
             cost = cost.with_drafting_of(last.round_cost)
         return replace(snapshot, alpha=alpha, alpha_per_position=positions, round_cost=cost)
-
-    def _fixed_gamma(self, row: RowState, default_gamma: int) -> int | None:
-        """A request's own γ when it sets one (None: the policy chooses). AUTO with an explicit
-        γ follows the operator's switch."""
-        if row.mode not in (MODE_AUTO, MODE_ON, MODE_OFF):
-            raise ValueError(f"speculation mode must be auto, on or off, got {row.mode!r}")
-        if row.mode == MODE_OFF or row.requested_gamma == 0:
-            return 0
-        if row.mode == MODE_ON:
-            return row.requested_gamma or default_gamma
-        if row.requested_gamma is not None:
-            return row.requested_gamma if self.switch.enabled else 0
-        return None
 
     def _targets(self, rows: list[RowState]) -> list[float] | None:
         """Each row's TPOT target, seconds: its own, else the server's, else none (inf);

@@ -39,7 +39,7 @@ from specdec.config import load_config
 from specdec_rpc.client import SpecdecClient
 from specdec_rpc.proxy_binding import is_loopback
 from specdec_rpc.public_service import SERVICE_NAME
-from specdec_rpc.router_backend import local_backend
+from specdec.engine_builder import build_served_engine
 from specdec_rpc.v1 import specdec_pb2, specdec_pb2_grpc
 from ray_processes import actor_pids, listening_sockets
 
@@ -61,7 +61,7 @@ def app(tls_files, tmp_path_factory):
         "serving": {"port": free_port(), "http_port": free_port(), "host": "0.0.0.0"},
         "security": {"tls_cert_file": str(cert), "tls_key_file": str(key), "api_tokens_file": str(tokens)},
     })
-    app = start_app(config, backend_factory=functools.partial(local_backend, config),
+    app = start_app(config, backend_factory=functools.partial(build_served_engine, config),
                     ray_init_kwargs={"num_cpus": 2, "include_dashboard": False, "log_to_driver": False})
     yield app
     app.shutdown()

@@ -98,3 +98,13 @@ def test_bad_values_are_rejected_naming_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field) as error:
         load_config(overrides=overrides)
     assert "\n" not in str(error.value) and "pydantic" not in str(error.value)
+
+
+@pytest.mark.parametrize("key, replacement", [
+    ("gamma_max", "speculation.gamma_limit"), ("overlap_measured", "overlap_choice"),
+    ("overlap_min_acceptance", "draft_ahead"), ("look_ahead_min_hit_rate", "look_ahead_hits"),
+    ("look_ahead_probe_every", "look_ahead_hits"),
+])
+def test_a_retired_speculation_key_is_refused_naming_what_replaces_it(key, replacement):
+    with pytest.raises(ConfigError, match=f"speculation.{key}: .*{replacement}"):
+        load_config(overrides={"speculation": {key: 1}})

@@ -12,7 +12,7 @@ import pytest
 from specdec.async_engine import EngineClosedError
 from specdec.config import load_config
 from specdec.drain import SHUTTING_DOWN, Drain
-from specdec.engine_builder import local_served_engine
+from specdec.engine_builder import build_served_engine
 from specdec.frontend import Frontend
 from specdec.serving_errors import ErrorKind, NotReadyError, classify
 from specdec.text_request import TextRequest
@@ -20,7 +20,7 @@ from specdec.text_request import TextRequest
 
 @pytest.fixture
 def frontend():
-    served = local_served_engine(load_config(overrides={"cache": {"num_slots": 4, "max_seq_len": 256}}))
+    served = build_served_engine(load_config(overrides={"cache": {"num_slots": 4, "max_seq_len": 256}}))
     yield Frontend(served)
     served.close()
 

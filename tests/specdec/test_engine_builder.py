@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from specdec.config import load_config
-from specdec.engine_builder import eos_token_ids
-from specdec.engine_builder import make_engine as assemble
+from specdec.engine_builder import build_engine, eos_token_ids
 from specdec.model_paths import resolve_model_path
 from specdec.request import GenerationRequest
 
@@ -52,7 +51,7 @@ def test_the_engine_stops_on_an_eos_id_listed_only_in_generation_config(
     _set_generation_eos(checkpoint, [0, expected[4]])
     config = load_config(overrides={"models": {"target": str(checkpoint)}, "speculation": {"proposer": "ngram"}})
     reference = make_engine("ngram", gamma=4).engine  # the bundled target: the same weights
-    engine = assemble(config, reference.verifier, reference.proposer, tokenizer)
+    engine = build_engine(config, reference.verifier, reference.proposer, tokenizer).engine
     [r] = engine.generate([GenerationRequest(prompt_ids[0], 20)])
     assert (r.token_ids, r.finish_reason) == (expected[: expected.index(expected[4]) + 1], "stop")
 
@@ -83,34 +82,31 @@ class RecordingPolicy:
 
 
 def test_one_assembly_loads_the_registrys_proposers_and_runs_the_policy_with_the_engine(make_engine, tokenizer):
-    from specdec.engine_builder import EngineParts, assemble_served_engine
+    from specdec.engine_builder import EngineParts, build_served_engine
     from specdec.policy.load_monitor import build_load_monitor
 
     config = load_config(overrides={"cache": {"num_slots": 2}})
     reference = make_engine("draft", gamma=4).engine  # the bundled pair: a verifier and a draft model
     draft = reference.proposer.proposers["draft"]
-    no_draft = assemble_served_engine(config, EngineParts(reference.verifier, tokenizer=tokenizer))
+    no_draft = build_served_engine(config, EngineParts(reference.verifier, tokenizer=tokenizer))
     no_draft.close()
     assert no_draft.defaults.proposers == ("ngram",) and no_draft.monitor is None
     policy = RecordingPolicy(build_load_monitor(config.load_monitor, None, "test"))
     closed = []
-    served = assemble_served_engine(config, EngineParts(reference.verifier, draft=lambda: draft, policy=policy,
-                                                        tokenizer=tokenizer, closers=[lambda: closed.append(1)]))
+    served = build_served_engine(config, EngineParts(reference.verifier, draft=lambda: draft, policy=policy,
+                                                     tokenizer=tokenizer, closers=[lambda: closed.append(1)]))
     assert served.defaults.proposers == ("draft", "ngram") and served.monitor is policy and policy.calls == ["start"]
     assert served.model == config.models.target and served.tokenizer is tokenizer
     served.close()
     assert policy.calls == ["start", "stop"] and closed == [1]
 
 
-def test_pipelined_rounds_take_every_overlap_and_look_ahead_setting_from_config():
+def test_pipelined_rounds_take_the_hardware_settings_from_config_and_measure_the_rest():
     from specdec.engine_builder import build_draft_ahead
 
     config = load_config(overrides={"speculation": {
-        "overlap_min_acceptance": 0.4, "overlap_micro_batches": True, "overlap_max_rows": 3,
-        "overlap_measured": True, "look_ahead_branches": 2, "look_ahead_min_hit_rate": 0.25,
-        "look_ahead_probe_every": 16}})  # the defaults are 0.3 and 32
+        "overlap_micro_batches": True, "overlap_max_rows": 3, "look_ahead_branches": 2}})
     ahead = build_draft_ahead(config.speculation)
-    assert (ahead.min_acceptance, ahead.micro_batches, ahead.max_rows, ahead.branches) == (0.4, True, 3, 2)
-    assert ahead.choice is not None
-    assert (ahead.kind_hits.min_hit_rate, ahead.kind_hits.probe_every) == (0.25, 16)
-    assert build_draft_ahead(load_config().speculation).choice is None
+    assert (ahead.micro_batches, ahead.max_rows, ahead.branches) == (True, 3, 2)
+    assert ahead.choice is not None  # whether a lone request looks ahead is measured, not configured
+    assert (ahead.min_acceptance, ahead.kind_hits.min_hit_rate, ahead.kind_hits.probe_every) == (0.3, 0.3, 32)

@@ -53,7 +53,7 @@ def test_a_seeded_requests_output_does_not_depend_on_its_neighbours_gamma(make_e
 
 
 def test_gamma_above_the_cap_is_refused_naming_the_field(make_engine, prompt_ids):
-    built = make_engine("draft", gamma=4, speculation={"proposer": "draft", "gamma": 4, "gamma_max": 8})
+    built = make_engine("draft", gamma=4, speculation={"proposer": "draft", "gamma": 4, "gamma_limit": 8})
     with pytest.raises(ValueError, match="speculation.gamma 1000 exceeds the limit 8"):
         built.engine.add_request(GenerationRequest(prompt_ids[0], 10, gamma=1000))
     [r] = built.engine.generate([GenerationRequest(prompt_ids[0], 12, gamma=8, mode="on", ignore_eos=True)])

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from specdec.config import load_config
-from specdec.engine_builder import local_served_engine
+from specdec.engine_builder import build_served_engine
 from specdec.frontend import Frontend
 from specdec.sampling_params import SamplingParams
 from specdec.server_status import ServerStatus
@@ -26,7 +26,7 @@ MAX_CONCURRENT = 2
 
 @pytest.fixture(scope="module")
 def frontend():
-    served = local_served_engine(load_config(overrides={
+    served = build_served_engine(load_config(overrides={
         "cache": {"num_slots": NUM_SLOTS, "max_seq_len": 256},
         "serving": {"max_concurrent_requests": MAX_CONCURRENT},
     }))

@@ -5,7 +5,7 @@ import pytest
 from specdec.request import GenerationRequest, RequestLimits
 from specdec.sampling_params import SamplingParams
 
-LIMITS = RequestLimits(vocab_size=256, max_seq_len=64, max_new_tokens_limit=4096, gamma_max=8,
+LIMITS = RequestLimits(vocab_size=256, max_seq_len=64, max_new_tokens_limit=4096, gamma_limit=8,
                        max_stop_strings=4, max_stop_string_chars=10, proposers=("ngram",))
 
 

@@ -19,7 +19,7 @@ from specdec.ports import free_port
 from openai_http import UvicornThread, get, post, sse_lines
 from specdec.api_auth import ApiTokens
 from specdec.config import load_config
-from specdec.engine_builder import local_served_engine
+from specdec.engine_builder import build_served_engine
 from specdec.frontend import Frontend
 from specdec_http.cors import Cors
 from specdec_http.http_api import HttpApi, asgi_app
@@ -32,7 +32,7 @@ TOKEN = "team-token"
 
 @pytest.fixture(scope="module")
 def served():
-    served = local_served_engine(load_config(overrides={"cache": {"num_slots": 4, "max_seq_len": MAX_SEQ_LEN}}))
+    served = build_served_engine(load_config(overrides={"cache": {"num_slots": 4, "max_seq_len": MAX_SEQ_LEN}}))
     yield served
     served.close()
 

@@ -17,7 +17,7 @@ import pytest
 from specdec.ports import free_port
 from openai_http import OpenStream, OpenUnary, UvicornThread, get, post, post_raw, sse_lines, wait_until
 from specdec.config import load_config
-from specdec.engine_builder import local_served_engine
+from specdec.engine_builder import build_served_engine
 from specdec.frontend import Frontend
 from specdec_http.http_api import HttpApi, asgi_app
 
@@ -29,7 +29,7 @@ STREAMS_OBSERVED: list[tuple[float | None, list[tuple[float, int]]]] = []  # wha
 
 @pytest.fixture(scope="module")
 def served():
-    served = local_served_engine(load_config(overrides={
+    served = build_served_engine(load_config(overrides={
         "cache": {"num_slots": NUM_SLOTS, "max_seq_len": 256}, "serving": {"max_concurrent_requests": MAX_CONCURRENT},
     }))
     yield served

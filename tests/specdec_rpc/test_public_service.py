@@ -7,14 +7,14 @@ from grpc_health.v1 import health_pb2
 
 from specdec.config import load_config
 from specdec_rpc.public_service import SERVICE_NAME, PublicService
-from specdec_rpc.router_backend import local_backend
+from specdec.engine_builder import build_served_engine
 from specdec_rpc.status_codes import NotReadyError
 from specdec_rpc.v1 import specdec_pb2 as pb
 
 
 @pytest.fixture(scope="module")
 def service():
-    backend = local_backend(load_config(overrides={"cache": {"num_slots": 4}}))
+    backend = build_served_engine(load_config(overrides={"cache": {"num_slots": 4}}))
     yield PublicService(backend)
     backend.close()
 
@@ -80,16 +80,14 @@ def test_stats_acceptance_rate_and_mean_accepted_length_come_from_the_same_count
 def test_a_draft_worker_that_is_down_is_reported_not_hidden(prompt_ids, hf_greedy, tokenizer):
     """Requests still get the target's output; the request's stats and GetStats say that
     speculation was unavailable, and why."""
-    from specdec.engine_builder import load_runner
-    from specdec.proposers.ngram_proposer import NgramProposer
+    from specdec.engine_builder import EngineParts, load_runner
     from specdec.target_verifier import TargetVerifier
     from specdec_rpc.remote_proposer import RemoteProposer
-    from specdec_rpc.router_backend import make_backend
 
     config = load_config(overrides={"cache": {"num_slots": 2}})
     draft = RemoteProposer("127.0.0.1:1", timeout_s=1.0)
     target = TargetVerifier(load_runner(config.models.target, config.models, config.cache))
-    backend = make_backend(config, target, {"ngram": NgramProposer(), "draft": draft}, tokenizer)
+    backend = build_served_engine(config, EngineParts(target, draft=lambda: draft, tokenizer=tokenizer))
     try:
         service = PublicService(backend)
         response = asyncio.run(service.generate(request(prompt_ids[0], 8, mode=pb.SPECULATION_MODE_ON)))
