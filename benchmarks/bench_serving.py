@@ -33,7 +33,7 @@ ITL = inter-token latency: each chunk's gap to the previous chunk of its stream,
 evenly over the chunk's tokens (a round confirms several tokens at once).
 
 Usage: python benchmarks/bench_serving.py [--prompts 8] [--max-new-tokens 128] [--concurrency 1 4 8] [--runs 3]
-       [--config override.yaml] [--json out.json]
+       [--config override.yaml] [--json out.json] [--temperature 0]
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from specdec.engine_builder import build_engine
 from specdec.async_engine import AsyncEngine
 from specdec.model_paths import bundled_prompts
 from specdec.request import GenerationRequest
+from specdec.sampling_params import SamplingParams
 
 StreamFactory = Callable[[str, int], AsyncIterator[list[int]]]  # (prompt, max_new) -> token chunks
 ProfileReader = Callable[[], Awaitable[dict]]  # -> {"rounds": n, "<part>_ms": mean per round, ...} (cumulative)
@@ -124,14 +125,16 @@ class InProcess:
     """The in-process reference: AsyncEngine over the engine in this process (one torch
     thread per model, as each Ray worker actor gets), speculation mode ON."""
 
-    def __init__(self, config: SpecdecConfig, max_streams: int) -> None:
+    def __init__(self, config: SpecdecConfig, max_streams: int, temperature: float = 0.0) -> None:
         torch.set_num_threads(1)
+        self.sampling = SamplingParams(temperature=temperature)
         self.built = build_engine(config)
         self.loop = AsyncEngine(self.built.engine, max_concurrent_requests=max_streams)
 
     async def stream(self, prompt: str, n: int) -> AsyncIterator[list[int]]:
         # mode ON: the configured γ, as the server rows (AUTO would let the policy choose γ)
-        async with self.loop.submit(GenerationRequest(self.built.encode(prompt), n, mode="on")) as s:
+        async with self.loop.submit(GenerationRequest(self.built.encode(prompt), n, mode="on",
+                                                         sampling=self.sampling)) as s:
             async for out in s:
                 yield out.new_token_ids
 
@@ -175,7 +178,8 @@ def server_runs(config: SpecdecConfig, reference: InProcess, prompts: list[str],
 
             def served(mode: str) -> StreamFactory:
                 async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
-                    async for chunk in client.generate_stream(prompt, max_new_tokens=n, mode=mode):
+                    async for chunk in client.generate_stream(prompt, max_new_tokens=n, mode=mode,
+                                                               temperature=reference.sampling.temperature):
                         yield list(chunk.token_ids)
                 return stream
 
@@ -279,6 +283,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs of every setup, interleaved (medians reported)")
     parser.add_argument("--config", action="append", default=[], help="YAML override file(s)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature of every request (0: greedy; sampled rows carry the draft's q)")
     args = parser.parse_args()
     prompts = bundled_prompts()[: args.prompts]
     stacks = [  # (label, speculation overrides, speculation modes)
@@ -286,7 +292,7 @@ def main() -> None:
         ("server, drafting ahead", {"overlap": True}, ("on",)),  # the default: the measured choice
     ]
     levels, runs, n = args.concurrency, args.runs, args.max_new_tokens
-    reference = InProcess(load_config(*args.config), max(levels))
+    reference = InProcess(load_config(*args.config), max(levels), args.temperature)
     try:
         with Progress(len(stacks) * runs * len(levels), "bench_serving") as progress:
             rows = []

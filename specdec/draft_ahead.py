@@ -33,11 +33,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from specdec.look_ahead_hits import LookAheadHits
 from specdec.overlap_choice import OverlapChoice
-from specdec.proposers.base import Branch, Proposal, ProposalRequest
+from specdec.proposers.base import Branch, Drafts, ProposalRequest
 from specdec.sequence import Sequence
 from specdec.verifier import VerifyRequest, VerifyResult
 
@@ -49,12 +47,11 @@ class LookAhead:
     """Tokens drafted ahead for one row.
 
     base_length: the history length they continue (the round's history + its drafts + e0).
-    token_ids: e1.. (the next round's drafts); probs: their q weights [n, vocab] or None.
+    drafts: e1.. (the next round's drafts) with their q.
     """
 
     base_length: int
-    token_ids: list[int]
-    probs: torch.Tensor | None
+    drafts: Drafts
 
 
 class DraftAhead:
@@ -101,21 +98,18 @@ class DraftAhead:
         ahead = self._ready.get(seq_id)
         return ahead is not None and ahead.base_length == len(history)
 
-    def store(self, seq_id: str, history: list[int], proposal: Proposal, row: int) -> None:
+    def store(self, seq_id: str, history: list[int], drafts: Drafts) -> None:
         """Keep drafts proposed from the row's current history (the other micro-batch)."""
-        drafted = proposal.drafted(row)
-        probs = None if proposal.probs is None else proposal.probs[row, : len(drafted)]
-        self._ready[seq_id] = LookAhead(len(history), drafted, probs)
+        self._ready[seq_id] = LookAhead(len(history), drafts)
         self.stored += 1
 
-    def take(self, seq_id: str, history: list[int], gamma: int) -> tuple[list[int], torch.Tensor | None]:
+    def take(self, seq_id: str, history: list[int], gamma: int) -> Drafts:
         """This round's drafts for a row: its look-ahead, cut to γ, when it continues the
         history; none otherwise. The look-ahead is used once."""
         ahead = self._ready.pop(seq_id, None)
         if ahead is None or ahead.base_length != len(history) or gamma <= 0:
-            return [], None
-        n = min(gamma, len(ahead.token_ids))
-        return ahead.token_ids[:n], None if ahead.probs is None else ahead.probs[:n]
+            return Drafts()
+        return ahead.drafts.first(gamma)
 
     def wants(self, drafted: int, accepted: int, rounds: int) -> bool:
         """Whether a row with these statistics should draft ahead."""
@@ -167,11 +161,12 @@ class DraftAhead:
         self._could_look_ahead = False
 
     def after_verdict(self, later: list[Sequence], requests, results, meanwhile) -> None:
-        """Keep what was proposed during verification: the other half's drafts (a Proposal),
-        or the look-ahead branch (one list per row of `requests`) that the verdict confirmed."""
+        """Keep what was proposed during verification: the other half's drafts (one Drafts
+        per row of `later`), or the look-ahead branch (one list per row of `requests`) that
+        the verdict confirmed."""
         if later:
-            for row, seq in enumerate(later):
-                self.store(seq.seq_id, seq.token_ids, meanwhile, row)
+            for seq, drafts in zip(later, meanwhile):
+                self.store(seq.seq_id, seq.token_ids, drafts)
             return
         for request, result, branches in zip(requests, results, meanwhile):
             self.keep(request, result, branches)
@@ -184,7 +179,7 @@ class DraftAhead:
         if branches:
             self.kind_hits.record(request.sampling.is_greedy, hit is not None)
         if hit is not None:
-            self._ready[request.seq_id] = LookAhead(base + 1, hit.token_ids, hit.probs)
+            self._ready[request.seq_id] = LookAhead(base + 1, hit.drafts())
             self.hits += 1
             self.rejection_hits += result.num_accepted < len(request.draft_token_ids)
 

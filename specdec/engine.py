@@ -22,7 +22,6 @@ import itertools
 import logging
 import time
 
-import torch
 from collections import deque
 from collections.abc import Callable, Sequence as Seq
 
@@ -30,7 +29,7 @@ from specdec.draft_ahead import DraftAhead
 from specdec.errors import WorkerError
 from specdec.policy.load_stats import RoundSample
 from specdec.proposer_view import ProposerView
-from specdec.proposers.base import Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Drafts, Proposal, ProposalRequest, Proposer
 from specdec.request import DEFAULT_CAPS, GenerationRequest, RequestCaps, RequestLimits
 from specdec.round_timer import RoundTimer
 from specdec.sequence import Sequence
@@ -216,7 +215,7 @@ class SpeculativeEngine:
             (self._propose(now, gamma_now), set(range(len(now))))
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
-        requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(now)]
+        requests = [self._verify_request(seq, drafts) for seq, drafts in zip(now, proposal)]
         prompts = [unread_prompt(seq) for seq in now]
         prefill = (sum(1 for p in prompts if p), sum(prompts))  # (rows, tokens) of the prompts the target reads
         pending = self.verifier.verify_async(requests)
@@ -251,7 +250,7 @@ class SpeculativeEngine:
         row that wanted none this round, e.g. its last, keeps its mark)."""
         for i, (seq, gamma) in enumerate(zip(batch, gammas)):
             if gamma > 0:
-                missing = int(proposal.num_drafted[i]) == 0
+                missing = len(proposal[i]) == 0
                 seq.stats.speculation_unavailable = (
                     missing and self.proposer.unavailable(seq.request.proposer) is not None
                 )
@@ -261,19 +260,18 @@ class SpeculativeEngine:
         rows are proposed for now, before their verification. Returns the proposal and the
         rows proposed for now."""
         ready = [self.draft_ahead.take(seq.seq_id, seq.token_ids, g) for seq, g in zip(batch, gammas)]
-        missing = [i for i, (ids, _) in enumerate(ready) if not ids and gammas[i] > 0]
+        missing = [i for i, drafts in enumerate(ready) if not drafts and gammas[i] > 0]
         self.timer.propose_compute_s = 0.0
         if missing:
             fresh = self._propose([batch[i] for i in missing], [gammas[i] for i in missing])
-            for j, i in enumerate(missing):
-                ids = fresh.drafted(j)
-                ready[i] = (ids, None if fresh.probs is None or not ids else fresh.probs[j, : len(ids)])
-        return Proposal.from_rows(ready, max(gammas, default=0)), set(missing)
+            for i, drafts in zip(missing, fresh):
+                ready[i] = drafts
+        return ready, set(missing)
 
     def _during_verify(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas):
         """The proposer's work while the target verifies `now` (DraftAhead.asks): drafts for
-        `later`, or look-ahead branches for `now`. Returns (a Proposal with one row per
-        ask, or a list of branches per row of `now`, or None; seconds it took)."""
+        `later`, or look-ahead branches for `now`. Returns (one Drafts per ask, or a list of
+        branches per row of `now`, or None; seconds it took)."""
         start = time.perf_counter()
         asks = self.draft_ahead.asks(now, later, requests, gammas)
         used = [ask.gamma > 0 for ask in asks]
@@ -284,7 +282,8 @@ class SpeculativeEngine:
             self._proposer_view.drafting_ahead(ask.seq_id, len(ask.token_ids))
         try:
             if later:
-                meanwhile = self.proposer.propose(active).spread(used)
+                found = iter(self.proposer.propose(active))
+                meanwhile = [next(found) if use else Drafts() for use in used]
             else:
                 unverified = [len(request.draft_token_ids) for request, use in zip(requests, used) if use]
                 found = iter(self.proposer.look_ahead(active, unverified, self.draft_ahead.branches))
@@ -328,7 +327,7 @@ class SpeculativeEngine:
     def _propose(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
         """One proposer call for the rows that speculate, each with its own γ. A failing
         proposer costs this round its drafts (lossless), never a request."""
-        full = Proposal.empty(len(batch), max(gammas))
+        full = [Drafts() for _ in batch]
         rows = [i for i, g in enumerate(gammas) if g > 0]
         self.timer.propose_compute_s = 0.0  # no call, no compute
         if not rows:
@@ -344,15 +343,14 @@ class SpeculativeEngine:
             self.proposer_failures += 1
             logger.exception("proposer failed; this round runs without drafts")
             return full
-        full = part.spread([g > 0 for g in gammas])
-        full.num_drafted = torch.minimum(full.num_drafted, torch.tensor(gammas))  # never more than asked
+        for i, drafts in zip(rows, part):
+            full[i] = drafts.first(gammas[i])  # never more than asked
         return full
 
     @staticmethod
-    def _verify_request(seq: Sequence, proposal: Proposal, row: int) -> VerifyRequest:
-        drafted = proposal.drafted(row)
-        probs = proposal.probs[row, : len(drafted)] if proposal.probs is not None and drafted else None
-        return VerifyRequest(seq.seq_id, seq.token_ids, drafted, seq.request.sampling, probs)
+    def _verify_request(seq: Sequence, drafts: Drafts) -> VerifyRequest:
+        return VerifyRequest(seq.seq_id, seq.token_ids, drafts.token_ids, seq.request.sampling,
+                             drafts.q if drafts.token_ids else None)
 
     def _apply(self, seq: Sequence, request: VerifyRequest, result) -> tuple[RoundOutput, tuple[int, int]]:
         """Add a round's tokens to one sequence, cut at its first stop condition, and count

@@ -1,14 +1,16 @@
 """TargetVerifier: the in-process Verifier over a target ModelRunner and the rejection sampler.
 
 The target trusts nothing it is sent: drafted tokens outside the vocabulary or the
-context, and draft distributions q that are not finite, non-negative and normalised (within
-Q_SUM_TOLERANCE), or that give a drafted token no probability, are not verified. That row
+context, and draft distributions q that do not decode (a remote draft's bytes are decoded
+here, once, right before rejection sampling), are not finite, non-negative and normalised
+(within Q_SUM_TOLERANCE), or give a drafted token no probability, are not verified. That row
 is verified as if it had no drafts (plain decoding, still exact) and counted in
 `rejected_proposals`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -100,7 +102,7 @@ class TargetVerifier(Verifier):
         """Drafted tokens [batch, width] (-1 padded), num_drafted [batch], q [batch, width, vocab] | None.
 
         When some rows carry draft probabilities, rows without them get a one-hot q (never a
-        zero q, which would accept anything)."""
+        zero q, which would accept anything): the one place that q is made up."""
         draft_ids = torch.full((len(requests), width), -1, dtype=torch.long)
         num_drafted = torch.tensor([len(r.draft_token_ids) for r in requests], dtype=torch.long)
         for i, r in enumerate(requests):
@@ -117,13 +119,30 @@ class TargetVerifier(Verifier):
         return draft_ids, num_drafted, draft_probs
 
     def _checked(self, request: VerifyRequest) -> VerifyRequest:
-        """The request itself, or without its drafts when they fail validation."""
-        problem = self.draft_problem(request)
+        """The request with its q decoded (the only place encoded q is decoded, and drafts
+        are checked), or without its drafts when they fail validation."""
+        try:
+            request = self._decoded(request)
+            problem = self.draft_problem(request)
+        except ValueError as exc:  # bytes that are no distributions (EncodedQ.decode)
+            problem = f"q does not decode: {exc}"
         if problem is None:
             return request
         self.rejected_proposals += 1
         logger.warning("sequence %s: drafts not verified (%s); plain decoding this round", request.seq_id, problem)
         return VerifyRequest(request.seq_id, request.token_ids, [], request.sampling, None)
+
+    def _decoded(self, request: VerifyRequest) -> VerifyRequest:
+        """The request with q as [num_drafted, vocab] weights: encoded q decoded; dropped
+        where the sampler does not read it (greedy rows, no drafts)."""
+        q = request.draft_probs
+        if q is None or isinstance(q, torch.Tensor):
+            return request
+        if request.sampling.is_greedy or not request.draft_token_ids:
+            return dataclasses.replace(request, draft_probs=None)
+        if len(q) != len(request.draft_token_ids):
+            raise ValueError(f"{len(q)} distributions for {len(request.draft_token_ids)} drafted tokens")
+        return dataclasses.replace(request, draft_probs=q.decode(self.vocab_size))  # [n, vocab]
 
     def draft_problem(self, request: VerifyRequest) -> str | None:
         """Why the request's drafts cannot be verified, or None when they can."""

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from specdec.proposers.drafts import EncodedQ
 from specdec.sampling_params import SamplingParams
 
 
@@ -24,16 +25,17 @@ class VerifyRequest:
 
     token_ids: the full history (prompt + generated); the last one is the pending token.
     draft_token_ids: the drafted tokens to verify (may be empty: plain decoding).
-    draft_probs: [num_drafted, vocab] draft distribution q as non-negative weights (the
-        verifier normalises them, exactly as the proposer did before sampling), or None
-        (verified as a one-hot q).
+    draft_probs: the draft distribution q of the drafted tokens, as the proposer made it
+        (Drafts.q): [num_drafted, vocab] non-negative weights (the verifier normalises them,
+        exactly as the proposer did before sampling), the same still encoded (EncodedQ: a
+        remote draft's bytes, decoded by the verifier), or None (verified as a one-hot q).
     """
 
     seq_id: str
     token_ids: list[int]
     draft_token_ids: list[int]
     sampling: SamplingParams
-    draft_probs: torch.Tensor | None = None
+    draft_probs: torch.Tensor | EncodedQ | None = None
 
 
 @dataclass

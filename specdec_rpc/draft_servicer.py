@@ -1,10 +1,11 @@
 """DraftServicer: the `specdec.v1.DraftWorker` gRPC service around an in-process DraftModelProposer.
 
 It only translates: deltas -> full histories (HistoryStore), one batched `propose` per
-call, drafted tokens and q (prob_codec) -> the reply. The proposer rounds q to float16
-before sampling (wire_dtype), so the q it sends is exactly the q it sampled from. Greedy
-rows send no q (their verification needs none). Leases, Release, GetInfo, KeepAlive and
-the metrics are the WorkerServicer base's (worker_servicer.py).
+call, drafted tokens and q (prob_codec, encoded once: routers pass it on to the target as
+it is) -> the reply. The proposer rounds q to float16 before sampling (wire_dtype), so the
+q it sends is exactly the q it sampled from. Greedy rows send no q (their verification
+needs none; the proposer gives them none). Leases, Release, GetInfo, KeepAlive and the
+metrics are the WorkerServicer base's (worker_servicer.py).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         if request.unverified:
             return self._look_ahead(request, applied.histories, rows)
         proposal = self.proposer.propose(rows) if rows else None
-        return self._drafts(request, applied.histories, rows, proposal)
+        return self._drafts(request, applied.histories, proposal)
 
     def _look_ahead(self, request, histories, rows: list[ProposalRequest]) -> list[worker_pb2.DraftedTokens]:
         """One DraftedTokens per request entry with the look-ahead's branches (none for resync entries)."""
@@ -122,24 +123,24 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
                 for branch in found[row]:
                     wire = draft.branches.add(base_length=branch.base_length, token_id=branch.token_id,
                                               token_ids=branch.token_ids)
-                    if branch.probs is not None and not rows[row].sampling.is_greedy and branch.token_ids:
+                    if branch.probs is not None and branch.token_ids:
                         wire.probs.extend(encode_rows(branch.probs))  # [n, vocab]
                 row += 1
             drafts.append(draft)
         return drafts
 
     @staticmethod
-    def _drafts(request, histories, rows: list[ProposalRequest], proposal: Proposal | None):
-        """One DraftedTokens per request entry, in order (empty for resync entries)."""
-        drafts, row = [], 0
+    def _drafts(request, histories, proposal: Proposal | None):
+        """One DraftedTokens per request entry, in order (empty for resync entries); q is
+        encoded here, once (greedy rows carry none)."""
+        drafts, found = [], iter(proposal or [])
         for delta, history in zip(request.sequences, histories):
             draft = worker_pb2.DraftedTokens(seq_id=delta.seq_id)
             if history is not None:
-                tokens = proposal.drafted(row)
-                draft.token_ids.extend(tokens)
-                if proposal.probs is not None and not rows[row].sampling.is_greedy and tokens:
-                    draft.probs.extend(encode_rows(proposal.probs[row, : len(tokens)]))  # [n, vocab]
-                row += 1
+                row = next(found)
+                draft.token_ids.extend(row.token_ids)
+                if row.q is not None and row.token_ids:
+                    draft.probs.extend(encode_rows(row.q))  # [n, vocab]
             drafts.append(draft)
         return drafts
 

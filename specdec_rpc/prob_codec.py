@@ -103,3 +103,28 @@ def decode_rows(messages, vocab_size: int) -> torch.Tensor:
     if not rows:
         return torch.zeros(0, vocab_size)
     return torch.stack(rows)  # [n, vocab_size]
+
+
+class WireQ:
+    """q as a draft worker sent it (specdec.proposers.drafts.EncodedQ): its TokenDistribution
+    messages, one per drafted position, carried unchanged from the ProposeResponse to the
+    VerifyRequest (the router never decodes them) and decoded only by the target."""
+
+    def __init__(self, messages) -> None:
+        self.messages = list(messages)  # [n] TokenDistribution
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __getitem__(self, positions: slice) -> "WireQ":
+        return WireQ(self.messages[positions])
+
+    def decode(self, vocab_size: int) -> torch.Tensor:
+        """[n, vocab_size] float32 weights (raises ValueError on malformed messages)."""
+        return decode_rows(self.messages, vocab_size)
+
+
+def wire_q(q) -> list[worker_pb2.TokenDistribution]:
+    """A row's q (Drafts.q: [n, vocab] weights or a WireQ) as the messages to send: a WireQ's
+    own messages, unchanged; weights encoded."""
+    return q.messages if isinstance(q, WireQ) else encode_rows(q)

@@ -35,12 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
-import torch
 
 from specdec.draft_deadline import DraftDeadline
-from specdec.proposers.base import Branch, Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Branch, Drafts, Proposal, ProposalRequest, Proposer
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
-from specdec_rpc.prob_codec import decode_rows
+from specdec_rpc.prob_codec import WireQ
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_client import WorkerClient
 
@@ -70,7 +69,8 @@ class LateCall:
 
 
 class RemoteProposer(WorkerClient, Proposer):
-    """Drafts with a remote draft model; q arrives float16-exact, as the draft sampled it."""
+    """Drafts with a remote draft model; q arrives as the draft encoded it (float16-exact,
+    as it sampled from it) and goes on to the target as it came (prob_codec.WireQ)."""
 
     has_probs = True
     names = ("draft",)
@@ -95,17 +95,15 @@ class RemoteProposer(WorkerClient, Proposer):
         self._down: tuple[float, str] | None = None  # (since, why) while the worker is down
         self._fresh_worker = False  # switched to a worker that holds no history yet
         self._renew_lease(lease_ttl_s)
-        self._vocab_size: int | None = None
         self.deadline = DraftDeadline.within(timeout_s)
         self._due = 0.0  # when the current round stops waiting for its drafts (time.monotonic)
         self._late: LateCall | None = None  # the call that missed its deadline, while it runs
 
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
-        gamma = max((r.gamma for r in requests), default=0)
-        if gamma == 0:
-            return Proposal.empty(len(requests), gamma)
-        return self._guarded(requests, Proposal.empty(len(requests), gamma),
-                             lambda vocab: self._proposal(requests, gamma, self._drafts(requests), vocab))
+        if not any(r.gamma > 0 for r in requests):
+            return [Drafts() for _ in requests]
+        return self._guarded(requests, [Drafts() for _ in requests],
+                             lambda: self._proposal(requests, self._drafts(requests)))
 
     def look_ahead(self, requests: list[ProposalRequest], unverified: list[int],
                    branches: int = 1) -> list[list[Branch]]:
@@ -113,14 +111,14 @@ class RemoteProposer(WorkerClient, Proposer):
         if not any(r.gamma > 0 for r in requests):
             return [[] for _ in requests]
 
-        def call(vocab: int) -> list[list[Branch]]:
+        def call() -> list[list[Branch]]:
             drafts = self._drafts(requests, unverified, branches)
-            return [self._branches(request, draft, vocab) for request, draft in zip(requests, drafts)]
+            return [self._branches(request, draft) for request, draft in zip(requests, drafts)]
 
         return self._guarded(requests, [[] for _ in requests], call)
 
-    def _guarded(self, requests: list[ProposalRequest], empty, call: Callable[[int], object]):
-        """call(vocab size) within the round's draft deadline, or `empty` (no drafts, lossless)
+    def _guarded(self, requests: list[ProposalRequest], empty, call: Callable[[], object]):
+        """call() within the round's draft deadline, or `empty` (no drafts, lossless)
         when the worker is down, still busy with a late call, or the call fails or misses the
         deadline: the failure is counted and logged, and a worker that went down is looked
         for again in the background."""
@@ -132,7 +130,7 @@ class RemoteProposer(WorkerClient, Proposer):
         self._due = time.monotonic() + self.deadline.budget_s()
         try:
             self._send_releases()
-            result = call(self._vocab())
+            result = call()
             self.unavailable_reason = None
             return result
         except DraftLate as exc:
@@ -221,13 +219,6 @@ class RemoteProposer(WorkerClient, Proposer):
         self.reconnects += 1
         logger.warning("draft worker back at %s after %.1fs: speculation resumes", address, time.monotonic() - since)
 
-    def _vocab(self) -> int:
-        """Width of the q rows (the target's vocabulary), asked once."""
-        if self._vocab_size is None:
-            info = self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=max(0.0, self._due - time.monotonic()))
-            self._vocab_size = info.vocab_size
-        return self._vocab_size
-
     def _request(self, requests: list[ProposalRequest], unverified: list[int] | None,
                  branches: int) -> worker_pb2.ProposeRequest:
         deltas = [self._sender.delta(r.seq_id, r.token_ids, r.sampling) for r in requests]
@@ -271,36 +262,27 @@ class RemoteProposer(WorkerClient, Proposer):
             drafts[i] = draft
         return drafts
 
-    def _proposal(
-        self, requests: list[ProposalRequest], gamma: int, drafts: list[worker_pb2.DraftedTokens], vocab_size: int
-    ) -> Proposal:
-        """The reply as a Proposal; raises ValueError when it breaks the protocol."""
-        proposal = Proposal.empty(len(requests), gamma)
-        rows_with_probs = {}
-        for i, (request, draft) in enumerate(zip(requests, drafts)):
-            n = len(draft.token_ids)
-            matches = draft.seq_id == self._sender.wire_id(request.seq_id) and n <= request.gamma
-            if not matches or (draft.probs and len(draft.probs) != n):
+    def _proposal(self, requests: list[ProposalRequest], drafts: list[worker_pb2.DraftedTokens]) -> Proposal:
+        """The reply as one Drafts per request, q still as the worker encoded it (the target
+        decodes and checks it); raises ValueError when the reply names other sequences or
+        drafts more than asked."""
+        proposal = []
+        for request, draft in zip(requests, drafts):
+            if draft.seq_id != self._sender.wire_id(request.seq_id) or len(draft.token_ids) > request.gamma:
                 raise ValueError(f"draft for {request.seq_id!r} does not match its request (gamma {request.gamma})")
-            proposal.token_ids[i, :n] = torch.tensor(list(draft.token_ids), dtype=torch.long)
-            proposal.num_drafted[i] = n
-            if draft.probs:
-                rows_with_probs[i] = decode_rows(draft.probs, vocab_size)  # [n, V]
-        if rows_with_probs:  # greedy rows, sent without q, get a one-hot q
-            proposal.set_probs(rows_with_probs, vocab_size)
+            proposal.append(Drafts(list(draft.token_ids), WireQ(draft.probs) if draft.probs else None))
         return proposal
 
-    def _branches(self, request: ProposalRequest, draft: worker_pb2.DraftedTokens, vocab_size: int) -> list[Branch]:
-        """A reply's look-ahead branches; raises ValueError when they break the protocol."""
+    def _branches(self, request: ProposalRequest, draft: worker_pb2.DraftedTokens) -> list[Branch]:
+        """A reply's look-ahead branches (q as sent); raises ValueError when they break the protocol."""
         if draft.seq_id != self._sender.wire_id(request.seq_id):
             raise ValueError(f"look-ahead for {request.seq_id!r} names another sequence ({draft.seq_id!r})")
         branches = []
         for wire in draft.branches:
-            n = len(wire.token_ids)
-            if n > request.gamma or wire.base_length > len(request.token_ids) or (wire.probs and len(wire.probs) != n):
+            if len(wire.token_ids) > request.gamma or wire.base_length > len(request.token_ids):
                 raise ValueError(f"look-ahead branch of {request.seq_id!r} does not match its request")
-            probs = decode_rows(wire.probs, vocab_size) if wire.probs else None  # [n, V]
-            branches.append(Branch(wire.base_length, wire.token_id, list(wire.token_ids), probs))
+            q = WireQ(wire.probs) if wire.probs else None
+            branches.append(Branch(wire.base_length, wire.token_id, list(wire.token_ids), q))
         return branches
 
     def flush(self) -> bool:
@@ -334,12 +316,6 @@ class RemoteProposer(WorkerClient, Proposer):
 
     def _holds_releases(self) -> bool:
         return self._down is not None  # kept for the worker that answers next
-
-    def info(self) -> worker_pb2.WorkerInfo:
-        """The worker's WorkerInfo (at start, and for status; see WorkerClient.info)."""
-        info = super().info()
-        self._vocab_size = info.vocab_size
-        return info
 
 
 def _describe(exc: Exception) -> str:

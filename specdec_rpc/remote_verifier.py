@@ -1,7 +1,8 @@
 """RemoteVerifier: the Verifier interface over gRPC to the target group's leader.
 
-Each round sends history deltas, drafted tokens and their q (prob_codec; greedy rows send
-no q). Sequences the target does not know any more (it restarted) come back in
+Each round sends history deltas, drafted tokens and their q (greedy rows send no q): a
+remote draft's q as the draft encoded it (prob_codec.WireQ, never decoded here), an
+in-process proposer's q encoded (prob_codec). Sequences the target does not know any more (it restarted) come back in
 `resync_seq_ids`; they are sent again at once with their whole history, so a target restart
 costs a prefill, never a wrong token. A target that is unreachable or timed out raises
 `WorkerError` (no row caused it: the round fails its batch, UNAVAILABLE); other errors
@@ -37,7 +38,7 @@ import logging
 from specdec.errors import WorkerError
 from specdec.verifier import Verifier, VerifyRequest, VerifyResult
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
-from specdec_rpc.prob_codec import encode_rows
+from specdec_rpc.prob_codec import wire_q
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_client import WorkerClient
 
@@ -160,7 +161,7 @@ class RemoteVerifier(WorkerClient, Verifier):
             draft_token_ids=request.draft_token_ids,
         )
         if request.draft_probs is not None and not request.sampling.is_greedy and request.draft_token_ids:
-            item.draft_probs.extend(encode_rows(request.draft_probs))  # [num_drafted, V]
+            item.draft_probs.extend(wire_q(request.draft_probs))  # a remote draft's q as it came
         return item
 
     def _send(self, items: list[worker_pb2.VerifyItem]) -> grpc.Future:

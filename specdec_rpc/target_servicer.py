@@ -1,15 +1,15 @@
 """TargetServicer: the `specdec.v1.TargetWorker` gRPC service around an in-process TargetVerifier.
 
-It only translates: deltas -> full histories (HistoryStore), draft q (prob_codec) ->
-weights, one batched `verify` per call, outcomes -> the reply. In the tensor-parallel group
-the leader's verifier runs on a runner that mirrors every cache operation to the other
-ranks; this servicer does not know the difference. Leases, Release, GetInfo, KeepAlive
-and the metrics are the WorkerServicer base's (worker_servicer.py).
+It only translates: deltas -> full histories (HistoryStore), draft q passed on as it came
+(prob_codec.WireQ: the verifier decodes it), one batched `verify` per call, outcomes -> the
+reply. In the tensor-parallel group the leader's verifier runs on a runner that mirrors
+every cache operation to the other ranks; this servicer does not know the difference.
+Leases, Release, GetInfo, KeepAlive and the metrics are the WorkerServicer base's
+(worker_servicer.py).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 
 import grpc
@@ -18,13 +18,11 @@ from specdec.target_verifier import TargetVerifier
 from specdec.verifier import VerifyRequest, VerifyResult
 from specdec_rpc.history_sync import AppliedDeltas, sampling_from_proto
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
-from specdec_rpc.prob_codec import decode_rows
+from specdec_rpc.prob_codec import WireQ
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
 from specdec_rpc.worker_runtime import run_locked
 from specdec_rpc.worker_servicer import WorkerServicer
-
-logger = logging.getLogger(__name__)
 
 
 class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
@@ -67,7 +65,7 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
                                          compute_seconds=seconds)
 
     def _run(self, request: worker_pb2.VerifyRequest, applied: AppliedDeltas):
-        """On the worker thread: decode q, drop stale state of diverged sequences, verify.
+        """On the worker thread: drop stale state of diverged sequences, verify (decoding q).
         Returns (outcomes, sequences verified, drafted tokens verified)."""
         requests = [
             self._to_request(item, history)
@@ -81,20 +79,11 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         return self._outcomes(request, applied.histories, results), len(requests), verified
 
     def _to_request(self, item: worker_pb2.VerifyItem, history: list[int]) -> VerifyRequest:
-        """The core request; q that does not decode (wrong count, size or ids) is not
-        trusted: the row is verified without drafts (the verifier checks the rest)."""
-        drafted = list(item.draft_token_ids)
-        sampling = sampling_from_proto(item.history.sampling)
-        probs = None
-        try:
-            if item.draft_probs and len(item.draft_probs) != len(drafted):
-                raise ValueError(f"{len(item.draft_probs)} draft_probs for {len(drafted)} drafted tokens")
-            probs = decode_rows(item.draft_probs, self.verifier.vocab_size) if item.draft_probs else None  # [n, V]
-        except ValueError as exc:
-            logger.warning("sequence %s: drafts not verified (%s)", item.history.seq_id, exc)
-            self.verifier.rejected_proposals += 1
-            drafted = []
-        return VerifyRequest(item.history.seq_id, history, drafted, sampling, probs)
+        """The core request, q still encoded: the verifier decodes it (and verifies the row
+        without drafts when it does not decode)."""
+        probs = WireQ(item.draft_probs) if item.draft_probs else None  # [n] TokenDistribution
+        return VerifyRequest(item.history.seq_id, history, list(item.draft_token_ids),
+                             sampling_from_proto(item.history.sampling), probs)
 
     @staticmethod
     def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import time
 
-import torch
-
-from specdec.proposers.base import Branch, Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Branch, Drafts, Proposal, ProposalRequest, Proposer
 
 
 class CompositeProposer(Proposer):
-    """Groups a round's requests by proposer name and makes one call per proposer.
-
-    Rows from proposers without probabilities get a one-hot q when another proposer in the
-    same round supplies probabilities (a zero q would accept anything).
-    """
+    """Groups a round's requests by proposer name and makes one call per proposer; each
+    row keeps its own proposer's drafts (rows without q are verified as a one-hot q)."""
 
     last_compute_s: float | None = None  # worker compute of the last call (remote parts report theirs)
 
@@ -48,21 +43,14 @@ class CompositeProposer(Proposer):
         return result
 
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
-        full = Proposal.empty(len(requests), max((r.gamma for r in requests), default=0))
-        with_probs: dict[int, torch.Tensor] = {}  # row -> [num_drafted, vocab]
+        proposal = [Drafts() for _ in requests]
         self.last_compute_s = 0.0
         for kind, rows in self._groups(requests).items():
             # _timed calls each lambda at once, so it sees this iteration's rows
             part = self._timed(kind, lambda p: p.propose([requests[i] for i in rows]))  # noqa: B023
-            width = part.token_ids.shape[1]
-            full.token_ids[rows, :width] = part.token_ids
-            full.num_drafted[rows] = part.num_drafted
-            if part.probs is not None:
-                for j, row in enumerate(rows):
-                    with_probs[row] = part.probs[j, : int(part.num_drafted[j])]
-        if with_probs:
-            full.set_probs(with_probs, next(iter(with_probs.values())).shape[-1])
-        return full
+            for row, drafts in zip(rows, part):
+                proposal[row] = drafts
+        return proposal
 
     def look_ahead(self, requests: list[ProposalRequest], unverified: list[int],
                    branches: int = 1) -> list[list[Branch]]:

@@ -33,7 +33,7 @@ import torch
 from specdec.counter_rng import ROLE_DRAFT
 from specdec.gumbel_sampling import race
 from specdec.models.model_runner import ModelRunner
-from specdec.proposers.base import Branch, Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Branch, Drafts, Proposal, ProposalRequest, Proposer
 from specdec.sampling import SamplingBatch, logits_to_probs, sample_from_probs
 from specdec.sequence import common_prefix_length
 
@@ -55,7 +55,7 @@ class DraftModelProposer(Proposer):
         that differ between two models carry no probability).
         wire_dtype: when q travels compactly (float16 over gRPC), it is rounded to that
         dtype *before* sampling, so the token is drawn from exactly the q the target will
-        see (default float32, the dtype of Proposal.probs)."""
+        see (default float32, the dtype of Drafts.q)."""
         self.runner = runner
         self.vocab_size = vocab_size
         self.wire_dtype = wire_dtype
@@ -96,9 +96,8 @@ class DraftModelProposer(Proposer):
         return gammas
 
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
-        width = max((r.gamma for r in requests), default=0)
-        proposal = Proposal.empty(len(requests), width)
         gammas = self._plan(requests)
+        proposal = [Drafts() for _ in requests]
         rows = [i for i, g in enumerate(gammas) if g > 0]
         if not rows:
             return proposal
@@ -110,13 +109,16 @@ class DraftModelProposer(Proposer):
                 self.release(request.seq_id)
             raise
         for j, i in enumerate(rows):
-            n = gammas[i]
-            proposal.token_ids[i, :n] = tokens[j, :n]
-            proposal.num_drafted[i] = n
-        if probs is not None:
-            proposal.probs = torch.zeros(len(requests), width, self.vocab_size)  # [batch, gamma, vocab]
-            proposal.probs[rows, : probs.shape[1]] = probs
+            proposal[i] = self._drafts(tokens[j], probs, j, gammas[i], requests[i])
         return proposal
+
+    @staticmethod
+    def _drafts(tokens: torch.Tensor, probs: torch.Tensor | None, j: int, n: int,
+                request: ProposalRequest) -> Drafts:
+        """Row j of a _draft call, n tokens long; greedy rows carry no q (a one-hot q is
+        what the verifier assumes without one)."""
+        q = None if probs is None or request.sampling.is_greedy else probs[j, :n]  # [n, vocab]
+        return Drafts(tokens[:n].tolist(), q)
 
     def look_ahead(self, requests: list[ProposalRequest], unverified: list[int],
                    branches: int = 1) -> list[list[Branch]]:
@@ -150,7 +152,8 @@ class DraftModelProposer(Proposer):
             raise
         for j, ((_, i, base, token), ask) in enumerate(zip(points, asks)):
             n = self.fitting_gamma(ask)
-            found[i].append(Branch(base, token, tokens[j, :n].tolist(), None if probs is None else probs[j, :n]))
+            drafts = self._drafts(tokens[j], probs, j, n, ask)
+            found[i].append(Branch(base, token, drafts.token_ids, drafts.q))
         return found
 
     def _verdicts(self, rows: list[int], requests: list[ProposalRequest], unverified: list[int],

@@ -7,9 +7,8 @@ no draft probabilities: the target verifies its tokens as a one-hot q.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from specdec.proposers.base import Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Drafts, Proposal, ProposalRequest, Proposer
 
 
 def find_continuation(tokens: np.ndarray, n_min: int, n_max: int, gamma: int) -> list[int]:
@@ -39,10 +38,9 @@ class NgramProposer(Proposer):
     names = ("ngram",)
 
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
-        proposal = Proposal.empty(len(requests), max((r.gamma for r in requests), default=0))
-        for row, request in enumerate(requests):
+        proposal = []
+        for request in requests:
             tokens = np.asarray(request.token_ids, dtype=np.int64)
             drafted = find_continuation(tokens, self.n_min, self.n_max, request.gamma) if request.gamma > 0 else []
-            proposal.token_ids[row, : len(drafted)] = torch.tensor(drafted, dtype=torch.long)
-            proposal.num_drafted[row] = len(drafted)
+            proposal.append(Drafts(drafted))
         return proposal

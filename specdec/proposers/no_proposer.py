@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from specdec.proposers.base import Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Drafts, Proposal, ProposalRequest, Proposer
 
 
 class NoProposer(Proposer):
     """Drafts nothing, so every round verifies only the pending token and emits one token."""
 
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
-        return Proposal.empty(len(requests), 0)
+        return [Drafts() for _ in requests]

@@ -20,7 +20,7 @@ from specdec.look_ahead_hits import LookAheadHits
 from specdec.engine import SpeculativeEngine
 from specdec.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
-from specdec.proposers.base import Branch
+from specdec.proposers.base import Branch, Drafts
 from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec.request import GenerationRequest
 from specdec.overlap_choice import OverlapChoice
@@ -81,20 +81,20 @@ def test_the_branch_whose_verdict_happened_becomes_the_next_rounds_drafts():
                 Branch(3, 9, [10, 11]),  # 3 accepted, 4 rejected: the target emits 9
                 Branch(2, 8, [12])]  # 3 rejected: the target emits 8
     ahead.keep(request, VerifyResult("a", [3, 4, 5], 2), branches)
-    assert ahead.take("a", [1, 2, 3, 4, 5], gamma=4) == ([6, 7], None)
+    assert ahead.take("a", [1, 2, 3, 4, 5], gamma=4) == Drafts([6, 7])
     ahead.keep(request, VerifyResult("a", [3, 9], 1), branches)
-    assert ahead.take("a", [1, 2, 3, 9], gamma=4) == ([10, 11], None)
+    assert ahead.take("a", [1, 2, 3, 9], gamma=4) == Drafts([10, 11])
     ahead.keep(request, VerifyResult("a", [3, 4, 13], 2), branches)  # a bonus token no branch guessed
     ahead.keep(dataclasses.replace(request, seq_id="b"), VerifyResult("b", [7], 0), branches)  # 7, not 8
-    assert ahead.take("a", [1, 2, 3, 4, 13], 4) == ([], None) and ahead.take("b", [1, 2, 7], 4) == ([], None)
+    assert ahead.take("a", [1, 2, 3, 4, 13], 4) == Drafts() and ahead.take("b", [1, 2, 7], 4) == Drafts()
     assert (ahead.hits, ahead.rejection_hits) == (2, 1)
 
 
 def test_a_look_ahead_is_cut_to_the_rows_gamma_and_used_once():
     ahead = DraftAhead()
     ahead.keep(VerifyRequest("a", [1], [], SamplingParams()), VerifyResult("a", [5], 0), [Branch(1, 5, [6, 7, 8])])
-    assert ahead.take("a", [1, 5], gamma=2) == ([6, 7], None)
-    assert ahead.take("a", [1, 5], gamma=2) == ([], None)
+    assert ahead.take("a", [1, 5], gamma=2) == Drafts([6, 7])
+    assert ahead.take("a", [1, 5], gamma=2) == Drafts()
 
 
 def test_rows_with_low_acceptance_stop_drafting_ahead():

@@ -3,7 +3,7 @@
 import time
 
 from specdec.policy.load_stats import RoundSample
-from specdec.proposers.base import Proposal
+from specdec.proposers.base import Drafts
 from specdec.request import GenerationRequest
 from specdec.policy.speculation_policy import Decision, RowState
 
@@ -127,13 +127,11 @@ class PoorProposer:
     def propose(self, requests):
         import time
 
-        from specdec.proposers.base import Proposal
-
         width = max(r.gamma for r in requests)
         time.sleep(0.002 * width)
         ids = [[(r.token_ids[-1] * 7 + 13 + k) % 50 for k in range(r.gamma)] for r in requests]
         self.drafted += sum(len(i) for i in ids)
-        return Proposal.from_rows([(i, None) for i in ids], width)
+        return [Drafts(i) for i in ids]
 
     def release(self, seq_id):
         pass
@@ -253,7 +251,7 @@ class LateProposer(CountingProposer):
         if not self.late:
             return super().propose(requests)
         time.sleep(self.wait_s)
-        return Proposal.empty(len(requests), max(r.gamma for r in requests))
+        return [Drafts() for _ in requests]
 
     def unavailable(self, name):
         return "draft worker missed its deadline" if self.late else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from specdec.proposers.drafts import Drafts
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
 
@@ -44,8 +45,7 @@ class FlakyProposer:
             raise RuntimeError("the draft is down")
         proposal = self.inner.propose(asks)
         if self.calls % 3 == 2:
-            proposal.num_drafted[1::2] = 0
-            proposal.token_ids[1::2] = -1
+            proposal[1::2] = [Drafts() for _ in proposal[1::2]]
         return proposal
 
     def release(self, seq_id):

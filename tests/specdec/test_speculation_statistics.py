@@ -100,14 +100,13 @@ def speculate(params: list[SamplingParams], gamma: int, min_tokens: int) -> Gene
             requests = [ProposalRequest(f"seq-{start + i}", histories[i], chunk[i], gamma=gamma) for i in pending]
             proposal = proposer.propose(requests)
             verify = []
-            for j, r in enumerate(requests):
-                drafted = proposal.drafted(j)
-                q = proposal.probs[j, : len(drafted)]  # float16-rounded weights, as over gRPC
-                verify.append(VerifyRequest(r.seq_id, r.token_ids, drafted, r.sampling, q))
+            for r, drafts in zip(requests, proposal):
+                # q: float16-rounded weights, as over gRPC
+                verify.append(VerifyRequest(r.seq_id, r.token_ids, drafts.token_ids, r.sampling, drafts.q))
             for i, result in zip(pending, verifier.verify(verify)):
                 histories[i].extend(result.emitted)
             if round_index == 0:
-                first_drafts.append(proposal.token_ids[:, 0].numpy().copy())
+                first_drafts.append(np.array([drafts.token_ids[0] for drafts in proposal]))
                 first_round_emitted.append(np.array([len(h) - len(PROMPT) for h in histories]))
         tokens.extend(h[len(PROMPT) :] for h in histories)
     return Generated(tokens, np.concatenate(first_drafts), np.concatenate(first_round_emitted))
@@ -198,10 +197,9 @@ def test_every_row_of_a_mixed_round_follows_its_own_target():
         [ProposalRequest(f"mixed-{r}", list(PROMPT), params[r], gamma=kinds[kind_of[r]][1]) for r in drafted]
     )
     requests = [VerifyRequest(f"mixed-{r}", list(PROMPT), [argmax, 13], params[r], None) for r in range(rows)]
-    for j, r in enumerate(drafted):
-        n = int(proposal.num_drafted[j])
-        assert n == kinds[kind_of[r]][1]
-        requests[r].draft_token_ids, requests[r].draft_probs = proposal.drafted(j), proposal.probs[j, :n]
+    for r, drafts in zip(drafted, proposal):
+        assert len(drafts) == kinds[kind_of[r]][1]
+        requests[r].draft_token_ids, requests[r].draft_probs = drafts.token_ids, drafts.q
     first = np.array([result.emitted[0] for result in verifier.verify(requests)])
     assert verifier.rejected_proposals == 0
     for k, (name, (kind_params, _, _)) in enumerate(MIXED_KINDS.items()):

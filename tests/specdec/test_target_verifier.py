@@ -141,3 +141,55 @@ def test_a_valid_q_is_verified(runner, prompt_ids):
     [r] = verifier.verify([VerifyRequest("a", prompt_ids[0], [7, 9], SAMPLED, _q(2, runner.vocab_size).half().float())])
     assert verifier.rejected_proposals == 0 and len(r.emitted) == r.num_accepted + 1
     verifier.release("a")
+
+
+# ---- q that arrives encoded (a remote draft's bytes) is decoded here, once ------------------
+
+
+class Encoded:
+    """An EncodedQ holding weights; counts its decodes; `broken` bytes do not decode."""
+
+    def __init__(self, q: torch.Tensor, broken: bool = False) -> None:
+        self.q, self.broken, self.decodes = q, broken, 0
+
+    def __len__(self) -> int:
+        return self.q.shape[0]
+
+    def __getitem__(self, positions: slice) -> "Encoded":
+        return Encoded(self.q[positions], self.broken)
+
+    def decode(self, vocab_size: int) -> torch.Tensor:
+        self.decodes += 1
+        if self.broken:
+            raise ValueError("dense distribution has 20 bytes")
+        return self.q[:, :vocab_size]
+
+
+def test_encoded_q_is_decoded_once_and_verified_like_the_same_weights(runner, prompt_ids):
+    q = _q(2, runner.vocab_size).half().float()
+    encoded, results = Encoded(q), []
+    for probs in (q, encoded):
+        verifier = TargetVerifier(runner)
+        results.append(verifier.verify([VerifyRequest("a", prompt_ids[0], [7, 9], SAMPLED, probs)]))
+        verifier.release("a")
+    assert results[0] == results[1] and encoded.decodes == 1
+    assert results[1][0].num_accepted <= 2 and verifier.rejected_proposals == 0
+
+
+@pytest.mark.parametrize("kind", ["does not decode", "wrong count", "no distribution"])
+def test_encoded_q_that_is_not_a_valid_q_is_not_trusted_the_row_decodes_plainly(runner, prompt_ids, kind):
+    verifier = TargetVerifier(runner)
+    encoded = {"does not decode": Encoded(_q(2, runner.vocab_size), broken=True),
+               "wrong count": Encoded(_q(3, runner.vocab_size)),
+               "no distribution": Encoded(_bad_q("unnormalised", runner.vocab_size))}[kind]
+    [r] = verifier.verify([VerifyRequest("bad", prompt_ids[0], [7, 9], SAMPLED, encoded)])
+    assert (r.num_accepted, len(r.emitted), verifier.rejected_proposals) == (0, 1, 1)
+    verifier.release("bad")
+
+
+def test_a_greedy_rows_encoded_q_is_not_decoded(runner, prompt_ids):
+    verifier = TargetVerifier(runner)
+    encoded = Encoded(_q(2, runner.vocab_size), broken=True)
+    [r] = verifier.verify([VerifyRequest("g", prompt_ids[0], [7, 9], GREEDY, encoded)])
+    assert encoded.decodes == 0 and verifier.rejected_proposals == 0 and len(r.emitted) == r.num_accepted + 1
+    verifier.release("g")

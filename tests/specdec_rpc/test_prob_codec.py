@@ -8,7 +8,9 @@ import torch
 
 from specdec.sampling import SamplingBatch, logits_to_probs, normalize_probs
 from specdec.sampling_params import SamplingParams
-from specdec_rpc.prob_codec import decode_distribution, decode_rows, encode_distribution, encode_rows, varint_size
+from specdec_rpc.prob_codec import (
+    WireQ, decode_distribution, decode_rows, encode_distribution, encode_rows, varint_size, wire_q,
+)
 from specdec_rpc.v1 import worker_pb2
 
 VOCAB = 4096
@@ -111,3 +113,14 @@ def test_malformed_messages_fail_clearly():
         decode_distribution(worker_pb2.TokenDistribution(sparse_ids=[2, 1], sparse_f16=b"\0" * 4), VOCAB)
     with pytest.raises(ValueError, match="ascending"):
         decode_distribution(worker_pb2.TokenDistribution(sparse_ids=[VOCAB], sparse_f16=b"\0" * 2), VOCAB)
+
+
+def test_wire_q_carries_the_drafts_messages_unchanged_and_decodes_them_bit_exactly():
+    """What a router forwards: the very messages the draft encoded (no decode, no re-encode)."""
+    weights = wire_weights(SamplingParams(temperature=0.8, top_k=20), rows=4)  # [4, V]
+    messages = encode_rows(weights)
+    q = WireQ(messages)
+    assert len(q) == 4 and all(a is b for a, b in zip(wire_q(q), q.messages))
+    assert_bit_exact(q.decode(VOCAB), weights)
+    assert_bit_exact(q[1:3].decode(VOCAB), weights[1:3])
+    assert [m.SerializeToString() for m in wire_q(weights)] == [m.SerializeToString() for m in messages]

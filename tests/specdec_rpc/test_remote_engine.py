@@ -4,7 +4,7 @@ exactly what the in-process engine generates, survives worker restarts and frees
 from __future__ import annotations
 
 import dataclasses
-
+import threading
 import time
 
 import grpc
@@ -14,6 +14,7 @@ import torch
 from specdec.config import load_config
 from specdec.draft_ahead import DraftAhead
 from specdec.engine import SpeculativeEngine
+from specdec import target_verifier
 from specdec.errors import WorkerError
 from specdec.proposers.base import ProposalRequest
 from specdec.proposers.composite_proposer import CompositeProposer
@@ -21,6 +22,7 @@ from specdec.proposers.ngram_proposer import NgramProposer
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
 from specdec.verifier import VerifyRequest
+from specdec_rpc import draft_servicer, prob_codec
 from specdec_rpc.draft_servicer import DraftServicer, load_wire_draft_proposer
 from specdec_rpc.history_sync import HistorySender, sampling_to_proto
 from specdec_rpc.lease_renewer import LeaseRenewer
@@ -434,17 +436,59 @@ def test_worker_info_describes_the_model_and_capacity(remote_engine, workers):
     assert (info.runner, draft.runner) == ("specdec", "specdec")  # the bundled pair is Llama-family
 
 
-def test_the_draft_sends_float16_exact_q_that_the_target_decodes_bit_exactly(workers, prompt_ids):
-    proposer = RemoteProposer(workers["draft"].address)
-    try:
-        sampling = SamplingParams(temperature=1.0, seed=1)
-        proposal = proposer.propose([ProposalRequest("q-check", list(prompt_ids[0]), sampling, gamma=3)])
-        assert proposal.probs.shape == (1, 3, 4096)
-        assert torch.equal(proposal.probs, proposal.probs.half().float())
-        assert proposal.probs[0].gather(-1, proposal.token_ids[0, :, None]).min() > 0
-    finally:
-        proposer.release("q-check")
-        proposer.close()
+def test_q_reaches_the_targets_sampler_bit_exactly_as_the_draft_made_it_never_decoded_between(
+        remote_engine, workers, prompt_ids, monkeypatch):
+    """The router passes the draft's q on as the bytes it received: the target's rejection
+    sampler gets bit-exactly the (float16-exact) q the draft sampled from; q is encoded only
+    on the draft worker's thread and decoded only on the target worker's; a greedy row next
+    to a sampled one carries no q and is verified with a one-hot q."""
+    made, seen, threads = {}, [], {"encode": set(), "decode": set()}
+    proposer, verifier = workers["draft"].servicer.proposer, workers["target"].servicer.verifier
+
+    def drafting(requests, propose=proposer.propose):
+        proposal = propose(requests)
+        for request, drafts in zip(requests, proposal):  # keyed by (sequence, history length)
+            made[request.seq_id.split("/")[-1], len(request.token_ids)] = drafts
+        return proposal
+
+    def verifying(requests, verify=verifier.verify):
+        seen.append([(r.seq_id.split("/")[-1], len(r.token_ids), r.sampling.is_greedy) for r in requests])
+        return verify(requests)
+
+    def sampling(logits, ids, num_drafted, q, batch, sample=target_verifier.rejection_sample):
+        seen[-1] = [(*row, ids[i, : int(num_drafted[i])].tolist(), None if q is None else q[i, : int(num_drafted[i])])
+                    for i, row in enumerate(seen[-1])]
+        return sample(logits, ids, num_drafted, q, batch)
+
+    def on_thread(kind, fn):
+        def call(*args):
+            threads[kind].add(threading.current_thread().name.rsplit("_", 1)[0])
+            return fn(*args)
+        return call
+
+    monkeypatch.setattr(proposer, "propose", drafting)
+    monkeypatch.setattr(verifier, "verify", verifying)
+    monkeypatch.setattr(target_verifier, "rejection_sample", sampling)
+    monkeypatch.setattr(prob_codec, "encode_rows", on_thread("encode", prob_codec.encode_rows))
+    monkeypatch.setattr(draft_servicer, "encode_rows", on_thread("encode", prob_codec.encode_rows))
+    monkeypatch.setattr(prob_codec, "decode_rows", on_thread("decode", prob_codec.decode_rows))
+    engine = remote_engine("draft", 3)
+    engine.generate([GenerationRequest(prompt_ids[0], 16, sampling=SamplingParams(temperature=1.0, seed=4)),
+                     GenerationRequest(prompt_ids[1], 16)])
+    compared = 0
+    for seq_id, length, greedy, ids, q in (row for call in seen for row in call):
+        if not ids:
+            continue
+        drafts = made[seq_id, length]
+        assert drafts.token_ids == ids
+        if greedy:
+            one_hot = torch.nn.functional.one_hot(torch.tensor(ids), q.shape[-1]).float()
+            assert drafts.q is None and torch.equal(q, one_hot)
+        else:
+            assert torch.equal(q, drafts.q) and torch.equal(q, q.half().float()), "bit-exact, float16-exact"
+            compared += 1
+    assert compared >= 2 and any(row[2] for call in seen for row in call)
+    assert threads == {"encode": {"draft-worker"}, "decode": {"target-worker"}}
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_k=40, seed=3)],
@@ -458,7 +502,7 @@ def test_the_draft_workers_look_ahead_branches_equal_the_in_process_proposers(wo
         found = []
         for proposer in (local, remote):
             history = list(prompt_ids[3])
-            drafted = proposer.propose([ProposalRequest("ahead", history, sampling, gamma=4)]).drafted(0)
+            drafted = proposer.propose([ProposalRequest("ahead", history, sampling, gamma=4)])[0].token_ids
             ask = ProposalRequest("ahead", [*history, *drafted], sampling, gamma=3)
             found.append(proposer.look_ahead([ask], [len(drafted)], branches=6)[0])
         (mine, theirs) = found
@@ -467,8 +511,8 @@ def test_the_draft_workers_look_ahead_branches_equal_the_in_process_proposers(wo
             [(b.base_length, b.token_id, b.token_ids) for b in mine]
         for here, there in zip(mine, theirs):
             assert (here.probs is None) == (there.probs is None) == sampling.is_greedy
-            if here.probs is not None:
-                assert torch.equal(here.probs, there.probs)
+            if here.probs is not None:  # the worker's q as it sent it, decoded here to compare
+                assert torch.equal(here.probs, there.probs.decode(4096))
     finally:
         remote.release("ahead")
         remote.close()

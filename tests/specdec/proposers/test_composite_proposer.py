@@ -1,8 +1,9 @@
-"""Each request drafts with the proposer it names; a mixed round gives every drafting row a real q."""
+"""Each request drafts with the proposer it names and keeps that proposer's drafts and q
+(a row without q is verified as a one-hot q: tests/specdec/test_target_verifier.py)."""
 
 import torch
 
-from specdec.proposers.base import Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Drafts, ProposalRequest, Proposer
 from specdec.proposers.composite_proposer import CompositeProposer
 from specdec.sampling_params import SamplingParams
 
@@ -14,31 +15,25 @@ class Fixed(Proposer):
         self.tokens, self.with_probs = tokens, with_probs
 
     def propose(self, requests):
-        gamma = max(r.gamma for r in requests)
-        p = Proposal.empty(len(requests), gamma)
-        p.token_ids[:, : len(self.tokens)] = torch.tensor(self.tokens)
-        p.num_drafted[:] = len(self.tokens)
-        if self.with_probs:
-            p.probs = torch.full((len(requests), gamma, VOCAB), 0.5)
-        return p
+        q = torch.full((len(self.tokens), VOCAB), 0.5) if self.with_probs else None
+        return [Drafts(list(self.tokens), q) for _ in requests]
 
 
 def request(seq_id, proposer=None, gamma=2):
     return ProposalRequest(seq_id, [1, 2], SamplingParams(temperature=1.0), proposer, gamma)
 
 
-def test_rows_go_to_the_proposer_they_name_and_q_is_one_hot_where_none_came():
+def test_rows_go_to_the_proposer_they_name_and_keep_its_q():
     composite = CompositeProposer({"draft": Fixed([3, 4], True), "ngram": Fixed([5], False)}, default="draft")
     p = composite.propose([request("a"), request("b", "ngram"), request("c", "draft")])
-    assert p.token_ids.tolist() == [[3, 4], [5, -1], [3, 4]]
-    assert p.num_drafted.tolist() == [2, 1, 2]
-    assert torch.equal(p.probs[0], torch.full((2, VOCAB), 0.5))
-    assert p.probs[1, 0].tolist() == [0, 0, 0, 0, 0, 1.0] and p.probs[1, 1].sum() == 0
+    assert [d.token_ids for d in p] == [[3, 4], [5], [3, 4]]
+    assert torch.equal(p[0].q, torch.full((2, VOCAB), 0.5)) and torch.equal(p[2].q, p[0].q)
+    assert p[1].q is None, "no q is made up for the n-gram row (the verifier verifies it as a one-hot q)"
 
 
 def test_without_any_q_the_proposal_carries_none():
     composite = CompositeProposer({"ngram": Fixed([5], False)}, default="ngram")
-    assert composite.propose([request("a")]).probs is None
+    assert composite.propose([request("a")])[0].q is None
 
 
 def test_it_names_the_proposers_a_request_may_ask_for():

@@ -31,7 +31,7 @@ def proposer_for(runner):
 def drafted_round(proposer, history, sampling=GREEDY, gamma=4, seq_id="s"):
     """The round's history plus the drafts the proposer made for it (the look-ahead's input)."""
     proposal = proposer.propose([ProposalRequest(seq_id, history, sampling, gamma=gamma)])
-    return [*history, *proposal.drafted(0)]
+    return [*history, *proposal[0].token_ids]
 
 
 def look(proposer, ahead, unverified=4, branches=6, sampling=GREEDY, gamma=4, seq_id="s"):
@@ -49,13 +49,13 @@ def test_each_branch_drafts_what_a_fresh_proposal_from_its_history_drafts(runner
         history = [*ahead[: branch.base_length], branch.token_id]
         expected = fresh.propose([ProposalRequest("fresh", history, sampling, gamma=4)])
         fresh.release("fresh")
-        assert branch.token_ids == expected.drafted(0), f"branch at {branch.base_length}"
+        assert branch.token_ids == expected[0].token_ids, f"branch at {branch.base_length}"
         if sampling is SAMPLED:
             # the same distributions up to float rounding: a batched forward of several branches
             # may take other kernel paths than a one-row forward (bitwise equal on some CPUs only);
             # the drafted tokens above are equal exactly, and the verifier judges with these probs;
             # q travels as float16, so such a difference may flip one rounding: one ulp (2**-10 relative)
-            torch.testing.assert_close(branch.probs, expected.probs[0, : len(branch.token_ids)], rtol=1e-3, atol=1e-5)
+            torch.testing.assert_close(branch.probs, expected[0].q, rtol=1e-3, atol=1e-5)
         else:
             assert branch.probs is None
     proposer.release("s")
@@ -74,7 +74,7 @@ def test_six_branches_are_all_accepted_a_rejection_at_every_draft_and_a_second_b
             assert branch.token_id != ahead[branch.base_length], "a rejection emits another token than the draft"
     bonus = [b.token_id for b in branches if b.base_length == len(ahead)]
     assert len(set(bonus)) == 2
-    assert bonus[0] == proposer_for(runner).propose([ProposalRequest("x", ahead, GREEDY, gamma=1)]).drafted(0)[0], \
+    assert bonus[0] == proposer_for(runner).propose([ProposalRequest("x", ahead, GREEDY, gamma=1)])[0].token_ids[0], \
         "the first bonus branch is the draft's own next guess"
     proposer.release("s")
 
@@ -83,7 +83,7 @@ def test_one_branch_is_the_plain_look_ahead(runner, prompt_ids):
     proposer = proposer_for(runner)
     ahead = drafted_round(proposer, prompt_ids[2])
     [branch] = look(proposer, ahead, branches=1)
-    chain = proposer_for(runner).propose([ProposalRequest("c", ahead, GREEDY, gamma=5)]).drafted(0)
+    chain = proposer_for(runner).propose([ProposalRequest("c", ahead, GREEDY, gamma=5)])[0].token_ids
     assert (branch.base_length, branch.token_id, branch.token_ids) == (len(ahead), chain[0], chain[1:])
     proposer.release("s")
 
@@ -194,7 +194,7 @@ def test_a_seeded_sampled_rows_plain_branch_guesses_the_drafts_own_coupled_token
     rejected token itself."""
     proposer = proposer_for(runner)
     ahead = drafted_round(proposer, prompt_ids[0], SAMPLED)
-    longer = proposer_for(runner).propose([ProposalRequest("x", prompt_ids[0], SAMPLED, gamma=5)]).drafted(0)
+    longer = proposer_for(runner).propose([ProposalRequest("x", prompt_ids[0], SAMPLED, gamma=5)])[0].token_ids
     assert ahead[len(prompt_ids[0]):] == longer[:4]
     branches = look(proposer, ahead, sampling=SAMPLED)
     assert branches[0].base_length == len(ahead) and branches[0].token_id == longer[4]

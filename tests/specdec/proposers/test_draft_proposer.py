@@ -24,14 +24,14 @@ def propose(proposer, history, gamma=4, seq_id="s", sampling=GREEDY):
 
 def fresh_proposal(runner, history, gamma=4):
     proposer = DraftModelProposer(runner, runner.vocab_size)
-    tokens = propose(proposer, history, gamma, seq_id="fresh").token_ids[0].tolist()
+    tokens = propose(proposer, history, gamma, seq_id="fresh")[0].token_ids
     proposer.release("fresh")
     return tokens
 
 
 def test_greedy_proposals_are_the_draft_models_own_continuation(runner, prompt_ids):
     proposer = DraftModelProposer(runner, runner.vocab_size)
-    first = propose(proposer, prompt_ids[0]).token_ids[0].tolist()
+    first = propose(proposer, prompt_ids[0])[0].token_ids
     # feeding its own guesses back, one at a time, reproduces them
     history = list(prompt_ids[0])
     for token in first:
@@ -42,10 +42,10 @@ def test_greedy_proposals_are_the_draft_models_own_continuation(runner, prompt_i
 
 def test_after_a_rejection_the_cache_rolls_back_to_the_accepted_prefix(runner, prompt_ids):
     proposer = DraftModelProposer(runner, runner.vocab_size)
-    drafted = propose(proposer, prompt_ids[0]).token_ids[0].tolist()
+    drafted = propose(proposer, prompt_ids[0])[0].token_ids
     recovered = (drafted[2] + 1) % runner.vocab_size  # two accepted, the third rejected
     history = prompt_ids[0] + drafted[:2] + [recovered]
-    assert propose(proposer, history).token_ids[0].tolist() == fresh_proposal(runner, history)
+    assert propose(proposer, history)[0].token_ids == fresh_proposal(runner, history)
     slot = proposer._states["s"].slot
     assert runner.slot_length(slot) == len(history) + 3  # history + γ - 1 fed guesses
     proposer.release("s")
@@ -53,9 +53,9 @@ def test_after_a_rejection_the_cache_rolls_back_to_the_accepted_prefix(runner, p
 
 def test_after_all_accepted_the_last_guess_and_bonus_are_fed_together(runner, prompt_ids):
     proposer = DraftModelProposer(runner, runner.vocab_size)
-    drafted = propose(proposer, prompt_ids[1]).token_ids[0].tolist()
+    drafted = propose(proposer, prompt_ids[1])[0].token_ids
     history = prompt_ids[1] + drafted + [5]
-    assert propose(proposer, history).token_ids[0].tolist() == fresh_proposal(runner, history)
+    assert propose(proposer, history)[0].token_ids == fresh_proposal(runner, history)
     proposer.release("s")
 
 
@@ -64,7 +64,7 @@ def test_it_catches_up_on_tokens_it_never_saw(runner, prompt_ids):
     proposer = DraftModelProposer(runner, runner.vocab_size)
     propose(proposer, prompt_ids[2])
     history = prompt_ids[2] + prompt_ids[3][:20]
-    assert propose(proposer, history).token_ids[0].tolist() == fresh_proposal(runner, history)
+    assert propose(proposer, history)[0].token_ids == fresh_proposal(runner, history)
     proposer.release("s")
 
 
@@ -76,8 +76,8 @@ def test_each_row_drafts_exactly_its_own_gamma(runner, prompt_ids):
         ProposalRequest("a", prompt_ids[0], GREEDY, gamma=5),
         ProposalRequest("b", prompt_ids[1], GREEDY, gamma=1),
     ])
-    assert p.num_drafted.tolist() == [5, 1]
-    assert p.token_ids[1].tolist() == alone + [-1] * 4
+    assert [len(d) for d in p] == [5, 1]
+    assert p[1].token_ids == alone
     # the γ = 1 row fed no guess back: its cache holds exactly its history
     assert runner.slot_length(proposer._states["b"].slot) == len(prompt_ids[1])
     for seq_id in ("a", "b"):
@@ -95,9 +95,9 @@ def test_a_seeded_rows_drafts_do_not_depend_on_its_neighbours(runner, prompt_ids
         ProposalRequest("x", prompt_ids[2], other, gamma=6),
         ProposalRequest("me", prompt_ids[0], sampling, gamma=2),
     ])
-    assert p.token_ids[1, :2].tolist() == mine.token_ids[0].tolist()
+    assert p[1].token_ids == mine[0].token_ids
     # batching may change the forward's last bits (ragged padding), not the draws
-    assert torch.allclose(p.probs[1, :2], mine.probs[0], rtol=1e-4, atol=1e-7)
+    assert torch.allclose(p[1].q, mine[0].q, rtol=1e-4, atol=1e-7)
     for seq_id in ("x", "me"):
         crowded.release(seq_id)
 
@@ -112,7 +112,7 @@ def test_gamma_is_clipped_to_the_drafts_context_down_to_zero(runner):
         ProposalRequest("over", too_long, GREEDY, gamma=4),
         ProposalRequest("ok", [1, 2, 3], GREEDY, gamma=4),
     ])
-    assert p.num_drafted.tolist() == [3, 0, 4]
+    assert [len(d) for d in p] == [3, 0, 4]
     assert "over" not in proposer._states, "a row that cannot draft changes no state"
     for seq_id in ("near", "ok"):
         proposer.release(seq_id)
@@ -132,7 +132,7 @@ def test_a_failed_call_forgets_its_rows_and_the_next_call_rebuilds_them(runner, 
     assert "s" not in proposer._states and runner.num_free_slots == free + 1
     monkeypatch.undo()
     history = prompt_ids[0] + [3]
-    assert propose(proposer, history).token_ids[0].tolist() == fresh_proposal(runner, history)
+    assert propose(proposer, history)[0].token_ids == fresh_proposal(runner, history)
     proposer.release("s")
 
 
@@ -140,7 +140,7 @@ def test_new_rows_beyond_the_free_slots_draft_nothing(runner):
     proposer = DraftModelProposer(runner, runner.vocab_size)
     requests = [ProposalRequest(f"r{i}", [1, 2, 3], GREEDY, gamma=2) for i in range(runner.num_free_slots + 2)]
     p = proposer.propose(requests)
-    assert p.num_drafted.tolist() == [2] * (len(requests) - 2) + [0, 0]
+    assert [len(d) for d in p] == [2] * (len(requests) - 2) + [0, 0]
     for request in requests:
         proposer.release(request.seq_id)
 
@@ -151,11 +151,11 @@ def test_sampled_proposals_carry_q_and_are_seeded(runner, prompt_ids):
     for _ in range(2):
         proposer = DraftModelProposer(runner, runner.vocab_size)
         p = propose(proposer, prompt_ids[0], sampling=sampling)
-        assert p.probs.shape == (1, 4, runner.vocab_size)
-        assert ((p.probs > 0).sum(-1) <= 50).all()
-        picked = p.probs[0].gather(-1, p.token_ids[0][:, None])
+        assert p[0].q.shape == (4, runner.vocab_size)
+        assert ((p[0].q > 0).sum(-1) <= 50).all()
+        picked = p[0].q.gather(-1, torch.tensor(p[0].token_ids)[:, None])
         assert (picked > 0).all(), "every drafted token must have been possible under q"
-        outs.append(p.token_ids.tolist())
+        outs.append(p[0].token_ids)
         proposer.release("s")
     assert outs[0] == outs[1]
 
@@ -163,8 +163,8 @@ def test_sampled_proposals_carry_q_and_are_seeded(runner, prompt_ids):
 def test_q_is_padded_to_the_target_vocabulary(runner, prompt_ids):
     proposer = DraftModelProposer(runner, runner.vocab_size + 64)
     p = propose(proposer, prompt_ids[0], sampling=SamplingParams(temperature=1.0, seed=1))
-    assert p.probs.shape[-1] == runner.vocab_size + 64
-    assert p.probs[..., runner.vocab_size :].sum() == 0
+    assert p[0].q.shape[-1] == runner.vocab_size + 64
+    assert p[0].q[..., runner.vocab_size :].sum() == 0
     proposer.release("s")
 
 

@@ -42,16 +42,15 @@ def test_single_token_context_proposes_nothing():
     assert cont([4], n_min=1, n_max=3) == []
 
 
-def test_batch_proposal_pads_rows_that_found_nothing():
+def test_rows_that_found_nothing_draft_nothing():
     proposer = NgramProposer(n_min=2, n_max=3)
     requests = [
         ProposalRequest("a", [1, 2, 3, 1, 2], SamplingParams(), gamma=3),
         ProposalRequest("b", [9, 8, 7], SamplingParams(), gamma=3),
     ]
     proposal = proposer.propose(requests)
-    assert proposal.token_ids.tolist() == [[3, 1, 2], [-1, -1, -1]]
-    assert proposal.num_drafted.tolist() == [3, 0]
-    assert proposal.probs is None
+    assert [d.token_ids for d in proposal] == [[3, 1, 2], []]
+    assert all(d.q is None for d in proposal)
 
 
 def test_bad_ngram_sizes_are_rejected():
@@ -66,5 +65,4 @@ def test_each_row_proposes_at_most_its_own_gamma():
         ProposalRequest("a", history, SamplingParams(), gamma=1),
         ProposalRequest("b", history, SamplingParams(), gamma=3),
     ])
-    assert proposal.token_ids.tolist() == [[3, -1, -1], [3, 4, 5]]
-    assert proposal.num_drafted.tolist() == [1, 3]
+    assert [d.token_ids for d in proposal] == [[3], [3, 4, 5]]
