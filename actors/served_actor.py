@@ -55,6 +55,13 @@ class ServedActor:
         """The served WorkerInfo as a dict, plus the address."""
         return {"address": self._address, **info_as_dict(self._server.servicer.info())}
 
+    async def emulated_devices(self) -> list[dict[str, Any]]:
+        """This process's emulated devices and their busy time (benchmarks; empty unless a
+        config names an emulated model)."""
+        from specdec.models.emulated_device import process_devices
+
+        return process_devices()
+
     async def until_stopped(self) -> None:
         """Returns once stop() ran; a caller waiting on it gets an error when the actor dies
         instead (how a supervisor notices the death at once)."""

@@ -129,6 +129,14 @@ class WorkerHub:
         """The draft worker's actor handle now (tests kill its process)."""
         return None if self.keeper is None else self.keeper.actor
 
+    def emulated_devices(self) -> dict[str, list[dict[str, Any]]]:
+        """The emulated devices of the draft worker and the target leader (ServedActor.emulated_devices):
+        what a benchmark reads to know the device time of the rounds it ran."""
+        group = None if self.target is None else self.target.group
+        actors = {"draft": self.draft_actor(), "target": None if group is None else group.leader}
+        return {role: [] if actor is None else ray.get(actor.emulated_devices.remote(), timeout=30)
+                for role, actor in actors.items()}
+
     def target_info(self) -> dict[str, Any]:
         return self.target.info()
 

@@ -32,8 +32,15 @@ Columns: tokens/s = all generated tokens / wall time; TTFT = time to the first c
 ITL = inter-token latency: each chunk's gap to the previous chunk of its stream, split
 evenly over the chunk's tokens (a round confirms several tokens at once).
 
+With `--profile NAME` the in-process engine and the served stack run on the same emulated
+devices (configs/devices/NAME.yaml), and the tables add the framework cost per round (round
+time minus the emulated device time on its critical path) and the goal ratios
+(benchmarks/emulated_serving.py; results in benchmarks/results/bench_serving_emulated_NAME.json).
+
 Usage: python benchmarks/bench_serving.py [--prompts 8] [--max-new-tokens 128] [--concurrency 1 4 8] [--runs 3]
        [--config override.yaml] [--json out.json] [--temperature 0]
+       python benchmarks/bench_serving.py --profile h100-llama-8b-1b [--time-scale 1] [--concurrency 1 8 32]
+       python benchmarks/bench_serving.py --profile h100-llama-8b-1b --streams-at-once 256 --max-new-tokens 32
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from specdec.async_engine import AsyncEngine
 from specdec.model_paths import bundled_prompts
 from specdec.request import GenerationRequest
 from specdec.sampling_params import SamplingParams
+from emulated_serving import DEVICE_PARTS, device_delta, device_totals, prompts_for
 
 StreamFactory = Callable[[str, int], AsyncIterator[list[int]]]  # (prompt, max_new) -> token chunks
 ProfileReader = Callable[[], Awaitable[dict]]  # -> {"rounds": n, "<part>_ms": mean per round, ...} (cumulative)
@@ -62,15 +70,17 @@ PROFILE_PARTS = ("draft_compute_ms", "draft_hop_ms", "target_compute_ms", "targe
 
 
 def profile_delta(before: dict, after: dict) -> dict:
-    """Per-round means (ms) over the rounds between two cumulative profile readings."""
+    """Per-round means (ms) over the rounds between two cumulative profile readings (with
+    emulated devices, their busy time per round and the framework cost: emulated_serving)."""
     rounds = after.get("rounds", 0) - before.get("rounds", 0)
     if rounds <= 0:
         return {}
     total = lambda reading, part: reading.get(part, 0.0) * reading.get("rounds", 0)  # noqa: E731
     ahead = after.get("ahead", 0) - before.get("ahead", 0)
     hits = after.get("ahead", 0) * after.get("hit_rate", 0.0) - before.get("ahead", 0) * before.get("hit_rate", 0.0)
-    return {"rounds": rounds, **{p: (total(after, p) - total(before, p)) / rounds for p in PROFILE_PARTS},
-            "hit_rate": hits / ahead if ahead > 0 else None}
+    delta = {"rounds": rounds, **{p: (total(after, p) - total(before, p)) / rounds for p in PROFILE_PARTS},
+             "hit_rate": hits / ahead if ahead > 0 else None}
+    return {**delta, **device_delta(before, after, delta)}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -139,8 +149,10 @@ class InProcess:
                 yield out.new_token_ids
 
     async def profile(self) -> dict:
+        from specdec.models.emulated_device import process_devices
+
         profile = self.built.engine.profile
-        return {"rounds": profile.rounds, **profile.means_ms()}
+        return {"rounds": profile.rounds, **profile.means_ms(), **device_totals(process_devices())}
 
     def close(self) -> None:
         self.loop.shutdown()
@@ -173,8 +185,10 @@ def server_runs(config: SpecdecConfig, reference: InProcess, prompts: list[str],
         async with AsyncSpecdecClient(app.address, timeout_s=600.0) as client:
             async def profile() -> dict:
                 p = (await client.stats()).round_profile
+                devices = await app.hub.emulated_devices.remote() if app.hub is not None else {}
                 return {"rounds": p.rounds, "ahead": p.rows_drafted_ahead, "hit_rate": p.look_ahead_hit_rate,
-                        **{part: getattr(p, part) for part in PROFILE_PARTS}}
+                        **{part: getattr(p, part) for part in PROFILE_PARTS},
+                        **device_totals([d for found in devices.values() for d in found])}
 
             def served(mode: str) -> StreamFactory:
                 async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
@@ -188,10 +202,11 @@ def server_runs(config: SpecdecConfig, reference: InProcess, prompts: list[str],
             for run in range(1, runs + 1):
                 for level in levels:
                     progress.step(f"{label}: run {run}, {level} streams")
-                    rows.append(await measure(reference.stream, reference.profile, prompts, max_new, level,
+                    texts = prompts_for(prompts, level)
+                    rows.append(await measure(reference.stream, reference.profile, texts, max_new, level,
                                               "in-process", run))
                     for mode in modes:
-                        rows.append(await measure(served(mode), profile, prompts, max_new, level,
+                        rows.append(await measure(served(mode), profile, texts, max_new, level,
                                                   f"{label}, speculation {mode}", run))
         return rows
 
@@ -214,7 +229,8 @@ def summary(rows: list[dict]) -> list[dict]:
         profiles = [r["profile"] for r in group if r.get("profile")]
         profile = {}
         if profiles:
-            profile = {key: statistics.median(p[key] for p in profiles) for key in ("rounds", *PROFILE_PARTS)}
+            keys = ("rounds", *PROFILE_PARTS, *(k for k in DEVICE_PARTS if k in profiles[0]))
+            profile = {key: statistics.median(p[key] for p in profiles) for key in keys}
             hits = [p["hit_rate"] for p in profiles if p.get("hit_rate") is not None]
             profile["hit_rate"] = statistics.median(hits) if hits else None
         out.append({"setup": setup, "streams": streams, "runs": len(group), **medians, "profile": profile})
@@ -279,13 +295,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=None,
+                        help="default 1 4 8 (1 8 32 with --profile)")
     parser.add_argument("--runs", type=int, default=3, help="runs of every setup, interleaved (medians reported)")
     parser.add_argument("--config", action="append", default=[], help="YAML override file(s)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature of every request (0: greedy; sampled rows carry the draft's q)")
+    parser.add_argument("--profile", default=None, help="on emulated devices of this profile (configs/devices/): "
+                        "in-process and served side by side with the framework cost per round (emulated_serving.py)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="with --profile: multiplies every device time")
+    parser.add_argument("--streams-at-once", type=int, default=0, help="with --profile: only N concurrent streams "
+                        "through one router: errors and the router's CPU time per token")
     args = parser.parse_args()
+    args.concurrency = args.concurrency or ([1, 8, 32] if args.profile else [1, 4, 8])
+    if args.profile:
+        import sys
+
+        import emulated_serving
+
+        if args.streams_at_once:
+            return emulated_serving.many_streams(args)
+        return emulated_serving.run(args, sys.modules[__name__])
     prompts = bundled_prompts()[: args.prompts]
     stacks = [  # (label, speculation overrides, speculation modes)
         ("server", {"overlap": False}, ("on", "off")),

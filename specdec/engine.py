@@ -218,9 +218,12 @@ class SpeculativeEngine:
         requests = [self._verify_request(seq, drafts) for seq, drafts in zip(now, proposal)]
         prompts = [unread_prompt(seq) for seq in now]
         prefill = (sum(1 for p in prompts if p), sum(prompts))  # (rows, tokens) of the prompts the target reads
-        pending = self.verifier.verify_async(requests)
-        meanwhile, ahead_s = self._during_verify(now, later, requests, gammas) if ahead is not None else (None, 0.0)
-        results = pending.result()
+        if ahead is not None:  # the proposer works while the target verifies
+            pending = self.verifier.verify_async(requests)
+            meanwhile, ahead_s = self._during_verify(now, later, requests, gammas)
+            results = pending.result()
+        else:
+            (meanwhile, ahead_s), results = (None, 0.0), self.verifier.verify(requests)
         verified = time.perf_counter()
         if len(results) != len(now):
             raise WorkerError(f"the verifier answered {len(results)} results for {len(now)} rows")

@@ -6,16 +6,30 @@ sleeps until the forward's device time has passed since it began. The work done 
 host meanwhile (the emulated model's logits) counts inside that time, as a GPU overlaps
 with the host's launches. Sleeping releases the GIL, so other threads and processes run
 while the device is busy: device time costs no CPU time.
+
+Every device of a process is listed by `process_devices()`, so that a benchmark can read how
+long the devices of a worker process were busy (the emulated device time of a round) without
+anything on the round path knowing that its model is emulated.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+_DEVICES: weakref.WeakSet = weakref.WeakSet()  # every live EmulatedDevice of this process
+
+
+def process_devices() -> list[dict]:
+    """Each live emulated device of this process: name, busy_s, late_s, forwards (sorted by name;
+    empty when nothing is emulated)."""
+    return sorted(({"name": d.name, "busy_s": d.busy_s, "late_s": d.late_s, "forwards": d.forwards}
+                   for d in list(_DEVICES)), key=lambda d: d["name"])
 
 
 class EmulatedDevice:
@@ -30,6 +44,7 @@ class EmulatedDevice:
         self.busy_s = 0.0  # device time spent so far (scaled), seconds
         self.late_s = 0.0  # how much later than their device time forwards returned (host wake-up delays)
         self.forwards = 0
+        _DEVICES.add(self)
 
     def run(self, seconds: float, work: Callable[[], T]) -> T:
         """Wait for the device, run `work` on the host, and return its result once

@@ -47,3 +47,16 @@ def test_concurrent_streams_each_equal_their_output_alone(app, target_alone):
         served = list(pool.map(one, PROMPTS))
     assert served == [target_alone(text, 30) for text in PROMPTS]
 
+
+
+def test_the_workers_devices_report_the_device_time_the_requests_used(app):
+    import ray
+
+    before = ray.get(app.hub.emulated_devices.remote())
+    with SpecdecClient(app.address) as client:
+        client.generate(PROMPTS[1], max_new_tokens=20, mode="on")
+    after = ray.get(app.hub.emulated_devices.remote())
+    for role in ("draft", "target"):
+        [was], [now] = before[role], after[role]
+        assert now["name"].endswith(f":{role}")
+        assert now["forwards"] > was["forwards"] and now["busy_s"] > was["busy_s"]

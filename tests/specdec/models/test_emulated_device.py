@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
 import pytest
 
-from specdec.models.emulated_device import EmulatedDevice
+from specdec.models.emulated_device import EmulatedDevice, process_devices
 
 
 def test_a_forward_takes_its_device_time_and_returns_the_work():
@@ -65,3 +66,13 @@ def test_lateness_past_the_device_time_is_accounted():
     device.run(0.01, lambda: time.sleep(0.03))  # host work longer than the device time
     assert device.late_s == pytest.approx(0.02, abs=0.015)
     assert device.busy_s == pytest.approx(0.01)
+
+
+def test_the_process_lists_its_live_devices_with_their_busy_time():
+    device = EmulatedDevice("listed-gpu", time_scale=0.01)
+    device.run(0.5, lambda: None)
+    [listed] = [d for d in process_devices() if d["name"] == "listed-gpu"]
+    assert listed == {"name": "listed-gpu", "busy_s": pytest.approx(0.005), "late_s": listed["late_s"], "forwards": 1}
+    del device
+    gc.collect()
+    assert not [d for d in process_devices() if d["name"] == "listed-gpu"]
