@@ -345,7 +345,7 @@ class SpeculativeEngine:
         if not rows:
             return full
         requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
-                                    batch[i].request.proposer, gammas[i]) for i in rows]
+                                    batch[i].request.proposer, gammas[i], batch[i].num_prompt_tokens) for i in rows]
         for i in rows:
             self._proposer_view.proposing(batch[i].seq_id, len(batch[i].token_ids))
         try:
@@ -363,7 +363,7 @@ class SpeculativeEngine:
     def _verify_request(seq: Sequence, proposal: Proposal, row: int) -> VerifyRequest:
         drafted = proposal.drafted(row)
         probs = proposal.probs[row, : len(drafted)] if proposal.probs is not None and drafted else None
-        return VerifyRequest(seq.seq_id, seq.token_ids, drafted, seq.request.sampling, probs)
+        return VerifyRequest(seq.seq_id, seq.token_ids, drafted, seq.request.sampling, probs, seq.num_prompt_tokens)
 
     def _apply(self, seq: Sequence, request: VerifyRequest, result) -> tuple[RoundOutput, tuple[int, int]]:
         """Add a round's tokens to one sequence, cut at its first stop condition, and count

@@ -27,6 +27,8 @@ class VerifyRequest:
     draft_probs: [num_drafted, vocab] draft distribution q as non-negative weights (the
         verifier normalises them, exactly as the proposer did before sampling), or None
         (verified as a one-hot q).
+    num_prompt_tokens: how many leading history tokens are the prompt (frequency and
+        presence penalties count only the tokens after them).
     """
 
     seq_id: str
@@ -34,6 +36,7 @@ class VerifyRequest:
     draft_token_ids: list[int]
     sampling: SamplingParams
     draft_probs: torch.Tensor | None = None
+    num_prompt_tokens: int = 0
 
 
 @dataclass
