@@ -79,21 +79,21 @@ class SamplingParams:
 def _checked_bias(bias: object) -> tuple[tuple[int, float], ...]:
     """logit_bias as sorted (token id, bias) pairs, or ValueError naming what is wrong."""
     if not isinstance(bias, (dict, tuple, list)):
-        raise ValueError(f"logit_bias must map token ids to biases, got {type(bias).__name__}")
+        raise ValueError(f"logit_bias: must map token ids to biases, got {type(bias).__name__}")
     pairs = list(bias.items()) if isinstance(bias, dict) else list(bias)
     if len(pairs) > MAX_LOGIT_BIAS:
-        raise ValueError(f"logit_bias has {len(pairs)} entries, at most {MAX_LOGIT_BIAS} are allowed")
+        raise ValueError(f"logit_bias: {len(pairs)} entries, at most {MAX_LOGIT_BIAS} are allowed")
     checked = {}
     for pair in pairs:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise ValueError(f"logit_bias entries must be (token id, bias) pairs, got {pair!r}")
+            raise ValueError(f"logit_bias: entries must be (token id, bias) pairs, got {pair!r}")
         token, value = pair
         if not _is_int(token) or not 0 <= token <= MAX_TOKEN_ID:
-            raise ValueError(f"logit_bias token ids must be integers in [0, 2**31), got {token!r}")
+            raise ValueError(f"logit_bias: token ids must be integers in [0, 2**31), got {token!r}")
         if not _is_real(value) or not -100.0 <= value <= 100.0:
-            raise ValueError(f"logit_bias values must be in [-100, 100], got {value!r} for token {token}")
+            raise ValueError(f"logit_bias: values must be in [-100, 100], got {value!r} for token {token}")
         if token in checked:
-            raise ValueError(f"logit_bias names token {token} twice")
+            raise ValueError(f"logit_bias: names token {token} twice")
         checked[token] = float(value)
     return tuple(sorted(checked.items()))
 

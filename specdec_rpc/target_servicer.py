@@ -107,7 +107,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             logger.warning("sequence %s: drafts not verified (%s)", item.history.seq_id, exc)
             self.verifier.rejected_proposals += 1
             drafted = []
-        return VerifyRequest(item.history.seq_id, history, drafted, sampling, probs)
+        return VerifyRequest(item.history.seq_id, history, drafted, sampling, probs, item.history.num_prompt_tokens)
 
     @staticmethod
     def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:
