@@ -70,3 +70,18 @@ def test_processed_greedy_output_equals_transformers_with_speculation_on_and_off
         results = engine.generate([GenerationRequest(p, MAX_NEW, sampling=params, gamma=gamma) for p in prompts])
         assert [r.token_ids for r in results] == expected, f"gamma {gamma}"
     assert engine.stats.accepted > 0
+
+
+@pytest.mark.slow
+def test_a_seeded_sampled_request_with_penalties_gives_the_same_text_with_speculation_on_and_off(
+        engine, prompt_ids):
+    """The coupled rule over the processed p: each token is a function of the processed
+    distribution and (seed, position) alone, so what was drafted changes nothing."""
+    params = SamplingParams(temperature=0.9, seed=21, repetition_penalty=1.2, presence_penalty=0.6,
+                            frequency_penalty=0.3, min_p=0.02, logit_bias={13: 1.5})
+    runs = {gamma: engine.generate([GenerationRequest(p, MAX_NEW, sampling=params, gamma=gamma)
+                                    for p in prompt_ids[:2]]) for gamma in (4, 0)}
+    assert [r.token_ids for r in runs[4]] == [r.token_ids for r in runs[0]]
+    assert sum(r.stats.accepted for r in runs[4]) > 0
+    plain = engine.generate([GenerationRequest(prompt_ids[0], MAX_NEW, sampling=SamplingParams(temperature=0.9, seed=21))])
+    assert plain[0].token_ids != runs[0][0].token_ids, "the processing changes this request's text"
