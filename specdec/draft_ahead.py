@@ -135,14 +135,15 @@ class DraftAhead:
         this round's drafts, with the next round's γ (0 = not this row)."""
         if later:
             return [ProposalRequest(seq.seq_id, seq.token_ids, seq.request.sampling, seq.request.proposer,
-                                    gammas[seq.seq_id]) for seq in later]
+                                    gammas[seq.seq_id], seq.num_prompt_tokens) for seq in later]
         fits = self.max_rows is None or sum(1 for seq in now if gammas[seq.seq_id] > 0) <= self.max_rows
         first_round = any(seq.stats.rounds == 0 for seq in now)  # a prefill: not a typical round's time
         worth = [fits and gammas[seq.seq_id] > 0 and self._worth_looking_ahead(seq) for seq in now]
         self._could_look_ahead = not first_round and any(worth)
         chosen = self.choice is None or self.choice.looks_ahead
         asks = [ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids], seq.request.sampling,
-                                seq.request.proposer, gammas[seq.seq_id] if chosen and looks else 0)
+                                seq.request.proposer, gammas[seq.seq_id] if chosen and looks else 0,
+                                seq.num_prompt_tokens)
                 for seq, request, looks in zip(now, requests, worth)]
         self.rows_ahead += sum(1 for ask in asks if ask.gamma > 0)
         return asks

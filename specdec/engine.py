@@ -336,7 +336,7 @@ class SpeculativeEngine:
         if not rows:
             return full
         requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
-                                    batch[i].request.proposer, gammas[i]) for i in rows]
+                                    batch[i].request.proposer, gammas[i], batch[i].num_prompt_tokens) for i in rows]
         for i in rows:
             self._proposer_view.proposing(batch[i].seq_id, len(batch[i].token_ids))
         try:
@@ -353,7 +353,7 @@ class SpeculativeEngine:
     @staticmethod
     def _verify_request(seq: Sequence, drafts: Drafts) -> VerifyRequest:
         return VerifyRequest(seq.seq_id, seq.token_ids, drafts.token_ids, seq.request.sampling,
-                             drafts.q if drafts.token_ids else None)
+                             drafts.q if drafts.token_ids else None, seq.num_prompt_tokens)
 
     def _apply(self, seq: Sequence, request: VerifyRequest, result) -> tuple[RoundOutput, tuple[int, int]]:
         """Add a round's tokens to one sequence, cut at its first stop condition, and count

@@ -8,6 +8,12 @@ is accepted it emits a *bonus* token drawn from p at position num_drafted[b]. Ei
 each round emits its accepted tokens plus exactly one recovered-or-bonus token, and the
 emitted tokens follow the processed target distribution exactly.
 
+Processing that depends on the tokens so far (a request's penalties and logit_bias,
+`SamplingBatch.processing`) is applied to the target's logits first, position i seeing the
+history and the drafted tokens d_1 .. d_i before it: p_i is then exactly the distribution
+plain decoding would draw that token from, had d_1 .. d_i been emitted - which is the
+only case in which position i's verdict is used. Greedy rows take the processed argmax.
+
 Greedy rows (temperature 0) take a fast path with no randomness: accept while the drafted
 token equals the target's argmax, then emit the argmax. A proposer without probabilities
 (n-gram) passes draft_probs=None and is verified as a one-hot q.
@@ -76,7 +82,8 @@ def rejection_sample(
     draft_probs: [B, gamma, V] processed draft distribution q (same SamplingParams as the
         target) as non-negative weights, normalised here in float64, or None for a proposer
         without probabilities (verified as one-hot q).
-    sampling: the batch's SamplingBatch (B rows).
+    sampling: the batch's SamplingBatch (B rows); its processing, when any, is applied
+        here (position i sees the row's history + its drafts before i).
     """
     _check_inputs(target_logits, draft_token_ids, num_drafted, draft_probs, sampling)
     batch, gamma_plus_one, _ = target_logits.shape
@@ -84,6 +91,7 @@ def rejection_sample(
     num_drafted = num_drafted.to(device=device, dtype=torch.int64)
     drafted = torch.arange(gamma_plus_one - 1, device=device) < num_drafted[:, None]  # [B, gamma]
     draft_ids = torch.where(drafted, draft_token_ids.to(device=device, dtype=torch.int64), 0)  # [B, gamma]
+    target_logits = sampling.processed(target_logits, draft_ids)  # [B, gamma + 1, V]
     out_tokens = torch.full((batch, gamma_plus_one), PAD_TOKEN_ID, dtype=torch.int64, device=device)
     num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
 

@@ -152,6 +152,9 @@ class GenerationRequest:
             bad = [t for t in ids if not 0 <= t < limits.vocab_size]
             if bad:
                 raise ValueError(f"{name}: ids {bad[:5]} outside the vocabulary [0, {limits.vocab_size})")
+        biased = [t for t, _ in self.sampling.logit_bias if t >= limits.vocab_size]
+        if biased:
+            raise ValueError(f"logit_bias: ids {biased[:5]} outside the vocabulary [0, {limits.vocab_size})")
         if len(self.prompt_token_ids) >= limits.max_seq_len:
             raise ValueError(
                 f"prompt: {len(self.prompt_token_ids)} tokens do not fit the context of {limits.max_seq_len} tokens "

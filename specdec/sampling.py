@@ -1,8 +1,9 @@
 """Turning logits into token probabilities and drawing tokens, batched over sequences.
 
-The same processing (temperature, then top-k, then top-p) is applied to the target's p and
-the draft's q before verification, so that the rejection sampler's output follows the
-*processed* target distribution exactly.
+The same processing (a request's bias and penalties, `specdec.logits_processors`, at each
+position over the tokens before it; then temperature, top-k, top-p and min_p) is applied to
+the target's p and the draft's q before verification, so that the rejection sampler's
+output follows the *processed* target distribution exactly.
 
 Precision: probabilities, cumulative sums and uniforms are float64 (uniforms on the grid
 k * 2**-53), so sampling follows p to float64 resolution (total variation < 1e-9 on 150k
@@ -30,6 +31,7 @@ from torch import Tensor
 
 from specdec.counter_rng import ROLE_FINAL, as_seeds, uniforms
 from specdec.gumbel_sampling import gumbel_argmax
+from specdec.logits_processors import RowProcessing, process_logits, row_processing
 from specdec.sampling_params import SamplingParams
 
 
@@ -57,13 +59,18 @@ class SamplingBatch:
     seeds: np.ndarray
     positions: Tensor
     coupled: Tensor | None = None
+    min_p: Tensor | None = None
+    processing: list[RowProcessing | None] | None = None
 
     def __post_init__(self) -> None:
         b = len(self.seeds)
         if self.coupled is None:
             self.coupled = torch.zeros(b, dtype=torch.bool)
+        if self.min_p is None:
+            self.min_p = torch.zeros(b, dtype=torch.float64, device=self.temperature.device)
+        assert self.processing is None or len(self.processing) == b, "need one processing entry per row"
         assert not bool((self.coupled & self.greedy.cpu()).any()), "a greedy row cannot be coupled"
-        for name in ("temperature", "top_k", "top_p", "greedy", "positions", "coupled"):
+        for name in ("temperature", "top_k", "top_p", "greedy", "positions", "coupled", "min_p"):
             shape = tuple(getattr(self, name).shape)
             assert shape == (b,), f"{name} must be [batch={b}], got {shape}"
         assert self.seeds.dtype == np.uint64, "seeds must be uint64"
@@ -76,15 +83,23 @@ class SamplingBatch:
         params: list[SamplingParams],
         positions: list[int] | None = None,
         device: torch.device | str = "cpu",
+        histories: list[list[int]] | None = None,
+        num_prompt_tokens: list[int] | None = None,
     ) -> "SamplingBatch":
         """Build the batch state from per-request params.
 
         positions: per row, the history position of the first token decided (default 0).
+        histories / num_prompt_tokens: per row, the tokens its first decided position sees
+        and how many of them are the prompt; needed by rows with penalties or logit_bias
+        (their processing; default: an empty history).
         A sampled request without a seed gets a fresh random one for this call; one with
         a seed of its own is coupled (its output must not depend on what was drafted).
         """
         positions = [0] * len(params) if positions is None else list(positions)
         assert len(positions) == len(params), "need one position per row"
+        histories = [[] for _ in params] if histories is None else histories
+        prompts = [0] * len(params) if num_prompt_tokens is None else num_prompt_tokens
+        processing = [row_processing(p, h, n) for p, h, n in zip(params, histories, prompts, strict=True)]
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float64, device=device)
         return cls(
             temperature=temperature,
@@ -94,6 +109,8 @@ class SamplingBatch:
             seeds=as_seeds([_seed_of(p) for p in params]),
             positions=torch.tensor(positions, dtype=torch.int64),
             coupled=torch.tensor([p.seed is not None and not p.is_greedy for p in params], dtype=torch.bool),
+            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float64, device=device),
+            processing=processing if any(r is not None for r in processing) else None,
         )
 
     @property
@@ -120,7 +137,25 @@ class SamplingBatch:
             seeds=self.seeds[index.numpy()],
             positions=self.positions[index],
             coupled=self.coupled[index],
+            min_p=self.min_p[rows],
+            processing=None if self.processing is None else [self.processing[i] for i in index.tolist()],
         )
+
+    def processed(self, logits: Tensor, drafts: Tensor | None = None) -> Tensor:
+        """The rows' history-dependent processing applied (specdec.logits_processors):
+        logits [B, T, V] -> [B, T, V], position t of row b seeing its history + drafts[b, :t]
+        (drafts [B, >= T - 1] valid ids). The logits themselves when no row has any."""
+        if self.processing is None:
+            return logits
+        return process_logits(logits, self.processing, drafts)
+
+    def processed_after(self, logits: Tensor, guesses: Tensor) -> Tensor:
+        """Row b's logits [B, V] at the position after its history + guesses[b] ([B, n]
+        valid ids: what a draft guessed so far this call), processed -> [B, V]."""
+        if self.processing is None:
+            return logits
+        rows = [None if r is None else r.extended(g) for r, g in zip(self.processing, guesses.tolist())]
+        return process_logits(logits[:, None], rows)[:, 0]
 
     def uniforms(self, offsets: Tensor, role: int, device: torch.device | str = "cpu") -> Tensor:
         """Row b's uniforms for the tokens at positions[b] + offsets[b] ([B] or [B, n] int64)
@@ -161,11 +196,12 @@ def row_index(mask: Tensor) -> Tensor | slice:
 
 
 def logits_to_probs(logits: Tensor, batch: SamplingBatch) -> Tensor:
-    """Processed probabilities: temperature, then top-k, then top-p, renormalised.
+    """Processed probabilities: temperature, then top-k, then top-p, then min_p, renormalised.
 
     logits: [B, V] or [B, T, V] (any float dtype; -inf entries are allowed).
     Returns float64 probabilities of the same shape. Row b's parameters apply at all of
-    its T positions. Greedy rows become one-hot at the argmax of the raw logits.
+    its T positions. Greedy rows become one-hot at the argmax of the logits. History-
+    dependent processing (penalties, bias) is not applied here: pass batch.processed(logits).
     Top-k keeps the k highest logits; top-p then keeps the smallest set of most likely
     tokens whose (top-k renormalised) probability reaches top_p, always at least the top
     token. Tokens tied with the last kept token are kept too.
@@ -187,7 +223,7 @@ def logits_to_probs(logits: Tensor, batch: SamplingBatch) -> Tensor:
 
 
 def _sampled_probs(logits: Tensor, batch: SamplingBatch) -> Tensor:
-    """Temperature, top-k and top-p for rows that are all non-greedy.
+    """Temperature, top-k, top-p and min_p for rows that are all non-greedy.
 
     logits: [S, T, V]; returns float64 probabilities [S, T, V]. The logits are shifted so
     that their maximum is 0 before dividing by T: every scaled value is then <= 0, so no
@@ -204,6 +240,10 @@ def _sampled_probs(logits: Tensor, batch: SamplingBatch) -> Tensor:
         rows = row_index(filtered.to(device))
         top_k, top_p = batch.top_k.to(device)[rows], batch.top_p.to(device)[rows]
         scaled[rows] = _mask_top_k_top_p(scaled[rows], top_k, top_p)
+    if bool((batch.min_p > 0).any()):
+        # the top token's scaled logit is 0: p(v) >= min_p * p(top)  <=>  scaled(v) >= log(min_p)
+        floor = torch.log(batch.min_p.to(device))[:, None, None]  # [S, 1, 1], -inf where off
+        scaled = scaled.masked_fill(scaled < floor, float("-inf"))
     return torch.softmax(scaled, dim=-1)
 
 

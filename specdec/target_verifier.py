@@ -71,7 +71,9 @@ class TargetVerifier(Verifier):
         old_lengths = [len(r.token_ids) - 1 for r in requests]
         logits = self.runner.forward(slots, [[r.token_ids[-1], *r.draft_token_ids] for r in requests])
         draft_ids, num_drafted, draft_probs = self._pack(requests, logits.shape[1] - 1)
-        sampling = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests])
+        sampling = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests],
+                                             histories=[r.token_ids for r in requests],
+                                             num_prompt_tokens=[r.num_prompt_tokens for r in requests])
         out = rejection_sample(logits, draft_ids, num_drafted, draft_probs, sampling)
         results = []
         for i, (request, emitted) in enumerate(zip(requests, out.emitted())):
@@ -130,7 +132,7 @@ class TargetVerifier(Verifier):
             return request
         self.rejected_proposals += 1
         logger.warning("sequence %s: drafts not verified (%s); plain decoding this round", request.seq_id, problem)
-        return VerifyRequest(request.seq_id, request.token_ids, [], request.sampling, None)
+        return dataclasses.replace(request, draft_token_ids=[], draft_probs=None)
 
     def _decoded(self, request: VerifyRequest) -> VerifyRequest:
         """The request with q as [num_drafted, vocab] weights: encoded q decoded; dropped

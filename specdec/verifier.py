@@ -29,6 +29,8 @@ class VerifyRequest:
         (Drafts.q): [num_drafted, vocab] non-negative weights (the verifier normalises them,
         exactly as the proposer did before sampling), the same still encoded (EncodedQ: a
         remote draft's bytes, decoded by the verifier), or None (verified as a one-hot q).
+    num_prompt_tokens: how many leading history tokens are the prompt (frequency and
+        presence penalties count only the tokens after them).
     """
 
     seq_id: str
@@ -36,6 +38,7 @@ class VerifyRequest:
     draft_token_ids: list[int]
     sampling: SamplingParams
     draft_probs: torch.Tensor | EncodedQ | None = None
+    num_prompt_tokens: int = 0
 
 
 @dataclass

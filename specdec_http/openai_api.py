@@ -36,12 +36,12 @@ logger = logging.getLogger(__name__)
 _logged_ignored: set[str] = set()
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "n", "stream",
-          "stream_options", "speculation", "timeout_s", "user", "ignore_eos"}
+          "stream_options", "speculation", "timeout_s", "user", "ignore_eos",
+          "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"}
 #: accepted at their neutral value only (anything else is refused, naming the field); `logprobs: 0` is
 #: not neutral on completions (OpenAI then returns the sampled tokens' logprobs)
 NEUTRAL = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-           "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
-           "min_p": (None, 0), "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []),
+           "suffix": (None, ""), "tools": (None, []),
            "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}), "max_completion_tokens": (None,)}
 #: OpenAI fields that change nothing this server returns: accepted and ignored (logged once per field)
 IGNORED = {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls"}
@@ -175,9 +175,23 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
             top_k=max(_optional_int(body, "top_k", minimum=-1) or 0, 0),  # -1 = none (as vLLM)
             top_p=1.0 if top_p is None else top_p,
             seed=_seed(body),
+            **_processing(body),
         )
     except ValueError as exc:  # SamplingParams names the field first
         raise InvalidRequestError(param_of(exc) or "body", str(exc).split(" ", 1)[1]) from None
+
+
+def _processing(body: dict[str, Any]) -> dict[str, Any]:
+    """min_p, the penalties and logit_bias as SamplingParams arguments (JSON null = the
+    neutral value; logit_bias keys are token ids written as strings, as OpenAI's)."""
+    neutral = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+    values = {name: _optional_number(body, name) for name in neutral}
+    fields = {name: default if values[name] is None else values[name] for name, default in neutral.items()}
+    bias = body.get("logit_bias") or {}
+    if not isinstance(bias, dict) or not all(isinstance(k, str) and k.strip().lstrip("-").isdigit() for k in bias):
+        raise InvalidRequestError("logit_bias", "must map token ids (as strings) to numbers")
+    fields["logit_bias"] = {int(k): v for k, v in bias.items()}
+    return fields
 
 
 def _seed(body: dict[str, Any]) -> int | None:

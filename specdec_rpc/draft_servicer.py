@@ -94,7 +94,8 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         applied = self.histories.apply_all(request.sequences)
         self.leases.hold(request.lease_id, applied.applied_seq_ids(request.sequences))
         rows = [
-            ProposalRequest(delta.seq_id, history, sampling_from_proto(delta.sampling), gamma=gamma)
+            ProposalRequest(delta.seq_id, history, sampling_from_proto(delta.sampling), gamma=gamma,
+                            num_prompt_tokens=delta.num_prompt_tokens)
             for delta, history, gamma in zip(request.sequences, applied.histories, request.gammas)
             if history is not None
         ]

@@ -36,12 +36,19 @@ from specdec_rpc.v1 import worker_pb2
 
 
 def sampling_to_proto(params: SamplingParams) -> worker_pb2.WorkerSamplingParams:
-    """Core SamplingParams -> the workers' proto, exactly (doubles; top_p 1.0 and seed None are left unset)."""
-    message = worker_pb2.WorkerSamplingParams(temperature=params.temperature, top_k=params.top_k)
+    """Core SamplingParams -> the workers' proto, exactly (doubles; top_p 1.0, seed None and
+    repetition_penalty 1.0 are left unset)."""
+    message = worker_pb2.WorkerSamplingParams(
+        temperature=params.temperature, top_k=params.top_k, min_p=params.min_p,
+        presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+        logit_bias=dict(params.logit_bias),
+    )
     if params.top_p != 1.0:
         message.top_p = params.top_p
     if params.seed is not None:
         message.seed = params.seed
+    if params.repetition_penalty != 1.0:
+        message.repetition_penalty = params.repetition_penalty
     return message
 
 
@@ -52,6 +59,11 @@ def sampling_from_proto(message: worker_pb2.WorkerSamplingParams) -> SamplingPar
         top_k=message.top_k,
         top_p=message.top_p if message.HasField("top_p") else 1.0,
         seed=message.seed if message.HasField("seed") else None,
+        min_p=message.min_p,
+        presence_penalty=message.presence_penalty,
+        frequency_penalty=message.frequency_penalty,
+        repetition_penalty=message.repetition_penalty if message.HasField("repetition_penalty") else 1.0,
+        logit_bias=dict(message.logit_bias),
     )
 
 
@@ -86,9 +98,10 @@ class HistorySender:
         """Tokens of the history this worker is believed to hold (0 = none)."""
         return len(self._sent.get(seq_id, ()))
 
-    def delta(self, seq_id: str, token_ids: Sequence[int], sampling: SamplingParams) -> worker_pb2.HistoryDelta:
+    def delta(self, seq_id: str, token_ids: Sequence[int], sampling: SamplingParams,
+              num_prompt_tokens: int = 0) -> worker_pb2.HistoryDelta:
         """The part of `token_ids` (the full history) from where it first differs from what
-        was sent; records it as sent."""
+        was sent; records it as sent. num_prompt_tokens: how many leading tokens are the prompt."""
         token_ids = list(token_ids)
         offset = common_prefix_length(self._sent.get(seq_id, []), token_ids)
         self._sent[seq_id] = token_ids
@@ -97,6 +110,7 @@ class HistorySender:
             offset=offset,
             token_ids=token_ids[offset:],
             sampling=sampling_to_proto(sampling),
+            num_prompt_tokens=num_prompt_tokens,
         )
 
     def clear(self) -> None:

@@ -73,7 +73,11 @@ def to_generation_request(
 def _sampling(message: specdec_pb2.SamplingParams) -> SamplingParams:
     seed = message.seed if message.HasField("seed") else None
     top_p = message.top_p if message.HasField("top_p") else 1.0
-    return SamplingParams(temperature=message.temperature, top_k=message.top_k, top_p=top_p, seed=seed)
+    repetition = message.repetition_penalty if message.HasField("repetition_penalty") else 1.0
+    return SamplingParams(temperature=message.temperature, top_k=message.top_k, top_p=top_p, seed=seed,
+                          min_p=message.min_p, presence_penalty=message.presence_penalty,
+                          frequency_penalty=message.frequency_penalty, repetition_penalty=repetition,
+                          logit_bias=dict(message.logit_bias))
 
 
 # ---- outbound ---------------------------------------------------------------------------

@@ -164,7 +164,7 @@ class RemoteVerifier(WorkerClient, Verifier):
 
     def _item(self, request: VerifyRequest) -> worker_pb2.VerifyItem:
         item = worker_pb2.VerifyItem(
-            history=self._sender.delta(request.seq_id, request.token_ids, request.sampling),
+            history=self._sender.delta(request.seq_id, request.token_ids, request.sampling, request.num_prompt_tokens),
             draft_token_ids=request.draft_token_ids,
         )
         if request.draft_probs is not None and not request.sampling.is_greedy and request.draft_token_ids:
@@ -204,7 +204,8 @@ class RemoteVerifier(WorkerClient, Verifier):
             if request.seq_id in seq_ids:
                 full = worker_pb2.VerifyItem()
                 full.CopyFrom(item)
-                full.history.CopyFrom(self._sender.delta(request.seq_id, request.token_ids, request.sampling))
+                full.history.CopyFrom(self._sender.delta(request.seq_id, request.token_ids, request.sampling,
+                                                         request.num_prompt_tokens))
                 again.append(request)
                 retry.append(full)
         response = self._call(again, retry)

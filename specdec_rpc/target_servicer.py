@@ -83,7 +83,8 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         without drafts when it does not decode)."""
         probs = WireQ(item.draft_probs) if item.draft_probs else None  # [n] TokenDistribution
         return VerifyRequest(item.history.seq_id, history, list(item.draft_token_ids),
-                             sampling_from_proto(item.history.sampling), probs)
+                             sampling_from_proto(item.history.sampling), probs,
+                             item.history.num_prompt_tokens)
 
     @staticmethod
     def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:

@@ -21,6 +21,8 @@ class ProposalRequest:
         proposer with state rolls itself back to what the history confirms.
     sampling: the request's sampling parameters (its seed keys the draft's random draws).
     gamma: γ for this row: draft at most this many tokens (rows of one call differ).
+    num_prompt_tokens: how many leading history tokens are the prompt (the draft's
+        frequency and presence penalties count only the tokens after them).
     """
 
     seq_id: str
@@ -28,6 +30,7 @@ class ProposalRequest:
     sampling: SamplingParams
     proposer: str | None = None  # which proposer the request asked for (None = the server's)
     gamma: int = 1
+    num_prompt_tokens: int = 0
 
 
 #: a proposer's answer: one Drafts per request, in order

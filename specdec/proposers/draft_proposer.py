@@ -194,7 +194,11 @@ class DraftModelProposer(Proposer):
         (specdec.gumbel_sampling)."""
         n = logits.shape[0]
         first = len(request.token_ids) - (n - 1)
-        batch = SamplingBatch.from_params([request.sampling] * n, [first + j for j in range(n)])
+        history = request.token_ids
+        batch = SamplingBatch.from_params([request.sampling] * n, [first + j for j in range(n)],
+                                          histories=[history[: first + j] for j in range(n)],
+                                          num_prompt_tokens=[request.num_prompt_tokens] * n)
+        logits = batch.processed(logits[:, None])[:, 0]  # row j sees the history before its position
         if not bool(batch.coupled.all()):
             return logits
         q = logits_to_probs(logits, batch).to(self._q_dtype)  # [u + 1, vocab], as drafted
@@ -227,14 +231,18 @@ class DraftModelProposer(Proposer):
         sequence's own). Returns tokens [n, max γ] (-1 padded) and q weights [n, max γ,
         vocab] (zeros past a row's γ), or None when every row is greedy."""
         states = states if states is not None else [self._claim(r.seq_id) for r in requests]
-        batch = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests])
+        batch = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests],
+                                          histories=[r.token_ids for r in requests],
+                                          num_prompt_tokens=[r.num_prompt_tokens for r in requests])
         logits = self._catch_up(requests, states)  # [n, vocab]
         tokens = torch.full((len(requests), max(gammas)), -1, dtype=torch.long)  # [n, max γ]
         probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)
         active = list(range(len(requests)))
         for i in range(max(gammas)):
             rows = torch.tensor(active, dtype=torch.long)
-            token, weights = self._sample(logits, batch.select(rows), i, probs is not None)  # [a], [a, vocab]
+            sub = batch.select(rows)
+            logits = sub.processed_after(logits, tokens[rows, :i])  # the guesses before i seen, as the target will
+            token, weights = self._sample(logits, sub, i, probs is not None)  # [a], [a, vocab]
             tokens[rows, i] = token
             if probs is not None:
                 probs[rows, i] = weights

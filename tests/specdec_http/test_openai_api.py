@@ -44,7 +44,12 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
     ({"prompt": "x", "n": True}, "n"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
     ({"prompt": "x", "logprobs": 5}, "logprobs"),
-    ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"prompt": "x", "frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": float("nan")}, "repetition_penalty"),
+    ({"prompt": "x", "min_p": 1.5}, "min_p"),
+    ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [5]}, "logit_bias"),
     ({"prompt": "x", "mystery": 1}, "mystery"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": 3}, "prompt"),
@@ -93,15 +98,22 @@ def test_the_neutral_values_clients_send_by_default_are_accepted_and_change_noth
 
 
 @pytest.mark.parametrize("name, value", [
-    ("repetition_penalty", 1.1), ("presence_penalty", 0.5), ("frequency_penalty", -1), ("logprobs", 0),
-    ("logprobs", True), ("min_p", 0.05), ("response_format", {"type": "json_object"}), ("best_of", 2),
-    ("best_of", True), ("n", True), ("top_logprobs", 2), ("echo", True), ("logit_bias", {"5": 10}),
-    ("tools", [{"type": "function"}]), ("repetition_penalty", float("nan")),
+    ("logprobs", 0), ("logprobs", True), ("response_format", {"type": "json_object"}), ("best_of", 2),
+    ("best_of", True), ("n", True), ("top_logprobs", 2), ("echo", True), ("tools", [{"type": "function"}]),
 ])
 def test_values_that_would_change_the_output_of_an_unimplemented_field_are_400_naming_it(name, value):
     with pytest.raises(InvalidRequestError) as error:
         completion_request({"model": MODEL, "prompt": "x", name: value}, MODEL)
     assert error.value.param == name and "supported" in str(error.value)
+
+
+def test_min_p_penalties_and_logit_bias_map_into_the_sampling_params():
+    body = {"prompt": "x", "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.1,
+            "logit_bias": {"7": -100, "5": 10}}
+    sampling = completion_request(body, MODEL)[0].sampling
+    assert (sampling.min_p, sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty) == (
+        0.05, 0.5, -1.0, 1.1)
+    assert sampling.logit_bias == ((5, 10.0), (7, -100.0))
 
 
 @pytest.mark.parametrize("name, value", [("metadata", {"team": "a"}), ("store", False), ("service_tier", "auto"),

@@ -72,9 +72,21 @@ def test_sampling_params_reach_the_workers_at_full_precision(sampling):
     assert sampling_from_proto(worker_pb2.HistoryDelta.FromString(wire).sampling) == sampling
 
 
+def test_penalties_bias_min_p_and_the_prompt_length_reach_the_workers():
+    """Both workers process each position like the router's request asked: the processing
+    params at full precision, and where the prompt ends (penalties count the output only)."""
+    sampling = SamplingParams(temperature=0.8, min_p=1e-7, presence_penalty=-1.75, frequency_penalty=0.3,
+                              repetition_penalty=1.0 + 2**-40, logit_bias={3: -100.0, 2**31 - 1: 0.125})
+    wire = HistorySender().delta("a", [1, 2, 3], sampling, num_prompt_tokens=2).SerializeToString()
+    message = worker_pb2.HistoryDelta.FromString(wire)
+    assert sampling_from_proto(message.sampling) == sampling and message.num_prompt_tokens == 2
+    with pytest.raises(ValueError, match="logit_bias"):
+        sampling_from_proto(worker_pb2.WorkerSamplingParams(logit_bias={5: 1000.0}))
+
+
 def test_sampling_defaults_stay_unset_on_the_wire_and_come_back():
     message = sampling_to_proto(GREEDY)
-    assert not message.HasField("top_p") and not message.HasField("seed")
+    assert not message.HasField("top_p") and not message.HasField("seed") and not message.HasField("repetition_penalty")
     assert sampling_from_proto(message) == GREEDY
     assert sampling_from_proto(worker_pb2.WorkerSamplingParams(seed=0)).seed == 0
 

@@ -45,6 +45,15 @@ def test_token_ids_sampling_stop_and_budget_are_taken_as_given():
     )
 
 
+def test_min_p_penalties_and_logit_bias_are_taken_as_given():
+    sampling = pb.SamplingParams(temperature=0.5, min_p=0.25, presence_penalty=0.5, frequency_penalty=-1.5,
+                                 repetition_penalty=1.25, logit_bias={7: -100.0, 3: 2.5})
+    got = translate(prompt_token_ids=[5], sampling=sampling).sampling
+    assert (got.min_p, got.presence_penalty, got.frequency_penalty, got.repetition_penalty) == (0.25, 0.5, -1.5, 1.25)
+    assert got.logit_bias == ((3, 2.5), (7, -100.0))
+    assert translate(prompt_token_ids=[5]).sampling.repetition_penalty == 1.0  # unset = off
+
+
 @pytest.mark.parametrize(
     "speculation, mode, gamma, proposer",
     [

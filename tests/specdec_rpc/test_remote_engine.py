@@ -128,6 +128,18 @@ def test_sampling_values_beyond_float32_are_served_as_in_process(remote_engine, 
     assert [r.token_ids for r in remote] == [r.token_ids for r in local]
 
 
+def test_penalties_and_logit_bias_are_processed_by_both_workers_as_in_process(remote_engine, make_engine, prompt_ids):
+    """The workers learn where each prompt ends (the penalties count the output only): the
+    remote engine's output and acceptance equal the in-process engine's, greedy and seeded."""
+    samplings = [SamplingParams(repetition_penalty=1.2, frequency_penalty=0.5, logit_bias={13: 2.0}),
+                 SamplingParams(temperature=0.8, seed=4, presence_penalty=1.0, min_p=0.05)]
+    requests = [GenerationRequest(prompt_ids[i], MAX_NEW, s) for i, s in enumerate(samplings)]
+    local = make_engine("draft", gamma=4).engine.generate(requests)
+    remote = remote_engine("draft", 4).generate(requests)
+    assert [r.token_ids for r in remote] == [r.token_ids for r in local]
+    assert [r.stats.accepted for r in remote] == [r.stats.accepted for r in local]
+
+
 @pytest.mark.parametrize("micro_batches, prompts", [(False, 1), (True, 4)], ids=["look-ahead", "micro-batches"])
 @pytest.mark.parametrize("proposer", ["draft", "ngram"])
 def test_drafting_ahead_while_the_remote_target_verifies_keeps_the_output(
