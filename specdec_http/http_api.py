@@ -34,7 +34,8 @@ from specdec.frontend import Delta, Frontend
 from specdec.serving_errors import RETRY_AFTER_S, ErrorKind, InvalidRequestError, NotFoundError, classify
 from specdec_http.cors import Cors
 from specdec_http.openai_api import chat_request, completion_request
-from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, error_body, sse
+from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, dump, error_body, sse
+from specdec_http.protocol.models import ModelCard, ModelList, ModelSpeculation
 from specdec_http.tokenize_routes import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
@@ -159,10 +160,10 @@ class HttpApi:
             await deltas.aclose()
 
     async def _models(self, request: Request) -> Response:
-        model = {"id": self.frontend.model, "object": "model", "created": self.created, "owned_by": "specdec",
-                 "max_model_len": self.frontend.max_model_len,
-                 "speculation": {"proposers": list(self.frontend.proposers)}}
-        return JSONResponse({"object": "list", "data": [model]})
+        model = ModelCard(id=self.frontend.model, object="model", created=self.created, owned_by="specdec",
+                          max_model_len=self.frontend.max_model_len,
+                          speculation=ModelSpeculation(proposers=list(self.frontend.proposers)))
+        return JSONResponse(dump(ModelList(object="list", data=[model])))
 
     async def _tokenizer_route(self, request: Request, answer) -> Response:
         return JSONResponse(await answer(self.frontend, await _json(request)))
