@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdec.sampling_params import SamplingParams
+from specdec.token_logprobs import MAX_TOP_LOGPROBS
 
 MODES = ("auto", "on", "off")
 
@@ -51,6 +52,8 @@ class GenerationRequest:
     proposer: which proposer drafts for this request ("draft", "ngram"; None = the engine's).
     mode: speculation mode: "auto" (the server's policy decides, following load), "on"
         (always speculate) or "off" (plain decoding, no draft calls).
+    logprobs: report each generated token's logprob and this many most likely alternatives
+        (0..MAX_TOP_LOGPROBS; None = no logprobs): specdec.token_logprobs.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -62,6 +65,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     proposer: str | None = None
     mode: str = "auto"
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", _int_tuple(self.prompt_token_ids, "prompt_token_ids"))
@@ -75,6 +79,8 @@ class GenerationRequest:
             raise ValueError(f"speculation.gamma must be >= 0, got {self.gamma!r}")
         if self.mode not in MODES:
             raise ValueError(f"speculation.mode must be auto, on or off, got {self.mode!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop: stop strings must be non-empty strings")
 

@@ -39,6 +39,7 @@ class TextRequest:
         and responses name it alike); None = one the engine makes up.
     ignore_eos: generate past the model's end-of-sequence tokens (load tools ask for it
         so every request runs its whole budget).
+    logprobs: None, or report each generated token's logprob with this many alternatives.
     """
 
     prompt: str = ""
@@ -54,6 +55,7 @@ class TextRequest:
     timeout_s: float | None = None
     request_id: str | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
 
 
 def to_generation_request(
@@ -79,6 +81,7 @@ def to_generation_request(
         proposer=request.proposer,
         mode=request.mode,
         ignore_eos=request.ignore_eos,
+        logprobs=request.logprobs,
     )
 
 

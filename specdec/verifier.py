@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from specdec.sampling_params import SamplingParams
+from specdec.token_logprobs import TokenLogprob
 
 
 @dataclass
@@ -27,6 +28,8 @@ class VerifyRequest:
     draft_probs: [num_drafted, vocab] draft distribution q as non-negative weights (the
         verifier normalises them, exactly as the proposer did before sampling), or None
         (verified as a one-hot q).
+    logprobs: None, or how many alternatives to report with each emitted token's logprob
+        (VerifyResult.logprobs; specdec.token_logprobs).
     """
 
     seq_id: str
@@ -34,15 +37,18 @@ class VerifyRequest:
     draft_token_ids: list[int]
     sampling: SamplingParams
     draft_probs: torch.Tensor | None = None
+    logprobs: int | None = None
 
 
 @dataclass
 class VerifyResult:
-    """num_accepted drafted tokens were kept; emitted = those + one recovered-or-bonus token."""
+    """num_accepted drafted tokens were kept; emitted = those + one recovered-or-bonus token.
+    logprobs: one per emitted token when the request asked for them, else None."""
 
     seq_id: str
     emitted: list[int]
     num_accepted: int
+    logprobs: list[TokenLogprob] | None = None
 
 
 class PendingVerify(Protocol):
