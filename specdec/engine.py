@@ -161,7 +161,8 @@ class SpeculativeEngine:
         if seq.error is not None:
             raise seq.error
         return GenerationResult(seq.seq_id, seq.output_ids, seq.stop_checker.text, seq.finish_reason or "", seq.stats,
-                                queue_s=seq.queue_s, logprobs=seq.logprobs if seq.request.logprobs is not None else None)
+                                queue_s=seq.queue_s,
+                                logprobs=seq.logprobs if seq.request.logprobs is not None else None)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Convenience: run the given requests to completion, batched together."""

@@ -45,7 +45,8 @@ def completion_request(body: Any, model: str) -> tuple[TextRequest, bool]:
     """(the frontend's request, stream?) for a /v1/completions body."""
     request = parse(CompletionRequest, body, model)
     prompt, ids = _prompt(request.prompt)
-    return _text_request(request, prompt=prompt, prompt_token_ids=ids), bool(request.stream)
+    logprobs = None if request.logprobs is False else request.logprobs
+    return _text_request(request, logprobs, prompt=prompt, prompt_token_ids=ids), bool(request.stream)
 
 
 def chat_request(body: Any, model: str) -> tuple[TextRequest, bool]:
@@ -54,7 +55,10 @@ def chat_request(body: Any, model: str) -> tuple[TextRequest, bool]:
     messages = check_messages([m.model_dump(exclude_unset=True) for m in request.messages])
     if request.max_completion_tokens is not None:  # the newer name of max_tokens
         request = request.model_copy(update={"max_tokens": request.max_completion_tokens})
-    return _text_request(request, messages=messages), bool(request.stream)
+    if request.top_logprobs and not request.logprobs:
+        raise InvalidRequestError("top_logprobs", "needs logprobs: true")
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    return _text_request(request, logprobs, messages=messages), bool(request.stream)
 
 
 def parse(kind: type[SamplingRequest], body: Any, model: str) -> Any:
@@ -159,7 +163,7 @@ def _prompt(prompt: Any) -> tuple[str, tuple[int, ...]]:
     raise InvalidRequestError("prompt", "must be a non-empty string or a list of token ids")
 
 
-def _text_request(request: SamplingRequest, **prompt: Any) -> TextRequest:
+def _text_request(request: SamplingRequest, logprobs: int | None, **prompt: Any) -> TextRequest:
     speculation = request.speculation
     stop = request.stop
     return TextRequest(
@@ -173,6 +177,7 @@ def _text_request(request: SamplingRequest, **prompt: Any) -> TextRequest:
         proposer=speculation and speculation.proposer,
         timeout_s=request.timeout_s,
         ignore_eos=bool(request.ignore_eos),
+        logprobs=logprobs,
     )
 
 

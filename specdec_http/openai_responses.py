@@ -22,6 +22,8 @@ from pydantic import BaseModel
 from specdec.frontend import Completion, Delta, Usage
 from specdec.serving_errors import ErrorKind, param_of
 from specdec.stats import SpecStats
+from specdec.token_logprobs import TokenLogprob
+from specdec_http.openai_logprobs import LogprobsFormat
 from specdec_http.protocol.chunks import (
     ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChunk, CompletionChunkChoice,
 )
@@ -83,32 +85,43 @@ def usage(counts: Usage) -> UsageModel:
                       total_tokens=counts.total_tokens)
 
 
-def completion_object(call: Call, completion: Completion) -> dict[str, Any]:
-    """The whole response of a unary request."""
+def completion_object(call: Call, completion: Completion, logprobs: LogprobsFormat | None = None) -> dict[str, Any]:
+    """The whole response of a unary request (`logprobs`: how to report them, when asked for)."""
     done = {"usage": usage(completion.usage), "speculation": speculation_stats(completion.stats)}
+    reported = _logprobs(call, completion.logprobs, logprobs)
     if call.chat:
         message = AssistantMessage(role="assistant", content=completion.text)
-        choice = ChatChoice(index=0, message=message, logprobs=None, finish_reason=completion.finish_reason)
+        choice = ChatChoice(index=0, message=message, logprobs=reported, finish_reason=completion.finish_reason)
         return dump(ChatCompletionResponse(**call.envelope(), choices=[choice], **done))
-    choice = CompletionChoice(index=0, text=completion.text, logprobs=None, finish_reason=completion.finish_reason)
+    choice = CompletionChoice(index=0, text=completion.text, logprobs=reported, finish_reason=completion.finish_reason)
     return dump(CompletionResponse(**call.envelope(), choices=[choice], **done))
 
 
-def chunk_events(call: Call, delta: Delta, first: bool, include_usage: bool) -> list[str]:
+def chunk_events(call: Call, delta: Delta, first: bool, include_usage: bool,
+                 logprobs: LogprobsFormat | None = None) -> list[str]:
     """The server-sent events for one Delta: one chunk per round (a chat stream's first
     chunk also carries the role); the last one adds finish_reason and `speculation`, then
-    (with stream_options.include_usage) a usage chunk without choices."""
+    (with stream_options.include_usage) a usage chunk without choices. With `logprobs`, each
+    chunk carries its tokens' logprobs."""
     kind = ChatCompletionChunk if call.chat else CompletionChunk
+    reported = _logprobs(call, delta.logprobs, logprobs)
     if call.chat:
         content = ChatDelta(role="assistant", content=delta.text) if first else ChatDelta(content=delta.text)
-        choice = ChatChunkChoice(index=0, delta=content, logprobs=None, finish_reason=delta.finish_reason)
+        choice = ChatChunkChoice(index=0, delta=content, logprobs=reported, finish_reason=delta.finish_reason)
     else:
-        choice = CompletionChunkChoice(index=0, text=delta.text, logprobs=None, finish_reason=delta.finish_reason)
+        choice = CompletionChunkChoice(index=0, text=delta.text, logprobs=reported, finish_reason=delta.finish_reason)
     extra = {} if delta.stats is None else {"speculation": speculation_stats(delta.stats)}
     events = [sse(dump(kind(**call.envelope(chunk=True), choices=[choice], **extra)))]
     if include_usage and delta.usage is not None:
         events.append(sse(dump(kind(**call.envelope(chunk=True), choices=[], usage=usage(delta.usage)))))
     return events
+
+
+def _logprobs(call: Call, tokens: list[TokenLogprob] | None, how: LogprobsFormat | None) -> Any:
+    """The choice's logprobs object: None unless the request asked for them."""
+    if how is None:
+        return None
+    return how.chat(tokens or []) if call.chat else how.completion(tokens or [])
 
 
 def dump(response: BaseModel) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from specdec.target_verifier import TargetVerifier
 from specdec.verifier import VerifyRequest, VerifyResult
 from specdec_rpc.history_sync import AppliedDeltas, HistoryStore, sampling_from_proto
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S, LeaseReaper
+from specdec_rpc.logprob_messages import to_logprobs
 from specdec_rpc.prob_codec import decode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
@@ -107,7 +108,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             logger.warning("sequence %s: drafts not verified (%s)", item.history.seq_id, exc)
             self.verifier.rejected_proposals += 1
             drafted = []
-        return VerifyRequest(item.history.seq_id, history, drafted, sampling, probs)
+        logprobs = item.logprobs if item.HasField("logprobs") else None
+        return VerifyRequest(item.history.seq_id, history, drafted, sampling, probs, logprobs)
 
     @staticmethod
     def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:
@@ -120,7 +122,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             result = next(done)
             outcomes.append(
                 worker_pb2.VerifyOutcome(
-                    seq_id=result.seq_id, emitted_token_ids=result.emitted, num_accepted=result.num_accepted
+                    seq_id=result.seq_id, emitted_token_ids=result.emitted, num_accepted=result.num_accepted,
+                    logprobs=to_logprobs(result.logprobs),
                 )
             )
         return outcomes

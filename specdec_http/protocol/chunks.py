@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from specdec_http.protocol.logprobs import ChatLogprobs, CompletionLogprobs
 from specdec_http.protocol.responses import Envelope, SpeculationStats, Usage
 
 
@@ -16,7 +17,7 @@ class CompletionChunkChoice(BaseModel):
 
     index: int
     text: str
-    logprobs: None = Field(description="logprobs are not supported: always null")
+    logprobs: CompletionLogprobs | None = Field(description="with the request's logprobs, else null")
     finish_reason: str | None
 
 
@@ -32,7 +33,7 @@ class ChatChunkChoice(BaseModel):
 
     index: int
     delta: ChatDelta
-    logprobs: None = Field(description="logprobs are not supported: always null")
+    logprobs: ChatLogprobs | None = Field(description="with the request's logprobs, else null")
     finish_reason: str | None
 
 

@@ -12,10 +12,11 @@ are accepted and ignored (`fields.ignored`); any other field is refused (a missp
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specdec.token_logprobs import MAX_TOP_LOGPROBS
 from specdec_http.protocol.chat_messages import ChatMessage
 from specdec_http.protocol.fields import MAX_SEED, MIN_SEED, Bool, Float, Int, TokenIds, ignored, neutral_only
 
@@ -71,8 +72,6 @@ class SamplingRequest(BaseModel):
     ignore_eos: Bool | None = Field(None, description="extension (as vLLM): generate past end-of-sequence tokens")
     n: neutral_only(INTEGER, 1, why="only n = 1 is supported (one choice per request)") = None
     best_of: neutral_only(INTEGER, 1) = None
-    logprobs: neutral_only({"type": ["integer", "boolean"]}, False) = None
-    top_logprobs: neutral_only(INTEGER, 0) = None
     echo: neutral_only(BOOLEAN, False) = None
     presence_penalty: neutral_only(NUMBER, 0) = None
     frequency_penalty: neutral_only(NUMBER, 0) = None
@@ -91,7 +90,8 @@ class SamplingRequest(BaseModel):
     parallel_tool_calls: ignored(BOOLEAN) = None
 
     #: the fields accepted and ignored (logged once each)
-    IGNORED: ClassVar[tuple[str, ...]] = ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls")
+    IGNORED: ClassVar[tuple[str, ...]] = ("metadata", "store", "service_tier", "prompt_cache_key",
+                                          "safety_identifier", "parallel_tool_calls")
 
 
 class CompletionRequest(SamplingRequest):
@@ -100,6 +100,9 @@ class CompletionRequest(SamplingRequest):
     prompt: str | TokenIds | list[str] | list[TokenIds] | None = Field(
         None, description="a string or token ids (a list of one of them is a batch of one)")
     max_completion_tokens: neutral_only(INTEGER) = None  # chat's name of max_tokens
+    top_logprobs: neutral_only(INTEGER, 0) = None  # chat's; completions' logprobs says how many
+    logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | Literal[False] | None = Field(
+        None, description="each generated token's logprob and this many most likely alternatives (false = none)")
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -107,3 +110,6 @@ class ChatCompletionRequest(SamplingRequest):
 
     messages: list[ChatMessage] = Field(description="the conversation, rendered by the tokenizer's chat template")
     max_completion_tokens: Annotated[Int, Field(ge=1)] | None = Field(None, description="the newer name of max_tokens")
+    logprobs: Bool | None = Field(None, description="report each generated token's logprob")
+    top_logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description="with logprobs: this many most likely alternatives per token")

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from specdec_http.protocol.logprobs import ChatLogprobs, CompletionLogprobs
+
 
 class Usage(BaseModel):
     """Token counts of one request."""
@@ -37,7 +39,7 @@ class CompletionChoice(BaseModel):
 
     index: int
     text: str
-    logprobs: None = Field(description="logprobs are not supported: always null")
+    logprobs: CompletionLogprobs | None = Field(description="with the request's logprobs, else null")
     finish_reason: str | None = Field(description="stop, length or error")
 
 
@@ -53,7 +55,7 @@ class ChatChoice(BaseModel):
 
     index: int
     message: AssistantMessage
-    logprobs: None = Field(description="logprobs are not supported: always null")
+    logprobs: ChatLogprobs | None = Field(description="with the request's logprobs, else null")
     finish_reason: str | None
 
 
