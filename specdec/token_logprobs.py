@@ -7,9 +7,10 @@ there after the request's processing - temperature, then top-k, then top-p
 (`specdec.sampling.logits_to_probs`), the distribution the output follows - so it is
 the same whatever was drafted: with speculation on or off, the emitted token at a position
 and the target's logits there are the same (up to float32 rounding: a forward that scores
-more positions at once may round the logits differently, by about 1e-6 in a logprob). A greedy request (temperature 0) reports the
-distribution at temperature 1 with its top-k / top-p (as vLLM does; its processed
-distribution is one-hot). Tokens that processing removes have logprob -inf.
+more positions at once may round the logits differently, by about 1e-6 in a logprob).
+A greedy request (temperature 0) reports the distribution at temperature 1 with its top-k /
+top-p (as vLLM does; its processed distribution is one-hot). Tokens that processing removes
+have logprob -inf.
 """
 
 from __future__ import annotations
