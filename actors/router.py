@@ -31,7 +31,10 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
-from specdec_metrics.router_metrics import RouterMetrics
+from prometheus_client import CollectorRegistry
+
+from specdec_metrics.prometheus_metrics import exposition, prometheus_metric_classes, tee_metric_classes
+from specdec_metrics.router_metrics import RouterMetrics, ray_metric_classes
 from specdec.api_auth import AuthenticationError, TokenSource
 from specdec.config import SecurityConfig
 from specdec.serving_errors import RETRY_AFTER_S
@@ -40,6 +43,7 @@ from specdec_rpc.raw_requests import parse
 from actors.served_actor import own_cores
 from specdec_http.cors import Cors
 from specdec_http.http_api import HttpApi
+from specdec_http.metrics_route import MetricsRoute
 from specdec_rpc.public_service import PublicService
 from specdec.served_engine import ServedEngine
 from specdec_rpc.status_codes import UnknownServiceError, error_kind, status_for
@@ -98,11 +102,14 @@ class SpecdecRouter:
         self.tokens = TokenSource(security.api_tokens_file)  # + env SPECDEC_API_TOKENS; none = open
         self.open_health = security.open_health
         self.service = PublicService()
-        self.metrics = RouterMetrics(model=model)
+        registry = CollectorRegistry()  # the same metrics for /metrics on the API port
+        classes = tee_metric_classes(ray_metric_classes(), prometheus_metric_classes(registry))
+        self.metrics = RouterMetrics(classes, model=model)
         authorize = self.tokens.check if self.tokens.enabled else None
         self.http = HttpApi(self.service.frontend, error_kind=error_kind, observe_stream=self.metrics.observe_stream,
                             authorize=authorize, open_paths=frozenset({"/health"} if self.open_health else ()),
-                            cors=Cors(security.cors_allowed_origins))
+                            cors=Cors(security.cors_allowed_origins),
+                            metrics=MetricsRoute(lambda: exposition(registry)))
         self._closed = threading.Event()
         self._drain = Drain(self.service.frontend)
         self.replica_id = uuid.uuid4().hex[:12]

@@ -142,8 +142,8 @@ class HttpCases:
         return self._body(stop=["y" * 1000])
 
     def unsupported_field(self) -> tuple[str, bytes]:
-        field, value = self.rng.choice([("mystery", 1), ("logprobs", 5), ("best_of", 3), ("echo", True),
-                                        ("logit_bias", {"5": 1}), ("tools", [{}])])
+        field, value = self.rng.choice([("mystery", 1), ("presence_penalty", 5.0), ("best_of", 3), ("echo", True),
+                                        ("logit_bias", {"5": 500}), ("tools", [{}])])
         return self._body(**{field: value})
 
     def all(self) -> dict[str, Callable[[], tuple[str, bytes]]]:

@@ -149,7 +149,8 @@ class SpeculativeEngine:
         if seq.error is not None:
             raise seq.error
         return GenerationResult(seq.seq_id, seq.output_ids, seq.stop_checker.text, seq.finish_reason or "", seq.stats,
-                                queue_s=seq.queue_s)
+                                queue_s=seq.queue_s,
+                                logprobs=seq.logprobs if seq.request.logprobs is not None else None)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Convenience: run the given requests to completion, batched together."""
@@ -353,7 +354,8 @@ class SpeculativeEngine:
     @staticmethod
     def _verify_request(seq: Sequence, drafts: Drafts) -> VerifyRequest:
         return VerifyRequest(seq.seq_id, seq.token_ids, drafts.token_ids, seq.request.sampling,
-                             drafts.q if drafts.token_ids else None, seq.num_prompt_tokens)
+                             drafts.q if drafts.token_ids else None, seq.num_prompt_tokens,
+                             seq.request.logprobs)
 
     def _apply(self, seq: Sequence, request: VerifyRequest, result) -> tuple[RoundOutput, tuple[int, int]]:
         """Add a round's tokens to one sequence, cut at its first stop condition, and count
@@ -365,14 +367,16 @@ class SpeculativeEngine:
             logger.warning("request %s failed: %s: %s", seq.seq_id, type(exc).__name__, exc)
             return self._fail_row(seq, exc), (0, 0)
         kept = result.emitted[: decision.num_kept]
+        logprobs = None if result.logprobs is None else result.logprobs[: decision.num_kept]
         seq.token_ids.extend(kept)
+        seq.logprobs.extend(logprobs or ())
         seq.finish_reason = decision.finish_reason
         drafted, accepted = SpecStats.kept_counts(len(request.draft_token_ids), result.num_accepted, len(kept))
         gamma = self.planner.recorded_gamma(seq)
         for stats in (seq.stats, self.stats):
             stats.record_round(drafted, accepted, gamma)
             stats.emitted += len(kept)
-        return RoundOutput(seq.seq_id, kept, seq.finish_reason, decision.text), (drafted, accepted)
+        return RoundOutput(seq.seq_id, kept, seq.finish_reason, decision.text, logprobs=logprobs), (drafted, accepted)
 
     def _fail_row(self, seq: Sequence, exc: BaseException) -> RoundOutput:
         """End one request with its error (its slots are freed when it retires)."""

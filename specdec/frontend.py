@@ -26,6 +26,7 @@ from specdec.server_status import ServerStatus, static_policy
 from specdec.serving_errors import DeadlineExceededError, NotReadyError
 from specdec.stats import SpecStats
 from specdec.text_request import TextRequest, to_generation_request
+from specdec.token_logprobs import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -43,18 +44,21 @@ class Usage:
 @dataclass(frozen=True)
 class Delta:
     """One round's new output; the last one of a stream carries the finish reason, the
-    statistics and the usage (its text and ids may be empty)."""
+    statistics and the usage (its text and ids may be empty). logprobs: one per token of
+    token_ids when the request asked for them (specdec.token_logprobs), else None."""
 
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
     stats: SpecStats | None = None
     usage: Usage | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
 class Completion:
-    """A finished request: the generated text and ids, why it ended, its statistics."""
+    """A finished request: the generated text and ids, why it ended, its statistics (and
+    one logprob per generated token when the request asked for them)."""
 
     request_id: str
     text: str
@@ -62,6 +66,7 @@ class Completion:
     finish_reason: str
     stats: SpecStats
     usage: Usage
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Frontend:
@@ -171,14 +176,15 @@ class Frontend:
                     except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
                         raise _deadline_error(request) from exc
                     outcome.generation_tokens += len(output.new_token_ids)
+                    delta = Delta(output.text, list(output.new_token_ids), logprobs=output.logprobs)
                     if output.finish_reason is None:
-                        yield Delta(output.text, list(output.new_token_ids))
+                        yield delta
                     else:
-                        last = Delta(output.text, list(output.new_token_ids))
+                        last = delta
                 result = await stream.result()
             outcome.finished(result)
             usage = Usage(len(core.prompt_token_ids), len(result.token_ids))
-            yield Delta(last.text, last.token_ids, result.finish_reason, result.stats, usage)
+            yield Delta(last.text, last.token_ids, result.finish_reason, result.stats, usage, last.logprobs)
 
     @contextlib.contextmanager
     def _recorded(self, outcome: "_Outcome") -> Iterator[None]:
@@ -248,7 +254,8 @@ class _Outcome:
 
 def _completion(result: GenerationResult, prompt_tokens: int) -> Completion:
     usage = Usage(prompt_tokens, len(result.token_ids))
-    return Completion(result.seq_id, result.text, list(result.token_ids), result.finish_reason, result.stats, usage)
+    return Completion(result.seq_id, result.text, list(result.token_ids), result.finish_reason, result.stats, usage,
+                      result.logprobs)
 
 
 def _deadline(request: TextRequest) -> float | None:

@@ -19,6 +19,7 @@ from specdec.config import SpecdecConfig
 from specdec.errors import InvalidRequestError
 from specdec.sampling_params import SamplingParams
 from specdec.speculation_mode import SpeculationMode
+from specdec.token_logprobs import MAX_TOP_LOGPROBS
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class GenerationRequest:
     mode: the speculation mode (`SpeculationMode`; its name is accepted too).
     tpot_target_ms: the request's time-per-output-token target, milliseconds (None = the
         server's, load_monitor.tpot_target_ms): the policy plans within it (docs/goodput.md).
+    logprobs: report each generated token's logprob and this many most likely alternatives
+        (0..MAX_TOP_LOGPROBS; None = no logprobs): specdec.token_logprobs.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -110,6 +113,7 @@ class GenerationRequest:
     proposer: str | None = None
     mode: SpeculationMode = SpeculationMode.AUTO
     tpot_target_ms: float | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", _int_tuple(self.prompt_token_ids, "prompt_token_ids"))
@@ -120,6 +124,9 @@ class GenerationRequest:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise InvalidRequestError("max_new_tokens", f"must be >= 1, got {self.max_new_tokens!r}")
         object.__setattr__(self, "mode", check_speculation(self.mode, self.gamma, self.proposer, self.tpot_target_ms))
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidRequestError("logprobs",
+                                      f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop", "stop strings must be non-empty strings")
 

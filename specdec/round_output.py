@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.stats import SpecStats
+from specdec.token_logprobs import TokenLogprob
 
 FINISH_ERROR = "error"  # finish_reason of a request that failed alone
 
@@ -16,6 +17,7 @@ class RoundOutput:
 
     text: the new text (stable, cut before a stop string; "" without a tokenizer).
     error: set when this request failed (finish_reason "error"); the others go on.
+    logprobs: one per new token when the request asked for them (specdec.token_logprobs), else None.
     """
 
     seq_id: str
@@ -23,6 +25,7 @@ class RoundOutput:
     finish_reason: str | None
     text: str = ""
     error: BaseException | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -33,3 +36,4 @@ class GenerationResult:
     finish_reason: str
     stats: SpecStats
     queue_s: float = 0.0  # seconds it waited for a cache slot before its first round
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when the request asked for them

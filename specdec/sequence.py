@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from specdec.request import GenerationRequest
 from specdec.stats import SpecStats
 from specdec.stop_conditions import StopChecker
+from specdec.token_logprobs import TokenLogprob
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Sequence:
     error: BaseException | None = None  # why the request failed (finish_reason "error")
     queued_at: float = field(default_factory=time.monotonic)  # when it was added (time.monotonic)
     started_at: float | None = None  # when it left the queue for its first round
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked for
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -19,6 +19,7 @@ import torch
 from specdec.models.model_runner import ModelRunner
 from specdec.rejection_sampler import rejection_sample
 from specdec.sampling import SamplingBatch
+from specdec.token_logprobs import emitted_logprobs
 from specdec.verifier import Verifier, VerifyRequest, VerifyResult
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,9 @@ class TargetVerifier(Verifier):
         for i, (request, emitted) in enumerate(zip(requests, out.emitted())):
             num_accepted = int(out.num_accepted[i])
             self.runner.truncate(slots[i], old_lengths[i] + 1 + num_accepted)
-            results.append(VerifyResult(request.seq_id, emitted, num_accepted))
+            logprobs = None if request.logprobs is None else \
+                emitted_logprobs(logits[i], request.sampling, emitted, request.logprobs)
+            results.append(VerifyResult(request.seq_id, emitted, num_accepted, logprobs))
         return results
 
     def _sync(self, requests: list[VerifyRequest]) -> list[_TargetState]:

@@ -41,6 +41,7 @@ class TextRequest:
         and responses name it alike); None = one the engine makes up.
     ignore_eos: generate past the model's end-of-sequence tokens (load tools ask for it
         so every request runs its whole budget).
+    logprobs: None, or report each generated token's logprob with this many alternatives.
     """
 
     prompt: str = ""
@@ -57,6 +58,7 @@ class TextRequest:
     request_id: str | None = None
     ignore_eos: bool = False
     tpot_target_ms: float | None = None
+    logprobs: int | None = None
 
 
 def to_generation_request(
@@ -80,6 +82,7 @@ def to_generation_request(
         mode=request.mode,
         ignore_eos=request.ignore_eos,
         tpot_target_ms=request.tpot_target_ms,
+        logprobs=request.logprobs,
     )
     core.check_proposer(defaults.proposers)
     return core

@@ -17,6 +17,7 @@ import torch
 
 from specdec.proposers.drafts import EncodedQ
 from specdec.sampling_params import SamplingParams
+from specdec.token_logprobs import TokenLogprob
 
 
 @dataclass
@@ -31,6 +32,8 @@ class VerifyRequest:
         remote draft's bytes, decoded by the verifier), or None (verified as a one-hot q).
     num_prompt_tokens: how many leading history tokens are the prompt (frequency and
         presence penalties count only the tokens after them).
+    logprobs: None, or how many alternatives to report with each emitted token's logprob
+        (VerifyResult.logprobs; specdec.token_logprobs).
     """
 
     seq_id: str
@@ -39,15 +42,18 @@ class VerifyRequest:
     sampling: SamplingParams
     draft_probs: torch.Tensor | EncodedQ | None = None
     num_prompt_tokens: int = 0
+    logprobs: int | None = None
 
 
 @dataclass
 class VerifyResult:
-    """num_accepted drafted tokens were kept; emitted = those + one recovered-or-bonus token."""
+    """num_accepted drafted tokens were kept; emitted = those + one recovered-or-bonus token.
+    logprobs: one per emitted token when the request asked for them, else None."""
 
     seq_id: str
     emitted: list[int]
     num_accepted: int
+    logprobs: list[TokenLogprob] | None = None
 
 
 class PendingVerify(Protocol):

@@ -5,6 +5,7 @@
     GET  /v1/models             the served model (its context as max_model_len)
     POST /tokenize, /detokenize the served tokenizer (vLLM's shapes: specdec_http.tokenize_routes)
     GET  /health                200 with the server status when serving, 503 otherwise
+    GET  /metrics               with `metrics`: Prometheus text (specdec_http.metrics_route)
 
 `HttpApi.handle` takes one request and returns its response, so any host can run it: Ray
 Serve's HTTP proxy calls the SpecdecRouter's `__call__` with it, and `asgi_app` wraps it
@@ -33,8 +34,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from specdec.frontend import Delta, Frontend
 from specdec.serving_errors import RETRY_AFTER_S, ErrorKind, InvalidRequestError, NotFoundError, classify
 from specdec_http.cors import Cors
+from specdec_http.metrics_route import MetricsRoute
+from specdec_http.openai_logprobs import LogprobsFormat
 from specdec_http.openai_api import chat_request, completion_request
-from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, error_body, sse
+from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, dump, error_body, sse
+from specdec_http.protocol.models import ModelCard, ModelList, ModelSpeculation
 from specdec_http.tokenize_routes import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
@@ -61,12 +65,13 @@ def core_error_kind(exc: BaseException) -> tuple[ErrorKind, str]:
 class HttpApi:
     """The routes on one frontend. error_kind: how a failure is classified (the router
     passes `specdec_rpc.status_codes.error_kind`, which also knows a worker's gRPC errors);
-    observe_stream: told each finished stream's latencies (the router's TTFT / ITL metrics)."""
+    observe_stream: told each finished stream's latencies (the router's TTFT / ITL metrics);
+    metrics: the /metrics route (none: no such route)."""
 
     def __init__(self, frontend: Frontend, error_kind: ErrorKindOf = core_error_kind,
                  observe_stream: StreamObserver | None = None, authorize: Authorize | None = None,
                  open_paths: frozenset[str] = frozenset({"/health"}), body_timeout_s: float = BODY_TIMEOUT_S,
-                 cors: Cors | None = None) -> None:
+                 cors: Cors | None = None, metrics: MetricsRoute | None = None) -> None:
         self.frontend = frontend
         self.body_timeout_s = body_timeout_s  # a body not in within it is refused (400)
         self.error_kind = error_kind
@@ -83,6 +88,8 @@ class HttpApi:
             ("POST", "/detokenize"): lambda r: self._tokenizer_route(r, detokenize),
             ("GET", "/health"): self._health,
         }
+        if metrics is not None:  # Prometheus text of the replica's metrics
+            self.routes[("GET", "/metrics")] = metrics
 
     async def handle(self, request: Request) -> Response:
         """The response to one request; failures become OpenAI error objects."""
@@ -123,9 +130,10 @@ class HttpApi:
         if body.get("user"):  # the end user's id: logged with the request's id, not used otherwise
             logger.info("request %s is from user %r", call.id, body["user"])
         text_request = replace(text_request, request_id=call.id)  # the response's id is the engine's
+        logprobs = None if text_request.logprobs is None else LogprobsFormat(self._token_text)
         if not stream:
             completion = await _unless_disconnected(request, self.frontend.generate(text_request))
-            return JSONResponse(completion_object(call, completion))
+            return JSONResponse(completion_object(call, completion, logprobs))
         started = time.perf_counter()
         deltas = self.frontend.stream(text_request)
         try:
@@ -134,20 +142,20 @@ class HttpApi:
             await deltas.aclose()
             raise
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        events = self._events(call, first, deltas, include_usage, started)
+        events = self._events(call, first, deltas, include_usage, started, logprobs)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def _events(self, call: Call, first: Delta, deltas: AsyncIterator[Delta], include_usage: bool,
-                      started: float):
+                      started: float, logprobs: LogprobsFormat | None):
         """SSE: one event per round, `data: [DONE]` at the end; an error event if it fails.
         Closing (the client went away) closes `deltas`, which aborts the request."""
         timing = _StreamTiming(started, first)
         try:
-            for event in chunk_events(call, first, True, include_usage):
+            for event in chunk_events(call, first, True, include_usage, logprobs):
                 yield event
             async for delta in deltas:
                 timing.add(delta)
-                for event in chunk_events(call, delta, False, include_usage):
+                for event in chunk_events(call, delta, False, include_usage, logprobs):
                     yield event
             yield DONE
             if self.observe_stream is not None:
@@ -158,11 +166,15 @@ class HttpApi:
         finally:
             await deltas.aclose()
 
+    def _token_text(self, token_id: int) -> str:
+        """One token's text, decoded alone (a logprobs entry's `token`)."""
+        return self.frontend.ready().decode([token_id])
+
     async def _models(self, request: Request) -> Response:
-        model = {"id": self.frontend.model, "object": "model", "created": self.created, "owned_by": "specdec",
-                 "max_model_len": self.frontend.max_model_len,
-                 "speculation": {"proposers": list(self.frontend.proposers)}}
-        return JSONResponse({"object": "list", "data": [model]})
+        model = ModelCard(id=self.frontend.model, object="model", created=self.created, owned_by="specdec",
+                          max_model_len=self.frontend.max_model_len,
+                          speculation=ModelSpeculation(proposers=list(self.frontend.proposers)))
+        return JSONResponse(dump(ModelList(object="list", data=[model])))
 
     async def _tokenizer_route(self, request: Request, answer) -> Response:
         return JSONResponse(await answer(self.frontend, await _json(request)))

@@ -1,4 +1,5 @@
-"""The core frontend's results as OpenAI's JSON: completion objects, streamed chunks, errors.
+"""The core frontend's results as OpenAI's JSON: completion objects, streamed chunks, errors,
+each built as its typed model (`specdec_http.protocol`).
 
 A Completion becomes a `text_completion` or `chat.completion` object; Deltas become
 their streamed chunks (server-sent events, ending with `data: [DONE]`). The round
@@ -16,9 +17,21 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 from specdec.frontend import Completion, Delta, Usage
 from specdec.serving_errors import ErrorKind, param_of
 from specdec.stats import SpecStats
+from specdec.token_logprobs import TokenLogprob
+from specdec_http.openai_logprobs import LogprobsFormat
+from specdec_http.protocol.chunks import (
+    ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChunk, CompletionChunkChoice,
+)
+from specdec_http.protocol.errors import ErrorDetail, ErrorResponse
+from specdec_http.protocol.responses import (
+    AssistantMessage, ChatChoice, ChatCompletionResponse, CompletionChoice, CompletionResponse, SpeculationStats,
+)
+from specdec_http.protocol.responses import Usage as UsageModel
 
 ERRORS = {  # kind -> (HTTP status, OpenAI error type, code)
     ErrorKind.INVALID: (400, "invalid_request_error", None),
@@ -58,47 +71,62 @@ class Call:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
-def speculation_stats(stats: SpecStats) -> dict[str, Any]:
+def speculation_stats(stats: SpecStats) -> SpeculationStats:
     """The request's round statistics (the `speculation` extension object of a response)."""
-    return {
-        "rounds": stats.rounds, "drafted": stats.drafted, "accepted": stats.accepted,
-        "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
-        "gamma": stats.gamma, "speculation_enabled": stats.gamma > 0 and not stats.speculation_unavailable,
-    }
+    return SpeculationStats(
+        rounds=stats.rounds, drafted=stats.drafted, accepted=stats.accepted,
+        acceptance_rate=stats.acceptance_rate, mean_accepted_length=stats.mean_accepted_length,
+        gamma=stats.gamma, speculation_enabled=stats.gamma > 0 and not stats.speculation_unavailable,
+    )
 
 
-def usage(counts: Usage) -> dict[str, int]:
-    return {"prompt_tokens": counts.prompt_tokens, "completion_tokens": counts.completion_tokens,
-            "total_tokens": counts.total_tokens}
+def usage(counts: Usage) -> UsageModel:
+    return UsageModel(prompt_tokens=counts.prompt_tokens, completion_tokens=counts.completion_tokens,
+                      total_tokens=counts.total_tokens)
 
 
-def completion_object(call: Call, completion: Completion) -> dict[str, Any]:
-    """The whole response of a unary request."""
+def completion_object(call: Call, completion: Completion, logprobs: LogprobsFormat | None = None) -> dict[str, Any]:
+    """The whole response of a unary request (`logprobs`: how to report them, when asked for)."""
+    done = {"usage": usage(completion.usage), "speculation": speculation_stats(completion.stats)}
+    reported = _logprobs(call, completion.logprobs, logprobs)
     if call.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
-                  "logprobs": None, "finish_reason": completion.finish_reason}
-    else:
-        choice = {"index": 0, "text": completion.text, "logprobs": None, "finish_reason": completion.finish_reason}
-    return {**call.envelope(), "choices": [choice], "usage": usage(completion.usage),
-            "speculation": speculation_stats(completion.stats)}
+        message = AssistantMessage(role="assistant", content=completion.text)
+        choice = ChatChoice(index=0, message=message, logprobs=reported, finish_reason=completion.finish_reason)
+        return dump(ChatCompletionResponse(**call.envelope(), choices=[choice], **done))
+    choice = CompletionChoice(index=0, text=completion.text, logprobs=reported, finish_reason=completion.finish_reason)
+    return dump(CompletionResponse(**call.envelope(), choices=[choice], **done))
 
 
-def chunk_events(call: Call, delta: Delta, first: bool, include_usage: bool) -> list[str]:
+def chunk_events(call: Call, delta: Delta, first: bool, include_usage: bool,
+                 logprobs: LogprobsFormat | None = None) -> list[str]:
     """The server-sent events for one Delta: one chunk per round (a chat stream's first
     chunk also carries the role); the last one adds finish_reason and `speculation`, then
-    (with stream_options.include_usage) a usage chunk without choices."""
+    (with stream_options.include_usage) a usage chunk without choices. With `logprobs`, each
+    chunk carries its tokens' logprobs."""
+    kind = ChatCompletionChunk if call.chat else CompletionChunk
+    reported = _logprobs(call, delta.logprobs, logprobs)
     if call.chat:
-        content = {"role": "assistant", "content": delta.text} if first else {"content": delta.text}
-        choice = {"index": 0, "delta": content, "logprobs": None, "finish_reason": delta.finish_reason}
+        content = ChatDelta(role="assistant", content=delta.text) if first else ChatDelta(content=delta.text)
+        choice = ChatChunkChoice(index=0, delta=content, logprobs=reported, finish_reason=delta.finish_reason)
     else:
-        choice = {"index": 0, "text": delta.text, "logprobs": None, "finish_reason": delta.finish_reason}
-    chunk = {**call.envelope(chunk=True), "choices": [choice]}
-    if delta.stats is not None:
-        chunk["speculation"] = speculation_stats(delta.stats)
-    events = [sse(chunk)]
+        choice = CompletionChunkChoice(index=0, text=delta.text, logprobs=reported, finish_reason=delta.finish_reason)
+    extra = {} if delta.stats is None else {"speculation": speculation_stats(delta.stats)}
+    events = [sse(dump(kind(**call.envelope(chunk=True), choices=[choice], **extra)))]
     if include_usage and delta.usage is not None:
-        events.append(sse({**call.envelope(chunk=True), "choices": [], "usage": usage(delta.usage)}))
+        events.append(sse(dump(kind(**call.envelope(chunk=True), choices=[], usage=usage(delta.usage)))))
     return events
+
+
+def _logprobs(call: Call, tokens: list[TokenLogprob] | None, how: LogprobsFormat | None) -> Any:
+    """The choice's logprobs object: None unless the request asked for them."""
+    if how is None:
+        return None
+    return how.chat(tokens or []) if call.chat else how.completion(tokens or [])
+
+
+def dump(response: BaseModel) -> dict[str, Any]:
+    """A response model as JSON data: the fields the server set (even to null), no others."""
+    return response.model_dump(mode="json", exclude_unset=True)
 
 
 def sse(data: dict[str, Any]) -> str:
@@ -114,4 +142,4 @@ def error_body(kind: ErrorKind, message: str, exc: BaseException | None = None) 
     if param in OPENAI_PARAMS:  # name the field as the client sent it
         message = OPENAI_PARAMS[param] + message[len(param):] if message.startswith(param) else message
         param = OPENAI_PARAMS[param]
-    return status, {"error": {"message": message, "type": kind_name, "param": param, "code": code}}
+    return status, dump(ErrorResponse(error=ErrorDetail(message=message, type=kind_name, param=param, code=code)))

@@ -24,6 +24,7 @@ from specdec.speculation_mode import SpeculationMode
 from specdec.stats import SpecStats
 from specdec.text_request import TextRequest
 from specdec.text_request import to_generation_request as _core_request
+from specdec_rpc.logprob_messages import to_logprobs
 from specdec_rpc.v1 import specdec_pb2
 
 __all__ = ["MODE_NAMES", "PROPOSER_NAMES", "ServerDefaults", "prompt_char_limit", "to_chunk",
@@ -60,6 +61,7 @@ def to_text_request(message: specdec_pb2.GenerateRequest) -> TextRequest:
         gamma=speculation.gamma or None,
         proposer=PROPOSER_NAMES[speculation.proposer],
         tpot_target_ms=speculation.tpot_target_ms if speculation.HasField("tpot_target_ms") else None,
+        logprobs=message.logprobs if message.HasField("logprobs") else None,
     )
 
 
@@ -104,6 +106,7 @@ def to_response(result: GenerationResult | Completion) -> specdec_pb2.GenerateRe
         token_ids=result.token_ids,
         finish_reason=result.finish_reason,
         stats=to_stats(result.stats),
+        logprobs=to_logprobs(result.logprobs),
     )
 
 
@@ -111,7 +114,7 @@ def to_chunk(output: RoundOutput | Delta, result: GenerationResult | None = None
     """One round's chunk; the last one (a Delta with a finish reason, or a RoundOutput with
     the request's result) carries finish_reason and stats."""
     ids = output.token_ids if isinstance(output, Delta) else output.new_token_ids
-    chunk = specdec_pb2.GenerateChunk(text=output.text, token_ids=ids)
+    chunk = specdec_pb2.GenerateChunk(text=output.text, token_ids=ids, logprobs=to_logprobs(output.logprobs))
     stats = result.stats if result is not None else getattr(output, "stats", None)
     if stats is not None:
         chunk.finish_reason = result.finish_reason if result is not None else output.finish_reason

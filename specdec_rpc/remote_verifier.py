@@ -37,9 +37,11 @@ import grpc
 import logging
 
 from specdec.errors import WorkerError
+from specdec.token_logprobs import TokenLogprob
 from specdec.verifier import Verifier, VerifyRequest, VerifyResult
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
 from specdec_rpc.prob_codec import wire_q
+from specdec_rpc.logprob_messages import from_logprobs
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker_client import WorkerClient
 
@@ -166,6 +168,7 @@ class RemoteVerifier(WorkerClient, Verifier):
         item = worker_pb2.VerifyItem(
             history=self._sender.delta(request.seq_id, request.token_ids, request.sampling, request.num_prompt_tokens),
             draft_token_ids=request.draft_token_ids,
+            logprobs=request.logprobs,
         )
         if request.draft_probs is not None and not request.sampling.is_greedy and request.draft_token_ids:
             item.draft_probs.extend(wire_q(request.draft_probs))  # a remote draft's q as it came
@@ -220,7 +223,7 @@ class RemoteVerifier(WorkerClient, Verifier):
             raise RuntimeError(f"bad outcome for {request.seq_id!r}: {outcome}")
         if outcome.num_accepted > len(request.draft_token_ids):
             raise RuntimeError(f"outcome of {request.seq_id!r} accepts more tokens than were drafted")
-        return VerifyResult(request.seq_id, emitted, outcome.num_accepted)
+        return VerifyResult(request.seq_id, emitted, outcome.num_accepted, _logprobs(request, outcome, emitted))
 
     def release(self, seq_id: str) -> None:
         """Frees the slot on this side at once; the Release call is sent before the next call."""
@@ -271,3 +274,15 @@ class _PendingVerify:
 
     def result(self) -> list[VerifyResult]:
         return self._owner._finish(self._requests, self._items, self._future)
+
+
+def _logprobs(request: VerifyRequest, outcome: worker_pb2.VerifyOutcome,
+              emitted: list[int]) -> list[TokenLogprob] | None:
+    """The emitted tokens' logprobs when the request asked for them (one per emitted token)."""
+    if request.logprobs is None:
+        return None
+    if len(outcome.logprobs) != len(emitted):
+        raise RuntimeError(f"outcome of {request.seq_id!r}: {len(outcome.logprobs)} logprobs, {len(emitted)} tokens")
+    if [lp.token_id for lp in outcome.logprobs] != emitted:
+        raise RuntimeError(f"outcome of {request.seq_id!r}: logprobs of other tokens than those emitted")
+    return from_logprobs(outcome.logprobs)

@@ -18,6 +18,7 @@ from specdec.target_verifier import TargetVerifier
 from specdec.verifier import VerifyRequest, VerifyResult
 from specdec_rpc.history_sync import AppliedDeltas, sampling_from_proto
 from specdec_rpc.lease_reaper import DEFAULT_LEASE_TTL_S
+from specdec_rpc.logprob_messages import to_logprobs
 from specdec_rpc.prob_codec import WireQ
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
@@ -82,9 +83,10 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         """The core request, q still encoded: the verifier decodes it (and verifies the row
         without drafts when it does not decode)."""
         probs = WireQ(item.draft_probs) if item.draft_probs else None  # [n] TokenDistribution
+        logprobs = item.logprobs if item.HasField("logprobs") else None
         return VerifyRequest(item.history.seq_id, history, list(item.draft_token_ids),
                              sampling_from_proto(item.history.sampling), probs,
-                             item.history.num_prompt_tokens)
+                             item.history.num_prompt_tokens, logprobs)
 
     @staticmethod
     def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:
@@ -97,7 +99,8 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
             result = next(done)
             outcomes.append(
                 worker_pb2.VerifyOutcome(
-                    seq_id=result.seq_id, emitted_token_ids=result.emitted, num_accepted=result.num_accepted
+                    seq_id=result.seq_id, emitted_token_ids=result.emitted, num_accepted=result.num_accepted,
+                    logprobs=to_logprobs(result.logprobs),
                 )
             )
         return outcomes

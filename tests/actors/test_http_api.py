@@ -133,6 +133,32 @@ def test_a_seeded_sampled_request_gives_one_text_over_both_apis_with_speculation
     assert {r.choices[0].text for r in by_http.values()} == {by_grpc["on"].text}
 
 
+def test_logprobs_through_the_router_equal_the_in_process_engines_and_metrics_are_on_the_api_port(
+        app, client, make_engine):
+    """The remote target reports logprobs (speculation on, seeded) as the in-process engine
+    does; GET /metrics through Serve's HTTP proxy is the router's Prometheus text."""
+    import http.client
+    import re
+
+    prompt, sampling = "def parse(line):", {"temperature": 0.8, "top_k": 40, "seed": 11}
+    local = make_engine("draft", gamma=4)
+    request = GenerationRequest(local.encode(prompt), 12, SamplingParams(**sampling), logprobs=2)
+    [expected] = local.engine.generate([request])
+    choice = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, logprobs=2,
+                                       extra_body={"speculation": {"mode": "on"}, "top_k": 40},
+                                       temperature=0.8, seed=11).choices[0]
+    assert choice.logprobs.token_logprobs == pytest.approx([t.logprob for t in expected.logprobs], abs=1e-5)
+    assert [len(top) for top in choice.logprobs.top_logprobs] == [2] * 12
+    host, port = app.http_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("GET", "/metrics")
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    assert response.status == 200 and f'specdec_kv_cache_usage_ratio{{model="{MODEL}"}}' in text
+    assert re.search(r"# TYPE specdec_spec_decode_num_draft_tokens(_total)? counter", text)
+
+
 @pytest.mark.parametrize("kwargs, param", [
     ({"temperature": -1}, "temperature"),
     ({"max_tokens": 10**6}, "max_tokens"),

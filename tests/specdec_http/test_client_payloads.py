@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from prometheus_client import CollectorRegistry
+
 from specdec.ports import free_port
 from openai_http import UvicornThread, get, post, sse_lines
 from specdec.api_auth import ApiTokens
@@ -22,6 +24,9 @@ from specdec.config import load_config
 from specdec.engine_builder import build_served_engine
 from specdec.frontend import Frontend
 from specdec_http.cors import Cors
+from specdec_http.metrics_route import MetricsRoute
+from specdec_metrics.prometheus_metrics import exposition, prometheus_metric_classes
+from specdec_metrics.router_metrics import RouterMetrics
 from specdec_http.http_api import HttpApi, asgi_app
 
 MODEL = "bundled:target"
@@ -45,8 +50,16 @@ def server(served):
 
 @pytest.fixture(scope="module")
 def guarded(served):
-    """A server with a bearer token and CORS for ORIGIN."""
-    api = HttpApi(Frontend(served), authorize=ApiTokens.of([TOKEN]).check, cors=Cors([ORIGIN]))
+    """A server with a bearer token, CORS for ORIGIN and /metrics (polled when scraped)."""
+    frontend, registry = Frontend(served), CollectorRegistry()
+    metrics = RouterMetrics(prometheus_metric_classes(registry), model=MODEL)
+
+    def poll():
+        metrics.update(served.loop.engine, None)
+        metrics.observe_finished(frontend.requests.drain())
+
+    api = HttpApi(frontend, authorize=ApiTokens.of([TOKEN]).check, cors=Cors([ORIGIN]),
+                  metrics=MetricsRoute(lambda: exposition(registry), refresh=poll))
     with UvicornThread(asgi_app(api), free_port()) as server:
         yield server
 
@@ -103,11 +116,40 @@ def test_the_neutral_values_leave_the_greedy_output_as_it_is(server):
     assert status == 200 and answer["choices"] == post(server.url, "/v1/completions", plain)[1]["choices"]
 
 
-@pytest.mark.parametrize("name, value", [("repetition_penalty", 0), ("logit_bias", {"999999": 5}), ("logprobs", 1),
+@pytest.mark.parametrize("name, value", [("repetition_penalty", 0), ("logit_bias", {"999999": 5}), ("top_logprobs", 2),
                                          ("response_format", {"type": "json_object"}), ("best_of", 2)])
 def test_a_value_that_would_change_the_output_is_400_naming_the_field(server, name, value):
     status, body = post(server.url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2, name: value})
     assert status == 400 and body["error"]["param"] == name
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "top_k": 40, "seed": -3}],
+                         ids=["greedy", "seeded"])
+def test_logprobs_are_the_same_with_speculation_on_and_off_and_streamed_alike(server, sampling):
+    body = {"model": MODEL, "prompt": "def parse(line):", "max_tokens": 12, "logprobs": 3, "ignore_eos": True,
+            **sampling}
+    on, off = ({**body, "speculation": {"mode": mode}} for mode in ("on", "off"))
+    [on_choice], [off_choice] = (post(server.url, "/v1/completions", b)[1]["choices"] for b in (on, off))
+    on_lp, off_lp = on_choice["logprobs"], off_choice["logprobs"]
+    assert on_choice["text"] == off_choice["text"] and on_lp["tokens"] == off_lp["tokens"]
+    assert len(on_lp["tokens"]) == 12 and "".join(on_lp["tokens"]) == on_choice["text"]
+    assert on_lp["token_logprobs"] == pytest.approx(off_lp["token_logprobs"], abs=1e-5)
+    assert all(len(top) == 3 for top in on_lp["top_logprobs"]) and on_lp["text_offset"][0] == 0
+    chunks = streamed(server, "/v1/completions", {**off, "stream": True})
+    assert sum((c["choices"][0]["logprobs"]["token_logprobs"] for c in chunks), []) == \
+        pytest.approx(off_lp["token_logprobs"], abs=1e-5)
+    assert sum((c["choices"][0]["logprobs"]["text_offset"] for c in chunks), []) == off_lp["text_offset"]
+
+
+def test_chat_logprobs_have_one_entry_per_generated_token(server):
+    body = {**VLLM_CHAT, "stream": False, "stream_options": None, "logprobs": True, "top_logprobs": 2}
+    status, answer = post(server.url, "/v1/chat/completions", body)
+    content = answer["choices"][0]["logprobs"]["content"]
+    assert status == 200 and len(content) == answer["usage"]["completion_tokens"]
+    assert all(len(t["top_logprobs"]) == 2 and t["logprob"] <= t["top_logprobs"][0]["logprob"] + 1e-9 for t in content)
+    chunks = streamed(server, "/v1/chat/completions", {**VLLM_CHAT, "logprobs": True})
+    assert sum(len(c["choices"][0]["logprobs"]["content"]) for c in chunks if c["choices"]) == \
+        chunks[-1]["usage"]["completion_tokens"]
 
 
 def test_an_unknown_model_is_404_model_not_found(server):
@@ -174,3 +216,20 @@ def test_another_origins_preflight_gets_no_cors_headers_and_cors_is_off_by_defau
     assert other.status == 401 and "access-control-allow-origin" not in other.headers
     off = request(server, "OPTIONS", "/v1/completions", {"Origin": ORIGIN, **PREFLIGHT})
     assert off.status == 405 and "access-control-allow-origin" not in off.headers
+
+
+def test_metrics_on_the_api_port_are_prometheus_text_behind_the_token(guarded):
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    assert request(guarded, "GET", "/metrics", {}).status == 401
+    assert request(guarded, "POST", "/v1/completions", auth, {"prompt": "x", "max_tokens": 3}).status == 200
+    host, port = guarded.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("GET", "/metrics", headers=auth)
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    assert response.status == 200 and response.headers["content-type"].startswith("text/plain")
+    finished = [line for line in text.splitlines() if line.startswith("specdec_requests_finished_total{")]
+    assert finished and float(finished[0].rsplit(" ", 1)[1]) >= 1
+    assert "specdec_generation_tokens_total" in text and f'model="{MODEL}"' in text
+

@@ -8,6 +8,8 @@ import pytest
 from specdec.frontend import Completion, Delta, Usage
 from specdec.serving_errors import AdmissionError, ErrorKind, InvalidRequestError, NotFoundError, classify
 from specdec.stats import SpecStats
+from specdec.token_logprobs import TokenLogprob
+from specdec_http.openai_logprobs import LogprobsFormat
 from specdec_http.openai_api import chat_request, completion_request
 from specdec_http.openai_responses import Call, chunk_events, completion_object, error_body
 
@@ -43,7 +45,8 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
     ({"prompt": "x", "n": 2}, "n"),
     ({"prompt": "x", "n": True}, "n"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
-    ({"prompt": "x", "logprobs": 5}, "logprobs"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs"),
     ({"prompt": "x", "frequency_penalty": 2.5}, "frequency_penalty"),
     ({"prompt": "x", "repetition_penalty": float("nan")}, "repetition_penalty"),
     ({"prompt": "x", "min_p": 1.5}, "min_p"),
@@ -98,7 +101,7 @@ def test_the_neutral_values_clients_send_by_default_are_accepted_and_change_noth
 
 
 @pytest.mark.parametrize("name, value", [
-    ("logprobs", 0), ("logprobs", True), ("response_format", {"type": "json_object"}), ("best_of", 2),
+    ("response_format", {"type": "json_object"}), ("best_of", 2),
     ("best_of", True), ("n", True), ("top_logprobs", 2), ("echo", True), ("tools", [{"type": "function"}]),
 ])
 def test_values_that_would_change_the_output_of_an_unimplemented_field_are_400_naming_it(name, value):
@@ -146,6 +149,21 @@ def test_an_unknown_model_is_404_model_not_found_in_openais_shape():
     status, obj = error_body(classify(error.value), str(error.value), error.value)
     assert status == 404 and obj["error"]["code"] == "model_not_found" and "gpt-4" in obj["error"]["message"]
     assert obj["error"]["type"] == "invalid_request_error" and obj["error"]["param"] is None
+
+
+def test_logprobs_ask_for_the_alternatives_in_each_apis_terms():
+    assert completion_request({"prompt": "x", "logprobs": 0}, MODEL)[0].logprobs == 0
+    assert completion_request({"prompt": "x", "logprobs": 5}, MODEL)[0].logprobs == 5
+    assert completion_request({"prompt": "x", "logprobs": False}, MODEL)[0].logprobs is None
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert chat_request({**chat, "logprobs": True, "top_logprobs": 3}, MODEL)[0].logprobs == 3
+    assert chat_request({**chat, "logprobs": True}, MODEL)[0].logprobs == 0
+    assert chat_request({**chat, "logprobs": False, "top_logprobs": 0}, MODEL)[0].logprobs is None
+    for body, param in [({**chat, "top_logprobs": 2}, "top_logprobs"), ({**chat, "logprobs": 2}, "logprobs"),
+                        ({**chat, "logprobs": True, "top_logprobs": 21}, "top_logprobs")]:
+        with pytest.raises(InvalidRequestError) as error:
+            chat_request(body, MODEL)
+        assert error.value.param == param
 
 
 def test_a_body_that_is_not_an_object_is_refused():
@@ -218,3 +236,35 @@ def test_a_tpot_target_that_is_not_a_positive_finite_number_is_a_400_naming_it(t
         completion_request({"prompt": "x", "speculation": {"tpot_target_ms": target}}, MODEL)
     assert error.value.param == "speculation.tpot_target_ms"
     assert error_body(classify(error.value), str(error.value), error.value)[0] == 400
+
+
+TOKENS = [TokenLogprob(1, -0.5, ((1, -0.5), (2, -1.5))), TokenLogprob(2, float("-inf"), ((1, -0.1), (3, -2.5)))]
+
+
+def text_of(token_id: int) -> str:
+    return {1: "de", 2: "f", 3: "é"}[token_id]
+
+
+def test_completion_logprobs_are_parallel_lists_with_text_offsets_running_on_across_chunks():
+    call, how = Call("cmpl-1", "text_completion", MODEL, 0), LogprobsFormat(text_of)
+    [chunk] = events(chunk_events(call, Delta("de", [1], logprobs=TOKENS[:1]), True, False, how))
+    [last] = events(chunk_events(call, Delta("f", [2], "length", SpecStats(), Usage(1, 2), TOKENS[1:]), False, False,
+                                 how))
+    assert chunk["choices"][0]["logprobs"] == {"tokens": ["de"], "token_logprobs": [-0.5], "text_offset": [0],
+                                               "top_logprobs": [{"de": -0.5, "f": -1.5}]}
+    assert last["choices"][0]["logprobs"]["text_offset"] == [2]
+    assert last["choices"][0]["logprobs"]["token_logprobs"] == [-9999.0]  # removed by top-k / top-p: no -inf in JSON
+    unary = completion_object(call, Completion("r", "def", [1, 2], "length", SpecStats(), Usage(1, 2), TOKENS),
+                              LogprobsFormat(text_of))
+    assert unary["choices"][0]["logprobs"]["text_offset"] == [0, 2]
+
+
+def test_chat_logprobs_are_token_objects_with_bytes():
+    call = Call("chatcmpl-1", "chat.completion", MODEL, 0)
+    obj = completion_object(call, Completion("r", "def", [1, 2], "stop", SpecStats(), Usage(1, 2), TOKENS),
+                            LogprobsFormat(text_of))
+    first, second = obj["choices"][0]["logprobs"]["content"]
+    assert first == {"token": "de", "logprob": -0.5, "bytes": [100, 101], "top_logprobs": [
+        {"token": "de", "logprob": -0.5, "bytes": [100, 101]}, {"token": "f", "logprob": -1.5, "bytes": [102]}]}
+    assert second["top_logprobs"][1] == {"token": "é", "logprob": -2.5, "bytes": [195, 169]}
+    assert completion_object(call, completion())["choices"][0]["logprobs"] is None  # not asked for

@@ -160,3 +160,21 @@ def test_a_tpot_target_travels_to_the_engine_and_unset_means_the_servers():
 def test_a_tpot_target_that_is_not_positive_and_finite_is_invalid_naming_the_field(target):
     with pytest.raises(ValueError, match="speculation.tpot_target_ms"):
         translate(prompt="x", speculation=pb.SpeculationParams(tpot_target_ms=target))
+
+
+def test_logprobs_are_asked_for_with_their_alternatives_and_returned_per_token():
+    from specdec.token_logprobs import TokenLogprob
+
+    assert translate(prompt="x", logprobs=3).logprobs == 3 and translate(prompt="x", logprobs=0).logprobs == 0
+    assert translate(prompt="x").logprobs is None
+    with pytest.raises(ValueError, match="logprobs"):
+        translate(prompt="x", logprobs=21)
+    tokens = [TokenLogprob(104, -0.25, ((104, -0.25), (7, -2.0))), TokenLogprob(105, -1.5, ())]
+    done = result("hi", [104, 105])
+    done.logprobs = tokens
+    [first, second] = to_response(done).logprobs
+    assert (first.token_id, first.logprob, list(first.top_token_ids), list(first.top_logprobs)) == (
+        104, -0.25, [104, 7], [-0.25, -2.0])
+    assert (second.token_id, second.logprob, list(second.top_token_ids)) == (105, -1.5, [])
+    chunk = to_chunk(RoundOutput("seq-0", [104], None, text="h", logprobs=tokens[:1]))
+    assert [t.token_id for t in chunk.logprobs] == [104] and not to_response(result("hi", [104, 105])).logprobs

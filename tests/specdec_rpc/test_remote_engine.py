@@ -98,6 +98,18 @@ def test_greedy_output_equals_the_in_process_engine(remote_engine, make_engine, 
     assert [r.stats.accepted for r in remote] == [r.stats.accepted for r in local]
 
 
+def test_logprobs_over_grpc_equal_the_in_process_engines(remote_engine, make_engine, prompt_ids):
+    """The target worker reports each emitted token's logprob and alternatives (greedy and seeded)."""
+    samplings = [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=5)]
+    prompts = [GenerationRequest(p, 12, s, logprobs=2) for p, s in zip(prompt_ids[:2], samplings)]
+    local = make_engine("draft", gamma=4).engine.generate(prompts)
+    remote = remote_engine("draft", 4).generate(prompts)
+    for a, b in zip(remote, local):
+        assert a.token_ids == b.token_ids and [t.token_id for t in a.logprobs] == a.token_ids
+        assert [t.logprob for t in a.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-5)
+        assert [len(t.top) for t in a.logprobs] == [2] * 12
+
+
 @pytest.mark.parametrize(
     "sampling",
     [SamplingParams(temperature=0.8, seed=7), SamplingParams(temperature=0.9, top_k=12, seed=3)],

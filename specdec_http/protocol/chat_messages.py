@@ -1,0 +1,27 @@
+"""A chat request's messages, as OpenAI sends them: a role and content that is a string or a
+list of content parts. The models check the shape; which roles and parts this server can
+render is the core's check (`specdec.chat_template.check_messages`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content (only {"type": "text", "text"} parts are rendered)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="the part's kind: only 'text' is supported")
+    text: str | None = Field(None, description="the text of a 'text' part")
+
+
+class ChatMessage(BaseModel):
+    """One message of the conversation (other OpenAI message fields, e.g. `name`, are accepted
+    and not rendered)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(description="system, user or assistant")
+    content: str | list[ContentPart] | None = Field(
+        None, description="the text, or text parts (joined with newlines, as vLLM does)")
