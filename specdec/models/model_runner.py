@@ -1,6 +1,6 @@
-"""ModelRunner: the engine-facing API over a serving model and its slot KV cache.
+"""ModelRunner: the engine-facing API over a serving model and its paged KV cache.
 
-Sequences are identified by cache slots. ``forward`` appends tokens to several slots in
+Sequences are identified by cache slots (sequence ids; their K/V live in blocks, `KVCache`). ``forward`` appends tokens to several slots in
 one batched call (ragged lengths are right-padded internally, very different ones split
 into a few forwards) and returns logits;
 ``truncate`` rolls a slot back in O(1) after draft tokens are rejected.
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from specdec.models.kv_cache import KVCache
+from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, blocks_in_budget
 from specdec.models.llama import LlamaForServing
 from specdec.models.loader import load_model
 from specdec.models.padding_groups import padding_groups
@@ -23,7 +23,12 @@ class ModelRunner:
 
     runner_kind = "specdec"  # the own runtime (the fallback on transformers' code is "transformers")
 
-    def __init__(self, model: LlamaForServing, num_slots: int, max_seq_len: int) -> None:
+    def __init__(self, model: LlamaForServing, num_slots: int, max_seq_len: int,
+                 block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
+                 memory_budget: float | None = None) -> None:
+        """``num_slots``: most sequences (and forks) at once. The block pool: ``num_blocks``, else what
+        ``memory_budget`` (bytes, or a fraction of device memory) holds, at most ``num_slots`` sequences
+        of ``max_seq_len``; by default exactly that (the memory of a slot cache)."""
         self.model = model
         self.max_position_embeddings = model.config.max_position_embeddings
         if not 1 <= max_seq_len <= self.max_position_embeddings:
@@ -33,14 +38,25 @@ class ModelRunner:
             )
         self.max_seq_len = max_seq_len
         self.vocab_size = model.vocab_size
+        layers, heads, head_dim = model.config.num_hidden_layers, model.num_local_kv_heads, model.config.head_dim
+        if num_blocks is None and memory_budget is not None:
+            block_bytes = KVCache.block_bytes(layers, block_size, heads, head_dim, model.dtype)
+            per_seq = -(-max_seq_len // block_size)
+            num_blocks = min(num_slots * per_seq, blocks_in_budget(memory_budget, block_bytes, model.device))
+            if num_blocks < per_seq:
+                raise ValueError(f"cache.memory_budget={memory_budget:g} holds {num_blocks} blocks of {block_size} "
+                                 f"tokens ({block_bytes} bytes each); one sequence of max_seq_len={max_seq_len} "
+                                 f"needs {per_seq}")
         self.cache = KVCache(
-            num_layers=model.config.num_hidden_layers,
+            num_layers=layers,
             num_slots=num_slots,
             max_seq_len=max_seq_len,
-            num_kv_heads=model.num_local_kv_heads,
-            head_dim=model.config.head_dim,
+            num_kv_heads=heads,
+            head_dim=head_dim,
             dtype=model.dtype,
             device=model.device,
+            block_size=block_size,
+            num_blocks=num_blocks,
         )
 
     @classmethod
@@ -52,19 +68,23 @@ class ModelRunner:
         dtype: str | torch.dtype = "float32",
         device: torch.device | str = "cpu",
         time_scale: float = 1.0,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        num_blocks: int | None = None,
+        memory_budget: float | None = None,
     ) -> ModelRunner:
         """Load a HF-format checkpoint (local directory or hub id), or an emulated model, and wrap it."""
         return cls(load_model(name_or_path, dtype=dtype, device=device, time_scale=time_scale),
-                   num_slots, max_seq_len)
+                   num_slots, max_seq_len, block_size, num_blocks, memory_budget)
 
     @property
     def num_free_slots(self) -> int:
         """Slots that can still be allocated."""
         return self.cache.num_free
 
-    def allocate_slot(self) -> int:
-        """Reserve an empty slot (raises CacheFullError when none is free)."""
-        return self.cache.allocate()
+    def allocate_slot(self, reserve_tokens: int | None = None) -> int:
+        """Reserve an empty slot that may grow to ``reserve_tokens`` (default max_seq_len) tokens
+        (raises CacheFullError when no slot or not enough blocks are free)."""
+        return self.cache.allocate(reserve_tokens)
 
     def free_slot(self, slot: int) -> None:
         """Release ``slot`` (raises InvalidSlotError if it is not allocated)."""
@@ -79,10 +99,11 @@ class ModelRunner:
         self.cache.truncate(slot, length)
 
     def fork_slot(self, slot: int, length: int) -> int:
-        """A new slot holding the first ``length`` tokens of ``slot`` (raises CacheFullError)."""
+        """A new slot holding the first ``length`` tokens of ``slot``, sharing its blocks copy-on-write
+        (raises CacheFullError)."""
         fork = self.cache.allocate()
         try:
-            self.cache.copy_prefix(slot, fork, length)
+            self.cache.fork(slot, fork, length)
         except BaseException:
             self.cache.free(fork)
             raise
@@ -128,6 +149,8 @@ class ModelRunner:
         slots = torch.tensor(slot_ids, dtype=torch.long, device=device)  # [B]
         num_tokens = torch.tensor(counts, dtype=torch.long, device=device) if min(counts) < width else None
         kv_len = max(start + n for start, n in zip(lengths, counts))
+        for slot, n in zip(slot_ids, counts):
+            self.cache.prepare(slot, n)  # blocks for the new positions; copies shared ones (copy-on-write)
         hidden = self.model.forward_hidden(input_ids, positions, self.cache, slots, num_tokens, kv_len)
         if last_only:
             last = torch.tensor(counts, dtype=torch.long, device=device) - 1  # [B]
