@@ -269,7 +269,8 @@ class KVCache:
         self.values[layer].view(width).index_copy_(0, rows, values.reshape(width))
 
     def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V at pool rows ``index`` (e.g. `read_index`'s [batch, kv_len]), each [*index.shape, kv_heads, head_dim]."""
+        """K and V at pool rows ``index`` (e.g. `read_index`'s [batch, kv_len]), each
+        [*index.shape, kv_heads, head_dim]."""
         rows, width, shape = index.reshape(-1), (-1, self.num_kv_heads, self.head_dim), index.shape
         keys = self.keys[layer].view(width).index_select(0, rows)  # [rows, kv_heads, head_dim]
         values = self.values[layer].view(width).index_select(0, rows)

@@ -1,6 +1,7 @@
 """ModelRunner: the engine-facing API over a serving model and its paged KV cache.
 
-Sequences are identified by cache slots (sequence ids; their K/V live in blocks, `KVCache`). ``forward`` appends tokens to several slots in
+Sequences are identified by cache slots (sequence ids; their K/V live in blocks,
+`KVCache`). ``forward`` appends tokens to several slots in
 one batched call (ragged lengths are right-padded internally, very different ones split
 into a few forwards) and returns logits;
 ``truncate`` rolls a slot back in O(1) after draft tokens are rejected.
