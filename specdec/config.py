@@ -53,6 +53,9 @@ class CacheConfig(StrictModel):
         None, gt=0, description="KV-cache memory per model: bytes when > 1, else a fraction of the device's "
         "memory; at most num_slots x max_seq_len tokens are kept. None: exactly that much (no budget).",
     )
+    prefix_caching: bool = Field(
+        True, description="Reuse the KV blocks of prompt prefixes seen before (content-addressed, LRU-evicted).",
+    )
 
 
 class NgramConfig(StrictModel):

@@ -10,6 +10,9 @@ ends (`free`), not reserved for ``max_seq_len`` up front.
 * A fork (`fork`) lists its source's prefix blocks in its own table (reference counts, no copy);
   a write into a block another table still references copies that block first (copy-on-write),
   so a fork never changes what its source reads, nor the reverse.
+* Prefix caching: a full block is indexed by its tokens and all before them (`PrefixIndex`);
+  `attach_prefix` lists the indexed blocks a new prompt starts with in its table, so only the
+  rest is computed. Unreferenced indexed blocks stay readable until evicted (LRU, `BlockPool`).
 * Admission: each live sequence may grow to its *reserve* (``max_seq_len`` unless `allocate`
   is told fewer tokens), and `num_free` counts the worst-case sequences the blocks not owed to
   live ones still hold, so a sequence admitted never fails to grow within its reserve.
@@ -27,6 +30,7 @@ import os
 import torch
 
 from specdec.models.block_pool import BlockPool, CacheFullError
+from specdec.models.prefix_index import ROOT, PrefixIndex, block_key
 
 __all__ = ["CacheFullError", "InvalidSlotError", "KVCache", "DEFAULT_BLOCK_SIZE", "blocks_in_budget"]
 
@@ -49,6 +53,12 @@ def _as_index(slot: object) -> int | None:
 
 def _blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
 
 
 def device_memory_bytes(device: torch.device | str) -> int:
@@ -82,11 +92,10 @@ class KVCache:
         device: torch.device | str = "cpu",
         block_size: int = DEFAULT_BLOCK_SIZE,
         num_blocks: int | None = None,
+        prefix_caching: bool = True,
     ) -> None:
-        for name, value in (("num_layers", num_layers), ("num_slots", num_slots), ("max_seq_len", max_seq_len),
-                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("block_size", block_size)):
-            if value < 1:
-                raise ValueError(f"{name}={value} must be >= 1")
+        _check_positive(num_layers=num_layers, num_slots=num_slots, max_seq_len=max_seq_len,
+                        num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size)
         self.num_layers, self.num_slots, self.max_seq_len = num_layers, num_slots, max_seq_len
         self.num_kv_heads, self.head_dim, self.block_size = num_kv_heads, head_dim, block_size
         self.blocks_per_seq = _blocks_for(max_seq_len, block_size)
@@ -95,6 +104,7 @@ class KVCache:
             raise ValueError(f"num_blocks={num_blocks} cannot hold one sequence of max_seq_len={max_seq_len} "
                              f"({self.blocks_per_seq} blocks of {block_size} tokens)")
         self.pool = BlockPool(num_blocks)
+        self.prefix = PrefixIndex(self.pool) if prefix_caching else None
         self.scratch_slot, self.scratch_block = num_slots, num_blocks
         shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -106,6 +116,9 @@ class KVCache:
         self._lengths = [0] * num_slots
         self._reserve = [0] * num_slots  # blocks each live slot may grow to
         self._allocated = [False] * num_slots
+        self._tokens: list[list[int] | None] = [None] * num_slots  # token ids, while every write came with them
+        self._keys: list[list[bytes]] = [[] for _ in range(num_slots)]  # prefix key of each full block
+        self._cached_tokens = [0] * num_slots  # tokens taken from the prefix cache
         self._free_heap = list(range(num_slots))  # lowest free slot is handed out first
 
     # ----------------------------------------------------------------- sequences
@@ -130,9 +143,9 @@ class KVCache:
         owed = sum(max(0, self._reserve[s] - len(self._tables[s])) for s in live)
         writers: dict[int, int] = {}  # shared, partly filled last block -> tables that will write into it
         for slot in live:
-            table = self._tables[slot]
-            if table and self._lengths[slot] % self.block_size and self.pool.refcount(table[-1]) > 1:
-                writers[table[-1]] = writers.get(table[-1], 0) + 1
+            table = self._tables[slot][-1:]  # a copy: num_free may be read from another thread
+            if table and self._lengths[slot] % self.block_size and self.pool.refcount(table[0]) > 1:
+                writers[table[0]] = writers.get(table[0], 0) + 1
         # each writer copies the block first, except the last one when no other table reads it then
         copies = sum(n - (1 if n == self.pool.refcount(block) else 0) for block, n in writers.items())
         return self.pool.num_free - owed - copies
@@ -149,6 +162,7 @@ class KVCache:
                                  f"{self.num_blocks} not owed to running sequences")
         slot = heapq.heappop(self._free_heap)
         self._allocated[slot], self._lengths[slot], self._reserve[slot] = True, 0, reserve
+        self._tokens[slot], self._keys[slot], self._cached_tokens[slot] = [], [], 0
         return slot
 
     def free(self, slot: int) -> None:
@@ -157,6 +171,7 @@ class KVCache:
         slot = operator.index(slot)
         self._drop_blocks(slot, 0)
         self._allocated[slot], self._lengths[slot], self._reserve[slot] = False, 0, 0
+        self._tokens[slot], self._keys[slot] = None, []
         heapq.heappush(self._free_heap, slot)
 
     def is_allocated(self, slot: int) -> bool:
@@ -182,9 +197,13 @@ class KVCache:
             raise ValueError(f"truncate slot {slot}: new_length={new_length} must be in [0, {current}]")
         self._lengths[slot] = new_length
         self._drop_blocks(slot, _blocks_for(new_length, self.block_size))
+        if self._tokens[slot] is not None:
+            del self._tokens[slot][new_length:]
+        del self._keys[slot][new_length // self.block_size:]
 
-    def advance(self, slot: int, num_tokens: int) -> None:
-        """Record that ``num_tokens`` tokens were written after the current end of ``slot``."""
+    def advance(self, slot: int, num_tokens: int, token_ids: list[int] | None = None) -> None:
+        """Record that ``num_tokens`` tokens were written after the current end of ``slot``; with their
+        ``token_ids`` the blocks they fill join the prefix cache (without, the slot stops feeding it)."""
         current = self.length(slot)
         if num_tokens < 0 or current + num_tokens > self.max_seq_len:
             raise ValueError(
@@ -193,6 +212,49 @@ class KVCache:
             )
         self.prepare(slot, num_tokens)
         self._lengths[slot] = current + num_tokens
+        if token_ids is None or self._tokens[slot] is None:
+            self._tokens[slot] = None
+            return
+        assert len(token_ids) == num_tokens, f"{len(token_ids)} token ids for {num_tokens} tokens"
+        self._tokens[slot].extend(token_ids)
+        self._index_full_blocks(slot)
+
+    def _index_full_blocks(self, slot: int) -> None:
+        tokens, keys, size = self._tokens[slot], self._keys[slot], self.block_size
+        for index in range(len(keys), len(tokens) // size):
+            keys.append(block_key(keys[-1] if keys else ROOT, tokens[index * size:(index + 1) * size]))
+            if self.prefix is not None:
+                self.prefix.register(keys[-1], self._tables[slot][index])
+
+    def attach_prefix(self, slot: int, token_ids: list[int], keep: int = 1) -> int:
+        """Put the cached blocks that continue ``slot`` with ``token_ids`` into its table (no compute),
+        leaving at least the last ``keep`` tokens to compute; return how many tokens were attached.
+        Only at a block boundary of a slot whose every token is known."""
+        length, size = self.length(slot), self.block_size
+        tokens, keys, table = self._tokens[slot], self._keys[slot], self._tables[slot]
+        if self.prefix is None or tokens is None or length % size or len(table) != length // size:
+            return 0
+        attached = 0
+        while attached + size <= len(token_ids) - keep:
+            chunk = token_ids[attached:attached + size]
+            key = block_key(keys[-1] if keys else ROOT, chunk)
+            block = self.prefix.lookup(key)
+            if block is None:
+                break
+            self.pool.share(block)
+            table.append(block)
+            self.block_table[slot, len(table) - 1] = block
+            keys.append(key)
+            tokens.extend(chunk)
+            attached += size
+        self._lengths[slot] += attached
+        self._cached_tokens[slot] += attached
+        return attached
+
+    def cached_tokens(self, slot: int) -> int:
+        """Tokens of ``slot`` taken from the prefix cache (not computed) since it was allocated."""
+        self._check_allocated(slot)
+        return self._cached_tokens[slot]
 
     def prepare(self, slot: int, num_tokens: int) -> None:
         """Make positions ``[length, length + num_tokens)`` of ``slot`` writable: allocate missing blocks
@@ -203,6 +265,8 @@ class KVCache:
         for index in range(first, min(end, len(table))):
             if self.pool.refcount(table[index]) > 1:
                 self._set_block(slot, index, self._copy_block(table[index]))
+            elif self.prefix is not None and self.pool.is_cached(table[index]):
+                self.prefix.forget(table[index])  # rewritten in place: no longer what its key says
         while len(table) < end:
             table.append(self.pool.allocate())
             self.block_table[slot, len(table) - 1] = table[-1]
@@ -220,6 +284,9 @@ class KVCache:
             self._tables[target].append(block)
             self.block_table[target, index] = block
         self._lengths[target] = length
+        source_tokens = self._tokens[source]
+        self._tokens[target] = None if source_tokens is None else source_tokens[:length]
+        self._keys[target] = self._keys[source][: length // self.block_size]
 
     def _copy_block(self, block: int) -> int:
         fresh = self.pool.allocate()

@@ -26,10 +26,11 @@ class ModelRunner:
 
     def __init__(self, model: LlamaForServing, num_slots: int, max_seq_len: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
-                 memory_budget: float | None = None) -> None:
+                 memory_budget: float | None = None, prefix_caching: bool = True) -> None:
         """``num_slots``: most sequences (and forks) at once. The block pool: ``num_blocks``, else what
         ``memory_budget`` (bytes, or a fraction of device memory) holds, at most ``num_slots`` sequences
-        of ``max_seq_len``; by default exactly that (the memory of a slot cache)."""
+        of ``max_seq_len``; by default exactly that (the memory of a slot cache). ``prefix_caching``: reuse
+        the full blocks of earlier sequences' tokens (`KVCache.attach_prefix`)."""
         self.model = model
         self.max_position_embeddings = model.config.max_position_embeddings
         if not 1 <= max_seq_len <= self.max_position_embeddings:
@@ -58,6 +59,7 @@ class ModelRunner:
             device=model.device,
             block_size=block_size,
             num_blocks=num_blocks,
+            prefix_caching=prefix_caching,
         )
 
     @classmethod
@@ -72,10 +74,11 @@ class ModelRunner:
         block_size: int = DEFAULT_BLOCK_SIZE,
         num_blocks: int | None = None,
         memory_budget: float | None = None,
+        prefix_caching: bool = True,
     ) -> ModelRunner:
         """Load a HF-format checkpoint (local directory or hub id), or an emulated model, and wrap it."""
         return cls(load_model(name_or_path, dtype=dtype, device=device, time_scale=time_scale),
-                   num_slots, max_seq_len, block_size, num_blocks, memory_budget)
+                   num_slots, max_seq_len, block_size, num_blocks, memory_budget, prefix_caching)
 
     @property
     def num_free_slots(self) -> int:
@@ -94,6 +97,10 @@ class ModelRunner:
     def slot_length(self, slot: int) -> int:
         """Number of tokens cached in ``slot``."""
         return self.cache.length(slot)
+
+    def cached_tokens(self, slot: int) -> int:
+        """Tokens of ``slot`` that came from the prefix cache instead of a forward."""
+        return self.cache.cached_tokens(slot)
 
     def truncate(self, slot: int, length: int) -> None:
         """Roll ``slot`` back to its first ``length`` tokens (O(1))."""
@@ -118,9 +125,12 @@ class ModelRunner:
         with ``last_only``, [B, V] at each row's last token (lm_head runs only there). Each slot's
         length grows by exactly ``len(token_ids[b])``. Rows of very different lengths (a prompt
         among decode rows) run as a few forwards of similar lengths (`padding_groups`): each
-        row attends only to its own slot, so the split changes the cost, not the result.
+        row attends only to its own slot, so the split changes the cost, not the result. With
+        ``last_only``, leading full blocks the prefix cache holds are attached, not recomputed.
         """
         lengths = check_forward_request(slot_ids, token_ids, self.cache.length, self.vocab_size, self.max_seq_len)
+        if last_only:
+            token_ids, lengths = self._attach_cached_prefixes(slot_ids, token_ids, lengths)
         groups = padding_groups([len(row) for row in token_ids])
         if len(groups) == 1:
             return self._forward_padded(slot_ids, token_ids, lengths, last_only)
@@ -136,6 +146,17 @@ class ModelRunner:
             else:
                 out[index, : logits.shape[1]] = logits
         return out
+
+    def _attach_cached_prefixes(self, slot_ids: list[int], token_ids: list[list[int]],
+                                lengths: list[int]) -> tuple[list[list[int]], list[int]]:
+        """Each row less the tokens whose K/V the prefix cache already had (at least one is left to
+        compute), and its slot's length after attaching them."""
+        rows, starts = [], []
+        for slot, row, start in zip(slot_ids, token_ids, lengths):
+            attached = self.cache.attach_prefix(slot, row)
+            rows.append(row[attached:])
+            starts.append(start + attached)
+        return rows, starts
 
     def _forward_padded(self, slot_ids: list[int], token_ids: list[list[int]], lengths: list[int],
                         last_only: bool) -> torch.Tensor:
@@ -157,8 +178,8 @@ class ModelRunner:
             last = torch.tensor(counts, dtype=torch.long, device=device) - 1  # [B]
             hidden = hidden[torch.arange(len(counts), device=device), last]  # [B, hidden]
         logits = self.model.compute_logits(hidden).float()
-        for slot, n in zip(slot_ids, counts):
-            self.cache.advance(slot, n)
+        for slot, row in zip(slot_ids, token_ids):
+            self.cache.advance(slot, len(row), row)  # full blocks join the prefix cache
         return logits
 
 

@@ -48,11 +48,13 @@ def open_runner(
     time_scale: float = 1.0,
     block_size: int = DEFAULT_BLOCK_SIZE,
     memory_budget: float | None = None,
+    prefix_caching: bool = True,
 ) -> ModelRunner | TransformersRunner:
     """Load ``name_or_path`` (local directory or hub id) into the runner ``choose_runner`` picks; an
     'emulated:<profile>:<role>' name runs on the own runtime (time_scale multiplies its device times).
-    block_size and memory_budget size the own runtime's paged cache (the fallback keeps per-slot caches)."""
-    paging = {"block_size": block_size, "memory_budget": memory_budget}
+    block_size, memory_budget and prefix_caching set up the own runtime's paged cache (the fallback keeps
+    per-slot caches)."""
+    paging = {"block_size": block_size, "memory_budget": memory_budget, "prefix_caching": prefix_caching}
     if is_emulated(name_or_path):
         logger.info("model %s: %s runner (emulated device)", name_or_path, SPECDEC)
         return ModelRunner(load_model(name_or_path, time_scale=time_scale), num_slots, max_seq_len, **paging)
