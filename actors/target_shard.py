@@ -72,11 +72,15 @@ class _Shard:
         path, models, cache = resolve_model_path(config.models.target), config.models, config.cache
         if world_size == 1:  # the own runtime, the transformers fallback or an emulated model (logged)
             self.runner = open_runner(path, cache.num_slots, cache.max_seq_len, models.dtype, models.device,
-                                      models.runner, time_scale=models.device_time_scale)
+                                      models.runner, time_scale=models.device_time_scale,
+                                      block_size=cache.block_size, memory_budget=cache.memory_budget,
+                                      prefix_caching=cache.prefix_caching)
             return
         model = load_model(path, dtype=models.dtype, device=models.device, time_scale=models.device_time_scale)
+        # every rank holds the same number of K/V heads, so a budget gives every rank the same block pool
         self.runner = ModelRunner(shard_model(model, rank=rank, world_size=world_size), cache.num_slots,
-                                  cache.max_seq_len)
+                                  cache.max_seq_len, cache.block_size, memory_budget=cache.memory_budget,
+                                  prefix_caching=cache.prefix_caching)
 
 
 @ray.remote

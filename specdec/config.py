@@ -44,9 +44,17 @@ class ModelsConfig(StrictModel):
 
 
 class CacheConfig(StrictModel):
-    num_slots: int = Field(16, ge=1, le=4096, description="KV-cache slots = most sequences decoded at once.")
+    num_slots: int = Field(16, ge=1, le=4096, description="Most sequences (with look-ahead forks) decoded at once.")
     max_seq_len: int = Field(
-        1024, ge=2, description="Tokens per slot (prompt + generated); must not exceed the model's context."
+        1024, ge=2, description="Tokens per sequence (prompt + generated); must not exceed the model's context."
+    )
+    block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block (the paged cache's unit).")
+    memory_budget: float | None = Field(
+        None, gt=0, description="KV-cache memory per model: bytes when > 1, else a fraction of the device's "
+        "memory; at most num_slots x max_seq_len tokens are kept. None: exactly that much (no budget).",
+    )
+    prefix_caching: bool = Field(
+        True, description="Reuse the KV blocks of prompt prefixes seen before (content-addressed, LRU-evicted).",
     )
 
 

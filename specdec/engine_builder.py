@@ -109,7 +109,8 @@ def build_draft_ahead(speculation: SpeculationConfig) -> DraftAhead:
 def load_runner(name: str, models: ModelsConfig, cache: CacheConfig) -> ModelRunner:
     """The model's runner (own runtime, transformers fallback or emulated: `open_runner` logs which)."""
     return open_runner(resolve_model_path(name), cache.num_slots, cache.max_seq_len, models.dtype, models.device,
-                       models.runner, time_scale=models.device_time_scale)
+                       models.runner, time_scale=models.device_time_scale, block_size=cache.block_size,
+                       memory_budget=cache.memory_budget, prefix_caching=cache.prefix_caching)
 
 
 def build_proposer(

@@ -1,4 +1,4 @@
-"""Attention over a slot KV cache: the per-forward metadata every layer shares, causal / sliding-window
+"""Attention over a paged KV cache: the per-forward metadata every layer shares, causal / sliding-window
 masks, and grouped-query attention (SDPA, or an explicit softmax when scores are soft-capped)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch.nn.functional as F
 class AttentionBatch:
     """Per-forward attention metadata shared by all layers."""
 
-    slot_ids: torch.Tensor  # [batch] int64, slot of each row
-    write_slots: torch.Tensor  # [batch, seq] int64, slot receiving each token's K/V (scratch for padding)
+    write_index: torch.Tensor  # [batch, seq] int64, pool row receiving each token's K/V (scratch for padding)
+    read_index: torch.Tensor  # [batch, kv_len] int64, pool row of each row's cached positions 0 … kv_len-1
     positions: torch.Tensor  # [batch, seq] int64, position of each token (padding: its row's last position)
     rotary: dict[str, tuple[torch.Tensor, torch.Tensor]]  # RoPE name -> (cos, sin), each [batch, seq, head_dim]
     kv_len: int  # cache prefix to read: max position in the batch + 1

@@ -1,6 +1,6 @@
 """EmulatedModel: a stand-in for LlamaForServing that the ModelRunner drives unchanged.
 
-It has no weights: its "KV cache" (the runner's KVCache, one layer, one head of width 1)
+It has no weights: its "KV cache" (the runner's paged KVCache, one layer, one head of width 1)
 holds each slot's tokens, so slots, prefill, truncation (rollback), forks and ragged
 batches are the runner's own code. A forward writes the new tokens, hashes each
 position's n-gram context (`SyntheticLanguage`) and occupies its `EmulatedDevice` for the
@@ -79,11 +79,12 @@ class EmulatedModel:
             valid = torch.arange(t) < num_tokens[:, None]  # [batch, seq]
             positions = torch.where(valid, positions, positions.gather(1, (num_tokens - 1)[:, None]))
             write_slots = torch.where(valid, write_slots, cache.scratch_slot)
-        tokens = cache.keys[0]  # [slots + 1, max_seq_len, 1, 1]: the slots' tokens
-        tokens[write_slots, positions, 0, 0] = input_ids.to(tokens.dtype)
+        as_kv = input_ids[..., None, None].to(cache.keys[0].dtype)  # the "K/V" of a position is its token id
+        cache.write(0, cache.flat_index(write_slots, positions), as_kv, as_kv)
+        tokens = cache.keys[0].view(-1)  # [pool rows]: the slots' tokens, addressed through block tables
         n = self.language.spec.context_tokens
         back = positions[..., None] - torch.arange(n - 1, -1, -1)  # [batch, seq, n], oldest first
-        history = tokens[slot_ids[:, None, None], back.clamp(min=0), 0, 0].long()  # [batch, seq, n]
+        history = tokens[cache.flat_index(slot_ids[:, None, None], back.clamp(min=0))].long()  # [batch, seq, n]
         history = torch.where(back >= 0, history, self.vocab_size)  # before the text
         keys = self.language.context_keys(history)  # [batch, seq]
         buckets = self.language.buckets_of(keys)  # [batch, seq]
@@ -91,7 +92,7 @@ class EmulatedModel:
             return torch.stack([buckets.float(), torch.ones_like(buckets, dtype=torch.float32)], dim=-1)
         length = self.language.spec.stretch_tokens
         starts = positions // length * length  # [batch, seq]: where each position's stretch begins
-        anchors = tokens[slot_ids[:, None], starts, 0, 0].long()  # [batch, seq]
+        anchors = tokens[cache.flat_index(slot_ids[:, None], starts)].long()  # [batch, seq]
         known = self.language.draft_knows(keys, anchors, positions // length)  # [batch, seq]
         return torch.stack([buckets.float(), known.float()], dim=-1)  # [batch, seq, 2]
 

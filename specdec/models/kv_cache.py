@@ -1,23 +1,40 @@
-"""Slot-organised key/value cache for serving.
+"""Paged key/value cache for serving.
 
-Each sequence owns one *slot*: a contiguous ``[max_seq_len, num_kv_heads, head_dim]``
-region in every layer's K and V tensor. A slot's length is bookkeeping only, so rolling
-back rejected draft tokens is O(1): the stale entries are simply overwritten later.
+K/V live in a per-layer pool of fixed-size blocks ``[num_blocks + 1, block_size, num_kv_heads,
+head_dim]``; each sequence (a *slot* id, as the engine knows it) has a block table mapping its
+positions to blocks, so memory is taken as a sequence grows (`prepare`) and returned when it
+ends (`free`), not reserved for ``max_seq_len`` up front.
 
-One extra, never-allocated *scratch* slot (index ``num_slots``) receives the K/V of
-padding tokens in ragged batches, so padding never touches a real sequence.
+* Rollback (`truncate`) is length bookkeeping plus the eager release of whole blocks past the
+  new length: O(blocks dropped), one or two for a rejected draft.
+* A fork (`fork`) lists its source's prefix blocks in its own table (reference counts, no copy);
+  a write into a block another table still references copies that block first (copy-on-write),
+  so a fork never changes what its source reads, nor the reverse.
+* Prefix caching: a full block is indexed by its tokens and all before them (`PrefixIndex`);
+  `attach_prefix` lists the indexed blocks a new prompt starts with in its table, so only the
+  rest is computed. Unreferenced indexed blocks stay readable until evicted (LRU, `BlockPool`).
+* Admission: each live sequence may grow to its *reserve* (``max_seq_len`` unless `allocate`
+  is told fewer tokens), and `num_free` counts the worst-case sequences the blocks not owed to
+  live ones still hold, so a sequence admitted never fails to grow within its reserve.
+
+The extra block ``num_blocks`` is *scratch*: the padding tokens of ragged batches write there
+(slot ``scratch_slot``'s table points only to it), and unused table entries point there too.
 """
 
 from __future__ import annotations
 
 import heapq
 import operator
+import os
 
 import torch
 
+from specdec.models.block_pool import BlockPool, CacheFullError
+from specdec.models.prefix_index import ROOT, PrefixIndex, block_key
 
-class CacheFullError(RuntimeError):
-    """Every slot of the cache is in use."""
+__all__ = ["CacheFullError", "InvalidSlotError", "KVCache", "DEFAULT_BLOCK_SIZE", "blocks_in_budget"]
+
+DEFAULT_BLOCK_SIZE = 16  # tokens per block
 
 
 class InvalidSlotError(ValueError):
@@ -34,8 +51,35 @@ def _as_index(slot: object) -> int | None:
         return None
 
 
+def _blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+
+
+def device_memory_bytes(device: torch.device | str) -> int:
+    """Total memory of ``device``: the GPU's, or the host's RAM for the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def blocks_in_budget(memory_budget: float, block_bytes: int, device: torch.device | str) -> int:
+    """Blocks of ``block_bytes`` (K and V, all layers) that ``memory_budget`` holds: bytes when > 1,
+    else a fraction (0, 1] of the device's total memory."""
+    if memory_budget <= 0:
+        raise ValueError(f"memory_budget={memory_budget} must be > 0 (bytes, or a fraction of device memory <= 1)")
+    budget = memory_budget if memory_budget > 1 else memory_budget * device_memory_bytes(device)
+    return int(budget // block_bytes)
+
+
 class KVCache:
-    """Per-layer K/V tensors ``[num_slots + 1, max_seq_len, num_kv_heads, head_dim]`` plus slot lengths."""
+    """Block pools per layer, block tables and lengths per slot (see the module docstring)."""
 
     def __init__(
         self,
@@ -46,45 +90,88 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        num_blocks: int | None = None,
+        prefix_caching: bool = True,
     ) -> None:
-        for name, value in (("num_layers", num_layers), ("num_slots", num_slots), ("max_seq_len", max_seq_len),
-                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            if value < 1:
-                raise ValueError(f"{name}={value} must be >= 1")
-        self.num_layers = num_layers
-        self.num_slots = num_slots
-        self.max_seq_len = max_seq_len
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.scratch_slot = num_slots
-        shape = (num_slots + 1, max_seq_len, num_kv_heads, head_dim)
+        _check_positive(num_layers=num_layers, num_slots=num_slots, max_seq_len=max_seq_len,
+                        num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size)
+        self.num_layers, self.num_slots, self.max_seq_len = num_layers, num_slots, max_seq_len
+        self.num_kv_heads, self.head_dim, self.block_size = num_kv_heads, head_dim, block_size
+        self.blocks_per_seq = _blocks_for(max_seq_len, block_size)
+        num_blocks = num_slots * self.blocks_per_seq if num_blocks is None else num_blocks
+        if num_blocks < self.blocks_per_seq:
+            raise ValueError(f"num_blocks={num_blocks} cannot hold one sequence of max_seq_len={max_seq_len} "
+                             f"({self.blocks_per_seq} blocks of {block_size} tokens)")
+        self.pool = BlockPool(num_blocks)
+        self.prefix = PrefixIndex(self.pool) if prefix_caching else None
+        self.scratch_slot, self.scratch_block = num_slots, num_blocks
+        shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # [num_slots + 1, blocks_per_seq]: block of each (slot, position // block_size); mirrors _tables
+        self.block_table = torch.full((num_slots + 1, self.blocks_per_seq), num_blocks, dtype=torch.long,
+                                      device=device)
+        self._tables: list[list[int]] = [[] for _ in range(num_slots)]
         self._lengths = [0] * num_slots
+        self._reserve = [0] * num_slots  # blocks each live slot may grow to
         self._allocated = [False] * num_slots
+        self._tokens: list[list[int] | None] = [None] * num_slots  # token ids, while every write came with them
+        self._keys: list[list[bytes]] = [[] for _ in range(num_slots)]  # prefix key of each full block
+        self._cached_tokens = [0] * num_slots  # tokens taken from the prefix cache
         self._free_heap = list(range(num_slots))  # lowest free slot is handed out first
 
-    # ----------------------------------------------------------------- bookkeeping
+    # ----------------------------------------------------------------- sequences
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @staticmethod
+    def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Bytes one block takes: K and V of ``block_size`` tokens in every layer."""
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
     @property
     def num_free(self) -> int:
-        """Number of slots that can still be allocated."""
-        return len(self._free_heap)
+        """Sequences of up to ``max_seq_len`` tokens that can still be allocated, each sure to fit."""
+        return max(0, min(len(self._free_heap), self._headroom() // self.blocks_per_seq))
 
-    def allocate(self) -> int:
-        """Reserve an empty slot and return its id; raise CacheFullError if none is free."""
+    def _headroom(self) -> int:
+        """Free blocks not owed to live slots growing to their reserves (may be negative only when a
+        slot grew past its reserve)."""
+        live = [s for s in range(self.num_slots) if self._allocated[s]]
+        owed = sum(max(0, self._reserve[s] - len(self._tables[s])) for s in live)
+        writers: dict[int, int] = {}  # shared, partly filled last block -> tables that will write into it
+        for slot in live:
+            table = self._tables[slot][-1:]  # a copy: num_free may be read from another thread
+            if table and self._lengths[slot] % self.block_size and self.pool.refcount(table[0]) > 1:
+                writers[table[0]] = writers.get(table[0], 0) + 1
+        # each writer copies the block first, except the last one when no other table reads it then
+        copies = sum(n - (1 if n == self.pool.refcount(block) else 0) for block, n in writers.items())
+        return self.pool.num_free - owed - copies
+
+    def allocate(self, reserve_tokens: int | None = None) -> int:
+        """Reserve an empty slot that may grow to ``reserve_tokens`` (default ``max_seq_len``) and return
+        its id; CacheFullError when no slot or not enough unowed blocks are free."""
+        reserve = self.blocks_per_seq if reserve_tokens is None else _blocks_for(
+            min(max(reserve_tokens, 1), self.max_seq_len), self.block_size)
         if not self._free_heap:
             raise CacheFullError(f"KV cache is full: all {self.num_slots} slots are allocated")
+        if reserve > self._headroom():
+            raise CacheFullError(f"KV cache is full: {reserve} blocks needed, {self._headroom()} of "
+                                 f"{self.num_blocks} not owed to running sequences")
         slot = heapq.heappop(self._free_heap)
-        self._allocated[slot] = True
-        self._lengths[slot] = 0
+        self._allocated[slot], self._lengths[slot], self._reserve[slot] = True, 0, reserve
+        self._tokens[slot], self._keys[slot], self._cached_tokens[slot] = [], [], 0
         return slot
 
     def free(self, slot: int) -> None:
-        """Release ``slot``; raise InvalidSlotError if it is unknown or already free."""
+        """Release ``slot`` and its blocks; raise InvalidSlotError if it is unknown or already free."""
         self._check_allocated(slot)
         slot = operator.index(slot)
-        self._allocated[slot] = False
-        self._lengths[slot] = 0
+        self._drop_blocks(slot, 0)
+        self._allocated[slot], self._lengths[slot], self._reserve[slot] = False, 0, 0
+        self._tokens[slot], self._keys[slot] = None, []
         heapq.heappush(self._free_heap, slot)
 
     def is_allocated(self, slot: int) -> bool:
@@ -97,33 +184,127 @@ class KVCache:
         self._check_allocated(slot)
         return self._lengths[slot]
 
+    def blocks(self, slot: int) -> list[int]:
+        """The block ids of ``slot``'s table, in position order."""
+        self._check_allocated(slot)
+        return list(self._tables[slot])
+
     def truncate(self, slot: int, new_length: int) -> None:
-        """Roll ``slot`` back to ``new_length`` tokens (O(1)); 0 <= new_length <= current length."""
+        """Roll ``slot`` back to ``new_length`` tokens; 0 <= new_length <= current length. Whole blocks
+        past the new length are released now (eagerly), so a fork's shared tail is never kept alive."""
         current = self.length(slot)
         if not 0 <= new_length <= current:
             raise ValueError(f"truncate slot {slot}: new_length={new_length} must be in [0, {current}]")
         self._lengths[slot] = new_length
+        self._drop_blocks(slot, _blocks_for(new_length, self.block_size))
+        if self._tokens[slot] is not None:
+            del self._tokens[slot][new_length:]
+        del self._keys[slot][new_length // self.block_size:]
 
-    def advance(self, slot: int, num_tokens: int) -> None:
-        """Record that ``num_tokens`` tokens were written after the current end of ``slot``."""
+    def advance(self, slot: int, num_tokens: int, token_ids: list[int] | None = None) -> None:
+        """Record that ``num_tokens`` tokens were written after the current end of ``slot``; with their
+        ``token_ids`` the blocks they fill join the prefix cache (without, the slot stops feeding it)."""
         current = self.length(slot)
         if num_tokens < 0 or current + num_tokens > self.max_seq_len:
             raise ValueError(
                 f"advance slot {slot}: length {current} + num_tokens {num_tokens} "
                 f"exceeds max_seq_len={self.max_seq_len}"
             )
+        self.prepare(slot, num_tokens)
         self._lengths[slot] = current + num_tokens
+        if token_ids is None or self._tokens[slot] is None:
+            self._tokens[slot] = None
+            return
+        assert len(token_ids) == num_tokens, f"{len(token_ids)} token ids for {num_tokens} tokens"
+        self._tokens[slot].extend(token_ids)
+        self._index_full_blocks(slot)
 
-    def copy_prefix(self, source: int, target: int, length: int) -> None:
-        """Make ``target`` hold the first ``length`` tokens of ``source`` (a fork: the two then
-        grow independently); 0 <= length <= length of source."""
+    def _index_full_blocks(self, slot: int) -> None:
+        tokens, keys, size = self._tokens[slot], self._keys[slot], self.block_size
+        for index in range(len(keys), len(tokens) // size):
+            keys.append(block_key(keys[-1] if keys else ROOT, tokens[index * size:(index + 1) * size]))
+            if self.prefix is not None:
+                self.prefix.register(keys[-1], self._tables[slot][index])
+
+    def attach_prefix(self, slot: int, token_ids: list[int], keep: int = 1) -> int:
+        """Put the cached blocks that continue ``slot`` with ``token_ids`` into its table (no compute),
+        leaving at least the last ``keep`` tokens to compute; return how many tokens were attached.
+        Only at a block boundary of a slot whose every token is known."""
+        length, size = self.length(slot), self.block_size
+        tokens, keys, table = self._tokens[slot], self._keys[slot], self._tables[slot]
+        if self.prefix is None or tokens is None or length % size or len(table) != length // size:
+            return 0
+        attached = 0
+        while attached + size <= len(token_ids) - keep:
+            chunk = token_ids[attached:attached + size]
+            key = block_key(keys[-1] if keys else ROOT, chunk)
+            block = self.prefix.lookup(key)
+            if block is None:
+                break
+            self.pool.share(block)
+            table.append(block)
+            self.block_table[slot, len(table) - 1] = block
+            keys.append(key)
+            tokens.extend(chunk)
+            attached += size
+        self._lengths[slot] += attached
+        self._cached_tokens[slot] += attached
+        return attached
+
+    def cached_tokens(self, slot: int) -> int:
+        """Tokens of ``slot`` taken from the prefix cache (not computed) since it was allocated."""
+        self._check_allocated(slot)
+        return self._cached_tokens[slot]
+
+    def prepare(self, slot: int, num_tokens: int) -> None:
+        """Make positions ``[length, length + num_tokens)`` of ``slot`` writable: allocate missing blocks
+        and copy any shared block among them (copy-on-write). Call before a forward writes them."""
+        start = self.length(slot)
+        table = self._tables[slot]
+        first, end = start // self.block_size, _blocks_for(start + num_tokens, self.block_size)
+        for index in range(first, min(end, len(table))):
+            if self.pool.refcount(table[index]) > 1:
+                self._set_block(slot, index, self._copy_block(table[index]))
+            elif self.prefix is not None and self.pool.is_cached(table[index]):
+                self.prefix.forget(table[index])  # rewritten in place: no longer what its key says
+        while len(table) < end:
+            table.append(self.pool.allocate())
+            self.block_table[slot, len(table) - 1] = table[-1]
+
+    def fork(self, source: int, target: int, length: int) -> None:
+        """Make empty slot ``target`` hold the first ``length`` tokens of ``source`` by sharing its blocks
+        (no copy); 0 <= length <= length of source. The two then grow independently."""
         if not 0 <= length <= self.length(source):
-            raise ValueError(f"copy_prefix: length={length} must be in [0, {self.length(source)}]")
-        self._check_allocated(target)
-        for keys, values in zip(self.keys, self.values):
-            keys[target, :length] = keys[source, :length]
-            values[target, :length] = values[source, :length]
+            raise ValueError(f"fork: length={length} must be in [0, {self.length(source)}]")
+        if self.length(target) or self._tables[target]:
+            raise ValueError(f"fork: target slot {target} is not empty")
+        shared = self._tables[source][: _blocks_for(length, self.block_size)]
+        for index, block in enumerate(shared):
+            self.pool.share(block)
+            self._tables[target].append(block)
+            self.block_table[target, index] = block
         self._lengths[target] = length
+        source_tokens = self._tokens[source]
+        self._tokens[target] = None if source_tokens is None else source_tokens[:length]
+        self._keys[target] = self._keys[source][: length // self.block_size]
+
+    def _copy_block(self, block: int) -> int:
+        fresh = self.pool.allocate()
+        for keys, values in zip(self.keys, self.values):
+            keys[fresh] = keys[block]
+            values[fresh] = values[block]
+        self.pool.release(block)
+        return fresh
+
+    def _set_block(self, slot: int, index: int, block: int) -> None:
+        self._tables[slot][index] = block
+        self.block_table[slot, index] = block
+
+    def _drop_blocks(self, slot: int, keep: int) -> None:
+        table = self._tables[slot]
+        while len(table) > keep:
+            self.pool.release(table.pop())
+            self.block_table[slot, len(table)] = self.scratch_block
 
     def _check_allocated(self, slot: int) -> None:
         if not self.is_allocated(slot):
@@ -133,29 +314,31 @@ class KVCache:
             raise InvalidSlotError(f"slot {slot!r} is {state} (num_slots={self.num_slots})")
 
     # ----------------------------------------------------------------- tensor access
-    def write(
-        self,
-        layer: int,
-        write_slots: torch.Tensor,
-        positions: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-    ) -> None:
-        """Store K/V of new tokens: token (b, t) goes to slot ``write_slots[b, t]`` at ``positions[b, t]``.
+    def flat_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Row of each (slot, position) in a layer's pool viewed as [(num_blocks + 1) * block_size, ...];
+        ``slots`` and ``positions`` broadcast (int64, positions < max_seq_len)."""
+        blocks = self.block_table[slots, positions // self.block_size]
+        return blocks * self.block_size + positions % self.block_size
 
-        write_slots, positions: [batch, seq] (int64); keys, values: [batch, seq, num_kv_heads, head_dim].
-        """
-        assert write_slots.shape == positions.shape == keys.shape[:2], (
-            f"write_slots {tuple(write_slots.shape)}, positions {tuple(positions.shape)}, keys {tuple(keys.shape)}"
-        )
-        assert keys.shape == values.shape and keys.shape[2:] == (self.num_kv_heads, self.head_dim)
-        self.keys[layer][write_slots, positions] = keys
-        self.values[layer][write_slots, positions] = values
-
-    def gather(self, layer: int, slot_ids: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the first ``kv_len`` cached K and V of each slot, each [batch, kv_len, num_kv_heads, head_dim]."""
+    def read_index(self, slot_ids: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """[batch, kv_len] pool rows of each slot's first ``kv_len`` positions (slot_ids: [batch])."""
         assert slot_ids.dim() == 1, f"slot_ids must be [batch], got {tuple(slot_ids.shape)}"
         assert 1 <= kv_len <= self.max_seq_len, f"kv_len={kv_len} out of [1, {self.max_seq_len}]"
-        keys = self.keys[layer][:, :kv_len].index_select(0, slot_ids)
-        values = self.values[layer][:, :kv_len].index_select(0, slot_ids)
-        return keys, values
+        return self.flat_index(slot_ids[:, None], torch.arange(kv_len, device=slot_ids.device)[None])
+
+    def write(self, layer: int, index: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store K/V of new tokens at pool rows ``index`` (from `flat_index`, e.g. [batch, seq]);
+        keys, values: [*index.shape, num_kv_heads, head_dim]. Rows must have been `prepare`d."""
+        assert keys.shape == values.shape == (*index.shape, self.num_kv_heads, self.head_dim), (
+            f"index {tuple(index.shape)}, keys {tuple(keys.shape)}, values {tuple(values.shape)}")
+        rows, width = index.reshape(-1), (-1, self.num_kv_heads, self.head_dim)
+        self.keys[layer].view(width).index_copy_(0, rows, keys.reshape(width))
+        self.values[layer].view(width).index_copy_(0, rows, values.reshape(width))
+
+    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at pool rows ``index`` (e.g. `read_index`'s [batch, kv_len]), each
+        [*index.shape, kv_heads, head_dim]."""
+        rows, width, shape = index.reshape(-1), (-1, self.num_kv_heads, self.head_dim), index.shape
+        keys = self.keys[layer].view(width).index_select(0, rows)  # [rows, kv_heads, head_dim]
+        values = self.values[layer].view(width).index_select(0, rows)
+        return keys.view(*shape, *width[1:]), values.view(*shape, *width[1:])

@@ -49,9 +49,10 @@ def time_forward(runner: ModelRunner, rows: int, tokens: int, context: int, repe
         if context:
             ids = torch.randint(1, vocab, (rows, context), generator=generator).tolist()
             runner.forward(slots, ids, last_only=True)
-        new = torch.randint(1, vocab, (rows, tokens), generator=generator).tolist()
         times = []
         for _ in range(repeats + 2):  # two warm-up forwards
+            # fresh tokens each time: the prefix cache must not serve the previous repeat's blocks
+            new = torch.randint(1, vocab, (rows, tokens), generator=generator).tolist()
             for slot in slots:
                 runner.truncate(slot, context)
             _synchronize(runner.model.device)

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Qwen2/3, Mistral, Gemma 2/3, Phi-3) written for serving from a slot KV cache.
+"""Llama-family decoder (Llama, Qwen2/3, Mistral, Gemma 2/3, Phi-3) written for serving from a paged KV cache.
 
 One forward handles B sequences x T new tokens at per-sequence positions: every row
 writes its new K/V into its own cache slot and attends causally to that slot's prefix
@@ -50,7 +50,7 @@ def make_norm(config: LlamaFamilyConfig, size: int | None = None) -> RMSNorm:
 
 
 class LlamaAttention(nn.Module):
-    """Multi-head attention with grouped K/V heads reading and writing a slot KV cache.
+    """Multi-head attention with grouped K/V heads reading and writing a paged KV cache.
 
     ``num_heads`` / ``num_kv_heads`` are the heads held by this module (per rank when sharded).
     """
@@ -86,8 +86,8 @@ class LlamaAttention(nn.Module):
         cos, sin = batch.rotary[self.rope_name]
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
-        cache.write(self.layer_idx, batch.write_slots, batch.positions, k, v)
-        keys, values = cache.gather(self.layer_idx, batch.slot_ids, batch.kv_len)  # [b, kv_len, kvh, hd]
+        cache.write(self.layer_idx, batch.write_index, k, v)
+        keys, values = cache.gather(self.layer_idx, batch.read_index)  # [b, kv_len, kvh, hd]
         mask = batch.masks[self.sliding_window]
         out = grouped_attention(q, keys, values, mask, self.scale, self.softcap)
         return self.o_proj(out)
@@ -145,7 +145,7 @@ class LlamaBackbone(nn.Module):
 
 
 class LlamaForServing(nn.Module):
-    """Llama-family causal LM over a slot KV cache. See module docstring for the batching contract."""
+    """Llama-family causal LM over a paged KV cache. See module docstring for the batching contract."""
 
     def __init__(self, config: LlamaFamilyConfig) -> None:
         super().__init__()
@@ -193,7 +193,8 @@ class LlamaForServing(nn.Module):
 
         input_ids, positions: [batch, seq] int64; slot_ids: [batch] int64. Row b's tokens are written
         to slot ``slot_ids[b]`` at ``positions[b]`` and attend to cache entries ``[0, position]`` of
-        that slot, so entries before ``positions[b, 0]`` must already hold the row's prefix.
+        that slot, so entries before ``positions[b, 0]`` must already hold the row's prefix and the
+        new positions must have been made writable (`KVCache.prepare`).
         num_tokens [batch] (optional): row b's first ``num_tokens[b]`` tokens are real, the rest is
         right padding whose K/V is discarded and whose outputs are undefined.
         kv_len (optional): max real position + 1, to avoid a device sync when the caller knows it.
@@ -249,4 +250,5 @@ class LlamaForServing(nn.Module):
         rotary = {name: rope.cos_sin(positions, self.dtype) for name, rope in self.rotary.items()}
         windows = {layer.self_attn.sliding_window for layer in self.model.layers}
         masks = {w: build_attention_mask(positions, kv_len, w) for w in windows}
-        return AttentionBatch(slot_ids, write_slots, positions, rotary, kv_len, masks)
+        write_index = cache.flat_index(write_slots, positions)  # [batch, seq]
+        return AttentionBatch(write_index, cache.read_index(slot_ids, kv_len), positions, rotary, kv_len, masks)

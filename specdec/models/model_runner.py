@@ -1,6 +1,7 @@
-"""ModelRunner: the engine-facing API over a serving model and its slot KV cache.
+"""ModelRunner: the engine-facing API over a serving model and its paged KV cache.
 
-Sequences are identified by cache slots. ``forward`` appends tokens to several slots in
+Sequences are identified by cache slots (sequence ids; their K/V live in blocks,
+`KVCache`). ``forward`` appends tokens to several slots in
 one batched call (ragged lengths are right-padded internally, very different ones split
 into a few forwards) and returns logits;
 ``truncate`` rolls a slot back in O(1) after draft tokens are rejected.
@@ -12,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from specdec.models.kv_cache import KVCache
+from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, blocks_in_budget
 from specdec.models.llama import LlamaForServing
 from specdec.models.loader import load_model
 from specdec.models.padding_groups import padding_groups
@@ -23,7 +24,13 @@ class ModelRunner:
 
     runner_kind = "specdec"  # the own runtime (the fallback on transformers' code is "transformers")
 
-    def __init__(self, model: LlamaForServing, num_slots: int, max_seq_len: int) -> None:
+    def __init__(self, model: LlamaForServing, num_slots: int, max_seq_len: int,
+                 block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
+                 memory_budget: float | None = None, prefix_caching: bool = True) -> None:
+        """``num_slots``: most sequences (and forks) at once. The block pool: ``num_blocks``, else what
+        ``memory_budget`` (bytes, or a fraction of device memory) holds, at most ``num_slots`` sequences
+        of ``max_seq_len``; by default exactly that (the memory of a slot cache). ``prefix_caching``: reuse
+        the full blocks of earlier sequences' tokens (`KVCache.attach_prefix`)."""
         self.model = model
         self.max_position_embeddings = model.config.max_position_embeddings
         if not 1 <= max_seq_len <= self.max_position_embeddings:
@@ -33,14 +40,26 @@ class ModelRunner:
             )
         self.max_seq_len = max_seq_len
         self.vocab_size = model.vocab_size
+        layers, heads, head_dim = model.config.num_hidden_layers, model.num_local_kv_heads, model.config.head_dim
+        if num_blocks is None and memory_budget is not None:
+            block_bytes = KVCache.block_bytes(layers, block_size, heads, head_dim, model.dtype)
+            per_seq = -(-max_seq_len // block_size)
+            num_blocks = min(num_slots * per_seq, blocks_in_budget(memory_budget, block_bytes, model.device))
+            if num_blocks < per_seq:
+                raise ValueError(f"cache.memory_budget={memory_budget:g} holds {num_blocks} blocks of {block_size} "
+                                 f"tokens ({block_bytes} bytes each); one sequence of max_seq_len={max_seq_len} "
+                                 f"needs {per_seq}")
         self.cache = KVCache(
-            num_layers=model.config.num_hidden_layers,
+            num_layers=layers,
             num_slots=num_slots,
             max_seq_len=max_seq_len,
-            num_kv_heads=model.num_local_kv_heads,
-            head_dim=model.config.head_dim,
+            num_kv_heads=heads,
+            head_dim=head_dim,
             dtype=model.dtype,
             device=model.device,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            prefix_caching=prefix_caching,
         )
 
     @classmethod
@@ -52,19 +71,24 @@ class ModelRunner:
         dtype: str | torch.dtype = "float32",
         device: torch.device | str = "cpu",
         time_scale: float = 1.0,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        num_blocks: int | None = None,
+        memory_budget: float | None = None,
+        prefix_caching: bool = True,
     ) -> ModelRunner:
         """Load a HF-format checkpoint (local directory or hub id), or an emulated model, and wrap it."""
         return cls(load_model(name_or_path, dtype=dtype, device=device, time_scale=time_scale),
-                   num_slots, max_seq_len)
+                   num_slots, max_seq_len, block_size, num_blocks, memory_budget, prefix_caching)
 
     @property
     def num_free_slots(self) -> int:
         """Slots that can still be allocated."""
         return self.cache.num_free
 
-    def allocate_slot(self) -> int:
-        """Reserve an empty slot (raises CacheFullError when none is free)."""
-        return self.cache.allocate()
+    def allocate_slot(self, reserve_tokens: int | None = None) -> int:
+        """Reserve an empty slot that may grow to ``reserve_tokens`` (default max_seq_len) tokens
+        (raises CacheFullError when no slot or not enough blocks are free)."""
+        return self.cache.allocate(reserve_tokens)
 
     def free_slot(self, slot: int) -> None:
         """Release ``slot`` (raises InvalidSlotError if it is not allocated)."""
@@ -74,15 +98,20 @@ class ModelRunner:
         """Number of tokens cached in ``slot``."""
         return self.cache.length(slot)
 
+    def cached_tokens(self, slot: int) -> int:
+        """Tokens of ``slot`` that came from the prefix cache instead of a forward."""
+        return self.cache.cached_tokens(slot)
+
     def truncate(self, slot: int, length: int) -> None:
         """Roll ``slot`` back to its first ``length`` tokens (O(1))."""
         self.cache.truncate(slot, length)
 
     def fork_slot(self, slot: int, length: int) -> int:
-        """A new slot holding the first ``length`` tokens of ``slot`` (raises CacheFullError)."""
+        """A new slot holding the first ``length`` tokens of ``slot``, sharing its blocks copy-on-write
+        (raises CacheFullError)."""
         fork = self.cache.allocate()
         try:
-            self.cache.copy_prefix(slot, fork, length)
+            self.cache.fork(slot, fork, length)
         except BaseException:
             self.cache.free(fork)
             raise
@@ -96,9 +125,12 @@ class ModelRunner:
         with ``last_only``, [B, V] at each row's last token (lm_head runs only there). Each slot's
         length grows by exactly ``len(token_ids[b])``. Rows of very different lengths (a prompt
         among decode rows) run as a few forwards of similar lengths (`padding_groups`): each
-        row attends only to its own slot, so the split changes the cost, not the result.
+        row attends only to its own slot, so the split changes the cost, not the result. With
+        ``last_only``, leading full blocks the prefix cache holds are attached, not recomputed.
         """
         lengths = check_forward_request(slot_ids, token_ids, self.cache.length, self.vocab_size, self.max_seq_len)
+        if last_only:
+            token_ids, lengths = self._attach_cached_prefixes(slot_ids, token_ids, lengths)
         groups = padding_groups([len(row) for row in token_ids])
         if len(groups) == 1:
             return self._forward_padded(slot_ids, token_ids, lengths, last_only)
@@ -115,6 +147,17 @@ class ModelRunner:
                 out[index, : logits.shape[1]] = logits
         return out
 
+    def _attach_cached_prefixes(self, slot_ids: list[int], token_ids: list[list[int]],
+                                lengths: list[int]) -> tuple[list[list[int]], list[int]]:
+        """Each row less the tokens whose K/V the prefix cache already had (at least one is left to
+        compute), and its slot's length after attaching them."""
+        rows, starts = [], []
+        for slot, row, start in zip(slot_ids, token_ids, lengths):
+            attached = self.cache.attach_prefix(slot, row)
+            rows.append(row[attached:])
+            starts.append(start + attached)
+        return rows, starts
+
     def _forward_padded(self, slot_ids: list[int], token_ids: list[list[int]], lengths: list[int],
                         last_only: bool) -> torch.Tensor:
         """One forward, every row right-padded to the longest (`forward`, already validated)."""
@@ -128,13 +171,15 @@ class ModelRunner:
         slots = torch.tensor(slot_ids, dtype=torch.long, device=device)  # [B]
         num_tokens = torch.tensor(counts, dtype=torch.long, device=device) if min(counts) < width else None
         kv_len = max(start + n for start, n in zip(lengths, counts))
+        for slot, n in zip(slot_ids, counts):
+            self.cache.prepare(slot, n)  # blocks for the new positions; copies shared ones (copy-on-write)
         hidden = self.model.forward_hidden(input_ids, positions, self.cache, slots, num_tokens, kv_len)
         if last_only:
             last = torch.tensor(counts, dtype=torch.long, device=device) - 1  # [B]
             hidden = hidden[torch.arange(len(counts), device=device), last]  # [B, hidden]
         logits = self.model.compute_logits(hidden).float()
-        for slot, n in zip(slot_ids, counts):
-            self.cache.advance(slot, n)
+        for slot, row in zip(slot_ids, token_ids):
+            self.cache.advance(slot, len(row), row)  # full blocks join the prefix cache
         return logits
 
 

@@ -13,6 +13,7 @@ import torch
 
 from specdec.models.config import UnsupportedModelError
 from specdec.models.emulated_profile import is_emulated
+from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE
 from specdec.models.loader import load_model, model_config, read_config, resolve_checkpoint_dir
 from specdec.models.model_runner import ModelRunner
 from specdec.models.transformers_runner import TransformersRunner
@@ -45,12 +46,18 @@ def open_runner(
     device: torch.device | str = "cpu",
     choice: RunnerChoice = "auto",
     time_scale: float = 1.0,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    memory_budget: float | None = None,
+    prefix_caching: bool = True,
 ) -> ModelRunner | TransformersRunner:
     """Load ``name_or_path`` (local directory or hub id) into the runner ``choose_runner`` picks; an
-    'emulated:<profile>:<role>' name runs on the own runtime (time_scale multiplies its device times)."""
+    'emulated:<profile>:<role>' name runs on the own runtime (time_scale multiplies its device times).
+    block_size, memory_budget and prefix_caching set up the own runtime's paged cache (the fallback keeps
+    per-slot caches)."""
+    paging = {"block_size": block_size, "memory_budget": memory_budget, "prefix_caching": prefix_caching}
     if is_emulated(name_or_path):
         logger.info("model %s: %s runner (emulated device)", name_or_path, SPECDEC)
-        return ModelRunner(load_model(name_or_path, time_scale=time_scale), num_slots, max_seq_len)
+        return ModelRunner(load_model(name_or_path, time_scale=time_scale), num_slots, max_seq_len, **paging)
     checkpoint_dir = resolve_checkpoint_dir(name_or_path)
     kind, reason = choose_runner(checkpoint_dir, choice)
     # the fallback is slower, so an automatic fall back is a warning: visible at the CLI's default log level
@@ -59,7 +66,7 @@ def open_runner(
                reason)
     if kind == TRANSFORMERS:
         return TransformersRunner.from_pretrained(str(checkpoint_dir), num_slots, max_seq_len, dtype, device)
-    return ModelRunner(load_model(str(checkpoint_dir), dtype=dtype, device=device), num_slots, max_seq_len)
+    return ModelRunner(load_model(str(checkpoint_dir), dtype=dtype, device=device), num_slots, max_seq_len, **paging)
 
 
 def _raw_config(checkpoint_dir: Path) -> dict:

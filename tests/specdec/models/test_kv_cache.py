@@ -1,6 +1,9 @@
-"""KVCache: slot allocation, O(1) rollback and K/V storage semantics."""
+"""KVCache: paged storage (blocks, block tables), slot allocation counted in blocks, O(1)-style
+rollback, copy-on-write forks, and K/V addressing through the block tables."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
@@ -8,25 +11,51 @@ import torch
 from specdec.models.kv_cache import CacheFullError, InvalidSlotError, KVCache
 
 
-def _cache(num_slots: int = 3, max_seq_len: int = 8) -> KVCache:
-    return KVCache(num_layers=2, num_slots=num_slots, max_seq_len=max_seq_len, num_kv_heads=2, head_dim=4)
+def _cache(num_slots: int = 3, max_seq_len: int = 8, **kwargs) -> KVCache:
+    return KVCache(num_layers=2, num_slots=num_slots, max_seq_len=max_seq_len, num_kv_heads=2, head_dim=4,
+                   block_size=4, **kwargs)
 
 
-def test_tensors_are_per_layer_slots_plus_one_scratch_slot():
+def _append(cache: KVCache, slot: int, keys: torch.Tensor, layer: int = 0) -> None:
+    """Write keys [n, kv_heads, head_dim] (values = -keys) after the end of ``slot``, as a forward does."""
+    start, n = cache.length(slot), keys.shape[0]
+    cache.prepare(slot, n)
+    index = cache.flat_index(torch.tensor(slot), torch.arange(start, start + n))
+    cache.write(layer, index, keys, -keys)
+    cache.advance(slot, n)
+
+
+def _read(cache: KVCache, slot: int, layer: int = 0) -> torch.Tensor:
+    return cache.gather(layer, cache.read_index(torch.tensor([slot]), cache.length(slot)))[0][0]
+
+
+def test_pools_are_per_layer_blocks_plus_one_scratch_block():
     cache = _cache()
     assert len(cache.keys) == len(cache.values) == 2
-    assert cache.keys[0].shape == (3 + 1, 8, 2, 4)  # [num_slots + scratch, max_seq_len, kv_heads, head_dim]
-    assert cache.scratch_slot == 3
+    assert cache.num_blocks == 3 * 2  # default: num_slots sequences of max_seq_len (2 blocks of 4)
+    assert cache.keys[0].shape == (6 + 1, 4, 2, 4)  # [num_blocks + scratch, block_size, kv_heads, head_dim]
+    assert cache.scratch_slot == 3 and cache.scratch_block == 6
 
 
-def test_allocate_hands_out_lowest_free_slot_with_zero_length():
+def test_allocate_hands_out_lowest_free_slot_with_zero_length_and_no_blocks():
     cache = _cache()
     assert [cache.allocate() for _ in range(3)] == [0, 1, 2]
     assert cache.num_free == 0
-    assert all(cache.length(s) == 0 for s in range(3))
+    assert all(cache.length(s) == 0 and cache.blocks(s) == [] for s in range(3))
+    assert cache.pool.num_free == 6, "no block is taken before a token is written"
 
 
-def test_allocate_when_full_raises_cache_full_error():
+def test_blocks_are_taken_as_a_sequence_grows_and_returned_when_it_ends():
+    cache = _cache()
+    slot = cache.allocate()
+    _append(cache, slot, torch.randn(5, 2, 4))
+    assert len(cache.blocks(slot)) == 2 and cache.pool.num_free == 4
+    cache.free(slot)
+    assert cache.pool.num_free == 6
+    assert cache.allocate() == slot and cache.length(slot) == 0 and cache.blocks(slot) == []
+
+
+def test_allocate_when_all_slot_ids_are_taken_raises_cache_full_error():
     cache = _cache(num_slots=2)
     cache.allocate()
     cache.allocate()
@@ -35,14 +64,22 @@ def test_allocate_when_full_raises_cache_full_error():
     assert isinstance(CacheFullError(), RuntimeError)
 
 
-def test_freed_slot_is_reused_and_starts_empty():
-    cache = _cache()
-    first, _ = cache.allocate(), cache.allocate()
-    cache.advance(first, 5)
+def test_admission_counts_blocks_owed_to_running_sequences():
+    cache = _cache(num_slots=4, num_blocks=4)  # room for two sequences of max_seq_len (2 blocks each)
+    first = cache.allocate()
+    assert cache.num_free == 1, "the first sequence may still grow to 2 blocks: 2 of 4 are owed"
+    cache.allocate()
+    assert cache.num_free == 0
+    with pytest.raises(CacheFullError, match="2 blocks needed, 0 of 4"):
+        cache.allocate()
     cache.free(first)
-    assert cache.num_free == 2
-    assert cache.allocate() == first
-    assert cache.length(first) == 0
+    short = [cache.allocate(reserve_tokens=4), cache.allocate(reserve_tokens=3)]  # one block each
+    assert len(short) == 2 and cache.num_free == 0
+
+
+def test_a_sequence_that_can_never_fit_is_refused_at_construction():
+    with pytest.raises(ValueError, match="num_blocks=1 cannot hold one sequence of max_seq_len=8"):
+        _cache(num_blocks=1)
 
 
 def test_double_free_raises():
@@ -56,7 +93,8 @@ def test_double_free_raises():
 @pytest.mark.parametrize("slot", [-1, 3, 99])
 def test_unknown_slot_raises_for_every_operation(slot):
     cache = _cache()
-    for operation in (cache.free, cache.length, lambda s: cache.truncate(s, 0), lambda s: cache.advance(s, 1)):
+    for operation in (cache.free, cache.length, lambda s: cache.truncate(s, 0), lambda s: cache.advance(s, 1),
+                      lambda s: cache.prepare(s, 1), cache.blocks):
         with pytest.raises(InvalidSlotError, match=f"slot {slot} is out of range"):
             operation(slot)
 
@@ -68,6 +106,8 @@ def test_scratch_slot_is_never_allocatable_or_addressable():
         cache.allocate()
     with pytest.raises(InvalidSlotError):
         cache.length(cache.scratch_slot)
+    index = cache.flat_index(torch.tensor(cache.scratch_slot), torch.arange(8))
+    assert (index // cache.block_size == cache.scratch_block).all(), "padding writes land in the scratch block"
 
 
 def test_advance_grows_length_up_to_max_seq_len_only():
@@ -80,17 +120,20 @@ def test_advance_grows_length_up_to_max_seq_len_only():
     assert cache.length(slot) == 6
 
 
-def test_truncate_rolls_back_to_any_earlier_length_without_touching_tensors():
+def test_truncate_rolls_back_and_releases_whole_blocks_past_the_new_length_only():
     cache = _cache()
     slot = cache.allocate()
-    cache.advance(slot, 7)
+    keys = torch.randn(7, 2, 4)
+    _append(cache, slot, keys)
     before = cache.keys[0].clone()
-    cache.truncate(slot, 3)
-    assert cache.length(slot) == 3
-    cache.truncate(slot, 3)  # same length is allowed
+    cache.truncate(slot, 5)
+    assert cache.length(slot) == 5 and len(cache.blocks(slot)) == 2, "the partly kept block stays"
+    cache.truncate(slot, 4)
+    assert len(cache.blocks(slot)) == 1 and cache.pool.num_free == 5
+    assert torch.equal(_read(cache, slot), keys[:4])
     cache.truncate(slot, 0)
-    assert cache.length(slot) == 0
-    assert torch.equal(cache.keys[0], before)
+    assert cache.length(slot) == 0 and cache.blocks(slot) == []
+    assert torch.equal(cache.keys[0], before), "rollback never writes K/V"
 
 
 @pytest.mark.parametrize("new_length", [-1, 5])
@@ -103,18 +146,19 @@ def test_truncate_outside_zero_to_current_length_raises(new_length):
     assert cache.length(slot) == 4
 
 
-def test_write_then_gather_returns_each_slots_prefix():
+def test_write_then_gather_through_interleaved_block_tables_returns_each_slots_prefix():
     cache = _cache()
     a, b = cache.allocate(), cache.allocate()
-    keys = torch.randn(2, 3, 2, 4)  # [batch, seq, kv_heads, head_dim]
-    values = torch.randn(2, 3, 2, 4)
-    slots = torch.tensor([[a] * 3, [b] * 3])
-    positions = torch.tensor([[0, 1, 2], [2, 3, 4]])
-    cache.write(1, slots, positions, keys, values)
-    got_k, got_v = cache.gather(1, torch.tensor([b, a]), kv_len=5)
-    assert got_k.shape == (2, 5, 2, 4)
-    assert torch.equal(got_k[0, 2:5], keys[1]) and torch.equal(got_v[0, 2:5], values[1])
-    assert torch.equal(got_k[1, 0:3], keys[0]) and torch.equal(got_v[1, 0:3], values[0])
+    a_keys, b_keys = torch.randn(8, 2, 4), torch.randn(6, 2, 4)
+    _append(cache, a, a_keys[:4], layer=1)
+    _append(cache, b, b_keys, layer=1)
+    _append(cache, a, a_keys[4:], layer=1)  # a's second block comes after b's blocks
+    assert cache.blocks(a) == [0, 3], "blocks are not contiguous per sequence"
+    index = cache.read_index(torch.tensor([b, a]), 8)  # [batch, kv_len]
+    got_k, got_v = cache.gather(1, index)
+    assert got_k.shape == (2, 8, 2, 4)
+    assert torch.equal(got_k[0, :6], b_keys) and torch.equal(got_v[0, :6], -b_keys)
+    assert torch.equal(got_k[1], a_keys) and torch.equal(got_v[1], -a_keys)
     assert torch.count_nonzero(cache.keys[0]) == 0  # other layers untouched
 
 
@@ -126,26 +170,78 @@ def test_non_positive_dimensions_are_rejected_by_name(field):
         KVCache(**kwargs)
 
 
-def test_copy_prefix_forks_a_slot_that_then_grows_on_its_own():
+def test_fork_shares_the_prefix_blocks_and_copies_the_shared_block_before_writing():
     cache = _cache()
     source, fork = cache.allocate(), cache.allocate()
-    keys = torch.randn(1, 5, 2, 4)
-    cache.write(0, torch.full((1, 5), source), torch.arange(5)[None], keys, -keys)
-    cache.advance(source, 5)
-    cache.copy_prefix(source, fork, 3)
-    assert cache.length(fork) == 3 and cache.length(source) == 5
-    fork_keys, fork_values = cache.gather(0, torch.tensor([fork]), 3)
-    assert torch.equal(fork_keys[0], keys[0, :3]) and torch.equal(fork_values[0], -keys[0, :3])
-    cache.write(0, torch.full((1, 1), fork), torch.tensor([[3]]), torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4))
-    assert torch.equal(cache.gather(0, torch.tensor([source]), 5)[0][0], keys[0]), "the source is untouched"
+    keys = torch.randn(6, 2, 4)
+    _append(cache, source, keys)
+    cache.fork(source, fork, 5)
+    assert cache.blocks(fork) == cache.blocks(source) and cache.pool.num_free == 4, "no copy at fork time"
+    assert torch.equal(_read(cache, fork), keys[:5])
+    _append(cache, fork, torch.ones(1, 2, 4))  # position 5 lies in the shared second block
+    assert cache.blocks(fork)[0] == cache.blocks(source)[0], "the full first block stays shared"
+    assert cache.blocks(fork)[1] != cache.blocks(source)[1], "the written block was copied"
+    assert torch.equal(_read(cache, source), keys), "the source is untouched"
+    assert torch.equal(_read(cache, fork), torch.cat([keys[:5], torch.ones(1, 2, 4)]))
 
 
-def test_copy_prefix_refuses_a_length_past_the_source_or_a_free_target():
+def test_a_fork_costs_only_the_blocks_it_may_still_add():
+    cache = _cache(num_slots=4, num_blocks=5)
+    source = cache.allocate()
+    _append(cache, source, torch.randn(8, 2, 4))  # two full blocks: source owes nothing more
+    assert cache.num_free == 1
+    fork = cache.allocate()
+    cache.fork(source, fork, 8)
+    assert cache.num_free == 1, "a fork of a full-length sequence shares both blocks and owes none"
+
+
+def test_no_write_ever_lands_in_a_block_another_table_references():
+    """Random forks, rollbacks and appends: every pool row written belongs to a block with one reference."""
+    rng = random.Random(0)
+    cache = _cache(num_slots=6, max_seq_len=16, num_blocks=40)
+    write = cache.write
+
+    def checked_write(layer, index, keys, values):
+        for block in (index // cache.block_size).flatten().tolist():
+            assert cache.pool.refcount(block) == 1, f"write into block {block} shared by other tables"
+        write(layer, index, keys, values)
+
+    cache.write = checked_write
+    live, contents = [cache.allocate()], {}
+    contents[live[0]] = torch.zeros(0, 2, 4)
+    for _ in range(300):
+        slot = rng.choice(live)
+        action = rng.random()
+        if action < 0.25 and cache.num_free:
+            fork = cache.allocate()
+            cut = rng.randint(0, cache.length(slot))
+            cache.fork(slot, fork, cut)
+            live.append(fork)
+            contents[fork] = contents[slot][:cut]
+        elif action < 0.5:
+            cut = rng.randint(0, cache.length(slot))
+            cache.truncate(slot, cut)
+            contents[slot] = contents[slot][:cut]
+        elif action < 0.6 and len(live) > 1:
+            cache.free(slot)
+            live.remove(slot)
+        else:
+            n = rng.randint(1, 16 - cache.length(slot)) if cache.length(slot) < 16 else 0
+            if n:
+                keys = torch.randn(n, 2, 4)
+                _append(cache, slot, keys)
+                contents[slot] = torch.cat([contents[slot], keys])
+        for other in live:
+            if cache.length(other):
+                assert torch.equal(_read(cache, other), contents[other]), "a sequence read another's write"
+
+
+def test_fork_refuses_a_length_past_the_source_or_a_free_target():
     cache = _cache()
     source, fork = cache.allocate(), cache.allocate()
     cache.advance(source, 2)
     with pytest.raises(ValueError, match="length=3"):
-        cache.copy_prefix(source, fork, 3)
+        cache.fork(source, fork, 3)
     cache.free(fork)
     with pytest.raises(InvalidSlotError):
-        cache.copy_prefix(source, fork, 1)
+        cache.fork(source, fork, 1)

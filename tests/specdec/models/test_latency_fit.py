@@ -47,3 +47,16 @@ def test_timed_forwards_of_an_emulated_device_recover_its_latency():
     assert fitted.per_token_ms == pytest.approx(KNOWN.per_token_ms, rel=0.3)
     assert fitted.knee_tokens == pytest.approx(KNOWN.knee_tokens, rel=0.3)
     assert fitted.per_context_token_ms == pytest.approx(KNOWN.per_context_token_ms, rel=0.3)
+
+
+def test_timed_forwards_compute_every_token_they_time():
+    """A repeat is never served from the prefix cache the repeat before filled (its time would shrink)."""
+    from specdec.models.latency_fit import time_forward
+
+    model = load_profile("h100-llama-8b-1b").target.model_copy(update={"latency": KNOWN})
+    runner = ModelRunner(EmulatedModel(SyntheticLanguage(LanguageSpec()), model, "target", EmulatedDevice("known")),
+                         num_slots=2, max_seq_len=64, block_size=4)
+    attach, attached = runner.cache.attach_prefix, []
+    runner.cache.attach_prefix = lambda *a, **k: attached.append(attach(*a, **k)) or attached[-1]
+    time_forward(runner, rows=2, tokens=16, context=8, repeats=2)
+    assert attached and sum(attached) == 0

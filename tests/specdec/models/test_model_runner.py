@@ -97,6 +97,53 @@ def test_a_forked_slot_continues_exactly_like_its_source(runner):
     assert runner.num_free_slots == 1
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_block_size_changes_where_kv_lives_never_the_logits(tiny_checkpoint, family):
+    """Ragged batches, a fork written past its shared prefix (copy-on-write) and a rollback give the
+    same logits with 1-token blocks (every position in its own block) as with one block per sequence."""
+    path = str(tiny_checkpoint(family))
+    results = []
+    for block_size in (1, 3, 64):
+        runner = ModelRunner.from_pretrained(path, num_slots=3, max_seq_len=64, block_size=block_size)
+        a, b = runner.allocate_slot(), runner.allocate_slot()
+        out = [runner.forward([a, b], [[1, 2, 3, 4, 5], [6, 7]])]
+        fork = runner.fork_slot(a, 4)
+        out.append(runner.forward([fork, a, b], [[9, 10], [11], [12, 13, 14]]))
+        runner.truncate(a, 2)
+        out.append(runner.forward([a, fork], [[15, 16, 17], [18]]))
+        results.append(out)
+    for other in results[1:]:
+        for expected, got in zip(results[0], other):
+            assert torch.allclose(expected, got, atol=1e-5)
+
+
+def test_a_memory_budget_of_blocks_admits_sequences_by_their_reserve(tiny_checkpoint):
+    """num_blocks sizes the cache; short reserves let more sequences run than max_seq_len sizing would."""
+    runner = ModelRunner.from_pretrained(str(tiny_checkpoint("llama")), num_slots=8, max_seq_len=64,
+                                         block_size=16, num_blocks=8)  # room for 2 sequences of 64 tokens
+    assert runner.num_free_slots == 2
+    slots = [runner.allocate_slot(reserve_tokens=16) for _ in range(8)]
+    assert runner.num_free_slots == 0
+    runner.forward(slots, [[1] * 16] * 8)
+    with pytest.raises(CacheFullError):
+        runner.allocate_slot(reserve_tokens=1)
+
+
+def test_a_memory_budget_in_bytes_or_as_a_fraction_sizes_the_block_pool(tiny_checkpoint):
+    path = str(tiny_checkpoint("llama"))
+    probe = ModelRunner.from_pretrained(path, num_slots=4, max_seq_len=32, block_size=8)
+    block_bytes = probe.cache.block_bytes(probe.cache.num_layers, 8, probe.cache.num_kv_heads,
+                                          probe.cache.head_dim, torch.float32)
+    assert probe.cache.num_blocks == 4 * 4, "no budget: num_slots sequences of max_seq_len"
+    sized = ModelRunner.from_pretrained(path, num_slots=4, max_seq_len=32, block_size=8,
+                                        memory_budget=6.5 * block_bytes)
+    assert sized.cache.num_blocks == 6
+    capped = ModelRunner.from_pretrained(path, num_slots=4, max_seq_len=32, block_size=8, memory_budget=0.5)
+    assert capped.cache.num_blocks == 16, "a budget never keeps more than num_slots x max_seq_len"
+    with pytest.raises(ValueError, match="memory_budget=.* holds 3 blocks .* max_seq_len=32 needs 4"):
+        ModelRunner.from_pretrained(path, num_slots=4, max_seq_len=32, block_size=8, memory_budget=3 * block_bytes)
+
+
 def test_truncate_rolls_back_slot_length(runner):
     slot = runner.allocate_slot()
     runner.forward([slot], [[1, 2, 3, 4]])
