@@ -97,6 +97,7 @@ def make_engine(
         max_stop_strings=generation.max_stop_strings,
         max_stop_string_chars=generation.max_stop_string_chars,
         draft_ahead=build_draft_ahead(speculation) if ahead else None,
+        prefill_chunk_tokens=config.scheduling.prefill_chunk_tokens,
     )
 
 

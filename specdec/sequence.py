@@ -28,6 +28,8 @@ class Sequence:
     error: BaseException | None = None  # why the request failed (finish_reason "error")
     queued_at: float = field(default_factory=time.monotonic)  # when it was added (time.monotonic)
     started_at: float | None = None  # when it left the queue for its first round
+    prefilled: int = 0  # history tokens the target read in prefill chunks before the first round
+    chunk_end: int | None = None  # this round reads the history up to here only (a prefill chunk); None = all
 
     def __post_init__(self) -> None:
         if not self.token_ids:
