@@ -237,8 +237,7 @@ class SpeculativeEngine:
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
         requests = [self._verify_request(seq, proposal, i) for i, seq in enumerate(now)]
-        chunks = [VerifyRequest(seq.seq_id, seq.token_ids[: seq.chunk_end], [], seq.request.sampling)
-                  for seq in filling]
+        chunks = [PrefillChunks.verify_request(seq) for seq in filling]
         prompts = [unread_prompt(seq) for seq in (*now, *filling)]
         prefill = (sum(1 for p in prompts if p), sum(prompts))  # (rows, tokens) of the prompts the target reads
         pending = self.verifier.verify_async(requests + chunks)
@@ -248,8 +247,7 @@ class SpeculativeEngine:
         if len(results) != len(now) + len(filling):
             raise WorkerError(f"the verifier answered {len(results)} results for {len(now) + len(filling)} rows")
         results = results[: len(now)]  # a chunk's sampled token is dropped: the row emits nothing yet
-        for seq in filling:
-            self.chunks.done(seq)
+        PrefillChunks.done(filling)
         if meanwhile is not None:  # before _apply extends the histories the requests share
             ahead.after_verdict(later, requests, results, meanwhile)
         outputs, drafted, accepted = [], [], []
@@ -287,8 +285,7 @@ class SpeculativeEngine:
         instead of reading it whole then. A failure only leaves the draft to catch up later."""
         if not filling or not self.planner.decision.enabled:
             return
-        asks = [ProposalRequest(seq.seq_id, seq.token_ids[: seq.chunk_end], seq.request.sampling,
-                                seq.request.proposer, 1) for seq in filling]
+        asks = [PrefillChunks.proposal_request(seq) for seq in filling]
         for ask in asks:
             self._proposer_view.proposing(ask.seq_id, len(ask.token_ids))
         try:

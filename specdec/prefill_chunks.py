@@ -15,7 +15,9 @@ at its first draft.
 
 from __future__ import annotations
 
+from specdec.proposers.base import ProposalRequest
 from specdec.sequence import Sequence
+from specdec.verifier import VerifyRequest
 
 
 class PrefillChunks:
@@ -44,6 +46,18 @@ class PrefillChunks:
         return taking_part
 
     @staticmethod
-    def done(seq: Sequence) -> None:
-        """The row's chunk was read: the target holds its history up to the chunk's end."""
-        seq.prefilled, seq.chunk_end = seq.chunk_end, None
+    def verify_request(seq: Sequence) -> VerifyRequest:
+        """The target's part of a prefill chunk: the history cut at the chunk's end, no drafts."""
+        return VerifyRequest(seq.seq_id, seq.token_ids[: seq.chunk_end], [], seq.request.sampling)
+
+    @staticmethod
+    def proposal_request(seq: Sequence) -> ProposalRequest:
+        """The draft's part of a prefill chunk: one draft (dropped) on the cut history."""
+        return ProposalRequest(seq.seq_id, seq.token_ids[: seq.chunk_end], seq.request.sampling,
+                               seq.request.proposer, 1)
+
+    @staticmethod
+    def done(rows: list[Sequence]) -> None:
+        """The rows' chunks were read: the target holds each history up to its chunk's end."""
+        for seq in rows:
+            seq.prefilled, seq.chunk_end = seq.chunk_end, None

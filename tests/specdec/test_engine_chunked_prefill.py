@@ -26,7 +26,8 @@ def whole(make_engine, long_prompts):
             for proposer, gamma in [("draft", 4), ("none", 0)]}
 
 
-def _generate(built, prompts, sampling=SamplingParams()) -> list[list[int]]:
+def _generate(built, prompts, sampling: SamplingParams | None = None) -> list[list[int]]:
+    sampling = sampling or SamplingParams()
     requests = [GenerationRequest(p, MAX_NEW, sampling, ignore_eos=True) for p in prompts]
     return [r.token_ids for r in built.engine.generate(requests)]
 

@@ -28,7 +28,7 @@ def test_a_long_prompt_is_read_in_chunks_and_its_last_chunk_is_an_ordinary_round
         if seq.chunk_end is None:
             break
         ends.append(seq.chunk_end)
-        chunks.done(seq)
+        chunks.done([seq])
     assert ends == [64, 128] and seq.prefilled == 128  # the last round reads the 22 left (with the pending token)
 
 
