@@ -58,6 +58,14 @@ class CacheConfig(StrictModel):
     )
 
 
+class SchedulingConfig(StrictModel):
+    prefill_chunk_tokens: int = Field(
+        256, ge=0, description="Chunked prefill: prompt tokens the target (and the draft) read per round, over all "
+        "new requests, between the decode rounds of running ones, so a long prompt does not stall them; 0 = each "
+        "prompt whole in its first round (lowest time to first token for a lone long prompt).",
+    )
+
+
 class NgramConfig(StrictModel):
     n_min: int = Field(2, ge=1, description="Shortest context suffix (tokens) the n-gram proposer tries to match.")
     n_max: int = Field(4, ge=1, description="Longest context suffix (tokens) it tries first.")
@@ -315,6 +323,9 @@ class SecurityConfig(StrictModel):
 class SpecdecConfig(StrictModel):
     models: ModelsConfig = Field(default_factory=ModelsConfig, description="Which checkpoints to load and how.")
     cache: CacheConfig = Field(default_factory=CacheConfig, description="KV-cache sizing (target and draft).")
+    scheduling: SchedulingConfig = Field(
+        default_factory=SchedulingConfig, description="How prompts share rounds with running requests."
+    )
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig, description="Proposer and γ.")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Request defaults and limits.")
     serving: ServingConfig = Field(default_factory=ServingConfig, description="Distributed serving (Ray + gRPC).")

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence as Seq
 from specdec.draft_ahead import DraftAhead
 from specdec.errors import WorkerError
 from specdec.policy.load_stats import RoundSample
+from specdec.prefill_chunks import PrefillChunks
 from specdec.proposer_view import ProposerView
 from specdec.proposers.base import Drafts, Proposal, ProposalRequest, Proposer
 from specdec.request import DEFAULT_CAPS, GenerationRequest, RequestCaps, RequestLimits
@@ -56,6 +57,7 @@ class SpeculativeEngine:
         policy: RoundPolicy | None = None,
         caps: RequestCaps = DEFAULT_CAPS,
         draft_ahead: DraftAhead | None = None,
+        prefill_chunk_tokens: int | None = None,
     ) -> None:
         """gamma: the server's γ (used when no policy decides, and for mode ON).
         eos_token_ids: every id that ends a sequence (generation_config's list, too).
@@ -63,7 +65,9 @@ class SpeculativeEngine:
         caps: what one request may ask for (built once from config; with the models' they
         make the engine's `limits`).
         draft_ahead: draft round k + 1 while the target verifies round k (pipelined rounds;
-        pays only when the verifier runs concurrently, e.g. on a remote target)."""
+        pays only when the verifier runs concurrently, e.g. on a remote target).
+        prefill_chunk_tokens: prompt tokens read per round, over all new rows (`PrefillChunks`;
+        None or 0: each prompt whole in its first round)."""
         if not 0 <= gamma <= caps.gamma_limit:
             raise ValueError(f"gamma must be in [0, gamma_limit={caps.gamma_limit}], got {gamma}")
         self.verifier = verifier
@@ -79,6 +83,7 @@ class SpeculativeEngine:
         self.timer = RoundTimer()
         self.profile = self.timer.profile  # where the rounds' time went
         self.draft_ahead = draft_ahead
+        self.chunks = PrefillChunks(prefill_chunk_tokens)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._finished: dict[str, Sequence] = {}
@@ -170,9 +175,9 @@ class SpeculativeEngine:
         if not self._running:
             self.timer.step_ended(start, busy=False)
             return []
-        batch = list(self._running)
+        batch = self.chunks.plan(self._running)
         self.planner.plan(batch, self.policy, self.verifier.max_seq_len, (len(self._running), len(self._waiting)))
-        outputs = self._isolated_round(batch)
+        outputs = self._isolated_round(batch, whole=len(batch) == len(self._running))
         elapsed = time.perf_counter() - start
         self.stats.seconds += elapsed
         for seq in batch:
@@ -185,13 +190,14 @@ class SpeculativeEngine:
         self.timer.step_ended(time.perf_counter(), busy=bool(self._running or self._waiting))
         return outputs
 
-    def _isolated_round(self, batch: list[Sequence]) -> list[RoundOutput]:
+    def _isolated_round(self, batch: list[Sequence], whole: bool = False) -> list[RoundOutput]:
         """One round for the batch. When its shared part (propose + verify) fails for a
         reason a row may have caused, the batch is halved and each half retried, so only
         the rows that fail on their own fail. A failed attempt changed no history (the
-        verifier and proposer resynchronise to it), so a retry is safe."""
+        verifier and proposer resynchronise to it), so a retry is safe. whole: the batch is
+        every running row (only such a round overlaps drafting with verifying)."""
         try:
-            return self._round(batch, overlap=len(batch) == len(self._running))  # retries run plainly
+            return self._round(batch, overlap=whole)  # retries run plainly
         except WorkerError:
             raise
         except Exception as exc:
@@ -208,26 +214,32 @@ class SpeculativeEngine:
         Returns the outputs of the rows verified in this step."""
         start = time.perf_counter()
         self._proposer_view.start_round()
+        filling = [seq for seq in batch if seq.chunk_end is not None]  # prefill chunks: no drafts, no output
+        batch = [seq for seq in batch if seq.chunk_end is None]
         gammas = {seq.seq_id: self.planner.gamma_for(seq) for seq in batch}
         ahead = self.draft_ahead if overlap else None
         now, later = ahead.split(batch, gammas) if ahead is not None else (batch, [])
         gamma_now = [gammas[seq.seq_id] for seq in now]
+        self._draft_reads_chunks(filling)
         proposal, fresh = self._ready_drafts(now, gamma_now) if ahead is not None else \
             (self._propose(now, gamma_now), set(range(len(now))))
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
         requests = [self._verify_request(seq, drafts) for seq, drafts in zip(now, proposal)]
-        prompts = [unread_prompt(seq) for seq in now]
+        chunks = [PrefillChunks.verify_request(seq) for seq in filling]
+        prompts = [unread_prompt(seq) for seq in (*now, *filling)]
         prefill = (sum(1 for p in prompts if p), sum(prompts))  # (rows, tokens) of the prompts the target reads
         if ahead is not None:  # the proposer works while the target verifies
-            pending = self.verifier.verify_async(requests)
+            pending = self.verifier.verify_async(requests + chunks)
             meanwhile, ahead_s = self._during_verify(now, later, requests, gammas)
             results = pending.result()
         else:
-            (meanwhile, ahead_s), results = (None, 0.0), self.verifier.verify(requests)
+            (meanwhile, ahead_s), results = (None, 0.0), self.verifier.verify(requests + chunks)
         verified = time.perf_counter()
-        if len(results) != len(now):
-            raise WorkerError(f"the verifier answered {len(results)} results for {len(now)} rows")
+        if len(results) != len(now) + len(filling):
+            raise WorkerError(f"the verifier answered {len(results)} results for {len(now) + len(filling)} rows")
+        results = results[: len(now)]  # a chunk's sampled token is dropped: the row emits nothing yet
+        PrefillChunks.done(filling)
         if meanwhile is not None:  # before _apply extends the histories the requests share
             ahead.after_verdict(later, requests, results, meanwhile)
         outputs, drafted, accepted = [], [], []
@@ -240,7 +252,7 @@ class SpeculativeEngine:
         # measure of drafting (its wait would price every later draft call) and no priced plan
         missed = [seq.stats.speculation_unavailable and g > 0 for seq, g in zip(now, gamma_now)]
         asked = [g if i in fresh and not missed[i] else 0 for i, g in enumerate(gamma_now)]
-        planned_s = 0.0 if any(missed) else self.planner.planned_s(len(now))
+        planned_s = 0.0 if any(missed) else self.planner.planned_s(len(now) + len(filling))
         try:  # the tokens are applied: failing bookkeeping must not lose them from the outputs (a retry would)
             self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill, planned_s)
             if ahead is not None:
@@ -258,6 +270,21 @@ class SpeculativeEngine:
                 seq.stats.speculation_unavailable = (
                     missing and self.proposer.unavailable(seq.request.proposer) is not None
                 )
+
+    def _draft_reads_chunks(self, filling: list[Sequence]) -> None:
+        """While the round speculates, the draft reads each prefill chunk too (asked for one
+        draft, which is dropped), so its cache holds the prompt when the row first drafts
+        instead of reading it whole then. A failure only leaves the draft to catch up later."""
+        if not filling or not self.planner.decision.enabled:
+            return
+        asks = [PrefillChunks.proposal_request(seq) for seq in filling]
+        for ask in asks:
+            self._proposer_view.proposing(ask.seq_id, len(ask.token_ids))
+        try:
+            self.proposer.propose(asks)
+        except Exception:
+            self.proposer_failures += 1
+            logger.exception("the draft failed to read prefill chunks; it reads them at its first draft")
 
     def _ready_drafts(self, batch: list[Sequence], gammas: list[int]) -> tuple[Proposal, set[int]]:
         """Each row's drafts made ahead when they continue its history; the other speculating
@@ -318,7 +345,8 @@ class SpeculativeEngine:
         """Waiting requests join while the verifier has free slots. A running request takes
         its slot at its first verification, which may come a step later (micro-batches):
         those are counted as taken already."""
-        free = self.verifier.num_free_slots - sum(1 for seq in self._running if seq.stats.rounds == 0)
+        unseen = [seq for seq in self._running if seq.stats.rounds == 0 and seq.prefilled == 0]
+        free = self.verifier.num_free_slots - len(unseen)
         while self._waiting and free > 0:
             seq = self._waiting.popleft()
             seq.started_at = time.monotonic()

@@ -18,8 +18,12 @@ logger = logging.getLogger(__name__)
 
 
 def unread_prompt(seq: Sequence) -> int:
-    """Tokens the target reads for a row besides its γ + 1: its prompt, in its first round."""
-    return len(seq.token_ids) - 1 if seq.stats.rounds == 0 else 0
+    """Tokens the target reads for a row besides its γ + 1: its prompt, in its first round
+    (less what earlier prefill chunks read; a chunk's part only in a prefill chunk's round)."""
+    if seq.stats.rounds > 0:
+        return 0
+    end = len(seq.token_ids) if seq.chunk_end is None else seq.chunk_end
+    return end - 1 - seq.prefilled
 
 
 class RoundPlanner:
@@ -61,6 +65,8 @@ class RoundPlanner:
         request, stats = seq.request, seq.stats
         room = max_seq_len - len(seq.token_ids)
         cap = max(0, min(self.gamma_limit, seq.remaining - 1, room))
+        if seq.chunk_end is not None:  # a prefill chunk drafts nothing
+            cap = 0
         target = request.tpot_target_ms
         return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, seq.seq_id,
                         unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)),

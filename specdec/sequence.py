@@ -30,6 +30,8 @@ class Sequence:
     queued_at: float = field(default_factory=time.monotonic)  # when it was added (time.monotonic)
     started_at: float | None = None  # when it left the queue for its first round
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked for
+    prefilled: int = 0  # history tokens the target read in prefill chunks before the first round
+    chunk_end: int | None = None  # this round reads the history up to here only (a prefill chunk); None = all
 
     def __post_init__(self) -> None:
         if not self.token_ids:

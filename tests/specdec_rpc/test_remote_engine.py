@@ -58,13 +58,13 @@ def remote_engine(workers, tokenizer):
     clients = []
 
     def make(proposer: str = "draft", gamma: int = 4, draft_address: str | None = None, timeout_s: float = 30.0,
-             draft_ahead: DraftAhead | None = None):
+             draft_ahead: DraftAhead | None = None, prefill_chunk_tokens: int | None = None):
         verifier = RemoteVerifier(workers["target"].address, timeout_s)
         draft = RemoteProposer(draft_address or workers["draft"].address, timeout_s)
         clients.extend([verifier, draft])
         composite = CompositeProposer({"draft": draft, "ngram": NgramProposer()}, proposer)
         return SpeculativeEngine(verifier, composite, gamma, eos_token_ids=[tokenizer.eos_token_id],
-                                 draft_ahead=draft_ahead)
+                                 draft_ahead=draft_ahead, prefill_chunk_tokens=prefill_chunk_tokens)
 
     yield make
     for client in clients:
@@ -170,6 +170,18 @@ def test_drafting_ahead_while_the_remote_target_verifies_keeps_the_output(
     runs = [remote_engine(proposer, 4, draft_ahead=DraftAhead(0.0, micro_batches)).generate([sampled])
             for _ in range(2)]
     assert runs[0][0].token_ids == runs[1][0].token_ids
+
+
+@pytest.mark.parametrize("micro_batches", [False, True], ids=["plain", "micro-batches"])
+def test_prompts_read_in_chunks_by_the_remote_workers_give_the_target_alone(
+    remote_engine, prompt_ids, hf_greedy, micro_batches
+):
+    """Chunked prefill over gRPC: the chunks travel as cut histories (deltas), the output is the target's."""
+    ahead = DraftAhead(0.0, micro_batches) if micro_batches else None
+    engine = remote_engine("draft", 4, draft_ahead=ahead, prefill_chunk_tokens=7)
+    results = engine.generate([GenerationRequest(p, MAX_NEW) for p in prompt_ids[:3]])
+    assert [r.token_ids for r in results] == [hf_greedy(p, MAX_NEW) for p in prompt_ids[:3]]
+    assert engine.stats.accepted > 0
 
 
 def test_restarted_workers_are_refilled_by_resync_without_changing_the_output(
