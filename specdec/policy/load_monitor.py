@@ -25,7 +25,7 @@ from specdec.config import LoadMonitorConfig
 from specdec.policy.load_stats import LoadSnapshot, RoundSample, StatsWindow
 from specdec.policy.load_store import InProcessLoadStore, LoadStore, SwitchState
 from specdec.policy.load_switch import LoadThresholds
-from specdec.server_status import PolicyStatus
+from specdec.policy.policy_status import PolicyStatus
 from specdec.policy.speculation_policy import (MODE_AUTO, Crossover, Decision, PolicySettings, RowState,
                                         SpeculationPolicy)
 
