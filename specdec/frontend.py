@@ -22,7 +22,8 @@ from specdec.request import GenerationRequest
 from specdec.request_log import CANCELLED, DEADLINE, FinishedRequest, RequestLog
 from specdec.round_output import FINISH_ERROR, GenerationResult
 from specdec.served_engine import ServedEngine
-from specdec.server_status import ServerStatus, static_policy
+from specdec.policy.policy_status import static_policy
+from specdec.server_status import ServerStatus
 from specdec.serving_errors import DeadlineExceededError, NotReadyError
 from specdec.stats import SpecStats
 from specdec.text_request import TextRequest, to_generation_request

@@ -17,7 +17,8 @@ from grpc_health.v1 import health_pb2
 
 from specdec.frontend import Frontend
 from specdec.served_engine import ServedEngine
-from specdec.server_status import PolicyStatus, ServerStatus
+from specdec.policy.policy_status import PolicyStatus
+from specdec.server_status import ServerStatus
 from specdec_rpc.public_api import to_chunk, to_response, to_text_request
 from specdec_rpc.v1 import specdec_pb2
 

@@ -23,7 +23,7 @@ from specdec.policy.circuit_breaker import CircuitBreaker
 from specdec.config import LoadMonitorConfig
 from specdec.policy.load_stats import LoadSnapshot, RoundSample, StatsWindow
 from specdec.policy.load_store import InProcessLoadStore, LoadStore, SwitchState
-from specdec.server_status import PolicyStatus
+from specdec.policy.policy_status import PolicyStatus
 from specdec.policy.speculation_policy import Crossover, Decision, PolicySettings, RowState, SpeculationPolicy
 from specdec.speculation_mode import SpeculationMode
 

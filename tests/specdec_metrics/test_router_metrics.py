@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 from specdec_metrics.router_metrics import RouterMetrics
-from specdec.server_status import PolicyStatus
+from specdec.policy.policy_status import PolicyStatus
 from specdec.policy.speculation_policy import Crossover
 from specdec.stats import SpecStats
 from fake_metrics import Fake

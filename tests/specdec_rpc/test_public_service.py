@@ -124,7 +124,7 @@ def test_stats_carry_the_measured_choice_of_drafting_ahead_and_the_status_shows_
 
 def test_stats_carry_each_round_cost_coefficient_under_its_own_name():
     from specdec.policy.round_cost import RoundCostModel
-    from specdec.server_status import PolicyStatus
+    from specdec.policy.policy_status import PolicyStatus
     from specdec_cli.client_cli import _round_cost
     from specdec_rpc.public_service import _set_policy_view
 
