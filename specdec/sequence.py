@@ -58,19 +58,3 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    """How many leading tokens a and b share (list comparison runs at C speed; the
-    per-token loop only covers the last chunk, where they differ)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 64:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
-    for i in range(lo, hi):
-        if a[i] != b[i]:
-            return i
-    return hi

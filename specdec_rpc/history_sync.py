@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from specdec.sequence import common_prefix_length
+from specdec.proposers.base import common_prefix_length
 from specdec.sampling_params import SamplingParams
 from specdec_rpc.v1 import worker_pb2
 

@@ -95,3 +95,19 @@ class Proposer(ABC):
 
     def release(self, seq_id: str) -> None:  # noqa: B027 (optional hook: a no-op unless a proposer holds state)
         """The sequence finished (or was cancelled): free whatever is held for it."""
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b share (list comparison runs at C speed; the
+    per-token loop only covers the last chunk, where they differ)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    for i in range(lo, hi):
+        if a[i] != b[i]:
+            return i
+    return hi

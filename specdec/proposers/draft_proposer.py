@@ -33,9 +33,8 @@ import torch
 from specdec.counter_rng import ROLE_DRAFT
 from specdec.gumbel_sampling import race
 from specdec.models.model_runner import ModelRunner
-from specdec.proposers.base import Branch, Drafts, Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import Branch, Drafts, Proposal, ProposalRequest, Proposer, common_prefix_length
 from specdec.sampling import SamplingBatch, logits_to_probs, sample_from_probs
-from specdec.sequence import common_prefix_length
 
 
 @dataclass

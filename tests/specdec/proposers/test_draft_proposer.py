@@ -5,9 +5,8 @@ import torch
 
 from specdec.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
-from specdec.proposers.base import ProposalRequest
+from specdec.proposers.base import ProposalRequest, common_prefix_length
 from specdec.proposers.draft_proposer import DraftModelProposer
-from specdec.sequence import common_prefix_length
 from specdec.sampling_params import SamplingParams
 
 GREEDY = SamplingParams()
