@@ -29,16 +29,16 @@ from ray.serve.config import ProxyLocation
 from ray.serve import Application
 
 from actors.backend import cluster_backend, monitored_backend
-from specdec.ports import free_port  # noqa: F401 - re-exported for callers of start_app
+from specdec.wiring.ports import free_port  # noqa: F401 - re-exported for callers of start_app
 from actors.router import SpecdecRouter
 from actors.router_drain import drain_routers
 from actors.signal_handlers import kept_signal_handlers
 from actors.start_failure import StartFailed, explained, router_load_failure
 from actors.serve_endpoints import ServeEndpoints, export_environment, probe_token, serve_endpoints
 from actors.worker_hub import get_or_create_hub, start_hub, stop_hub
-from specdec.config import SpecdecConfig, load_config
-from specdec_rpc.client import SpecdecClient
-from specdec.served_engine import ServedEngine
+from specdec.config.config import SpecdecConfig, load_config
+from specdec_rpc.public.client import SpecdecClient
+from specdec.serving.served_engine import ServedEngine
 
 logger = logging.getLogger(__name__)
 

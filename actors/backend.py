@@ -11,12 +11,12 @@ import socket
 import uuid
 
 from actors.worker_hub import draft_resolver, get_or_create_hub, start_hub, target_resolver
-from specdec.config import SpecdecConfig
+from specdec.config.config import SpecdecConfig
 from specdec.policy.load_monitor import LoadMonitor, build_load_monitor
 from specdec.policy.load_store import LoadStore
-from specdec.engine_builder import build_served_engine
-from specdec.served_engine import ServedEngine
-from specdec_rpc.router_backend import remote_parts
+from specdec.wiring.engine_builder import build_served_engine
+from specdec.serving.served_engine import ServedEngine
+from specdec_rpc.worker.router_backend import remote_parts
 
 REDIS_URL_ENV = "SPECDEC_REDIS_URL"
 REDIS_PASSWORD_ENV = "SPECDEC_REDIS_PASSWORD"

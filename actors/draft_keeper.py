@@ -18,7 +18,7 @@ import ray
 from ray.exceptions import RayError
 
 from actors.worker_keeper import WorkerKeeper
-from specdec.config import SpecdecConfig
+from specdec.config.config import SpecdecConfig
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import ray
 
-from specdec.config import SpecdecConfig
+from specdec.config.config import SpecdecConfig
 from specdec_metrics.worker_metrics import WorkerMetrics
-from specdec_rpc.draft_servicer import DraftServicer
+from specdec_rpc.worker.draft_servicer import DraftServicer
 from actors.placement_wait import wait_scheduled
 from actors.served_actor import ServedActor, own_cores
 

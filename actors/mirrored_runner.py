@@ -20,7 +20,7 @@ import torch
 from ray.exceptions import RayActorError
 
 from specdec.models.model_runner import ModelRunner
-from specdec_rpc.worker_runtime import WorkerLost
+from specdec_rpc.worker.worker_runtime import WorkerLost
 
 logger = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@ Serve's gRPC proxy routes each call by its method name to the deployment method 
 same name: `Generate` and `GenerateStream` of specdec.v1.SpeculativeDecoding and `Check` of
 grpc.health.v1.Health. Serve's HTTP proxy calls `__call__` with each HTTP request: the
 OpenAI-compatible API (`specdec_http.http_api`). Both protocols share one frontend
-(`specdec.frontend.Frontend`) on one backend (gRPC clients of the draft worker and the
+(`specdec.serving.frontend.Frontend`) on one backend (gRPC clients of the draft worker and the
 target group, an AsyncEngine running the rounds): one batch, one admission limit. The
 router only translates: failures become status codes on Serve's `grpc_context`
-(`specdec_rpc.status_codes`) or OpenAI error objects.
+(`specdec_rpc.public.status_codes`) or OpenAI error objects.
 
 The backend comes from a factory (picklable, called inside the replica), so the same
 deployment runs on remote workers (`remote_parts`) or on in-process models
@@ -35,30 +35,30 @@ from prometheus_client import CollectorRegistry
 
 from specdec_metrics.prometheus_metrics import exposition, prometheus_metric_classes, tee_metric_classes
 from specdec_metrics.router_metrics import RouterMetrics, ray_metric_classes
-from specdec.api_auth import AuthenticationError, TokenSource
-from specdec.config import SecurityConfig
-from specdec.serving_errors import RETRY_AFTER_S
-from specdec.drain import Drain
-from specdec_rpc.raw_requests import parse
+from specdec.serving.api_auth import AuthenticationError, TokenSource
+from specdec.config.config import SecurityConfig
+from specdec.serving.serving_errors import RETRY_AFTER_S
+from specdec.serving.drain import Drain
+from specdec_rpc.public.raw_requests import parse
 from actors.served_actor import own_cores
 from specdec_http.cors import Cors
 from specdec_http.http_api import HttpApi
 from specdec_http.metrics_route import MetricsRoute
-from specdec_rpc.public_service import PublicService
-from specdec.served_engine import ServedEngine
-from specdec_rpc.status_codes import UnknownServiceError, error_kind, status_for
+from specdec_rpc.public.public_service import PublicService
+from specdec.serving.served_engine import ServedEngine
+from specdec_rpc.public.status_codes import UnknownServiceError, error_kind, status_for
 from specdec_rpc.v1 import specdec_pb2
 
 logger = logging.getLogger(__name__)
 
 #: the servicer registrations Serve's gRPC proxy needs (import paths, resolved in the proxy)
 #: (both services take raw request bytes, so a corrupt message is INVALID_ARGUMENT here
-#: rather than UNKNOWN inside the proxy: `specdec_rpc.raw_requests`; the first one makes the
-#: handlers registered after it report a dead replica as UNAVAILABLE: `specdec_rpc.replica_loss`)
+#: rather than UNKNOWN inside the proxy: `specdec_rpc.public.raw_requests`; the first one makes the
+#: handlers registered after it report a dead replica as UNAVAILABLE: `specdec_rpc.public.replica_loss`)
 GRPC_SERVICER_FUNCTIONS = [
-    "specdec_rpc.replica_loss.report_replica_loss_as_unavailable",
-    "specdec_rpc.raw_requests.add_SpeculativeDecodingServicer_to_server",
-    "specdec_rpc.raw_requests.add_HealthServicer_to_server",
+    "specdec_rpc.public.replica_loss.report_replica_loss_as_unavailable",
+    "specdec_rpc.public.raw_requests.add_SpeculativeDecodingServicer_to_server",
+    "specdec_rpc.public.raw_requests.add_HealthServicer_to_server",
 ]
 
 
@@ -215,7 +215,7 @@ class SpecdecRouter:
 
     async def drain(self, grace_s: float) -> dict[str, Any]:
         """Stop admitting, let in-flight requests finish within grace_s, end the rest as
-        unavailable, stop the engine loop (specdec.drain); this replica's report."""
+        unavailable, stop the engine loop (specdec.serving.drain); this replica's report."""
         report = await self._drain.run(grace_s)
         return {"replica": self.replica_id, **report.as_dict()}
 

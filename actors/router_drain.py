@@ -3,7 +3,7 @@ of `specdec serve`, `specdec drain` in a Kubernetes preStop hook).
 
 Serve's handle routes each call to one replica, so the drain is asked until every replica
 has answered (each has its own id; a replica asked twice waits for its one drain). A replica
-drains as `specdec.drain` says: new requests refused as unavailable, in-flight ones given
+drains as `specdec.serving.drain` says: new requests refused as unavailable, in-flight ones given
 `grace_s`, the rest ended as unavailable, its engine loop stopped.
 """
 

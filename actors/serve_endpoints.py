@@ -2,19 +2,19 @@
 servicer functions, and the environment the proxy must inherit.
 
 `serving.host` is the one bind address of the public ports, gRPC and HTTP (Serve's gRPC
-proxy knows no host: `specdec_rpc.proxy_binding` binds it, from Serve's proxy start-up hook
+proxy knows no host: `specdec_rpc.public.proxy_binding` binds it, from Serve's proxy start-up hook
 `actors.serve_proxy`, named in the environment). Without TLS, Serve's gRPC proxy listens on
 `serving.host:serving.port` and its HTTP proxy on `serving.host:serving.http_port`, both in
 plaintext. With `security.tls_cert_file` / `tls_key_file`:
 * HTTP: Serve's HTTP proxy serves HTTPS itself (its ssl options); there is no plaintext port;
-* gRPC: Serve's gRPC proxy has no TLS option, so `specdec_rpc.public_tls`'s servicer
+* gRPC: Serve's gRPC proxy has no TLS option, so `specdec_rpc.public.public_tls`'s servicer
   function adds a TLS port on `serving.host:serving.port` inside the proxy, and Serve's own
   plaintext port moves to an internal port (`internal_grpc_port`) on loopback, where only
   this host's start-up probes reach it.
 The proxy reads these settings from its environment, which it inherits from Ray:
 `environment` must be in the environment before Ray starts (`specdec serve` does this when it
 starts Ray). A dead router replica's calls end as UNAVAILABLE / 503 for every client
-(`specdec_rpc.replica_loss`'s servicer function, listed first; the hook's HTTP middleware).
+(`specdec_rpc.public.replica_loss`'s servicer function, listed first; the hook's HTTP middleware).
 Bearer tokens need nothing here: the router checks them (`security.api_tokens_file`).
 """
 
@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 
 from ray.serve.config import HTTPOptions, gRPCOptions
 
-from specdec.ports import free_port
+from specdec.wiring.ports import free_port
 from actors.router import GRPC_SERVICER_FUNCTIONS
 from actors.serve_proxy import CALLBACK, CALLBACK_ENV
-from specdec.api_auth import read_tokens
-from specdec.config import SpecdecConfig
-from specdec_rpc.proxy_binding import HOST_ENV, LOOPBACK, host_port, local_host
-from specdec_rpc.public_tls import CERT_ENV, KEY_ENV, PORT_ENV, SERVICER_FUNCTION, tls_environment
+from specdec.serving.api_auth import read_tokens
+from specdec.config.config import SpecdecConfig
+from specdec_rpc.public.proxy_binding import HOST_ENV, LOOPBACK, host_port, local_host
+from specdec_rpc.public.public_tls import CERT_ENV, KEY_ENV, PORT_ENV, SERVICER_FUNCTION, tls_environment
 
 logger = logging.getLogger(__name__)
 

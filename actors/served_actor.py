@@ -6,10 +6,10 @@ from typing import Any
 
 import ray
 
-from specdec.config import SpecdecConfig
-from specdec_rpc.internal_auth import configured_secret
-from specdec_rpc.worker_runtime import info_as_dict
-from specdec_rpc.worker_server import WorkerServer, start_worker_server
+from specdec.config.config import SpecdecConfig
+from specdec_rpc.worker.internal_auth import configured_secret
+from specdec_rpc.worker.worker_runtime import info_as_dict
+from specdec_rpc.worker.worker_server import WorkerServer, start_worker_server
 
 
 def own_cores(num_cpus: float) -> None:

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.placement_wait import TARGET_GROUP_PREFIX, wait_scheduled
 from actors.target_shard import TargetFollower, TargetLeader, check_tensor_parallel_size
-from specdec.config import ServingConfig, SpecdecConfig
+from specdec.config.config import ServingConfig, SpecdecConfig
 
 logger = logging.getLogger(__name__)
 INFO_TIMEOUT_S = 10.0

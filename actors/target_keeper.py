@@ -29,7 +29,7 @@ from ray.exceptions import RayActorError
 
 from actors.target_group import TargetGroup
 from actors.worker_keeper import WorkerKeeper
-from specdec.config import SpecdecConfig
+from specdec.config.config import SpecdecConfig
 
 WATCH_PERIOD_S = 1.0
 READY_TIMEOUT_S = 2.0  # one look at the outstanding pings waits at most this long

@@ -18,17 +18,17 @@ import ray
 import torch.distributed as dist
 
 from actors.mirrored_runner import MirroredRunner
-from specdec.ports import free_port
+from specdec.wiring.ports import free_port
 from actors.served_actor import ServedActor, own_cores
-from specdec.config import SpecdecConfig
-from specdec.model_paths import resolve_model_path
+from specdec.config.config import SpecdecConfig
+from specdec.models.model_paths import resolve_model_path
 from specdec.models.loader import load_model, model_config
 from specdec.models.model_runner import ModelRunner
 from specdec.models.runners import open_runner
 from specdec.models.tensor_parallel import check_divisible, shard_model
-from specdec.target_verifier import TargetVerifier
+from specdec.verifiers.target_verifier import TargetVerifier
 from specdec_metrics.worker_metrics import WorkerMetrics
-from specdec_rpc.target_servicer import TargetServicer
+from specdec_rpc.worker.target_servicer import TargetServicer
 
 DIST_TIMEOUT = timedelta(minutes=5)  # a collective (or the rendezvous) that takes longer fails
 

@@ -29,7 +29,7 @@ from typing import Any
 import ray
 
 from actors.placement_wait import PROGRESS_PERIOD_S
-from specdec.config import SpecdecConfig
+from specdec.config.config import SpecdecConfig
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from specdec.config import SpecdecConfig
+from specdec.config.config import SpecdecConfig
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
-from specdec.config import load_config
-from specdec.engine_builder import build_engine
-from specdec.model_paths import bundled_prompts
-from specdec.request import GenerationRequest
+from specdec.config.config import load_config
+from specdec.wiring.engine_builder import build_engine
+from specdec.models.model_paths import bundled_prompts
+from specdec.requests.request import GenerationRequest
 
 STREAMS = 4
 LONG = (1000, 2000)  # the long prompts' lengths, tokens

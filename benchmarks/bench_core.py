@@ -33,11 +33,11 @@ import torch
 
 import emulated_core
 from progress import Progress
-from specdec.config import load_config
-from specdec.engine_builder import BuiltEngine, build_engine
-from specdec.model_paths import bundled_prompts, resolve_model_path
+from specdec.config.config import load_config
+from specdec.wiring.engine_builder import BuiltEngine, build_engine
+from specdec.models.model_paths import bundled_prompts, resolve_model_path
 from specdec.models.model_runner import ModelRunner
-from specdec.request import GenerationRequest
+from specdec.requests.request import GenerationRequest
 
 GAMMAS = (1, 2, 4, 6, 8)
 FIXED = {"enabled": False}  # load_monitor overrides without a policy: every round uses speculation.gamma

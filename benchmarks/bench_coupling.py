@@ -1,6 +1,6 @@
 """Acceptance of the coupled (drafter-invariant) rule against the standard rule, bundled pair.
 
-A seeded sampled request is verified by the coupled rule (specdec.gumbel_sampling: the
+A seeded sampled request is verified by the coupled rule (specdec.sampling.gumbel_sampling: the
 draft and the target take Gumbel-max choices under shared noise, a draft is accepted iff
 both agree); an unseeded one by the standard rule (Leviathan et al.: accept with
 probability min(1, p/q)). The coupled rule buys output that does not depend on what was
@@ -24,11 +24,11 @@ import json
 
 import torch
 
-from specdec.config import load_config
-from specdec.engine_builder import BuiltEngine, build_engine
-from specdec.model_paths import bundled_prompts
-from specdec.request import GenerationRequest
-from specdec.sampling_params import SamplingParams
+from specdec.config.config import load_config
+from specdec.wiring.engine_builder import BuiltEngine, build_engine
+from specdec.models.model_paths import bundled_prompts
+from specdec.requests.request import GenerationRequest
+from specdec.sampling.sampling_params import SamplingParams
 
 TEMPERATURES = (1.0, 0.7)
 

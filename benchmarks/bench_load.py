@@ -82,8 +82,8 @@ from load_report import POLICIES, RequestResult, closeness, fmt, markdown, plot,
 from progress import Progress  # noqa: E402
 from slo_report import slo_table  # noqa: E402
 
-from specdec.config import SpecdecConfig, load_config  # noqa: E402
-from specdec.model_paths import bundled_prompts  # noqa: E402
+from specdec.config.config import SpecdecConfig, load_config  # noqa: E402
+from specdec.models.model_paths import bundled_prompts  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -226,7 +226,7 @@ async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> t
     schedule; the order rotates (`run_order`), so that a machine whose speed drifts during
     the sweep does not favour whichever policy runs first or twice in a row. Returns
     the pooled rows and each repeat's own rows (for the ratios' spread)."""
-    from specdec_rpc.client import AsyncSpecdecClient
+    from specdec_rpc.public.client import AsyncSpecdecClient
 
     runs: dict[tuple[float, str], list] = {}
     repeats: list[list[dict]] = [[] for _ in range(args.repeats)]

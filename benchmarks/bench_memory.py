@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from specdec.model_paths import resolve_model_path
+from specdec.models.model_paths import resolve_model_path
 from specdec.models.kv_cache import CacheFullError, KVCache
 from specdec.models.model_runner import ModelRunner
 

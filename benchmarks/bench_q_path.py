@@ -19,13 +19,13 @@ import time
 import torch
 
 from specdec.proposers.base import ProposalRequest
-from specdec.sampling import SamplingBatch, logits_to_probs
-from specdec.sampling_params import SamplingParams
-from specdec.verifier import VerifyRequest
-from specdec_rpc.history_sync import HistorySender
-from specdec_rpc.prob_codec import encode_rows
-from specdec_rpc.remote_proposer import RemoteProposer
-from specdec_rpc.remote_verifier import RemoteVerifier
+from specdec.sampling.sampling import SamplingBatch, logits_to_probs
+from specdec.sampling.sampling_params import SamplingParams
+from specdec.verifiers.verifier import VerifyRequest
+from specdec_rpc.worker.history_sync import HistorySender
+from specdec_rpc.worker.prob_codec import encode_rows
+from specdec_rpc.worker.remote_proposer import RemoteProposer
+from specdec_rpc.worker.remote_verifier import RemoteVerifier
 from specdec_rpc.v1 import worker_pb2
 
 GAMMA = 4

@@ -55,12 +55,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import torch
 
 from progress import Progress
-from specdec.config import SpecdecConfig, load_config
-from specdec.engine_builder import build_engine
-from specdec.async_engine import AsyncEngine
-from specdec.model_paths import bundled_prompts
-from specdec.request import GenerationRequest
-from specdec.sampling_params import SamplingParams
+from specdec.config.config import SpecdecConfig, load_config
+from specdec.wiring.engine_builder import build_engine
+from specdec.serving.async_engine import AsyncEngine
+from specdec.models.model_paths import bundled_prompts
+from specdec.requests.request import GenerationRequest
+from specdec.sampling.sampling_params import SamplingParams
 from emulated_serving import DEVICE_PARTS, device_delta, device_totals, prompts_for
 
 StreamFactory = Callable[[str, int], AsyncIterator[list[int]]]  # (prompt, max_new) -> token chunks
@@ -174,7 +174,7 @@ def server_runs(config: SpecdecConfig, reference: InProcess, prompts: list[str],
     in-process reference and the server in every speculation mode, one after the other (so
     that a slower or faster spell of the machine affects all of them alike)."""
     from actors.app import free_port, start_app
-    from specdec_rpc.client import AsyncSpecdecClient
+    from specdec_rpc.public.client import AsyncSpecdecClient
 
     ports = {"port": free_port(), "http_port": free_port()}
     config = load_config(overrides={**config.model_dump(), "serving": {**config.serving.model_dump(), **ports}})

@@ -26,11 +26,11 @@ import time
 
 import torch
 
-from specdec.config import load_config
-from specdec.engine_builder import BuiltEngine, build_engine
-from specdec.model_paths import bundled_prompts
+from specdec.config.config import load_config
+from specdec.wiring.engine_builder import BuiltEngine, build_engine
+from specdec.models.model_paths import bundled_prompts
 from specdec.models.emulated_profile import load_profile
-from specdec.request import GenerationRequest
+from specdec.requests.request import GenerationRequest
 
 
 def emulated_engine(profile: str, gamma: int, time_scale: float, slots: int) -> BuiltEngine:

@@ -131,8 +131,8 @@ def prediction(profile_name: str, gamma: int, context: int) -> tuple[float, floa
 def run(args: argparse.Namespace, bench: Any) -> None:
     """The side-by-side tables on `args.profile` (bench: the bench_serving module)."""
     from progress import Progress
-    from specdec.config import load_config
-    from specdec.model_paths import bundled_prompts
+    from specdec.config.config import load_config
+    from specdec.models.model_paths import bundled_prompts
 
     base = emulated_overrides(args.profile, args.time_scale, max(args.concurrency))
     prompts = bundled_prompts()[: args.prompts]
@@ -184,9 +184,9 @@ def many_streams(args: argparse.Namespace) -> None:
     """`args.streams_at_once` concurrent streams through one router (drafting ahead, the default):
     errors, tokens, and the router's CPU time per generated token."""
     from actors.app import free_port, start_app
-    from specdec.config import load_config
-    from specdec.model_paths import bundled_prompts
-    from specdec_rpc.client import AsyncSpecdecClient
+    from specdec.config.config import load_config
+    from specdec.models.model_paths import bundled_prompts
+    from specdec_rpc.public.client import AsyncSpecdecClient
 
     n = args.streams_at_once
     base = emulated_overrides(args.profile, args.time_scale, n)

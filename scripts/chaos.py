@@ -102,7 +102,7 @@ class Load:
     def _run(self, worker: int) -> None:
         import grpc
 
-        from specdec_rpc.client import SpecdecClient
+        from specdec_rpc.public.client import SpecdecClient
 
         # a real client: UNAVAILABLE is retried (a stream only before its first chunk)
         with SpecdecClient(self.address, timeout_s=120.0, retries=6, backoff_s=0.5) as client:
@@ -172,7 +172,7 @@ class FaultRun:
 
 
 def run_fault(fault: str, address: str, reference, redis, args) -> FaultRun:
-    from specdec_rpc.client import SpecdecClient
+    from specdec_rpc.public.client import SpecdecClient
 
     with SpecdecClient(address, timeout_s=120.0, retries=3, backoff_s=0.5) as probe, \
             Load(address, reference, args.clients, args.max_new_tokens, args.modes.split(",")) as load:
@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the rank faults need --tp >= 2")
     from actors.app import free_port, start_app
     from specdec_redis.local_redis import LocalRedis
-    from specdec.config import load_config
-    from specdec_rpc.client import SpecdecClient
+    from specdec.config.config import load_config
+    from specdec_rpc.public.client import SpecdecClient
 
     redis = LocalRedis().start()
     config = load_config(overrides={

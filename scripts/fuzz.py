@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from specdec_rpc.client import SpecdecClient, open_channel  # noqa: E402
+from specdec_rpc.public.client import SpecdecClient, open_channel  # noqa: E402
 from specdec_rpc.v1 import specdec_pb2  # noqa: E402
 
 GENERATE = "/specdec.v1.SpeculativeDecoding/Generate"

@@ -36,7 +36,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import grpc  # noqa: E402
 
 from chaos import PROMPTS  # noqa: E402
-from specdec_rpc.client import AsyncSpecdecClient  # noqa: E402
+from specdec_rpc.public.client import AsyncSpecdecClient  # noqa: E402
 
 Prompt = str | Sequence[int]  # a text prompt or token ids
 
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from actors.worker_hub import HUB_NAMESPACE, find_hub
-    from specdec.config import load_config
+    from specdec.config.config import load_config
 
     app = None
     if args.address is None:

@@ -33,8 +33,8 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec.ports import free_port  # noqa: E402
-from specdec_rpc.client import SpecdecClient  # noqa: E402
+from specdec.wiring.ports import free_port  # noqa: E402
+from specdec_rpc.public.client import SpecdecClient  # noqa: E402
 
 PROMPTS = ["def parse(line):", "import os\nimport sys\n", "class Stack:\n    def push(self, item):",
            "# read the file\nwith open(path) as f:"]
@@ -64,10 +64,10 @@ def cases(count: int) -> list[Case]:
 def reference(all_cases: list[Case], max_new: int) -> tuple[dict[int, tuple[list[int], str]], object]:
     """Speculation OFF on the in-process engine built from the default config: case -> (ids,
     text), and the decoder of every output."""
-    from specdec.config import load_config
-    from specdec.engine_builder import build_engine, decoder
-    from specdec.request import GenerationRequest
-    from specdec.sampling_params import SamplingParams
+    from specdec.config.config import load_config
+    from specdec.wiring.engine_builder import build_engine, decoder
+    from specdec.requests.request import GenerationRequest
+    from specdec.sampling.sampling_params import SamplingParams
 
     built = build_engine(load_config(overrides={"load_monitor": {"enabled": False}}))
     requests = [GenerationRequest(tuple(built.encode(c.prompt)), max_new,

@@ -30,8 +30,8 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec.ports import free_port  # noqa: E402
-from specdec_rpc.client import SpecdecClient  # noqa: E402
+from specdec.wiring.ports import free_port  # noqa: E402
+from specdec_rpc.public.client import SpecdecClient  # noqa: E402
 
 PHASES = ("placing", "idle", "streams")
 PROMPT = "def parse(line):"

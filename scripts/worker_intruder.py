@@ -32,7 +32,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import grpc  # noqa: E402
 import psutil  # noqa: E402
 
-from specdec_rpc.internal_auth import SECRET_ENV  # noqa: E402
+from specdec_rpc.worker.internal_auth import SECRET_ENV  # noqa: E402
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc  # noqa: E402
 
 PROMPTS = ["def parse(line):", "import os\nimport sys\n", "class Stack:\n    def push(self, item):"]
@@ -160,7 +160,7 @@ class PublicLoad(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        from specdec_rpc.client import SpecdecClient
+        from specdec_rpc.public.client import SpecdecClient
 
         with SpecdecClient(self.address, timeout_s=120.0, retries=0) as client:
             for prompt in itertools.cycle(self.reference):
@@ -182,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
     os.environ.pop(SECRET_ENV, None)
-    from specdec.ports import free_port
-    from specdec_rpc.client import SpecdecClient
+    from specdec.wiring.ports import free_port
+    from specdec_rpc.public.client import SpecdecClient
 
     port, http_port = free_port(), free_port()
     process = start_server(port, http_port)

@@ -15,9 +15,9 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from specdec import proposer_registry as registry
-from specdec.speculation_mode import SpeculationMode
-from specdec_rpc.client import SpecdecClient
+from specdec.proposers import proposer_registry as registry
+from specdec.requests.speculation_mode import SpeculationMode
+from specdec_rpc.public.client import SpecdecClient
 
 
 TOKEN_ENV = "SPECDEC_API_TOKEN"

@@ -14,7 +14,7 @@ import logging
 import sys
 from typing import Any
 
-from specdec.config import ServingConfig
+from specdec.config.config import ServingConfig
 
 DEFAULT_GRACE_S = ServingConfig.model_fields["shutdown_grace_s"].default
 

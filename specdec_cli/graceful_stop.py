@@ -2,7 +2,7 @@
 
 Every router replica stops admitting (UNAVAILABLE / 503), in-flight requests get
 `serving.shutdown_grace_s` to finish and the rest end as unavailable (actors/router_drain.py,
-specdec/drain.py); then Serve, the workers, Ray and the local redis-server are stopped, so no
+specdec/serving/drain.py); then Serve, the workers, Ray and the local redis-server are stopped, so no
 process is left. Each step prints one line on stderr.
 """
 

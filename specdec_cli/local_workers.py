@@ -17,8 +17,8 @@ import secrets
 import sys
 from collections.abc import Callable, MutableMapping
 
-from specdec.config import SpecdecConfig
-from specdec_rpc.internal_auth import SECRET_ENV, configured_secret
+from specdec.config.config import SpecdecConfig
+from specdec_rpc.worker.internal_auth import SECRET_ENV, configured_secret
 
 LOOPBACK = "127.0.0.1"
 UNAUTHENTICATED_WARNING = ("internal calls are not authenticated: any process that reaches the workers' ports can "

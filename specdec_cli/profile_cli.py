@@ -48,7 +48,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
 def _measured_model(role: str, name: str, args: argparse.Namespace, notes: list[str]) -> Any:
     """Load `name` on the device, time its forwards (appending them to `notes`), fit its DeviceModel."""
-    from specdec.model_paths import resolve_model_path
+    from specdec.models.model_paths import resolve_model_path
     from specdec.models.emulated_profile import DeviceModel
     from specdec.models.latency_fit import fit, measure
     from specdec.models.model_runner import ModelRunner

@@ -16,15 +16,15 @@ import logging
 import sys
 from typing import Any
 
-from specdec import cli as core_cli
-from specdec import proposer_registry as registry
+from specdec.wiring import cli as core_cli
+from specdec.proposers import proposer_registry as registry
 from specdec_redis.local_redis import LocalRedis, redis_server_binary
 from specdec_cli.graceful_stop import drain_and_stop
 from specdec_cli.stop_signals import Interrupted, StopSignals
-from specdec.config import SpecdecConfig, load_config
-from specdec.startup_check import check_startup
-from specdec.api_auth import check_security_files
-from specdec.model_paths import check_model_paths
+from specdec.config.config import SpecdecConfig, load_config
+from specdec.wiring.startup_check import check_startup
+from specdec.serving.api_auth import check_security_files
+from specdec.models.model_paths import check_model_paths
 from specdec_cli.client_cli import add_client_parser, add_status_parser
 from specdec_cli.drain_cli import add_drain_parser
 from specdec_cli.profile_cli import add_profile_parser

@@ -31,8 +31,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from specdec.frontend import Delta, Frontend
-from specdec.serving_errors import RETRY_AFTER_S, ErrorKind, InvalidRequestError, NotFoundError, classify
+from specdec.serving.frontend import Delta, Frontend
+from specdec.serving.serving_errors import RETRY_AFTER_S, ErrorKind, InvalidRequestError, NotFoundError, classify
 from specdec_http.cors import Cors
 from specdec_http.metrics_route import MetricsRoute
 from specdec_http.openai_logprobs import LogprobsFormat
@@ -64,7 +64,7 @@ def core_error_kind(exc: BaseException) -> tuple[ErrorKind, str]:
 
 class HttpApi:
     """The routes on one frontend. error_kind: how a failure is classified (the router
-    passes `specdec_rpc.status_codes.error_kind`, which also knows a worker's gRPC errors);
+    passes `specdec_rpc.public.status_codes.error_kind`, which also knows a worker's gRPC errors);
     observe_stream: told each finished stream's latencies (the router's TTFT / ITL metrics);
     metrics: the /metrics route (none: no such route)."""
 

@@ -4,7 +4,7 @@ one place that maps the protocol's models (`specdec_http.protocol`) to a `TextRe
 A body is validated into its typed model (`protocol.requests`); every bad or unsupported
 field raises InvalidRequestError naming it (400): the validation error's location in the
 body becomes the param (`speculation.gamma`, `messages[0].content`). What the values mean to
-the engine is checked once, by the core (`specdec.text_request`, `SamplingParams`). A
+the engine is checked once, by the core (`specdec.serving.text_request`, `SamplingParams`). A
 negative seed (OpenAI's seeds are int64) maps to the core's uint64 seeds as its two's
 complement (seed mod 2**64): deterministic, and no two int64 seeds share one. An unknown
 model is 404 `model_not_found`. The responses are `specdec_http.openai_responses`'.
@@ -22,10 +22,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from specdec.chat_template import check_messages
-from specdec.sampling_params import SamplingParams
-from specdec.serving_errors import InvalidRequestError, NotFoundError, param_of
-from specdec.text_request import TextRequest
+from specdec.serving.chat_template import check_messages
+from specdec.sampling.sampling_params import SamplingParams
+from specdec.serving.serving_errors import InvalidRequestError, NotFoundError, param_of
+from specdec.serving.text_request import TextRequest
 from specdec_http.protocol.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 logger = logging.getLogger(__name__)

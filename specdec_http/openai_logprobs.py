@@ -1,4 +1,4 @@
-"""The core's token logprobs (`specdec.token_logprobs.TokenLogprob`) as OpenAI's `logprobs`
+"""The core's token logprobs (`specdec.sampling.token_logprobs.TokenLogprob`) as OpenAI's `logprobs`
 objects (`specdec_http.protocol.logprobs`), for one request: completions' parallel lists with
 text offsets running on across a stream's chunks, or chat's token objects."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from specdec.token_logprobs import TokenLogprob
+from specdec.sampling.token_logprobs import TokenLogprob
 from specdec_http.protocol.logprobs import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 
 REMOVED_LOGPROB = -9999.0  # a token the request's top-k / top-p removed (JSON has no -inf; as vLLM)

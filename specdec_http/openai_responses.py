@@ -19,10 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from specdec.frontend import Completion, Delta, Usage
-from specdec.serving_errors import ErrorKind, param_of
-from specdec.stats import SpecStats
-from specdec.token_logprobs import TokenLogprob
+from specdec.serving.frontend import Completion, Delta, Usage
+from specdec.serving.serving_errors import ErrorKind, param_of
+from specdec.requests.stats import SpecStats
+from specdec.sampling.token_logprobs import TokenLogprob
 from specdec_http.openai_logprobs import LogprobsFormat
 from specdec_http.protocol.chunks import (
     ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChunk, CompletionChunkChoice,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specdec.serving_errors import ErrorKind
+from specdec.serving.serving_errors import ErrorKind
 from specdec_http.openai_responses import error_body, sse
 
 MESSAGE = "the router replica serving this request died (Serve is starting a new one); retry"

@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from specdec.chat_template import check_messages
-from specdec.frontend import Frontend
-from specdec.serving_errors import InvalidRequestError
-from specdec.text_request import TextRequest
+from specdec.serving.chat_template import check_messages
+from specdec.serving.frontend import Frontend
+from specdec.serving.serving_errors import InvalidRequestError
+from specdec.serving.text_request import TextRequest
 from specdec_http.openai_api import check_model
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_generation_prompt"}

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.request_log import FinishedRequest
+from specdec.serving.request_log import FinishedRequest
 from specdec.policy.policy_status import PolicyStatus, static_policy
 
 LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]

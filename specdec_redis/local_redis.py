@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from specdec.ports import free_port
+from specdec.wiring.ports import free_port
 
 logger = logging.getLogger(__name__)
 

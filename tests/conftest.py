@@ -7,9 +7,9 @@ import functools
 import pytest
 import torch
 
-from specdec.config import load_config
-from specdec.engine_builder import BuiltEngine, build_engine
-from specdec.model_paths import bundled_prompts, resolve_model_path
+from specdec.config.config import load_config
+from specdec.wiring.engine_builder import BuiltEngine, build_engine
+from specdec.models.model_paths import bundled_prompts, resolve_model_path
 
 torch.set_num_threads(2)
 

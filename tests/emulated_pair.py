@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from actors.app import free_port, start_app
-from specdec.config import load_config
-from specdec.engine_builder import build_engine
-from specdec.request import GenerationRequest
+from specdec.config.config import load_config
+from specdec.wiring.engine_builder import build_engine
+from specdec.requests.request import GenerationRequest
 
 PROFILE = "h100-llama-8b-1b"
 MODELS = {"target": f"emulated:{PROFILE}:target", "draft": f"emulated:{PROFILE}:draft", "device_time_scale": 0.05}

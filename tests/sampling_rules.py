@@ -1,7 +1,7 @@
 """Choosing the verification rule of a test's batch independently of its seeds.
 
 Tests of the standard (Leviathan) rule fix their seeds to draw the same numbers every run;
-a row with a seed of its own is coupled by default (specdec.sampling.SamplingBatch), so
+a row with a seed of its own is coupled by default (specdec.sampling.sampling.SamplingBatch), so
 such tests state the rule they test explicitly.
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from specdec.sampling import SamplingBatch
+from specdec.sampling.sampling import SamplingBatch
 
 
 def standard_rule(batch: SamplingBatch) -> SamplingBatch:

@@ -24,7 +24,7 @@ LAYERS = [
     ("specdec",),  # the pure core
 ]
 # Inside a package, outer -> inner: a room may import itself and the rooms after it.
-# A module directly in the package (outside every room) is not checked here.
+# Every module of these packages lives in a room.
 ROOMS = {
     "specdec": ["wiring", "serving", "round", "policy", "requests", "config", "verifiers", "proposers", "models",
                 "sampling"],
@@ -128,6 +128,17 @@ def test_imports_point_down_the_layers():
 def test_the_allowed_upward_imports_still_exist():
     stale = ALLOWED_UPWARD - upward_imports()
     assert not stale, f"fixed: remove these from ALLOWED_UPWARD: {sorted(stale)}"
+
+
+def test_every_module_of_a_roomed_package_lives_in_a_room():
+    loose = sorted(str(path.relative_to(REPO)) for package in ROOMS for path in (REPO / package).glob("*.py")
+                   if path.name != "__init__.py")
+    assert not loose, f"place these in a room (see ROOMS), or add a room: {loose}"
+
+
+def test_every_room_is_listed():
+    rooms = {f"{package}.{p.parent.name}" for package in ROOMS for p in (REPO / package).glob("*/__init__.py")}
+    assert rooms == {f"{package}.{room}" for package, names in ROOMS.items() for room in names}
 
 
 def test_the_layer_check_sees_upward_sideways_and_room_order():

@@ -1,7 +1,7 @@
 """Goodness of fit of generated tokens to a target distribution, for statistical tests.
 
 `reference_probs` processes logits from the definitions (numpy, independent of
-specdec/sampling.py); `p_value` is a chi-squared test of observed outcomes against it.
+specdec/sampling/sampling.py); `p_value` is a chi-squared test of observed outcomes against it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampling_params import SamplingParams
 
 ALPHA = 1e-4  # family-wise error rate of each test
 MIN_EXPECTED = 5.0  # cells expected fewer times are pooled

@@ -18,9 +18,9 @@ def free_slots_within(workers, num_slots: int, timeout_s: float = 15.0) -> tuple
 
 def target_servicer(config):
     """A real TargetServicer over the bundled target, with config.cache's slots (no Ray, no server)."""
-    from specdec.engine_builder import load_runner
-    from specdec.target_verifier import TargetVerifier
-    from specdec_rpc.target_servicer import TargetServicer
+    from specdec.wiring.engine_builder import load_runner
+    from specdec.verifiers.target_verifier import TargetVerifier
+    from specdec_rpc.worker.target_servicer import TargetServicer
 
     runner = load_runner(config.models.target, config.models, config.cache)
     return TargetServicer(TargetVerifier(runner), config.models.target, config.cache.num_slots)

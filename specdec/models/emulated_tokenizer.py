@@ -12,7 +12,7 @@ import functools
 import json
 from typing import Any
 
-from specdec.model_paths import BUNDLED_DIR
+from specdec.models.model_paths import BUNDLED_DIR
 
 _BYTE_LEVEL_TOKENS = 257  # end-of-text and the 256 bytes
 

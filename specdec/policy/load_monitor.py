@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 
 from specdec.policy.circuit_breaker import CircuitBreaker
-from specdec.config import LoadMonitorConfig
+from specdec.config.config import LoadMonitorConfig
 from specdec.policy.load_stats import LoadSnapshot, RoundSample, StatsWindow
 from specdec.policy.load_store import InProcessLoadStore, LoadStore, SwitchState
 from specdec.policy.policy_status import PolicyStatus
 from specdec.policy.speculation_policy import Crossover, Decision, PolicySettings, RowState, SpeculationPolicy
-from specdec.speculation_mode import SpeculationMode
+from specdec.requests.speculation_mode import SpeculationMode
 
 log = logging.getLogger(__name__)
 CROSSOVER_REFRESH_S = 1.0

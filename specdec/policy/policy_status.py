@@ -1,6 +1,6 @@
 """The speculation policy's live view, typed: what the load monitor reports (cluster-wide when
 it shares a store) and what GetStats, the HTTP health route and the metrics read through
-`specdec.server_status.ServerStatus`."""
+`specdec.serving.server_status.ServerStatus`."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ from specdec.policy.gamma import (crossover_rows, expected_accepted, extend_pref
                                   row_prefix_acceptance, speculation_pays)
 from specdec.policy.load_stats import LoadSnapshot, RoundSample
 from specdec.policy.load_switch import LoadSwitch, LoadThresholds
-from specdec.speculation_mode import SpeculationMode, own_gamma
+from specdec.requests.speculation_mode import SpeculationMode, own_gamma
 
 ENOUGH_DRAFT_CALLS, ENOUGH_DRAFTED = 8, 64  # a window with fewer needs exploration
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.proposers.drafts import Drafts, EncodedQ
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampling_params import SamplingParams
 
 
 @dataclass

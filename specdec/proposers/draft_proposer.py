@@ -17,7 +17,7 @@ tokens at every drafted position and drafts the next round for several verdicts 
 (all accepted; a rejection at d1, d2, ... with its next-best token), each on a slot forked
 from the sequence's own (see `look_ahead`).
 
-Seeded sampled requests are coupled (specdec.gumbel_sampling): the draft's guess at a
+Seeded sampled requests are coupled (specdec.sampling.gumbel_sampling): the draft's guess at a
 position is its Gumbel-max choice under the noise the target uses there, which
 `sample_from_probs` draws for such rows; the look-ahead ranks by the same race.
 """
@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.counter_rng import ROLE_DRAFT
-from specdec.gumbel_sampling import race
+from specdec.sampling.counter_rng import ROLE_DRAFT
+from specdec.sampling.gumbel_sampling import race
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Branch, Drafts, Proposal, ProposalRequest, Proposer, common_prefix_length
-from specdec.sampling import SamplingBatch, logits_to_probs, sample_from_probs
+from specdec.sampling.sampling import SamplingBatch, logits_to_probs, sample_from_probs
 
 
 @dataclass
@@ -190,7 +190,7 @@ class DraftModelProposer(Proposer):
         for the token at history position len(history) - u + j (the u unverified drafts' and
         the one after). The logits, or for a coupled row (a seeded sampled request) its Gumbel
         race over q, the order in which the target's coupled choice is likeliest to fall
-        (specdec.gumbel_sampling)."""
+        (specdec.sampling.gumbel_sampling)."""
         n = logits.shape[0]
         first = len(request.token_ids) - (n - 1)
         history = request.token_ids

@@ -13,7 +13,7 @@ import torch
 class EncodedQ(Protocol):
     """q as the bytes the draft produced, one distribution per drafted token (a remote
     draft's reply): carried as they are from the draft to the target, which decodes them
-    once, right before rejection sampling (specdec_rpc.prob_codec.WireQ)."""
+    once, right before rejection sampling (specdec_rpc.worker.prob_codec.WireQ)."""
 
     def __len__(self) -> int:
         """How many distributions (drafted positions) it holds."""
@@ -33,7 +33,7 @@ class Drafts:
 
     token_ids: up to the row's γ drafted token ids (empty: nothing drafted).
     q: per drafted token, the weights q was normalised from ([n, vocab] tensor, as an
-        in-process draft drew them; specdec.sampling.normalize_probs gives q), or the
+        in-process draft drew them; specdec.sampling.sampling.normalize_probs gives q), or the
         same encoded as a remote draft sent them (EncodedQ, decoded only by the target),
         or None (no probabilities: n-gram drafts, greedy rows; verified as a one-hot q).
     """

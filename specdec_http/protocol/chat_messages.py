@@ -1,6 +1,6 @@
 """A chat request's messages, as OpenAI sends them: a role and content that is a string or a
 list of content parts. The models check the shape; which roles and parts this server can
-render is the core's check (`specdec.chat_template.check_messages`)."""
+render is the core's check (`specdec.serving.chat_template.check_messages`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The `logprobs` of a choice: each generated token's logprob and its most likely
-alternatives, from the target's processed distribution (`specdec.token_logprobs`).
+alternatives, from the target's processed distribution (`specdec.sampling.token_logprobs`).
 
 Completions (`logprobs: k`) use the legacy shape (parallel lists); chat (`logprobs: true`,
 `top_logprobs: k`) a list of token objects. A token's text is its id decoded alone; a token

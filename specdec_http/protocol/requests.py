@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specdec.token_logprobs import MAX_TOP_LOGPROBS
+from specdec.sampling.token_logprobs import MAX_TOP_LOGPROBS
 from specdec_http.protocol.chat_messages import ChatMessage
 from specdec_http.protocol.fields import MAX_SEED, MIN_SEED, Bool, Float, Int, TokenIds, ignored, neutral_only
 

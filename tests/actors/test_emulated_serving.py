@@ -11,7 +11,7 @@ import pytest
 from emulated_pair import PROMPTS, started
 from emulated_pair import target_alone as decode_alone
 
-from specdec_rpc.client import SpecdecClient
+from specdec_rpc.public.client import SpecdecClient
 
 pytestmark = pytest.mark.slow
 

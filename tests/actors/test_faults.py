@@ -28,8 +28,8 @@ import ray
 
 from actors.app import free_port, start_app
 from ray_processes import actor_pids
-from specdec.config import load_config
-from specdec_rpc.client import SpecdecClient
+from specdec.config.config import load_config
+from specdec_rpc.public.client import SpecdecClient
 
 MAX_NEW = 40
 RECOVERY_LIMIT_S = 60.0

@@ -20,12 +20,12 @@ import ray
 
 from actors.app import free_port, start_app
 from openai_http import OpenStream, OpenUnary, get, post, sse_lines, wait_until
-from specdec.config import load_config
-from specdec.request import GenerationRequest
-from specdec.sampling_params import SamplingParams
-from specdec_rpc.client import SpecdecClient
-from specdec_rpc.remote_proposer import RemoteProposer
-from specdec_rpc.remote_verifier import RemoteVerifier
+from specdec.config.config import load_config
+from specdec.requests.request import GenerationRequest
+from specdec.sampling.sampling_params import SamplingParams
+from specdec_rpc.public.client import SpecdecClient
+from specdec_rpc.worker.remote_proposer import RemoteProposer
+from specdec_rpc.worker.remote_verifier import RemoteVerifier
 from worker_slots import free_slots_within
 
 NUM_SLOTS = 8
@@ -117,7 +117,7 @@ def test_seeded_sampling_is_reproducible(client):
 
 
 def test_a_seeded_sampled_request_gives_one_text_over_both_apis_with_speculation_on_or_off(app, client, make_engine):
-    """Seeded sampled output does not depend on speculation (specdec.gumbel_sampling): mode
+    """Seeded sampled output does not depend on speculation (specdec.sampling.gumbel_sampling): mode
     ON and OFF, over HTTP and gRPC, give the in-process engine's tokens."""
     prompt, sampling = "def parse(line):", {"temperature": 0.9, "top_p": 0.95, "seed": 2024}
     local = make_engine("draft", gamma=4)

@@ -12,8 +12,8 @@ import pytest
 
 from actors.app import free_port, start_app
 from redis_server import RedisServer
-from specdec.config import load_config
-from specdec_rpc.client import AsyncSpecdecClient, SpecdecClient
+from specdec.config.config import load_config
+from specdec_rpc.public.client import AsyncSpecdecClient, SpecdecClient
 
 MAX_NEW = 40
 

@@ -35,11 +35,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from actors.app import free_port, start_app
-from specdec.config import load_config
-from specdec_rpc.client import SpecdecClient
-from specdec_rpc.proxy_binding import is_loopback
-from specdec_rpc.public_service import SERVICE_NAME
-from specdec.engine_builder import build_served_engine
+from specdec.config.config import load_config
+from specdec_rpc.public.client import SpecdecClient
+from specdec_rpc.public.proxy_binding import is_loopback
+from specdec_rpc.public.public_service import SERVICE_NAME
+from specdec.wiring.engine_builder import build_served_engine
 from specdec_rpc.v1 import specdec_pb2, specdec_pb2_grpc
 from ray_processes import actor_pids, listening_sockets
 
@@ -129,7 +129,7 @@ def test_corrupt_bytes_to_every_method_of_both_services_are_invalid_argument(app
     reports both services, a valid Watch is UNIMPLEMENTED (probes use Check)."""
     from grpc_health.v1 import health_pb2
 
-    from specdec_rpc.client import open_channel
+    from specdec_rpc.public.client import open_channel
 
     metadata = (("authorization", f"Bearer {TOKEN}"),)
     with open_channel(app.address, str(tls_files[0])) as channel:

@@ -26,13 +26,13 @@ import ray
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from actors.app import REPO_ROOT, free_port, start_app
-from specdec.async_engine import AdmissionError
-from specdec.config import load_config
+from specdec.serving.async_engine import AdmissionError
+from specdec.config.config import load_config
 from specdec.models.kv_cache import CacheFullError
-from specdec.request import GenerationRequest
-from specdec_rpc.client import AsyncSpecdecClient, SpecdecClient
-from specdec_rpc.remote_proposer import RemoteProposer
-from specdec_rpc.remote_verifier import RemoteVerifier
+from specdec.requests.request import GenerationRequest
+from specdec_rpc.public.client import AsyncSpecdecClient, SpecdecClient
+from specdec_rpc.worker.remote_proposer import RemoteProposer
+from specdec_rpc.worker.remote_verifier import RemoteVerifier
 from worker_slots import free_slots_within
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
@@ -226,7 +226,7 @@ def test_requests_beyond_the_admission_limit_are_resource_exhausted(client, work
 
 VANISHING_CLIENT = """
 import sys, time
-from specdec_rpc.client import SpecdecClient
+from specdec_rpc.public.client import SpecdecClient
 client = SpecdecClient(sys.argv[1], timeout_s=120.0)
 stream = client.generate_stream(prompt_token_ids=[int(t) for t in sys.argv[2:]], max_new_tokens=180, mode="on")
 next(stream)

@@ -7,8 +7,8 @@ import pytest
 import ray
 
 from actors.app import free_port, start_app
-from specdec.config import load_config
-from specdec_rpc.client import SpecdecClient
+from specdec.config.config import load_config
+from specdec_rpc.public.client import SpecdecClient
 
 
 @pytest.fixture(scope="module")

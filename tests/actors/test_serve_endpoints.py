@@ -7,7 +7,7 @@ import os
 import pytest
 
 from actors.serve_endpoints import export_environment, serve_endpoints
-from specdec.config import load_config
+from specdec.config.config import load_config
 
 
 def config(host="0.0.0.0", tls_files=None):
@@ -22,7 +22,8 @@ def test_without_tls_both_public_ports_bind_the_host_in_plaintext():
     assert endpoints.environment["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "actors.serve_proxy.setup_proxy"
     assert endpoints.public_address == endpoints.probe_address == "10.1.2.3:50051"
     assert endpoints.http_url == "http://10.1.2.3:8000" and not endpoints.tls
-    assert endpoints.grpc.grpc_servicer_functions[0] == "specdec_rpc.replica_loss.report_replica_loss_as_unavailable"
+    assert (endpoints.grpc.grpc_servicer_functions[0] ==
+            "specdec_rpc.public.replica_loss.report_replica_loss_as_unavailable")
 
 
 def test_with_tls_serves_plaintext_grpc_port_is_internal_on_loopback(tls_files):

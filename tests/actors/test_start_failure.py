@@ -13,7 +13,7 @@ import ray
 
 from actors.app import free_port, start_app
 from actors.start_failure import StartFailed, last_line
-from specdec.config import load_config
+from specdec.config.config import load_config
 
 pytestmark = pytest.mark.slow
 REASON = "need 0 <= enable_in_flight (1e9) < disable_in_flight (1e9)"

@@ -16,8 +16,8 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 from actors.worker_hub import find_hub, get_or_create_hub, start_hub, stop_hub, worker_key
-from specdec.config import load_config
-from specdec_rpc.remote_verifier import RemoteVerifier
+from specdec.config.config import load_config
+from specdec_rpc.worker.remote_verifier import RemoteVerifier
 
 
 def config(deployment: str, **sections):

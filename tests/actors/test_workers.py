@@ -11,11 +11,11 @@ from ray.util.placement_group import placement_group_table
 
 from actors.draft_worker import start_draft_worker
 from actors.target_group import TargetGroup
-from specdec.config import load_config
-from specdec.engine import SpeculativeEngine
-from specdec.request import GenerationRequest
-from specdec_rpc.remote_proposer import RemoteProposer
-from specdec_rpc.remote_verifier import RemoteVerifier
+from specdec.config.config import load_config
+from specdec.round.engine import SpeculativeEngine
+from specdec.requests.request import GenerationRequest
+from specdec_rpc.worker.remote_proposer import RemoteProposer
+from specdec_rpc.worker.remote_verifier import RemoteVerifier
 
 MAX_NEW = 24
 NUM_CPUS = 4

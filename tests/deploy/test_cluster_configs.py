@@ -317,7 +317,7 @@ def test_serve_config_grpc_options_match_the_router():
 
 
 def test_serve_args_are_a_valid_specdec_config_equal_to_specdec_gpu_yaml():
-    from specdec.config import load_config
+    from specdec.config.config import load_config
 
     args = _load(SERVE_CONFIG)["applications"][0]["args"]
     load_config(overrides=args)  # unknown keys or bad values raise

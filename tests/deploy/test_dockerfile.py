@@ -121,7 +121,8 @@ def test_dockerignore_keeps_what_the_package_build_needs_and_drops_the_rest():
     patterns = [line.strip() for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
     needed = ["pyproject.toml", "setup.py", "README.md", "protos/specdec_rpc/v1/specdec.proto",
-              "specdec/engine.py", "specdec/bundled/MODEL_CARD.md", "specdec_rpc/client.py", "actors/app.py"]
+              "specdec/round/engine.py", "specdec/bundled/MODEL_CARD.md", "specdec_rpc/public/client.py",
+              "actors/app.py"]
     for path in needed:
         assert not _dockerignored(path, patterns), path
     for path in [".git/HEAD", "tests/conftest.py", "helm/specdec/values.yaml", "dist/x.whl",

@@ -123,7 +123,7 @@ def test_serve_app_should_have_a_route_prefix_so_the_proxies_route_grpc_and_http
 
 
 def test_serve_args_should_be_a_valid_specdec_config_listening_on_the_grpc_port(rendered):
-    from specdec.config import load_config
+    from specdec.config.config import load_config
 
     config = view.serve_config(rendered)
     args = config["applications"][0]["args"]

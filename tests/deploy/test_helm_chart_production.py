@@ -153,8 +153,8 @@ def test_tls_and_existing_token_and_internal_secrets_should_be_mounted_as_files(
 
 
 def _public_tls_constants() -> dict[str, str]:
-    """SERVICER_FUNCTION and the *_ENV names of specdec_rpc/public_tls.py, read from the code."""
-    tree = ast.parse((REPO_ROOT / "specdec_rpc" / "public_tls.py").read_text())
+    """SERVICER_FUNCTION and the *_ENV names of specdec_rpc/public/public_tls.py, read from the code."""
+    tree = ast.parse((REPO_ROOT / "specdec_rpc" / "public" / "public_tls.py").read_text())
     out: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign):
@@ -206,7 +206,7 @@ def test_auth_can_be_turned_off(render):
 
 
 def test_serve_args_with_security_should_be_a_valid_specdec_config(render):
-    from specdec.config import load_config
+    from specdec.config.config import load_config
 
     docs = render((), **{"security.tls.existingSecret": "api-cert"})
     config = load_config(overrides=_args(docs))
@@ -453,6 +453,6 @@ def test_combinations_should_render_valid_resources(helm_bin, render, crds, sets
             rule_schema = sub_schema(cluster_crd, "spec", "networkPolicy", "head", f"{kind}Rules", "[]")
             for rule in policy["spec"].get(kind, []):
                 assert schema_errors(rule, rule_schema) == []
-    from specdec.config import load_config
+    from specdec.config.config import load_config
 
     load_config(overrides=_args(docs))

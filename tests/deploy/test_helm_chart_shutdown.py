@@ -9,7 +9,7 @@ import math
 import chart_views as view
 from chart_views import VALUES
 
-from specdec.config import ServingConfig
+from specdec.config.config import ServingConfig
 from specdec_cli.drain_cli import run_drain
 from specdec_cli.serve_cli import build_parser
 

@@ -11,7 +11,7 @@ prefix and checks every group with enough samples (chi-squared, Bonferroni over 
 
 The expected p comes from `processed_reference`, a numpy implementation written from the
 definitions (OpenAI penalties, transformers' repetition penalty and min_p), independent
-of specdec.logits_processors and specdec.sampling.
+of specdec.sampling.logits_processors and specdec.sampling.sampling.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from sampling_rules import standard_rule
-from specdec.rejection_sampler import rejection_sample
-from specdec.sampling import SamplingBatch
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.rejection_sampler import rejection_sample
+from specdec.sampling.sampling import SamplingBatch
+from specdec.sampling.sampling_params import SamplingParams
 from token_statistics import as_table, p_value
 
 pytestmark = pytest.mark.statistical

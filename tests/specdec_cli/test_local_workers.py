@@ -2,9 +2,9 @@
 binds them to loopback and generates an internal secret when none is configured; joining a
 running Ray it leaves both alone and says loudly that the workers are open."""
 
-from specdec.config import load_config
+from specdec.config.config import load_config
 from specdec_cli.local_workers import LOOPBACK, UNAUTHENTICATED_WARNING, secure_local_workers
-from specdec_rpc.internal_auth import SECRET_ENV, configured_secret
+from specdec_rpc.worker.internal_auth import SECRET_ENV, configured_secret
 
 
 def test_starting_its_own_ray_it_binds_loopback_and_generates_a_secret_per_run():

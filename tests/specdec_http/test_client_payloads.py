@@ -17,12 +17,12 @@ import pytest
 
 from prometheus_client import CollectorRegistry
 
-from specdec.ports import free_port
+from specdec.wiring.ports import free_port
 from openai_http import UvicornThread, get, post, sse_lines
-from specdec.api_auth import ApiTokens
-from specdec.config import load_config
-from specdec.engine_builder import build_served_engine
-from specdec.frontend import Frontend
+from specdec.serving.api_auth import ApiTokens
+from specdec.config.config import load_config
+from specdec.wiring.engine_builder import build_served_engine
+from specdec.serving.frontend import Frontend
 from specdec_http.cors import Cors
 from specdec_http.metrics_route import MetricsRoute
 from specdec_metrics.prometheus_metrics import exposition, prometheus_metric_classes

@@ -14,11 +14,11 @@ import json
 import openai
 import pytest
 
-from specdec.ports import free_port
+from specdec.wiring.ports import free_port
 from openai_http import OpenStream, OpenUnary, UvicornThread, get, post, post_raw, sse_lines, wait_until
-from specdec.config import load_config
-from specdec.engine_builder import build_served_engine
-from specdec.frontend import Frontend
+from specdec.config.config import load_config
+from specdec.wiring.engine_builder import build_served_engine
+from specdec.serving.frontend import Frontend
 from specdec_http.http_api import HttpApi, asgi_app
 
 NUM_SLOTS = 4
@@ -250,8 +250,8 @@ class FailingMidStream:
         return self
 
     async def stream(self, request):
-        from specdec.errors import WorkerError
-        from specdec.frontend import Delta
+        from specdec.requests.errors import WorkerError
+        from specdec.serving.frontend import Delta
 
         yield Delta("def", [1])
         raise WorkerError("the target worker is unreachable")
@@ -332,7 +332,7 @@ def test_with_tokens_only_a_valid_bearer_token_is_served_and_health_stays_open(s
     served, a wrong or missing one gets 401 in OpenAI's error shape, /health needs none."""
     import urllib.request
 
-    from specdec.api_auth import ApiTokens
+    from specdec.serving.api_auth import ApiTokens
 
     api = HttpApi(Frontend(served), authorize=ApiTokens.of(["team-token"]).check)
     with UvicornThread(asgi_app(api), free_port()) as server:

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from specdec.frontend import Completion, Delta, Usage
-from specdec.serving_errors import AdmissionError, ErrorKind, InvalidRequestError, NotFoundError, classify
-from specdec.stats import SpecStats
-from specdec.token_logprobs import TokenLogprob
+from specdec.serving.frontend import Completion, Delta, Usage
+from specdec.serving.serving_errors import AdmissionError, ErrorKind, InvalidRequestError, NotFoundError, classify
+from specdec.requests.stats import SpecStats
+from specdec.sampling.token_logprobs import TokenLogprob
 from specdec_http.openai_logprobs import LogprobsFormat
 from specdec_http.openai_api import chat_request, completion_request
 from specdec_http.openai_responses import Call, chunk_events, completion_object, error_body

@@ -7,8 +7,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from fake_metrics import Fake
-from specdec.request_log import FinishedRequest
-from specdec.stats import SpecStats
+from specdec.serving.request_log import FinishedRequest
+from specdec.requests.stats import SpecStats
 from specdec_metrics.prometheus_metrics import exposition, prometheus_metric_classes, tee_metric_classes
 from specdec_metrics.router_metrics import RouterMetrics
 

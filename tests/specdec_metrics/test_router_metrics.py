@@ -5,7 +5,7 @@ from types import SimpleNamespace
 from specdec_metrics.router_metrics import RouterMetrics
 from specdec.policy.policy_status import PolicyStatus
 from specdec.policy.speculation_policy import Crossover
-from specdec.stats import SpecStats
+from specdec.requests.stats import SpecStats
 from fake_metrics import Fake
 
 
@@ -77,7 +77,7 @@ def test_drafted_tokens_per_position_let_per_position_acceptance_survive_a_chang
 
 
 def test_round_timings_and_cache_use_come_from_the_engine():
-    from specdec.round_profile import RoundProfile
+    from specdec.round.round_profile import RoundProfile
 
     engine = engine_with([])
     engine.profile = RoundProfile()
@@ -93,7 +93,7 @@ def test_round_timings_and_cache_use_come_from_the_engine():
 
 
 def test_finished_requests_feed_latency_queue_tokens_and_finish_reasons():
-    from specdec.request_log import FinishedRequest, RequestLog
+    from specdec.serving.request_log import FinishedRequest, RequestLog
 
     log = RequestLog(limit=3)
     for i in range(4):  # the oldest is dropped: nobody drained

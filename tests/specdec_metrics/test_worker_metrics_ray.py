@@ -13,10 +13,10 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from actors.draft_worker import start_draft_worker  # noqa: E402
-from specdec.ports import free_port  # noqa: E402
-from specdec.config import load_config  # noqa: E402
-from specdec.sampling_params import SamplingParams  # noqa: E402
-from specdec_rpc.history_sync import sampling_to_proto  # noqa: E402
+from specdec.wiring.ports import free_port  # noqa: E402
+from specdec.config.config import load_config  # noqa: E402
+from specdec.sampling.sampling_params import SamplingParams  # noqa: E402
+from specdec_rpc.worker.history_sync import sampling_to_proto  # noqa: E402
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc  # noqa: E402
 
 NUM_SLOTS = 2

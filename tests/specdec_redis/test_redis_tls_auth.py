@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from specdec.ports import free_port
+from specdec.wiring.ports import free_port
 from specdec_redis.redis_load_store import RedisLoadStore
 from redis_server import require_redis_server
 from specdec.policy.load_stats import StatsWindow

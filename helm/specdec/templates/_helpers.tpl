@@ -136,9 +136,9 @@ Secret up (a new value each time): such renders should use the existingSecret va
 
 {{/* ---------------- Security of the public API and of internal traffic ---------------- */}}
 
-{{/* The servicer function of specdec_rpc/public_tls.py that adds the TLS port inside Serve's gRPC proxy. */}}
+{{/* The servicer function of specdec_rpc/public/public_tls.py that adds the TLS port inside Serve's gRPC proxy. */}}
 {{- define "specdec.tlsServicerFunction" -}}
-specdec_rpc.public_tls.add_tls_port_to_server
+specdec_rpc.public.public_tls.add_tls_port_to_server
 {{- end }}
 
 {{- define "specdec.apiTokensSecretName" -}}
@@ -289,7 +289,7 @@ exec:
   value: "0.0.0.0"
 {{- with .Values.security.tls }}
 {{- if .existingSecret }}
-# read by specdec_rpc.public_tls inside Serve's gRPC proxy (Ray's processes inherit the container's env)
+# read by specdec_rpc.public.public_tls inside Serve's gRPC proxy (Ray's processes inherit the container's env)
 - name: SPECDEC_TLS_PORT
   value: {{ $.Values.grpc.port | quote }}
 - name: SPECDEC_TLS_CERT_FILE

@@ -15,9 +15,9 @@ from specdec.models.emulated_language import SyntheticLanguage
 from specdec.models.emulated_model import EmulatedModel
 from specdec.models.emulated_profile import LanguageSpec, load_profile
 from specdec.models.model_runner import ModelRunner
-from specdec.rejection_sampler import rejection_sample
-from specdec.sampling import SamplingBatch, logits_to_probs, sample_from_probs
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.rejection_sampler import rejection_sample
+from specdec.sampling.sampling import SamplingBatch, logits_to_probs, sample_from_probs
+from specdec.sampling.sampling_params import SamplingParams
 
 ROWS, LENGTH = 600, 32  # 19 200 contexts in 1 200 stretches
 

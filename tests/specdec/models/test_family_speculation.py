@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.engine import SpeculativeEngine
+from specdec.round.engine import SpeculativeEngine
 from specdec.models.runners import open_runner
 from specdec.proposers.draft_proposer import DraftModelProposer
-from specdec.request import GenerationRequest
-from specdec.target_verifier import TargetVerifier
+from specdec.requests.request import GenerationRequest
+from specdec.verifiers.target_verifier import TargetVerifier
 
 MAX_NEW = 20
 PROMPTS = [[5, 17, 99, 3, 250, 42, 8], [200, 1, 77], [9] * 12 + [31, 64]]

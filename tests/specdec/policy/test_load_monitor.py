@@ -256,7 +256,7 @@ def test_the_switch_follows_the_demand_not_a_passing_burst_of_rows():
 
 
 def test_the_configured_tpot_target_is_the_policys_default_in_seconds():
-    from specdec.config import LoadMonitorConfig
+    from specdec.config.config import LoadMonitorConfig
     from specdec.policy.load_monitor import build_load_monitor
 
     assert build_load_monitor(LoadMonitorConfig(), None, "r").policy.settings.tpot_target_s is None

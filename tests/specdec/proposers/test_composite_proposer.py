@@ -1,11 +1,11 @@
 """Each request drafts with the proposer it names and keeps that proposer's drafts and q
-(a row without q is verified as a one-hot q: tests/specdec/test_target_verifier.py)."""
+(a row without q is verified as a one-hot q: tests/specdec/verifiers/test_target_verifier.py)."""
 
 import torch
 
 from specdec.proposers.base import Drafts, ProposalRequest, Proposer
 from specdec.proposers.composite_proposer import CompositeProposer
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampling_params import SamplingParams
 
 VOCAB = 6
 

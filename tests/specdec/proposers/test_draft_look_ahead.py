@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
-from specdec.model_paths import resolve_model_path
+from specdec.models.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import ProposalRequest
 from specdec.proposers.draft_proposer import DraftModelProposer
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampling_params import SamplingParams
 
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=0.8, top_k=50, seed=5)

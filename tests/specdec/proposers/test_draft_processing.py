@@ -4,11 +4,11 @@ each position, its own earlier guesses included) and reports the q it drew from.
 import pytest
 import torch
 
-from specdec.model_paths import resolve_model_path
+from specdec.models.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import ProposalRequest
 from specdec.proposers.draft_proposer import DraftModelProposer
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from specdec.model_paths import resolve_model_path
+from specdec.models.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import ProposalRequest, common_prefix_length
 from specdec.proposers.draft_proposer import DraftModelProposer
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampling_params import SamplingParams
 
 GREEDY = SamplingParams()
 

@@ -5,7 +5,7 @@ import pytest
 
 from specdec.proposers.base import ProposalRequest
 from specdec.proposers.ngram_proposer import NgramProposer, find_continuation
-from specdec.sampling_params import SamplingParams
+from specdec.sampling.sampling_params import SamplingParams
 
 
 def cont(tokens, n_min=1, n_max=3, gamma=4):

@@ -3,8 +3,8 @@ server builds validates against its model (so the schema describes what is sent)
 
 import json
 
-from specdec.frontend import Completion, Delta, Usage
-from specdec.stats import SpecStats
+from specdec.serving.frontend import Completion, Delta, Usage
+from specdec.requests.stats import SpecStats
 from specdec_http.openai_responses import Call, chunk_events, completion_object
 from specdec_http.protocol import schema
 from specdec_http.protocol.chunks import ChatCompletionChunk, CompletionChunk

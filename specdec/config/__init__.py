@@ -1,0 +1,1 @@
+"""Configuration: the pydantic schema, its cross-field rules, loading and overrides."""

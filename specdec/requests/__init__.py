@@ -1,0 +1,1 @@
+"""A request: its parameters, its sequence, stop conditions, detokenizer and statistics."""

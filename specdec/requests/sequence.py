@@ -1,0 +1,60 @@
+"""The engine's per-request state."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from specdec.requests.request import GenerationRequest
+from specdec.requests.stats import SpecStats
+from specdec.requests.stop_conditions import StopChecker
+from specdec.sampling.token_logprobs import TokenLogprob
+
+
+@dataclass
+class Sequence:
+    """A request being decoded.
+
+    token_ids is the history: prompt + generated. The last token is the *pending* token:
+    emitted, and fed to the target at the start of the next round. The caller's history is
+    the source of truth that the verifier and the proposer synchronise to.
+    """
+
+    seq_id: str
+    request: GenerationRequest
+    stop_checker: StopChecker
+    token_ids: list[int] = field(default_factory=list)
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish_reason: str | None = None
+    error: BaseException | None = None  # why the request failed (finish_reason "error")
+    queued_at: float = field(default_factory=time.monotonic)  # when it was added (time.monotonic)
+    started_at: float | None = None  # when it left the queue for its first round
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked for
+    prefilled: int = 0  # history tokens the target read in prefill chunks before the first round
+    chunk_end: int | None = None  # this round reads the history up to here only (a prefill chunk); None = all
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.request.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still allowed by max_new_tokens."""
+        return self.request.max_new_tokens - len(self.output_ids)
+
+    @property
+    def queue_s(self) -> float:
+        """Seconds it waited for a cache slot before its first round (so far, if still waiting)."""
+        return (self.started_at if self.started_at is not None else time.monotonic()) - self.queued_at
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

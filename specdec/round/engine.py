@@ -1,0 +1,427 @@
+"""SpeculativeEngine: rounds of propose -> verify -> accept -> roll back for a batch of sequences.
+
+The engine owns the requests (history, stop conditions, statistics) and drives two
+swappable parts: a Proposer (draft model, n-gram, none) and a Verifier (the target). Both
+are in-process objects here; the distributed router plugs gRPC clients of the draft worker
+and the target group into the same engine. Every round shares one proposer call and one
+target forward across all active sequences (continuous batching at round granularity):
+waiting requests join at the next round, finished ones leave and free their cache slots.
+
+Isolation: a request only ever affects itself. It is validated against the server's
+limits before it joins (`RequestLimits`); each row drafts its own γ, clipped to its
+budget and context (`RoundPlanner`); a proposer failure costs the round its drafts, never
+a request; and when a round fails for a reason one row may have caused, the batch is split
+and retried so that only the rows that fail alone fail (a `WorkerError`, which no row
+causes, fails the round's whole batch). Bookkeeping after the tokens are applied (the
+policy's record, releases) only logs a failure: applied tokens always reach the outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+from collections import deque
+from collections.abc import Callable, Sequence as Seq
+
+from specdec.round.draft_ahead import DraftAhead
+from specdec.requests.errors import WorkerError
+from specdec.policy.load_stats import RoundSample
+from specdec.round.prefill_chunks import PrefillChunks
+from specdec.proposers.proposer_view import ProposerView
+from specdec.proposers.base import Drafts, Proposal, ProposalRequest, Proposer
+from specdec.requests.request import DEFAULT_CAPS, GenerationRequest, RequestCaps, RequestLimits
+from specdec.round.round_timer import RoundTimer
+from specdec.requests.sequence import Sequence
+from specdec.round.round_output import FINISH_ERROR, GenerationResult, RoundOutput
+from specdec.round.round_planner import RoundPlanner, unread_prompt
+from specdec.policy.speculation_policy import Decision, RoundPolicy
+from specdec.requests.stats import SpecStats
+from specdec.requests.stop_conditions import StopChecker
+from specdec.verifiers.verifier import Verifier, VerifyRequest
+
+logger = logging.getLogger(__name__)
+
+
+class SpeculativeEngine:
+    """Runs speculative decoding for many sequences at once on one verifier and one proposer."""
+
+    def __init__(
+        self,
+        verifier: Verifier,
+        proposer: Proposer,
+        gamma: int,
+        eos_token_ids: Seq[int] = (),
+        decode: Callable[[list[int]], str] | None = None,
+        policy: RoundPolicy | None = None,
+        caps: RequestCaps = DEFAULT_CAPS,
+        draft_ahead: DraftAhead | None = None,
+        prefill_chunk_tokens: int | None = None,
+    ) -> None:
+        """gamma: the server's γ (used when no policy decides, and for mode ON).
+        eos_token_ids: every id that ends a sequence (generation_config's list, too).
+        policy: plans each row's γ per round from measured costs (None = always `gamma`).
+        caps: what one request may ask for (built once from config; with the models' they
+        make the engine's `limits`).
+        draft_ahead: draft round k + 1 while the target verifies round k (pipelined rounds;
+        pays only when the verifier runs concurrently, e.g. on a remote target).
+        prefill_chunk_tokens: prompt tokens read per round, over all new rows (`PrefillChunks`;
+        None or 0: each prompt whole in its first round)."""
+        if not 0 <= gamma <= caps.gamma_limit:
+            raise ValueError(f"gamma must be in [0, gamma_limit={caps.gamma_limit}], got {gamma}")
+        self.verifier = verifier
+        self.proposer = proposer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.decode = decode
+        self.caps = caps
+        self.policy = policy
+        self._proposer_view = ProposerView()  # what the proposer must catch up on, per row
+        self.planner = RoundPlanner(gamma, caps.gamma_limit, self._proposer_view)
+        self.stats = SpecStats()
+        self.proposer_failures = 0  # rounds that ran without drafts because the proposer failed
+        self.timer = RoundTimer()
+        self.profile = self.timer.profile  # where the rounds' time went
+        self.draft_ahead = draft_ahead
+        self.chunks = PrefillChunks(prefill_chunk_tokens)
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._finished: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+
+    @property
+    def gamma(self) -> int:
+        """The server's static γ (no policy, mode ON)."""
+        return self.planner.gamma
+
+    @property
+    def last_decision(self) -> Decision:
+        """The last round's plan."""
+        return self.planner.decision
+
+    # ---- requests -------------------------------------------------------------------------
+
+    @property
+    def limits(self) -> RequestLimits:
+        """What this engine accepts (its models, caps and proposers)."""
+        return RequestLimits.of(self.caps, self.verifier.vocab_size, self.verifier.max_seq_len, self.proposer.names)
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise ValueError (naming the field) for a request this engine cannot serve."""
+        request.check_limits(self.limits)
+
+    def add_request(self, request: GenerationRequest, seq_id: str | None = None) -> str:
+        """Validate and queue a request; it joins the batch at the next round."""
+        self.validate(request)
+        seq_id = seq_id if seq_id is not None else f"seq-{next(self._ids)}"
+        if seq_id in self._finished or any(s.seq_id == seq_id for s in self._active()):
+            raise ValueError(f"seq_id {seq_id!r} is already in use")
+        eos = () if request.ignore_eos else self.eos_token_ids
+        checker = StopChecker(request.max_new_tokens, (*eos, *request.stop_token_ids), request.stop, self.decode)
+        self._waiting.append(Sequence(seq_id=seq_id, request=request, stop_checker=checker))
+        if self.policy is not None:
+            self.policy.on_arrival()
+        return seq_id
+
+    def abort(self, seq_id: str) -> None:
+        """Cancel a request: free its slots on the target and the proposer."""
+        for seq in self._active():
+            if seq.seq_id == seq_id:
+                seq.finish_reason = "abort"
+                self._retire(seq)
+                return
+        raise KeyError(f"unknown or finished seq_id {seq_id!r}")
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def running_ids(self) -> list[str]:
+        """The sequences of the current batch (a round that fails affects exactly these)."""
+        return [s.seq_id for s in self._running]
+
+    def result(self, seq_id: str) -> GenerationResult:
+        """The finished request's result (handed out once: the engine then forgets it).
+        Raises the request's own error when it failed."""
+        seq = self._finished.pop(seq_id)
+        if seq.error is not None:
+            raise seq.error
+        return GenerationResult(seq.seq_id, seq.output_ids, seq.stop_checker.text, seq.finish_reason or "", seq.stats,
+                                queue_s=seq.queue_s,
+                                logprobs=seq.logprobs if seq.request.logprobs is not None else None)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Convenience: run the given requests to completion, batched together."""
+        ids = [self.add_request(r) for r in requests]
+        while self.has_unfinished():
+            self.step()
+        return [self.result(i) for i in ids]
+
+    # ---- one round -------------------------------------------------------------------------
+
+    def step(self) -> list[RoundOutput]:
+        """Admit waiting requests, then run one round for the running sequences (all of them;
+        with micro-batches, the half whose drafts are ready)."""
+        start = time.perf_counter()
+        self.timer.step_started(start)
+        self._admit()
+        if not self._running:
+            self.timer.step_ended(start, busy=False)
+            return []
+        batch = self.chunks.plan(self._running)
+        self.planner.plan(batch, self.policy, self.verifier.max_seq_len, (len(self._running), len(self._waiting)))
+        outputs = self._isolated_round(batch, whole=len(batch) == len(self._running))
+        elapsed = time.perf_counter() - start
+        self.stats.seconds += elapsed
+        for seq in batch:
+            seq.stats.seconds += elapsed
+            if seq.finished:
+                try:  # the round's outputs are made: a failed release must not lose them
+                    self._retire(seq)
+                except Exception:
+                    logger.exception("releasing %s failed (its lease frees the slots)", seq.seq_id)
+        self.timer.step_ended(time.perf_counter(), busy=bool(self._running or self._waiting))
+        return outputs
+
+    def _isolated_round(self, batch: list[Sequence], whole: bool = False) -> list[RoundOutput]:
+        """One round for the batch. When its shared part (propose + verify) fails for a
+        reason a row may have caused, the batch is halved and each half retried, so only
+        the rows that fail on their own fail. A failed attempt changed no history (the
+        verifier and proposer resynchronise to it), so a retry is safe. whole: the batch is
+        every running row (only such a round overlaps drafting with verifying)."""
+        try:
+            return self._round(batch, overlap=whole)  # retries run plainly
+        except WorkerError:
+            raise
+        except Exception as exc:
+            if len(batch) == 1:
+                logger.warning("request %s failed: %s: %s", batch[0].seq_id, type(exc).__name__, exc)
+                return [self._fail_row(batch[0], exc)]
+            middle = len(batch) // 2
+            return self._isolated_round(batch[:middle]) + self._isolated_round(batch[middle:])
+
+    def _round(self, batch: list[Sequence], overlap: bool = True) -> list[RoundOutput]:
+        """Propose, verify, apply. With draft_ahead (and overlap), the rows verified now
+        use drafts made during the previous step, and the proposer works while the target
+        verifies: for the other rows (two micro-batches), or ahead for these (look-ahead).
+        Returns the outputs of the rows verified in this step."""
+        start = time.perf_counter()
+        self._proposer_view.start_round()
+        filling = [seq for seq in batch if seq.chunk_end is not None]  # prefill chunks: no drafts, no output
+        batch = [seq for seq in batch if seq.chunk_end is None]
+        gammas = {seq.seq_id: self.planner.gamma_for(seq) for seq in batch}
+        ahead = self.draft_ahead if overlap else None
+        now, later = ahead.split(batch, gammas) if ahead is not None else (batch, [])
+        gamma_now = [gammas[seq.seq_id] for seq in now]
+        self._draft_reads_chunks(filling)
+        proposal, fresh = self._ready_drafts(now, gamma_now) if ahead is not None else \
+            (self._propose(now, gamma_now), set(range(len(now))))
+        proposed = time.perf_counter()
+        self._note_unavailable(now, gamma_now, proposal)
+        requests = [self._verify_request(seq, drafts) for seq, drafts in zip(now, proposal)]
+        chunks = [PrefillChunks.verify_request(seq) for seq in filling]
+        prompts = [unread_prompt(seq) for seq in (*now, *filling)]
+        prefill = (sum(1 for p in prompts if p), sum(prompts))  # (rows, tokens) of the prompts the target reads
+        if ahead is not None:  # the proposer works while the target verifies
+            pending = self.verifier.verify_async(requests + chunks)
+            meanwhile, ahead_s = self._during_verify(now, later, requests, gammas)
+            results = pending.result()
+        else:
+            (meanwhile, ahead_s), results = (None, 0.0), self.verifier.verify(requests + chunks)
+        verified = time.perf_counter()
+        if len(results) != len(now) + len(filling):
+            raise WorkerError(f"the verifier answered {len(results)} results for {len(now) + len(filling)} rows")
+        results = results[: len(now)]  # a chunk's sampled token is dropped: the row emits nothing yet
+        PrefillChunks.done(filling)
+        if meanwhile is not None:  # before _apply extends the histories the requests share
+            ahead.after_verdict(later, requests, results, meanwhile)
+        outputs, drafted, accepted = [], [], []
+        for seq, request, result in zip(now, requests, results):
+            output, counts = self._apply(seq, request, result)
+            outputs.append(output)
+            drafted.append(counts[0])
+            accepted.append(counts[1])
+        # drafted by this round's own call; a call that failed or missed its deadline is no
+        # measure of drafting (its wait would price every later draft call) and no priced plan
+        missed = [seq.stats.speculation_unavailable and g > 0 for seq, g in zip(now, gamma_now)]
+        asked = [g if i in fresh and not missed[i] else 0 for i, g in enumerate(gamma_now)]
+        planned_s = 0.0 if any(missed) else self.planner.planned_s(len(now) + len(filling))
+        try:  # the tokens are applied: failing bookkeeping must not lose them from the outputs (a retry would)
+            self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill, planned_s)
+            if ahead is not None:
+                ahead.round_done(sum(len(result.emitted) for result in results), time.perf_counter() - start)
+        except Exception:
+            logger.exception("the round's bookkeeping failed; its tokens stand")
+        return outputs
+
+    def _note_unavailable(self, batch: list[Sequence], gammas: list[int], proposal: Proposal) -> None:
+        """Mark the rows that wanted drafts but got none because their proposer is down (a
+        row that wanted none this round, e.g. its last, keeps its mark)."""
+        for i, (seq, gamma) in enumerate(zip(batch, gammas)):
+            if gamma > 0:
+                missing = len(proposal[i]) == 0
+                seq.stats.speculation_unavailable = (
+                    missing and self.proposer.unavailable(seq.request.proposer) is not None
+                )
+
+    def _draft_reads_chunks(self, filling: list[Sequence]) -> None:
+        """While the round speculates, the draft reads each prefill chunk too (asked for one
+        draft, which is dropped), so its cache holds the prompt when the row first drafts
+        instead of reading it whole then. A failure only leaves the draft to catch up later."""
+        if not filling or not self.planner.decision.enabled:
+            return
+        asks = [PrefillChunks.proposal_request(seq) for seq in filling]
+        for ask in asks:
+            self._proposer_view.proposing(ask.seq_id, len(ask.token_ids))
+        try:
+            self.proposer.propose(asks)
+        except Exception:
+            self.proposer_failures += 1
+            logger.exception("the draft failed to read prefill chunks; it reads them at its first draft")
+
+    def _ready_drafts(self, batch: list[Sequence], gammas: list[int]) -> tuple[Proposal, set[int]]:
+        """Each row's drafts made ahead when they continue its history; the other speculating
+        rows are proposed for now, before their verification. Returns the proposal and the
+        rows proposed for now."""
+        ready = [self.draft_ahead.take(seq.seq_id, seq.token_ids, g) for seq, g in zip(batch, gammas)]
+        missing = [i for i, drafts in enumerate(ready) if not drafts and gammas[i] > 0]
+        self.timer.propose_compute_s = 0.0
+        if missing:
+            fresh = self._propose([batch[i] for i in missing], [gammas[i] for i in missing])
+            for i, drafts in zip(missing, fresh):
+                ready[i] = drafts
+        return ready, set(missing)
+
+    def _during_verify(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas):
+        """The proposer's work while the target verifies `now` (DraftAhead.asks): drafts for
+        `later`, or look-ahead branches for `now`. Returns (one Drafts per ask, or a list of
+        branches per row of `now`, or None; seconds it took)."""
+        start = time.perf_counter()
+        asks = self.draft_ahead.asks(now, later, requests, gammas)
+        used = [ask.gamma > 0 for ask in asks]
+        if not any(used):
+            return None, 0.0
+        active = [ask for ask, use in zip(asks, used) if use]
+        for ask in active:
+            self._proposer_view.drafting_ahead(ask.seq_id, len(ask.token_ids))
+        try:
+            if later:
+                found = iter(self.proposer.propose(active))
+                meanwhile = [next(found) if use else Drafts() for use in used]
+            else:
+                unverified = [len(request.draft_token_ids) for request, use in zip(requests, used) if use]
+                found = iter(self.proposer.look_ahead(active, unverified, self.draft_ahead.branches))
+                meanwhile = [next(found) if use else [] for use in used]
+        except Exception:
+            self.proposer_failures += 1
+            logger.exception("drafting ahead failed; the next round proposes as usual")
+            return None, time.perf_counter() - start
+        self.timer.add_propose_compute(time.perf_counter() - start, getattr(self.proposer, "last_compute_s", None))
+        return meanwhile, time.perf_counter() - start
+
+    def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts,
+                prefill: tuple[int, int], planned_s: float) -> None:
+        """The round's profile and the policy's measurements. counts: each row's (asked γ,
+        drafted, accepted) as three lists, asked γ 0 for rows whose drafts were made ahead;
+        prefill: (rows whose prompt the target read besides, those prompts' tokens); planned_s:
+        the round as the plan predicted it (0: not the plan's whole batch). The
+        policy's draft cost is only the proposer call the round waited for before its verify:
+        drafting ahead ran during the verify call, whose time (verified - proposed) covers it
+        where it took longer; its round counts from where the last one ended (`RoundTimer`)."""
+        verify_compute_s = getattr(self.verifier, "last_compute_s", None)
+        round_s = self.timer.round_done(start, proposed, verified, ahead_s, verify_compute_s)
+        if self.policy is not None:
+            self.policy.record(RoundSample.from_rows(*counts, proposed - start, verified - proposed, round_s, prefill,
+                                                     self._proposer_view.read, planned_s))
+
+    def _admit(self) -> None:
+        """Waiting requests join while the verifier has free slots. A running request takes
+        its slot at its first verification, which may come a step later (micro-batches):
+        those are counted as taken already."""
+        unseen = [seq for seq in self._running if seq.stats.rounds == 0 and seq.prefilled == 0]
+        free = self.verifier.num_free_slots - len(unseen)
+        while self._waiting and free > 0:
+            seq = self._waiting.popleft()
+            seq.started_at = time.monotonic()
+            self._running.append(seq)
+            free -= 1
+
+    def _active(self) -> list[Sequence]:
+        return [*self._waiting, *self._running]
+
+    def _propose(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
+        """One proposer call for the rows that speculate, each with its own γ. A failing
+        proposer costs this round its drafts (lossless), never a request."""
+        full = [Drafts() for _ in batch]
+        rows = [i for i, g in enumerate(gammas) if g > 0]
+        self.timer.propose_compute_s = 0.0  # no call, no compute
+        if not rows:
+            return full
+        requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
+                                    batch[i].request.proposer, gammas[i], batch[i].num_prompt_tokens) for i in rows]
+        for i in rows:
+            self._proposer_view.proposing(batch[i].seq_id, len(batch[i].token_ids))
+        try:
+            part = self.proposer.propose(requests)
+            self.timer.propose_compute_s = getattr(self.proposer, "last_compute_s", None)
+        except Exception:
+            self.proposer_failures += 1
+            logger.exception("proposer failed; this round runs without drafts")
+            return full
+        for i, drafts in zip(rows, part):
+            full[i] = drafts.first(gammas[i])  # never more than asked
+        return full
+
+    @staticmethod
+    def _verify_request(seq: Sequence, drafts: Drafts) -> VerifyRequest:
+        return VerifyRequest(seq.seq_id, seq.token_ids, drafts.token_ids, seq.request.sampling,
+                             drafts.q if drafts.token_ids else None, seq.num_prompt_tokens,
+                             seq.request.logprobs)
+
+    def _apply(self, seq: Sequence, request: VerifyRequest, result) -> tuple[RoundOutput, tuple[int, int]]:
+        """Add a round's tokens to one sequence, cut at its first stop condition, and count
+        what was kept. A failure here (e.g. decoding) fails this request alone.
+        Returns the output and the (drafted, accepted) counts of the round."""
+        try:
+            decision = seq.stop_checker.append(result.emitted)
+        except Exception as exc:
+            logger.warning("request %s failed: %s: %s", seq.seq_id, type(exc).__name__, exc)
+            return self._fail_row(seq, exc), (0, 0)
+        kept = result.emitted[: decision.num_kept]
+        logprobs = None if result.logprobs is None else result.logprobs[: decision.num_kept]
+        seq.token_ids.extend(kept)
+        seq.logprobs.extend(logprobs or ())
+        seq.finish_reason = decision.finish_reason
+        drafted, accepted = SpecStats.kept_counts(len(request.draft_token_ids), result.num_accepted, len(kept))
+        gamma = self.planner.recorded_gamma(seq)
+        for stats in (seq.stats, self.stats):
+            stats.record_round(drafted, accepted, gamma)
+            stats.emitted += len(kept)
+        return RoundOutput(seq.seq_id, kept, seq.finish_reason, decision.text, logprobs=logprobs), (drafted, accepted)
+
+    def _fail_row(self, seq: Sequence, exc: BaseException) -> RoundOutput:
+        """End one request with its error (its slots are freed when it retires)."""
+        seq.finish_reason, seq.error = FINISH_ERROR, exc
+        return RoundOutput(seq.seq_id, [], FINISH_ERROR, error=exc)
+
+    def _retire(self, seq: Sequence) -> None:
+        self._finished[seq.seq_id] = seq
+        self._proposer_view.forget(seq.seq_id)
+        if self.draft_ahead is not None:
+            self.draft_ahead.forget(seq.seq_id)
+        if seq in self._waiting:
+            self._waiting.remove(seq)
+        if seq in self._running:
+            self._running.remove(seq)
+            try:
+                self.verifier.release(seq.seq_id)
+            finally:  # a failing target must not leak the draft's slot
+                self.proposer.release(seq.seq_id)
+

@@ -1,0 +1,63 @@
+"""PrefillChunks: how much of each new prompt the target reads this round (chunked prefill).
+
+Without chunks, a row's first round reads its whole prompt inside the round's one target
+forward, and every row of the batch waits for it: a 2,000-token prompt stalls the streams
+already decoding for the length of its prefill. With a token budget per round (Sarathi-Serve),
+prompts are read at most `budget` tokens per round, first come first served, interleaved
+with the decode rounds of the running rows. A row still reading its prompt (a *prefill
+chunk*) is verified with its history cut at the chunk's end and no drafts: the target
+caches the chunk and the token it samples there is dropped, so the row emits nothing and
+drafts nothing. Its last chunk is an ordinary first round (the prompt's rest, γ drafts, the
+first token), so the output equals the unchunked one. A row the budget does not reach sits
+this round out. The draft reads the same chunks (`SpeculativeEngine`), not the whole prompt
+at its first draft.
+"""
+
+from __future__ import annotations
+
+from specdec.proposers.base import ProposalRequest
+from specdec.requests.sequence import Sequence
+from specdec.verifiers.verifier import VerifyRequest
+
+
+class PrefillChunks:
+    def __init__(self, budget: int | None) -> None:
+        """budget: prompt tokens the target reads per round, over all rows (None or 0: whole prompts)."""
+        if budget is not None and budget < 0:
+            raise ValueError(f"prefill_chunk_tokens must be >= 0 or None, got {budget}")
+        self.budget = budget or None
+
+    def plan(self, running: list[Sequence]) -> list[Sequence]:
+        """Set each row's `chunk_end` for this round and return the rows that take part (the
+        others wait for budget). Rows are served in the order given (their admission)."""
+        left = self.budget
+        taking_part = []
+        for seq in running:
+            seq.chunk_end = None
+            unread = len(seq.token_ids) - seq.prefilled  # the prompt's rest and its pending token
+            if left is None or seq.stats.rounds > 0:
+                taking_part.append(seq)
+            elif unread <= left:  # its last chunk: an ordinary first round
+                left -= unread
+                taking_part.append(seq)
+            elif left > 0:
+                seq.chunk_end, left = seq.prefilled + left, 0
+                taking_part.append(seq)
+        return taking_part
+
+    @staticmethod
+    def verify_request(seq: Sequence) -> VerifyRequest:
+        """The target's part of a prefill chunk: the history cut at the chunk's end, no drafts."""
+        return VerifyRequest(seq.seq_id, seq.token_ids[: seq.chunk_end], [], seq.request.sampling)
+
+    @staticmethod
+    def proposal_request(seq: Sequence) -> ProposalRequest:
+        """The draft's part of a prefill chunk: one draft (dropped) on the cut history."""
+        return ProposalRequest(seq.seq_id, seq.token_ids[: seq.chunk_end], seq.request.sampling,
+                               seq.request.proposer, 1)
+
+    @staticmethod
+    def done(rows: list[Sequence]) -> None:
+        """The rows' chunks were read: the target holds each history up to its chunk's end."""
+        for seq in rows:
+            seq.prefilled, seq.chunk_end = seq.chunk_end, None

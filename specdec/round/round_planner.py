@@ -1,0 +1,91 @@
+"""RoundPlanner: each row's γ for one round of the engine.
+
+The policy (`specdec.policy.speculation_policy.RoundPolicy`) plans every row's γ from what it
+sees of the row (`RowState`); without a policy, or when it fails, every row gets the static γ
+(`fixed_plan`). Either way a row never drafts past its cap: its max_new_tokens and the
+target's context. A failing policy costs the round its plan, never a request.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from specdec.policy.speculation_policy import Decision, RoundPolicy, RowState, fixed_plan
+from specdec.proposers.proposer_view import ProposerView
+from specdec.requests.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+def unread_prompt(seq: Sequence) -> int:
+    """Tokens the target reads for a row besides its γ + 1: its prompt, in its first round
+    (less what earlier prefill chunks read; a chunk's part only in a prefill chunk's round)."""
+    if seq.stats.rounds > 0:
+        return 0
+    end = len(seq.token_ids) if seq.chunk_end is None else seq.chunk_end
+    return end - 1 - seq.prefilled
+
+
+class RoundPlanner:
+    """Plans a round's γ per row and remembers the plan until the next one."""
+
+    def __init__(self, gamma: int, gamma_limit: int, proposer_view: ProposerView) -> None:
+        """gamma: the static γ (no policy, mode ON); gamma_limit: no row drafts more (speculation.gamma_limit);
+        proposer_view: what the proposer must catch up on per row (the policy prices it)."""
+        self.gamma, self.gamma_limit = gamma, gamma_limit
+        self.decision = Decision(gamma, gamma > 0, "static γ")  # the last round's
+        self._proposer_view = proposer_view
+        self._planned: dict[str, int] = {}  # seq id -> its γ this round
+        self._caps: dict[str, int] = {}  # seq id -> the most γ it could draft this round
+
+    def plan(self, batch: list[Sequence], policy: RoundPolicy | None, max_seq_len: int,
+             load: tuple[int, int]) -> None:
+        """Each row's γ this round: the policy's plan (or the static γ), within the row's cap.
+        load: (requests running, requests waiting), which the policy is told first."""
+        rows = [self.row_state(seq, max_seq_len) for seq in batch]
+        decision = fixed_plan(rows, self.gamma)
+        if policy is not None:
+            try:  # a failing policy costs the round its plan (the static γ), never a request
+                policy.set_load(*load)
+                planned = policy.plan(rows, self.gamma)
+                if len(planned.gammas) != len(batch):
+                    raise ValueError(f"the policy planned {len(planned.gammas)} rows for a batch of {len(batch)}")
+                decision = planned
+            except Exception:
+                logger.exception("the round policy failed; this round uses the static γ")
+        self.decision = decision
+        self._planned = {seq.seq_id: max(0, min(g, row.cap)) for seq, row, g in zip(batch, rows, decision.gammas)}
+        self._caps = {seq.seq_id: row.cap for seq, row in zip(batch, rows)}
+
+    def row_state(self, seq: Sequence, max_seq_len: int) -> RowState:
+        """What the policy sees of a row. Its cap keeps a round from drafting past
+        max_new_tokens or the target's context (down to 0: plain decoding for this row). A
+        seeded sampled request is planned like any other: its tokens do not depend on the
+        speculation schedule (specdec.sampling.gumbel_sampling)."""
+        request, stats = seq.request, seq.stats
+        room = max_seq_len - len(seq.token_ids)
+        cap = max(0, min(self.gamma_limit, seq.remaining - 1, room))
+        if seq.chunk_end is not None:  # a prefill chunk drafts nothing
+            cap = 0
+        target = request.tpot_target_ms
+        return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, seq.seq_id,
+                        unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)),
+                        seq.remaining, tuple(stats.drafted_per_position),
+                        None if target is None else target / 1000.0)
+
+    def gamma_for(self, seq: Sequence) -> int:
+        """This round's planned γ for a row of the batch (0 for a row not in it)."""
+        return self._planned.get(seq.seq_id, 0)
+
+    def recorded_gamma(self, seq: Sequence) -> int:
+        """The γ a row's statistics record for this round: the planned one, except where its
+        cap cut it short (its last rounds), which keeps the last uncut γ."""
+        gamma = self.gamma_for(seq)
+        if gamma == self._caps.get(seq.seq_id) < self.gamma_limit:
+            return seq.stats.gamma
+        return gamma
+
+    def planned_s(self, rows: int) -> float:
+        """The round's time as the plan predicted it, for a round of `rows` rows: 0 unless
+        they are the plan's whole batch (a micro-batch or a retried half is another round)."""
+        return self.decision.planned_s if rows == len(self._planned) else 0.0

@@ -1,0 +1,1 @@
+"""Sampling: tokens from probabilities, rejection sampling, counter-based random numbers."""

@@ -1,0 +1,62 @@
+"""The log-probabilities of emitted tokens, as OpenAI's `logprobs` reports them.
+
+Every token a round emits (accepted, recovered or bonus) sits at a position whose target
+distribution the verifier already computed: the logits at that position of the round's
+one target forward. A token's logprob is the log of the probability the target assigns it
+there after the request's processing - temperature, then top-k, then top-p
+(`specdec.sampling.sampling.logits_to_probs`), the distribution the output follows - so it is
+the same whatever was drafted: with speculation on or off, the emitted token at a position
+and the target's logits there are the same (up to float32 rounding: a forward that scores
+more positions at once may round the logits differently, by about 1e-6 in a logprob).
+A greedy request (temperature 0) reports the distribution at temperature 1 with its top-k /
+top-p (as vLLM does; its processed distribution is one-hot). Tokens that processing removes
+have logprob -inf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specdec.sampling.sampling import SamplingBatch, logits_to_probs
+from specdec.sampling.sampling_params import SamplingParams
+
+MAX_TOP_LOGPROBS = 20  # the most alternatives a request may ask for (OpenAI's limit)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token: its logprob and the `top` most likely tokens at its position
+    ((token id, logprob), most likely first; as many as the request asked for)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def reported_params(params: SamplingParams) -> SamplingParams:
+    """The processing whose distribution is reported: the request's, at temperature 1 when greedy."""
+    # a seed of its own: building the batch draws no random seed (nothing is drawn from it)
+    return SamplingParams(temperature=params.temperature or 1.0, top_k=params.top_k, top_p=params.top_p, seed=0)
+
+
+def emitted_logprobs(logits: Tensor, params: SamplingParams, emitted: list[int], top: int) -> list[TokenLogprob]:
+    """The logprobs of one row's emitted tokens.
+
+    logits: [T, V] the target's logits at the row's positions (position j predicts
+        emitted[j]; T >= len(emitted)).
+    params: the request's sampling; top: how many alternatives per token (0..MAX_TOP_LOGPROBS).
+    """
+    n = len(emitted)
+    batch = SamplingBatch.from_params([reported_params(params)])
+    logprobs = logits_to_probs(logits[None, :n], batch)[0].log()  # [n, V] float64
+    chosen = logprobs.gather(-1, torch.tensor(emitted, dtype=torch.long, device=logprobs.device)[:, None])  # [n, 1]
+    if top > 0:
+        best = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # values, indices [n, top]
+        alternatives = [tuple(zip(ids, values)) for ids, values in zip(best.indices.tolist(), best.values.tolist())]
+    else:
+        alternatives = [()] * n
+    return [TokenLogprob(token, value, alts) for token, value, alts in
+            zip(emitted, chosen[:, 0].tolist(), alternatives)]

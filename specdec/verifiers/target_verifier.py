@@ -1,0 +1,181 @@
+"""TargetVerifier: the in-process Verifier over a target ModelRunner and the rejection sampler.
+
+The target trusts nothing it is sent: drafted tokens outside the vocabulary or the
+context, and draft distributions q that do not decode (a remote draft's bytes are decoded
+here, once, right before rejection sampling), are not finite, non-negative and normalised
+(within Q_SUM_TOLERANCE), or give a drafted token no probability, are not verified. That row
+is verified as if it had no drafts (plain decoding, still exact) and counted in
+`rejected_proposals`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from specdec.models.model_runner import ModelRunner
+from specdec.sampling.rejection_sampler import rejection_sample
+from specdec.sampling.sampling import SamplingBatch
+from specdec.sampling.token_logprobs import emitted_logprobs
+from specdec.verifiers.verifier import Verifier, VerifyRequest, VerifyResult
+
+logger = logging.getLogger(__name__)
+
+Q_SUM_TOLERANCE = 1e-2  # |sum(q) - 1| allowed for a draft distribution (float16 rounding is ~1e-3)
+
+
+@dataclass
+class _TargetState:
+    slot: int
+
+
+class TargetVerifier(Verifier):
+    """The target's slot cache holds each sequence's history minus its pending token.
+
+    Sequences it has not seen (new ones, or all of them after a restart) are prefilled from
+    the history they arrive with; a cache that is ahead of the history (a lost reply) is
+    rolled back to it. So the caller's history is always the source of truth.
+    """
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.vocab_size = runner.vocab_size
+        self.max_seq_len = runner.max_seq_len
+        self._states: dict[str, _TargetState] = {}
+        self.rejected_proposals = 0  # rows whose drafts failed validation (verified without them)
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.runner.num_free_slots
+
+    @property
+    def num_slots(self) -> int:
+        return self.runner.cache.num_slots
+
+    @property
+    def runner_kind(self) -> str:
+        """The runtime serving the target: "specdec" (own) or "transformers" (fallback)."""
+        return self.runner.runner_kind
+
+    def active_sequences(self) -> list[str]:
+        return list(self._states)
+
+    def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
+        if not requests:
+            return []
+        requests = [self._checked(r) for r in requests]
+        states = self._sync(requests)
+        slots = [s.slot for s in states]
+        old_lengths = [len(r.token_ids) - 1 for r in requests]
+        logits = self.runner.forward(slots, [[r.token_ids[-1], *r.draft_token_ids] for r in requests])
+        draft_ids, num_drafted, draft_probs = self._pack(requests, logits.shape[1] - 1)
+        sampling = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests],
+                                             histories=[r.token_ids for r in requests],
+                                             num_prompt_tokens=[r.num_prompt_tokens for r in requests])
+        out = rejection_sample(logits, draft_ids, num_drafted, draft_probs, sampling)
+        results = []
+        for i, (request, emitted) in enumerate(zip(requests, out.emitted())):
+            num_accepted = int(out.num_accepted[i])
+            self.runner.truncate(slots[i], old_lengths[i] + 1 + num_accepted)
+            logprobs = None if request.logprobs is None else \
+                emitted_logprobs(logits[i], request.sampling, emitted, request.logprobs)
+            results.append(VerifyResult(request.seq_id, emitted, num_accepted, logprobs))
+        return results
+
+    def _sync(self, requests: list[VerifyRequest]) -> list[_TargetState]:
+        """Make every slot hold exactly history[:-1]: allocate, roll back, or prefill (batched)."""
+        states, prefill_slots, prefill_chunks = [], [], []
+        for request in requests:
+            state = self._states.get(request.seq_id)
+            if state is None:
+                state = self._states[request.seq_id] = _TargetState(self.runner.allocate_slot())
+            want, have = len(request.token_ids) - 1, self.runner.slot_length(state.slot)
+            if have > want:
+                self.runner.truncate(state.slot, want)
+            elif have < want:
+                prefill_slots.append(state.slot)
+                prefill_chunks.append(request.token_ids[have:want])
+            states.append(state)
+        if prefill_slots:
+            self.runner.forward(prefill_slots, prefill_chunks, last_only=True)
+        return states
+
+    def _pack(self, requests: list[VerifyRequest], width: int):
+        """Drafted tokens [batch, width] (-1 padded), num_drafted [batch], q [batch, width, vocab] | None.
+
+        When some rows carry draft probabilities, rows without them get a one-hot q (never a
+        zero q, which would accept anything): the one place that q is made up."""
+        draft_ids = torch.full((len(requests), width), -1, dtype=torch.long)
+        num_drafted = torch.tensor([len(r.draft_token_ids) for r in requests], dtype=torch.long)
+        for i, r in enumerate(requests):
+            draft_ids[i, : len(r.draft_token_ids)] = torch.tensor(r.draft_token_ids, dtype=torch.long)
+        if all(r.draft_probs is None for r in requests):
+            return draft_ids, num_drafted, None
+        draft_probs = torch.zeros(len(requests), width, self.vocab_size)
+        for i, r in enumerate(requests):
+            n = len(r.draft_token_ids)
+            if r.draft_probs is None:
+                draft_probs[i, torch.arange(n), draft_ids[i, :n]] = 1.0
+                continue
+            draft_probs[i, :n] = r.draft_probs  # checked weights; normalised by the sampler
+        return draft_ids, num_drafted, draft_probs
+
+    def _checked(self, request: VerifyRequest) -> VerifyRequest:
+        """The request with its q decoded (the only place encoded q is decoded, and drafts
+        are checked), or without its drafts when they fail validation."""
+        try:
+            request = self._decoded(request)
+            problem = self.draft_problem(request)
+        except ValueError as exc:  # bytes that are no distributions (EncodedQ.decode)
+            problem = f"q does not decode: {exc}"
+        if problem is None:
+            return request
+        self.rejected_proposals += 1
+        logger.warning("sequence %s: drafts not verified (%s); plain decoding this round", request.seq_id, problem)
+        return dataclasses.replace(request, draft_token_ids=[], draft_probs=None)
+
+    def _decoded(self, request: VerifyRequest) -> VerifyRequest:
+        """The request with q as [num_drafted, vocab] weights: encoded q decoded; dropped
+        where the sampler does not read it (greedy rows, no drafts)."""
+        q = request.draft_probs
+        if q is None or isinstance(q, torch.Tensor):
+            return request
+        if request.sampling.is_greedy or not request.draft_token_ids:
+            return dataclasses.replace(request, draft_probs=None)
+        if len(q) != len(request.draft_token_ids):
+            raise ValueError(f"{len(q)} distributions for {len(request.draft_token_ids)} drafted tokens")
+        return dataclasses.replace(request, draft_probs=q.decode(self.vocab_size))  # [n, vocab]
+
+    def draft_problem(self, request: VerifyRequest) -> str | None:
+        """Why the request's drafts cannot be verified, or None when they can."""
+        ids, n = request.draft_token_ids, len(request.draft_token_ids)
+        if len(request.token_ids) + n > self.max_seq_len:
+            return f"{n} drafted tokens do not fit the context after {len(request.token_ids)} tokens"
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            return "a drafted token id lies outside the vocabulary"
+        q = request.draft_probs
+        if q is None or request.sampling.is_greedy or n == 0:
+            return None
+        return q_problem(q, ids, self.vocab_size)
+
+    def release(self, seq_id: str) -> None:
+        state = self._states.pop(seq_id, None)
+        if state is not None:
+            self.runner.free_slot(state.slot)
+
+
+def q_problem(q: torch.Tensor, ids: list[int], vocab_size: int) -> str | None:
+    """Why q ([n, vocab] weights of the drafted tokens `ids`) is no valid draft distribution."""
+    if tuple(q.shape) != (len(ids), vocab_size):
+        return f"q must be [num_drafted={len(ids)}, vocab={vocab_size}], got {tuple(q.shape)}"
+    q = q.double()
+    if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
+        return "q is not finite and non-negative"
+    if bool(((q.sum(dim=-1) - 1.0).abs() > Q_SUM_TOLERANCE).any()):
+        return f"q does not sum to 1 (within {Q_SUM_TOLERANCE})"
+    if bool((q.gather(-1, torch.tensor(ids, dtype=torch.long)[:, None]) <= 0).any()):
+        return "q gives a drafted token no probability"
+    return None

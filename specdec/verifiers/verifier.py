@@ -1,0 +1,101 @@
+"""The Verifier interface: the target side of a round.
+
+A verifier owns the target model's per-sequence state (its cache slot). Each
+round it receives every active sequence's history and drafted tokens, scores them in one
+batched target forward, runs the acceptance test and rolls its cache back to the accepted
+prefix. In-process this is `TargetVerifier`; in the distributed system it is a gRPC client
+of the tensor-parallel target group.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specdec.proposers.drafts import EncodedQ
+from specdec.sampling.sampling_params import SamplingParams
+from specdec.sampling.token_logprobs import TokenLogprob
+
+
+@dataclass
+class VerifyRequest:
+    """One sequence's part of a round.
+
+    token_ids: the full history (prompt + generated); the last one is the pending token.
+    draft_token_ids: the drafted tokens to verify (may be empty: plain decoding).
+    draft_probs: the draft distribution q of the drafted tokens, as the proposer made it
+        (Drafts.q): [num_drafted, vocab] non-negative weights (the verifier normalises them,
+        exactly as the proposer did before sampling), the same still encoded (EncodedQ: a
+        remote draft's bytes, decoded by the verifier), or None (verified as a one-hot q).
+    num_prompt_tokens: how many leading history tokens are the prompt (frequency and
+        presence penalties count only the tokens after them).
+    logprobs: None, or how many alternatives to report with each emitted token's logprob
+        (VerifyResult.logprobs; specdec.sampling.token_logprobs).
+    """
+
+    seq_id: str
+    token_ids: list[int]
+    draft_token_ids: list[int]
+    sampling: SamplingParams
+    draft_probs: torch.Tensor | EncodedQ | None = None
+    num_prompt_tokens: int = 0
+    logprobs: int | None = None
+
+
+@dataclass
+class VerifyResult:
+    """num_accepted drafted tokens were kept; emitted = those + one recovered-or-bonus token.
+    logprobs: one per emitted token when the request asked for them, else None."""
+
+    seq_id: str
+    emitted: list[int]
+    num_accepted: int
+    logprobs: list[TokenLogprob] | None = None
+
+
+class PendingVerify(Protocol):
+    """A verify call in flight."""
+
+    def result(self) -> list["VerifyResult"]:
+        """Wait for the results (raises what the call raised)."""
+
+
+class _Done:
+    def __init__(self, results: list["VerifyResult"]) -> None:
+        self._results = results
+
+    def result(self) -> list["VerifyResult"]:
+        return self._results
+
+
+class Verifier(ABC):
+    """Scores drafted tokens with the target and keeps the longest acceptable prefix."""
+
+    vocab_size: int
+    max_seq_len: int
+    #: True when verify_async returns while the target still works (a remote target), so
+    #: the caller can draft ahead meanwhile.
+    runs_concurrently: bool = False
+    #: why the target cannot verify now (a remote target is unreachable), or None; health
+    #: reports NOT_SERVING while it is set
+    unavailable_reason: str | None = None
+
+    def verify_async(self, requests: list["VerifyRequest"]) -> PendingVerify:
+        """Start verify(requests); the default runs it to completion first."""
+        return _Done(self.verify(requests))
+
+    @property
+    @abstractmethod
+    def num_free_slots(self) -> int:
+        """How many more sequences can start now."""
+
+    @abstractmethod
+    def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
+        """One round for every request, batched into one target forward."""
+
+    @abstractmethod
+    def release(self, seq_id: str) -> None:
+        """Forget a finished or cancelled sequence and free its slot (unknown ids are ignored)."""

@@ -1,0 +1,1 @@
+"""Wiring: configuration in, a running engine out (builders, start-up checks, the in-process CLI)."""

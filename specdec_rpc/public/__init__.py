@@ -1,0 +1,1 @@
+"""The public gRPC API: service, client, TLS, proxy binding, status codes."""

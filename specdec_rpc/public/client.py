@@ -1,0 +1,258 @@
+"""Python clients of the public API: `SpecdecClient` (blocking) and `AsyncSpecdecClient` (grpc.aio).
+
+Every call has a deadline (`timeout_s`, per client and overridable per call; None = no
+deadline). Calls that fail with UNAVAILABLE (server starting, restarting, or briefly
+unreachable) are retried up to `retries` times with exponential backoff; no other code is
+retried, and a stream is retried only while it has not yielded anything. A call whose
+router replica died reaches the client as INTERNAL from Ray Serve's proxy; the clients
+recognise it and raise (or retry) it as UNAVAILABLE (`replica_loss`).
+
+Security: `token` is sent as `authorization: Bearer <token>` on every call (the server's
+`security.api_tokens_file`); `tls_ca_file` connects over TLS, trusting that CA's
+certificates ("" = the system's roots; None = plaintext).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specdec.requests.speculation_mode import SpeculationMode
+from specdec_rpc.public.replica_loss import as_unavailable
+from specdec_rpc.v1 import specdec_pb2, specdec_pb2_grpc
+
+_UNSET: Any = object()
+MODES = {
+    SpeculationMode.AUTO: specdec_pb2.SPECULATION_MODE_AUTO,
+    SpeculationMode.ON: specdec_pb2.SPECULATION_MODE_ON,
+    SpeculationMode.OFF: specdec_pb2.SPECULATION_MODE_OFF,
+}
+PROPOSERS = {None: specdec_pb2.PROPOSER_KIND_UNSPECIFIED, "draft": specdec_pb2.PROPOSER_KIND_DRAFT,
+             "ngram": specdec_pb2.PROPOSER_KIND_NGRAM}
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+
+
+def build_request(
+    prompt: str | None = None,
+    *,
+    prompt_token_ids: Sequence[int] | None = None,
+    max_new_tokens: int = 0,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float | None = None,
+    seed: int | None = None,
+    mode: str = "auto",
+    gamma: int = 0,
+    proposer: str | None = None,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    tpot_target_ms: float | None = None,
+) -> specdec_pb2.GenerateRequest:
+    """A GenerateRequest from keyword arguments (0 / None = the server's default).
+
+    mode: "auto" (the server decides), "on" or "off"; proposer: "draft", "ngram" or None;
+    tpot_target_ms: the request's time-per-output-token target (None = the server's).
+    The server validates the values; only unknown mode / proposer names fail here.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {sorted(m.value for m in MODES)}, got {mode!r}")
+    if proposer not in PROPOSERS:
+        raise ValueError(f"proposer must be 'draft', 'ngram' or None, got {proposer!r}")
+    sampling = specdec_pb2.SamplingParams(temperature=temperature, top_k=top_k)
+    if top_p is not None:
+        sampling.top_p = top_p
+    if seed is not None:
+        sampling.seed = seed
+    speculation = specdec_pb2.SpeculationParams(mode=MODES[mode], gamma=gamma, proposer=PROPOSERS[proposer])
+    if tpot_target_ms is not None:
+        speculation.tpot_target_ms = tpot_target_ms
+    return specdec_pb2.GenerateRequest(
+        prompt=prompt or "",
+        prompt_token_ids=list(prompt_token_ids or ()),
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        speculation=speculation,
+        stop=list(stop),
+        stop_token_ids=list(stop_token_ids),
+    )
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Only UNAVAILABLE is retried (no replica could serve the call: not ready, gone, or it
+    died serving it; Serve's INTERNAL for a dead replica counts, see replica_loss)."""
+    if not isinstance(exc, grpc.RpcError) or not callable(getattr(exc, "code", None)):
+        return False
+    return as_unavailable(exc).code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _raise(exc: grpc.RpcError) -> NoReturn:
+    """Raise a failed call's error; a dead replica's INTERNAL as UNAVAILABLE (ReplicaLostError)."""
+    error = as_unavailable(exc)
+    if error is exc:
+        raise exc
+    raise error from exc
+
+
+def _health_name(status: int) -> str:
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+
+
+def open_channel(target: str, tls_ca_file: str | None = None, aio: bool = False) -> Any:
+    """A channel to `target`: plaintext (tls_ca_file None) or TLS trusting that CA ("" = the
+    system's roots)."""
+    grpc_module = grpc.aio if aio else grpc
+    if tls_ca_file is None:
+        return grpc_module.insecure_channel(target, options=CHANNEL_OPTIONS)
+    roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
+    return grpc_module.secure_channel(target, grpc.ssl_channel_credentials(roots), options=CHANNEL_OPTIONS)
+
+
+class _Retrying:
+    """Deadline, retry and credential settings shared by both clients."""
+
+    def __init__(self, timeout_s: float | None, retries: int, backoff_s: float, token: str | None = None) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
+
+    def _timeout(self, timeout_s: Any) -> float | None:
+        return self.timeout_s if timeout_s is _UNSET else timeout_s
+
+    def _delay(self, attempt: int) -> float:
+        return self.backoff_s * (2**attempt)
+
+
+class SpecdecClient(_Retrying):
+    """Blocking client: `generate`, `generate_stream`, `health`. Use as a context manager."""
+
+    def __init__(self, target: str, timeout_s: float | None = 60.0, retries: int = 3, backoff_s: float = 0.2,
+                 token: str | None = None, tls_ca_file: str | None = None) -> None:
+        super().__init__(timeout_s, retries, backoff_s, token)
+        self.target = target
+        self._channel = open_channel(target, tls_ca_file)
+        self._stub = specdec_pb2_grpc.SpeculativeDecodingStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def _call(self, method: Any, request: Any, timeout_s: Any) -> Any:
+        for attempt in range(self.retries + 1):
+            try:
+                return method(request, timeout=self._timeout(timeout_s), metadata=self.metadata)
+            except grpc.RpcError as exc:
+                if attempt == self.retries or not is_retryable(exc):
+                    _raise(exc)
+                time.sleep(self._delay(attempt))
+
+    def generate(
+        self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any
+    ) -> specdec_pb2.GenerateResponse:
+        """The whole result (fields: see build_request)."""
+        return self._call(self._stub.Generate, build_request(prompt, **fields), timeout_s)
+
+    def generate_stream(
+        self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any
+    ) -> Iterator[specdec_pb2.GenerateChunk]:
+        """Chunks as rounds confirm them; stopping the iteration early cancels the call."""
+        request = build_request(prompt, **fields)
+        for attempt in range(self.retries + 1):
+            call = self._stub.GenerateStream(request, timeout=self._timeout(timeout_s), metadata=self.metadata)
+            yielded = False
+            try:
+                for chunk in call:
+                    yielded = True
+                    yield chunk
+                return
+            except grpc.RpcError as exc:
+                if yielded or attempt == self.retries or not is_retryable(exc):
+                    _raise(exc)
+            finally:
+                call.cancel()  # no-op once the call completed
+            time.sleep(self._delay(attempt))
+
+    def health(self, service: str = "", timeout_s: Any = _UNSET) -> str:
+        """'SERVING' or 'NOT_SERVING' (raises grpc.RpcError when the server does not answer)."""
+        response = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout_s)
+        return _health_name(response.status)
+
+    def stats(self, timeout_s: Any = _UNSET) -> specdec_pb2.GetStatsResponse:
+        """The live speculation picture (γ, on/off, α, c, QPS) of the replica that answers."""
+        return self._call(self._stub.GetStats, specdec_pb2.GetStatsRequest(), timeout_s)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "SpecdecClient":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncSpecdecClient(_Retrying):
+    """asyncio client (grpc.aio) with the same methods as coroutines / an async iterator."""
+
+    def __init__(self, target: str, timeout_s: float | None = 60.0, retries: int = 3, backoff_s: float = 0.2,
+                 token: str | None = None, tls_ca_file: str | None = None) -> None:
+        super().__init__(timeout_s, retries, backoff_s, token)
+        self.target = target
+        self._channel = open_channel(target, tls_ca_file, aio=True)
+        self._stub = specdec_pb2_grpc.SpeculativeDecodingStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def _call(self, method: Any, request: Any, timeout_s: Any) -> Any:
+        for attempt in range(self.retries + 1):
+            try:
+                return await method(request, timeout=self._timeout(timeout_s), metadata=self.metadata)
+            except grpc.RpcError as exc:
+                if attempt == self.retries or not is_retryable(exc):
+                    _raise(exc)
+                await asyncio.sleep(self._delay(attempt))
+
+    async def generate(
+        self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any
+    ) -> specdec_pb2.GenerateResponse:
+        return await self._call(self._stub.Generate, build_request(prompt, **fields), timeout_s)
+
+    async def generate_stream(
+        self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any
+    ) -> AsyncIterator[specdec_pb2.GenerateChunk]:
+        request = build_request(prompt, **fields)
+        for attempt in range(self.retries + 1):
+            call = self._stub.GenerateStream(request, timeout=self._timeout(timeout_s), metadata=self.metadata)
+            yielded = False
+            try:
+                async for chunk in call:
+                    yielded = True
+                    yield chunk
+                return
+            except grpc.RpcError as exc:
+                if yielded or attempt == self.retries or not is_retryable(exc):
+                    _raise(exc)
+            finally:
+                call.cancel()
+            await asyncio.sleep(self._delay(attempt))
+
+    async def health(self, service: str = "", timeout_s: Any = _UNSET) -> str:
+        response = await self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout_s)
+        return _health_name(response.status)
+
+    async def stats(self, timeout_s: Any = _UNSET) -> specdec_pb2.GetStatsResponse:
+        """The live speculation picture (γ, on/off, α, c, QPS) of the replica that answers."""
+        return await self._call(self._stub.GetStats, specdec_pb2.GetStatsRequest(), timeout_s)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncSpecdecClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

@@ -1,0 +1,1 @@
+"""The internal worker protocol: servicers, their clients in the router, leases, reconnects, codecs."""

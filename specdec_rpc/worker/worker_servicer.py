@@ -1,0 +1,93 @@
+"""WorkerServicer: what the draft and target gRPC services share: leases, release and health.
+
+A worker (DraftServicer, TargetServicer) serves one model; its calls run one at a time on a
+worker thread (SerialExecutor). It rebuilds each sequence's history from the router's deltas
+(HistoryStore) and holds every sequence under its router's lease (LeaseReaper): a router that
+stops renewing it loses its slots. This base holds that lifecycle once: start/close, the
+Release, GetInfo and KeepAlive calls, and the gauges of its WorkerMetrics (none recorded
+unless the actor passes real ones). A subclass adds its round call (Propose or Verify), frees
+its model's state of one sequence (`_free`), and says what it serves (`info`) and how full
+it is (`state`).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
+from specdec_rpc.worker.history_sync import HistoryStore
+from specdec_rpc.worker.lease_reaper import LeaseReaper
+from specdec_rpc.v1 import worker_pb2
+from specdec_rpc.worker.worker_runtime import CallStats, SerialExecutor, run_serially
+
+
+class WorkerServicer:
+    """The lifecycle of one worker service (mixed in before the generated gRPC servicer base)."""
+
+    def __init__(self, thread_name: str, lease_ttl_s: float, metrics: WorkerMetrics) -> None:
+        """thread_name: the worker thread's name; lease_ttl_s: how long a silent router's
+        sequences are held; metrics: where calls, compute and cache use are recorded."""
+        self.histories = HistoryStore()
+        self.stats = CallStats()
+        self._work = SerialExecutor(thread_name)
+        self.leases = LeaseReaper(lease_ttl_s, self._work, self._release)
+        self.metrics = metrics
+        self._metrics_task = None
+
+    def start(self) -> None:
+        """On the server's event loop: start freeing the slots of lapsed leases and updating the
+        cache and lease gauges."""
+        self.leases.start()
+        if self._metrics_task is None:
+            self._metrics_task = self.metrics.poll(self.state)
+
+    def state(self) -> WorkerState:
+        """The cache and leases now (read on the event loop, which owns the lease table)."""
+        raise NotImplementedError
+
+    def info(self) -> worker_pb2.WorkerInfo:
+        """What this worker serves and its counters (the GetInfo reply)."""
+        raise NotImplementedError
+
+    def _info(self, **fields) -> worker_pb2.WorkerInfo:
+        """A WorkerInfo of the given fields plus the call counters and the lease figures."""
+        return worker_pb2.WorkerInfo(
+            calls=self.stats.calls,
+            sequences=self.stats.sequences,
+            max_batch_size=self.stats.max_batch_size,
+            **fields,
+            **self.leases.info_fields(),
+        )
+
+    def _free(self, seq_id: str) -> None:
+        """On the worker thread: free the model's state (cache slot) of one sequence."""
+        raise NotImplementedError
+
+    async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
+        with self.leases.call(request.lease_id):
+            await run_serially(self._work, context, "Release", self._release, list(request.seq_ids), calls=self.metrics)
+        self.leases.released(request.seq_ids)
+        return worker_pb2.ReleaseResponse()
+
+    def _release(self, seq_ids: list[str]) -> None:
+        """On the worker thread: forget the sequences (a Release, or their lease lapsed)."""
+        for seq_id in seq_ids:
+            self._free(seq_id)
+            self.histories.release(seq_id)
+
+    async def GetInfo(self, request: worker_pb2.InfoRequest, context: grpc.aio.ServicerContext):
+        self.metrics.observe_call("GetInfo")
+        return self.info()
+
+    async def KeepAlive(self, request: worker_pb2.KeepAliveRequest, context: grpc.aio.ServicerContext):
+        held = self.leases.keep_alive(request.lease_id)
+        self.metrics.observe_call("KeepAlive")
+        return worker_pb2.KeepAliveResponse(lease_ttl_s=self.leases.ttl_s, held_sequences=held)
+
+    def close(self) -> None:
+        """Stop the gauges and the lease reaper, then the worker thread."""
+        if self._metrics_task is not None:
+            self._metrics_task.cancel()
+            self._metrics_task = None
+        self.leases.stop()
+        self._work.shutdown()

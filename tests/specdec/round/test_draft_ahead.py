@@ -1,0 +1,330 @@
+"""Drafting ahead (pipelined rounds) changes when drafts are made, never what is generated.
+
+The engine drafts round k + 1 while the target verifies round k, for the verdicts of round
+k the draft finds likeliest (branches: every draft accepted, or a rejection at some position
+with the draft's next-best token there); the branch whose verdict happened becomes round
+k + 1's drafts, the others are thrown away (rolled back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from specdec.round.draft_ahead import DraftAhead
+from specdec.round.look_ahead_hits import LookAheadHits
+from specdec.round.engine import SpeculativeEngine
+from specdec.models.model_paths import resolve_model_path
+from specdec.models.model_runner import ModelRunner
+from specdec.proposers.base import Branch, Drafts
+from specdec.proposers.draft_proposer import DraftModelProposer
+from specdec.requests.request import GenerationRequest
+from specdec.round.overlap_choice import OverlapChoice
+from specdec.sampling.sampling_params import SamplingParams
+from specdec.policy.speculation_policy import fixed_plan
+from specdec.verifiers.target_verifier import TargetVerifier
+from specdec.verifiers.verifier import Verifier, VerifyRequest, VerifyResult
+from token_statistics import ALPHA, as_table, p_value, reference_probs
+
+
+class ConcurrentVerifier(Verifier):
+    """An in-process verifier that says it runs concurrently, so the engine drafts ahead
+    (here the draft simply runs after the verify call: same logic, no parallelism)."""
+
+    runs_concurrently = True
+
+    def __init__(self, inner: TargetVerifier) -> None:
+        self.inner, self.vocab_size, self.max_seq_len = inner, inner.vocab_size, inner.max_seq_len
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.inner.num_free_slots
+
+    def verify(self, requests):
+        return self.inner.verify(requests)
+
+    def release(self, seq_id):
+        self.inner.release(seq_id)
+
+
+def pipelined(num_slots: int = 8, max_seq_len: int = 256, min_acceptance: float = 0.0, gamma: int = 4,
+              micro_batches: bool = True, branches: int = 3, draft_slots: int | None = None,
+              max_rows: int | None = None, choice: OverlapChoice | None = None, hits: LookAheadHits | None = None):
+    """draft_slots: the draft's cache (default num_slots + 16, room for the look-ahead's forks)."""
+    target = ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=num_slots,
+                                         max_seq_len=max_seq_len)
+    draft = ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=draft_slots or num_slots + 16,
+                                        max_seq_len=max_seq_len)
+    proposer = DraftModelProposer(draft, target.vocab_size, wire_dtype=torch.float16)
+    return SpeculativeEngine(ConcurrentVerifier(TargetVerifier(target)), proposer, gamma=gamma,
+                             draft_ahead=DraftAhead(min_acceptance, micro_batches, branches, max_rows, choice, hits))
+
+
+def target_logits(histories: list[list[int]]) -> np.ndarray:
+    """The target's next-token logits after each history, [n, V] float64."""
+    runner = ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=len(histories), max_seq_len=8)
+    slots = [runner.allocate_slot() for _ in histories]
+    return runner.forward(slots, histories, last_only=True).double().numpy()
+
+
+# --- the look-ahead bookkeeping ------------------------------------------------------------
+
+
+def test_the_branch_whose_verdict_happened_becomes_the_next_rounds_drafts():
+    ahead = DraftAhead()
+    request = VerifyRequest("a", [1, 2], [3, 4], SamplingParams())  # history [1, 2], drafts 3 and 4
+    branches = [Branch(4, 5, [6, 7]),  # both accepted, then bonus 5
+                Branch(3, 9, [10, 11]),  # 3 accepted, 4 rejected: the target emits 9
+                Branch(2, 8, [12])]  # 3 rejected: the target emits 8
+    ahead.keep(request, VerifyResult("a", [3, 4, 5], 2), branches)
+    assert ahead.take("a", [1, 2, 3, 4, 5], gamma=4) == Drafts([6, 7])
+    ahead.keep(request, VerifyResult("a", [3, 9], 1), branches)
+    assert ahead.take("a", [1, 2, 3, 9], gamma=4) == Drafts([10, 11])
+    ahead.keep(request, VerifyResult("a", [3, 4, 13], 2), branches)  # a bonus token no branch guessed
+    ahead.keep(dataclasses.replace(request, seq_id="b"), VerifyResult("b", [7], 0), branches)  # 7, not 8
+    assert ahead.take("a", [1, 2, 3, 4, 13], 4) == Drafts() and ahead.take("b", [1, 2, 7], 4) == Drafts()
+    assert (ahead.hits, ahead.rejection_hits) == (2, 1)
+
+
+def test_a_look_ahead_is_cut_to_the_rows_gamma_and_used_once():
+    ahead = DraftAhead()
+    ahead.keep(VerifyRequest("a", [1], [], SamplingParams()), VerifyResult("a", [5], 0), [Branch(1, 5, [6, 7, 8])])
+    assert ahead.take("a", [1, 5], gamma=2) == Drafts([6, 7])
+    assert ahead.take("a", [1, 5], gamma=2) == Drafts()
+
+
+def test_rows_with_low_acceptance_stop_drafting_ahead():
+    ahead = DraftAhead(min_acceptance=0.3)
+    assert ahead.wants(drafted=0, accepted=0, rounds=0)
+    assert ahead.wants(drafted=40, accepted=2, rounds=3), "too early to judge"
+    assert not ahead.wants(drafted=40, accepted=2, rounds=10)
+    assert ahead.wants(drafted=40, accepted=20, rounds=10)
+
+
+# --- through the engine ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("branches", [1, 4])
+def test_a_lone_request_looks_ahead_and_keeps_the_targets_greedy_output(prompt_ids, hf_greedy, branches):
+    engine = pipelined(branches=branches)
+    [result] = engine.generate([GenerationRequest(prompt_ids[0], 48, ignore_eos=True)])
+    assert result.token_ids == hf_greedy(prompt_ids[0], 48)
+    ahead = engine.draft_ahead
+    assert 0 < ahead.hits < ahead.rows_ahead, "some look-aheads were used, others rolled back"
+    assert engine.stats.accepted > 0
+    if branches > 1:
+        assert ahead.rejection_hits > 0, "some rounds after a rejection had their drafts ready"
+    else:
+        assert ahead.rejection_hits == 0
+
+
+def test_a_kind_whose_look_aheads_miss_stops_looking_ahead_and_the_other_kind_still_does(prompt_ids, hf_greedy):
+    hits = LookAheadHits(min_hit_rate=1.0, warmup=4, probe_every=4)  # one miss puts a kind below the bar
+    engine = pipelined(micro_batches=False, hits=hits)
+    sampled = GenerationRequest(prompt_ids[1], 48, SamplingParams(temperature=1.0, seed=3), ignore_eos=True)
+    [first] = engine.generate([sampled])
+    ahead, rounds = engine.draft_ahead, first.stats.rounds
+    assert hits.looks[False] == ahead.rows_ahead and hits.trusted_rate(False) < 1.0
+    assert 4 <= ahead.rows_ahead <= 4 + rounds // 4 + 1, (ahead.rows_ahead, rounds)  # warm-up, then probes only
+    [greedy] = engine.generate([GenerationRequest(prompt_ids[0], 48, ignore_eos=True)])
+    assert greedy.token_ids == hf_greedy(prompt_ids[0], 48)
+    assert hits.looks[True] >= 4, "greedy rows are judged by their own look-aheads"
+
+
+def test_branching_on_rejections_makes_more_look_aheads_usable(prompt_ids):
+    """Both runs see the same rounds (greedy): branches for a rejection at the drafted
+    positions turn some of the rounds that rejected a draft into rounds whose next drafts
+    were ready."""
+    rates = []
+    for branches in (1, 4):
+        engine = pipelined(branches=branches)
+        engine.generate([GenerationRequest(p, 48, ignore_eos=True) for p in prompt_ids[:1]])
+        rates.append(engine.draft_ahead.hit_rate)
+    assert rates[1] > rates[0] + 0.1, rates
+
+
+def test_two_micro_batches_take_turns_and_keep_the_targets_greedy_output(prompt_ids, hf_greedy):
+    """With several requests, one half is verified while the other half is drafted for."""
+    engine = pipelined()
+    results = engine.generate([GenerationRequest(p, 32, ignore_eos=True) for p in prompt_ids[:5]])
+    assert [r.token_ids for r in results] == [hf_greedy(p, 32) for p in prompt_ids[:5]]
+    assert engine.draft_ahead.stored > 0 and engine.stats.accepted > 0
+    assert engine.profile.rounds > max(r.stats.rounds for r in results), "each step verified a part of the batch"
+
+
+def test_steps_with_more_rows_than_max_rows_run_sequential_rounds_and_keep_the_output(prompt_ids, hf_greedy):
+    """max_rows 1: three requests together never look ahead (no extra draft work); the last
+    one left alone does."""
+    engine = pipelined(micro_batches=False, max_rows=1)
+    jobs = [(prompt_ids[0], 12), (prompt_ids[1], 12), (prompt_ids[2], 40)]
+    results = engine.generate([GenerationRequest(p, n, ignore_eos=True) for p, n in jobs])
+    assert [r.token_ids for r in results] == [hf_greedy(p, n) for p, n in jobs]
+    alone = results[2].stats.rounds - max(r.stats.rounds for r in results[:2])
+    assert 0 < engine.draft_ahead.rows_ahead <= alone, "only the steps with one row looked ahead"
+
+
+def test_a_measured_choice_runs_blocks_with_and_without_looking_ahead_and_keeps_the_output(prompt_ids, hf_greedy):
+    """Blocks of 4 rounds: the first looks ahead, the second runs sequential rounds, then the
+    faster way by the measured tokens per second. Rounds of several requests (max_rows 1) and
+    the prefill round are not counted; the output is the target's greedy output either way."""
+    choice = OverlapChoice(block_rounds=4, explore_every=2)
+    engine = pipelined(micro_batches=False, max_rows=1, choice=choice)
+    jobs = [(prompt_ids[0], 8), (prompt_ids[1], 64)]
+    results = engine.generate([GenerationRequest(p, n, ignore_eos=True) for p, n in jobs])
+    assert [r.token_ids for r in results] == [hf_greedy(p, n) for p, n in jobs]
+    assert choice.rates[True] is not None and choice.rates[False] is not None, "both ways were measured"
+    ahead = engine.draft_ahead
+    alone = results[1].stats.rounds - results[0].stats.rounds - 1  # the lone request's rounds, after its prefill
+    assert 0 < ahead.rows_ahead < alone, "some of the lone request's rounds looked ahead, others did not"
+
+
+class RecordingPolicy:
+    """The static plan, keeping every round's measurements."""
+
+    def __init__(self) -> None:
+        self.samples = []
+
+    def on_arrival(self, count: int = 1) -> None: ...
+
+    def set_load(self, in_flight: int, queued: int) -> None: ...
+
+    def plan(self, rows, default_gamma):
+        return fixed_plan(rows, default_gamma)
+
+    def record(self, sample) -> None:
+        self.samples.append(sample)
+
+
+def test_the_policy_sees_no_draft_call_in_rounds_whose_drafts_were_made_ahead(prompt_ids):
+    """The cost model learns what a proposer call costs the round it waits for: a round that
+    verifies drafts made during the previous verify has none (asked γ 0, no draft time),
+    though its drafted tokens still count for acceptance."""
+    engine = pipelined()
+    engine.policy = RecordingPolicy()
+    engine.generate([GenerationRequest(prompt_ids[0], 48, ignore_eos=True)])
+    ahead_rounds = [s for s in engine.policy.samples if s.drafted and not s.draft_rows]
+    hits = engine.draft_ahead.hits  # each used by the next round, but perhaps the last (the request ended)
+    assert hits > 0 and hits - 1 <= len(ahead_rounds) <= hits
+    fresh_rounds = [s for s in engine.policy.samples if s not in ahead_rounds and s.drafted]
+    assert all(s.draft_rows == 1 and s.gamma > 0 and s.draft_seconds > 0 for s in fresh_rounds)
+    slowest_take = max(s.draft_seconds for s in ahead_rounds)  # taking drafts made ahead, no forward
+    assert all(s.gamma == 0 for s in ahead_rounds) and slowest_take < min(s.draft_seconds for s in fresh_rounds) / 2
+
+
+def test_a_seeded_sampled_request_repeats_exactly_when_drafting_ahead(prompt_ids):
+    request = GenerationRequest(prompt_ids[1], 32, SamplingParams(temperature=0.9, top_p=0.95, seed=8), ignore_eos=True)
+    first, second = (pipelined().generate([request])[0] for _ in range(2))
+    assert first.token_ids == second.token_ids
+
+
+def conditional_p_value(pairs: list[tuple[int, int]], second: dict[int, dict[int, float]]) -> float:
+    """Chi-squared test that x2 follows second[x1] given each observed x1 (the x1 of these
+    rows need not follow any particular law): one goodness-of-fit statistic per x1, summed."""
+    statistic, dof = 0.0, 0
+    for x1 in {x for x, _ in pairs}:
+        outcomes = np.array([x2 for x, x2 in pairs if x == x1])
+        table = second[x1]
+        if any(table.get(int(x2), 0.0) <= 0 for x2 in outcomes):
+            return 0.0
+        keys = sorted(table)
+        observed = np.array([np.sum(outcomes == k) for k in keys], dtype=np.float64)
+        expected = np.array([table[k] for k in keys]) * len(outcomes)
+        keep = expected >= 5.0
+        if keep.sum() < 2:
+            continue
+        observed = np.append(observed[keep], observed[~keep].sum())
+        expected = np.append(expected[keep], expected[~keep].sum())
+        nonzero = expected > 0
+        statistic += float((((observed - expected) ** 2)[nonzero] / expected[nonzero]).sum())
+        dof += int(nonzero.sum()) - 1
+    return float(stats.chi2.sf(statistic, dof)) if dof else 1.0
+
+
+START = 291  # the one-token prompt: after it the draft's next-best token is often the recovered one
+
+
+class RecordingDraftAhead(DraftAhead):
+    """Remembers the rows whose round 1 (the one-token prompt and one draft) had a usable
+    look-ahead: all accepted (x3 is verified from a look-ahead draft), or x1 rejected and
+    recovered as the branch assumed (x2 is). (Round 2's hits depend on x3 itself: not recorded.)"""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.hit_ids: set[str] = set()
+        self.rejection_hit_ids: set[str] = set()
+
+    def keep(self, request, result, branches) -> None:
+        hits = self.hits
+        super().keep(request, result, branches)
+        if self.hits > hits and len(request.token_ids) + len(request.draft_token_ids) == 2:
+            rejected = result.num_accepted < len(request.draft_token_ids)
+            (self.rejection_hit_ids if rejected else self.hit_ids).add(request.seq_id)
+
+
+def run_rows(params: SamplingParams, micro_batches: bool, chunks: int = 4):
+    """Three tokens for each of chunks x 1024 rows at γ = 1; returns their tokens and, per
+    row, 3 when its x3 was verified from a look-ahead draft, 2 when its x2 was, else 0."""
+    tokens, hit_rows = [], []
+    for chunk in range(chunks):
+        engine = pipelined(num_slots=1024, max_seq_len=8, gamma=1, micro_batches=micro_batches, draft_slots=3 * 1024)
+        engine.draft_ahead = RecordingDraftAhead(0.0, micro_batches)
+        ids = [engine.add_request(GenerationRequest([START], 3,
+                                                    dataclasses.replace(params, seed=7_000_000 + chunk * 1024 + i),
+                                                    gamma=1, mode="on", ignore_eos=True)) for i in range(1024)]
+        while engine.has_unfinished():
+            engine.step()
+        for seq_id in ids:
+            tokens.append(engine.result(seq_id).token_ids)
+            recorded = engine.draft_ahead
+            hit_rows.append(3 if seq_id in recorded.hit_ids else 2 if seq_id in recorded.rejection_hit_ids else 0)
+    return tokens, hit_rows
+
+
+@pytest.mark.statistical
+@pytest.mark.slow
+@pytest.mark.parametrize("micro_batches", [False, True], ids=["look-ahead", "micro-batches"])
+def test_tokens_drafted_ahead_follow_the_targets_distribution(micro_batches):
+    """γ = 1, three tokens per row. Micro-batches: half the rows are drafted for while the
+    other half is verified. Look-ahead: while round 1 verifies x1's draft, the draft branches:
+    x1 accepted and bonus x2 one of its two best guesses, each with a draft for x3; or x1
+    rejected and recovered as its next-best token, with a draft for x2. Where the verdict
+    matches a branch, its draft is verified against the target (accepted, or recovered).
+    (x1, x2) must follow p(x1) p(x2 | x1); the rows whose x3 was drafted ahead must follow
+    p(x3 | x1, x2) given their (x1, x2), and those whose x2 was, p(x2 | x1) given x1: their q
+    must be the draft's q for that token, no other."""
+    params = SamplingParams(temperature=1.0, top_k=3)
+    p1 = reference_probs(target_logits([[START]])[0], params)
+    support = [int(x) for x in np.flatnonzero(p1)]
+    vocab = len(p1)
+    second = {x1: as_table(reference_probs(logits, params))
+              for x1, logits in zip(support, target_logits([[START, x1] for x1 in support]))}
+    joint = {x1 * vocab + x2: p1[x1] * p2 for x1 in support for x2, p2 in second[x1].items()}
+    tokens, hits = run_rows(params, micro_batches)
+    pv = p_value(np.array([t[0] * vocab + t[1] for t in tokens]), joint)
+    assert pv > ALPHA / 2, f"joint chi-squared p-value {pv:.2e} over {len(tokens)} rows"
+    if micro_batches:
+        return
+    after_rejection = [t for t, hit in zip(tokens, hits) if hit == 2]
+    assert len(after_rejection) > 0.05 * len(tokens), f"x2 must often be drafted ahead ({len(after_rejection)} rows)"
+    pv = conditional_p_value([(t[0], t[1]) for t in after_rejection], second)
+    assert pv > ALPHA / 2, f"rows drafted ahead after a rejection: chi-squared p-value {pv:.2e}"
+    ahead = [t for t, hit in zip(tokens, hits) if hit == 3]
+    assert len(ahead) > 0.15 * len(tokens), f"x3 must often be drafted ahead ({len(ahead)} rows)"
+    prefixes = sorted({(t[0], t[1]) for t in ahead})
+    third = {pair: as_table(reference_probs(logits, params))
+             for pair, logits in zip(prefixes, target_logits([[START, *pair] for pair in prefixes]))}
+    pv = conditional_p_value([((t[0], t[1]), t[2]) for t in ahead], third)
+    assert pv > ALPHA / 2, f"drafted-ahead rows: chi-squared p-value {pv:.2e} over {len(ahead)} rows"
+
+
+def test_admission_counts_rows_not_verified_yet_as_holding_their_target_slot(prompt_ids, hf_greedy):
+    """With micro-batches a newly admitted row is first verified a step later; more requests
+    than slots must still never be admitted (the target would run out of cache)."""
+    engine = pipelined(num_slots=3)
+    results = engine.generate([GenerationRequest(p, 12) for p in prompt_ids[:7]])
+    assert [r.token_ids for r in results] == [hf_greedy(p, 12) for p in prompt_ids[:7]]
+    assert engine.draft_ahead.stored > 0

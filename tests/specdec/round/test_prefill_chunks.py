@@ -1,0 +1,45 @@
+"""PrefillChunks: each round reads at most the budget of prompt tokens, first come first served."""
+
+import pytest
+
+from specdec.round.prefill_chunks import PrefillChunks
+from specdec.requests.request import GenerationRequest
+from specdec.requests.sequence import Sequence
+from specdec.requests.stop_conditions import StopChecker
+
+
+def row(prompt_len: int, decoding: bool = False) -> Sequence:
+    seq = Sequence(f"s{prompt_len}", GenerationRequest(list(range(1, prompt_len + 1)), 8), StopChecker(8, ()))
+    seq.stats.rounds = int(decoding)
+    return seq
+
+
+def test_without_a_budget_every_row_reads_its_whole_prompt():
+    rows = [row(900), row(5)]
+    assert PrefillChunks(0).plan(rows) == rows and PrefillChunks(None).plan(rows) == rows
+    assert all(seq.chunk_end is None for seq in rows)
+
+
+def test_a_long_prompt_is_read_in_chunks_and_its_last_chunk_is_an_ordinary_round():
+    chunks, seq = PrefillChunks(64), row(150)
+    ends = []
+    while True:
+        assert chunks.plan([seq]) == [seq]
+        if seq.chunk_end is None:
+            break
+        ends.append(seq.chunk_end)
+        chunks.done([seq])
+    assert ends == [64, 128] and seq.prefilled == 128  # the last round reads the 22 left (with the pending token)
+
+
+def test_decoding_rows_always_take_part_and_the_budget_is_shared_in_order():
+    decoding, first, second, third = row(3, decoding=True), row(40), row(100), row(30)
+    taking_part = PrefillChunks(64).plan([decoding, first, second, third])
+    assert taking_part == [decoding, first, second]  # the third waits for budget
+    assert first.chunk_end is None  # 40 tokens fit: its whole first round
+    assert second.chunk_end == 24  # the 24 left of the budget
+
+
+def test_a_negative_budget_is_refused():
+    with pytest.raises(ValueError, match="prefill_chunk_tokens"):
+        PrefillChunks(-1)

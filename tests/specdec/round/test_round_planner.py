@@ -1,0 +1,94 @@
+"""A round's γ per row: the policy's plan or the static γ, never past a row's cap, and what a
+round records of it."""
+
+import pytest
+
+from specdec.policy.speculation_policy import Decision
+from specdec.proposers.proposer_view import ProposerView
+from specdec.requests.request import GenerationRequest
+from specdec.round.round_planner import RoundPlanner, unread_prompt
+from specdec.sampling.sampling_params import SamplingParams
+from specdec.requests.sequence import Sequence
+from specdec.requests.stop_conditions import StopChecker
+
+
+def seq(seq_id, prompt=(1, 2, 3), max_new=32, **request):
+    req = GenerationRequest(prompt_token_ids=prompt, max_new_tokens=max_new, **request)
+    return Sequence(seq_id, req, StopChecker(max_new))
+
+
+class PlanEverything:
+    """A policy that gives every row `gamma` and notes the load it was told."""
+
+    def __init__(self, gamma, extra_rows=0):
+        self.gamma, self.extra_rows, self.loads = gamma, extra_rows, []
+
+    def set_load(self, running, waiting):
+        self.loads.append((running, waiting))
+
+    def plan(self, rows, default_gamma):
+        return Decision(self.gamma, True, "test", (self.gamma,) * (len(rows) + self.extra_rows), planned_s=0.01)
+
+
+def test_without_a_policy_every_row_gets_the_static_gamma_or_its_own():
+    planner = RoundPlanner(4, 8, ProposerView())
+    batch = [seq("a"), seq("b", gamma=2), seq("c", mode="off")]
+    planner.plan(batch, None, max_seq_len=512, load=(3, 0))
+    assert [planner.gamma_for(s) for s in batch] == [4, 2, 0]
+    assert planner.decision.reason == "static γ"
+
+
+def test_the_plan_never_drafts_past_max_new_tokens_or_the_context():
+    planner = RoundPlanner(4, 8, ProposerView())
+    short, near_the_end, roomy = seq("a", max_new=3), seq("b", prompt=tuple(range(60))), seq("c")
+    policy = PlanEverything(8)
+    planner.plan([short, near_the_end, roomy], policy, max_seq_len=64, load=(3, 1))
+    # 3 tokens left: 2 drafts and the bonus; 4 positions of context left: 4 drafts
+    assert [planner.gamma_for(s) for s in (short, near_the_end, roomy)] == [2, 4, 8]
+    assert policy.loads == [(3, 1)]
+    assert planner.gamma_for(seq("not in the batch")) == 0
+
+
+def test_a_policy_that_fails_or_plans_other_rows_costs_the_round_its_plan_only():
+    planner = RoundPlanner(3, 8, ProposerView())
+    batch = [seq("a"), seq("b")]
+    planner.plan(batch, PlanEverything(6, extra_rows=1), max_seq_len=512, load=(2, 0))
+    assert [planner.gamma_for(s) for s in batch] == [3, 3]
+    assert planner.decision.reason == "static γ"
+
+
+def test_a_seeded_sampled_request_is_planned_like_any_row_and_its_prompt_is_read_in_its_first_round_only():
+    """Its output does not depend on the schedule (specdec.sampling.gumbel_sampling), so the policy
+    sees it exactly as it sees an unseeded row and plans it freely."""
+    planner = RoundPlanner(4, 8, ProposerView())
+    seeded = seq("a", prompt=(5, 6, 7, 8), sampling=SamplingParams(temperature=1.0, seed=7))
+    unseeded = seq("a", prompt=(5, 6, 7, 8), sampling=SamplingParams(temperature=1.0))
+    assert planner.row_state(seeded, 512) == planner.row_state(unseeded, 512)
+    policy = PlanEverything(6)
+    planner.plan([seeded, seq("b")], policy, max_seq_len=512, load=(2, 0))
+    assert planner.gamma_for(seeded) == 6  # not the static γ 4
+    assert unread_prompt(seeded) == 3  # the last prompt token is the pending one, read with the drafts
+    seeded.stats.rounds = 1
+    assert unread_prompt(seeded) == 0
+
+
+def test_a_row_cut_short_by_its_cap_records_its_last_uncut_gamma():
+    planner = RoundPlanner(4, 8, ProposerView())
+    ending, free = seq("a", max_new=3), seq("b")
+    ending.stats.gamma = 6  # what its earlier rounds drafted
+    planner.plan([ending, free], PlanEverything(6), max_seq_len=512, load=(2, 0))
+    assert planner.gamma_for(ending) == 2 and planner.recorded_gamma(ending) == 6
+    assert planner.recorded_gamma(free) == 6
+
+
+def test_the_plans_predicted_round_belongs_to_its_whole_batch_only():
+    planner = RoundPlanner(4, 8, ProposerView())
+    planner.plan([seq("a"), seq("b")], PlanEverything(2), max_seq_len=512, load=(2, 0))
+    assert planner.planned_s(2) == 0.01
+    assert planner.planned_s(1) == 0.0  # a micro-batch or a retried half is another round
+
+
+def test_the_policy_sees_a_requests_tpot_target_in_seconds_and_none_where_it_set_none():
+    planner = RoundPlanner(4, 8, ProposerView())
+    assert planner.row_state(seq("a", tpot_target_ms=25.0), 512).tpot_target_s == pytest.approx(0.025)
+    assert planner.row_state(seq("b"), 512).tpot_target_s is None
