@@ -226,28 +226,13 @@ class SpeculativeEngine:
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
         requests = [self._verify_request(seq, drafts) for seq, drafts in zip(now, proposal)]
-        chunks = [PrefillChunks.verify_request(seq) for seq in filling]
         prompts = [unread_prompt(seq) for seq in (*now, *filling)]
         prefill = (sum(1 for p in prompts if p), sum(prompts))  # (rows, tokens) of the prompts the target reads
-        if ahead is not None:  # the proposer works while the target verifies
-            pending = self.verifier.verify_async(requests + chunks)
-            meanwhile, ahead_s = self._during_verify(now, later, requests, gammas)
-            results = pending.result()
-        else:
-            (meanwhile, ahead_s), results = (None, 0.0), self.verifier.verify(requests + chunks)
+        results, meanwhile, ahead_s = self._verify(now, requests, filling, ahead, later, gammas)
         verified = time.perf_counter()
-        if len(results) != len(now) + len(filling):
-            raise WorkerError(f"the verifier answered {len(results)} results for {len(now) + len(filling)} rows")
-        results = results[: len(now)]  # a chunk's sampled token is dropped: the row emits nothing yet
-        PrefillChunks.done(filling)
         if meanwhile is not None:  # before _apply extends the histories the requests share
             ahead.after_verdict(later, requests, results, meanwhile)
-        outputs, drafted, accepted = [], [], []
-        for seq, request, result in zip(now, requests, results):
-            output, counts = self._apply(seq, request, result)
-            outputs.append(output)
-            drafted.append(counts[0])
-            accepted.append(counts[1])
+        outputs, drafted, accepted = self._apply_all(now, requests, results)
         # drafted by this round's own call; a call that failed or missed its deadline is no
         # measure of drafting (its wait would price every later draft call) and no priced plan
         missed = [seq.stats.speculation_unavailable and g > 0 for seq, g in zip(now, gamma_now)]
@@ -260,6 +245,35 @@ class SpeculativeEngine:
         except Exception:
             logger.exception("the round's bookkeeping failed; its tokens stand")
         return outputs
+
+    def _verify(self, now: list[Sequence], requests: list[VerifyRequest], filling: list[Sequence],
+                ahead: DraftAhead | None, later: list[Sequence], gammas: dict[str, int]) -> tuple[list, object, float]:
+        """The target's results for the rows verified now, in order, after it read this
+        round's prefill chunks (a chunk's sampled token is dropped: its row emits nothing yet).
+        With draft_ahead the proposer works while the target verifies. -> (results, what was
+        drafted meanwhile or None, the seconds it took)."""
+        chunks = [PrefillChunks.verify_request(seq) for seq in filling]
+        if ahead is not None:  # the proposer works while the target verifies
+            pending = self.verifier.verify_async(requests + chunks)
+            meanwhile, ahead_s = self._during_verify(now, later, requests, gammas)
+            results = pending.result()
+        else:
+            (meanwhile, ahead_s), results = (None, 0.0), self.verifier.verify(requests + chunks)
+        if len(results) != len(now) + len(filling):
+            raise WorkerError(f"the verifier answered {len(results)} results for {len(now) + len(filling)} rows")
+        PrefillChunks.done(filling)
+        return results[: len(now)], meanwhile, ahead_s
+
+    def _apply_all(self, now: list[Sequence], requests: list[VerifyRequest],
+                   results: list) -> tuple[list[RoundOutput], list[int], list[int]]:
+        """Each row's round applied: (outputs, drafted per row, accepted per row)."""
+        outputs, drafted, accepted = [], [], []
+        for seq, request, result in zip(now, requests, results):
+            output, (row_drafted, row_accepted) = self._apply(seq, request, result)
+            outputs.append(output)
+            drafted.append(row_drafted)
+            accepted.append(row_accepted)
+        return outputs, drafted, accepted
 
     def _note_unavailable(self, batch: list[Sequence], gammas: list[int], proposal: Proposal) -> None:
         """Mark the rows that wanted drafts but got none because their proposer is down (a
