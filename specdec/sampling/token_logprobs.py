@@ -3,18 +3,21 @@
 Every token a round emits (accepted, recovered or bonus) sits at a position whose target
 distribution the verifier already computed: the logits at that position of the round's
 one target forward. A token's logprob is the log of the probability the target assigns it
-there after the request's processing - temperature, then top-k, then top-p
+there after the request's processing - logit_bias and penalties over the tokens before it
+(`specdec.sampling.logits_processors`), then temperature, top-k, top-p and min_p
 (`specdec.sampling.sampling.logits_to_probs`), the distribution the output follows - so it is
 the same whatever was drafted: with speculation on or off, the emitted token at a position
 and the target's logits there are the same (up to float32 rounding: a forward that scores
 more positions at once may round the logits differently, by about 1e-6 in a logprob).
-A greedy request (temperature 0) reports the distribution at temperature 1 with its top-k /
-top-p (as vLLM does; its processed distribution is one-hot). Tokens that processing removes
+A greedy request (temperature 0) reports the distribution at temperature 1 with the rest of
+its processing (as vLLM does; its processed distribution is one-hot). Tokens that processing removes
 have logprob -inf.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,19 +42,25 @@ class TokenLogprob:
 def reported_params(params: SamplingParams) -> SamplingParams:
     """The processing whose distribution is reported: the request's, at temperature 1 when greedy."""
     # a seed of its own: building the batch draws no random seed (nothing is drawn from it)
-    return SamplingParams(temperature=params.temperature or 1.0, top_k=params.top_k, top_p=params.top_p, seed=0)
+    return dataclasses.replace(params, temperature=params.temperature or 1.0, seed=0)
 
 
-def emitted_logprobs(logits: Tensor, params: SamplingParams, emitted: list[int], top: int) -> list[TokenLogprob]:
+def emitted_logprobs(logits: Tensor, params: SamplingParams, emitted: list[int], top: int,
+                     history: Sequence[int] = (), num_prompt_tokens: int = 0) -> list[TokenLogprob]:
     """The logprobs of one row's emitted tokens.
 
     logits: [T, V] the target's logits at the row's positions (position j predicts
         emitted[j]; T >= len(emitted)).
     params: the request's sampling; top: how many alternatives per token (0..MAX_TOP_LOGPROBS).
+    history / num_prompt_tokens: the tokens the first position sees and how many of them
+        are the prompt (what penalties and logit_bias read; position j also sees emitted[:j]).
     """
     n = len(emitted)
-    batch = SamplingBatch.from_params([reported_params(params)])
-    logprobs = logits_to_probs(logits[None, :n], batch)[0].log()  # [n, V] float64
+    batch = SamplingBatch.from_params([reported_params(params)], histories=[list(history)],
+                                      num_prompt_tokens=[num_prompt_tokens])
+    before = torch.tensor([emitted[: n - 1]], dtype=torch.long, device=logits.device)  # [1, n - 1]
+    processed = batch.processed(logits[None, :n], before)  # [1, n, V]
+    logprobs = logits_to_probs(processed, batch)[0].log()  # [n, V] float64
     chosen = logprobs.gather(-1, torch.tensor(emitted, dtype=torch.long, device=logprobs.device)[:, None])  # [n, 1]
     if top > 0:
         best = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # values, indices [n, top]

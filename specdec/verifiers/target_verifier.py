@@ -81,7 +81,8 @@ class TargetVerifier(Verifier):
             num_accepted = int(out.num_accepted[i])
             self.runner.truncate(slots[i], old_lengths[i] + 1 + num_accepted)
             logprobs = None if request.logprobs is None else \
-                emitted_logprobs(logits[i], request.sampling, emitted, request.logprobs)
+                emitted_logprobs(logits[i], request.sampling, emitted, request.logprobs, request.token_ids,
+                                 request.num_prompt_tokens)
             results.append(VerifyResult(request.seq_id, emitted, num_accepted, logprobs))
         return results
 

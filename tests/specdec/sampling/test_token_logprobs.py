@@ -36,6 +36,19 @@ def test_a_greedy_request_reports_temperature_1_and_top_k_removes_tokens():
     assert cut.logprob == float("-inf") and math.isclose(sum(math.exp(v) for _, v in cut.top), 1.0, rel_tol=1e-9)
 
 
+def test_logit_bias_and_penalties_are_in_the_reported_distribution_each_position_seeing_the_tokens_before_it():
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(2))
+    history, emitted = [7, 9], [3, 11]  # a one-token prompt (7), then 9 generated before the round
+    params = SamplingParams(temperature=1.0, presence_penalty=1.5, logit_bias={11: 4.0})
+    got = emitted_logprobs(logits, params, emitted, top=0, history=history, num_prompt_tokens=1)
+    for j, token in enumerate(got):
+        x = logits[j].double().clone()
+        x[11] += 4.0
+        for seen in {9, *emitted[:j]}:  # generated before position j: the prompt is not penalised
+            x[seen] -= 1.5
+        assert math.isclose(token.logprob, torch.log_softmax(x, dim=-1)[emitted[j]].item(), abs_tol=1e-9), j
+
+
 def test_a_request_asks_for_at_most_20_alternatives():
     with pytest.raises(ValueError, match="logprobs"):
         GenerationRequest((1, 2), logprobs=MAX_TOP_LOGPROBS + 1)
