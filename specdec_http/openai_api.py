@@ -183,11 +183,10 @@ def _text_request(request: SamplingRequest, logprobs: int | None, **prompt: Any)
 
 
 def _processing(request: SamplingRequest) -> dict[str, Any]:
-    """min_p, the penalties and logit_bias as SamplingParams arguments (left out = the neutral
-    value; logit_bias keys are token ids written as strings, as OpenAI's)."""
-    neutral = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
-    fields = {name: default if getattr(request, name) is None else getattr(request, name)
-              for name, default in neutral.items()}
+    """min_p, the penalties and logit_bias as SamplingParams arguments (left out: the core's
+    neutral default; logit_bias keys are token ids written as strings, as OpenAI's)."""
+    names = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+    fields = {name: getattr(request, name) for name in names if getattr(request, name) is not None}
     bias = request.logit_bias or {}
     if not all(k.strip().lstrip("-").isdigit() for k in bias):
         raise InvalidRequestError("logit_bias", "must map token ids (as strings) to numbers")

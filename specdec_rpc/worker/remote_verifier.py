@@ -106,8 +106,8 @@ class RemoteVerifier(WorkerClient, Verifier):
 
     def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
         """verify_async(...).result(), the call made blocking in this thread: a future's answer
-        reaches the waiting thread through gRPC's polling thread, which measured ~0.4 ms more
-        per call on a loaded 2-core host (benchmarks/bench_serving.py --profile)."""
+        would reach the waiting thread through gRPC's polling thread, one hand-off more on the
+        round's critical path (benchmarks/bench_serving.py --profile shows the target hop)."""
         return self._start(requests, blocking=True).result()
 
     def verify_async(self, requests: list[VerifyRequest]) -> "_PendingVerify":
