@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, bench: Any) -> None:
     base = emulated_overrides(args.profile, args.time_scale, max(args.concurrency))
     prompts = bundled_prompts()[: args.prompts]
     stacks = [("server", {"overlap": False}, ("on", "off")),
-              ("server, drafting ahead", {"overlap": True, "overlap_measured": False}, ("on",))]
+              ("server, drafting ahead", {"overlap": True}, ("on",))]
     reference = bench.InProcess(load_config(*args.config, overrides=base), max(args.concurrency))
     try:
         with Progress(len(stacks) * args.runs * len(args.concurrency), "bench_serving --profile") as progress:
