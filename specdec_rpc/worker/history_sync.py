@@ -226,10 +226,18 @@ class HistoryStore:
             applied.histories.append(history)
             if history is None:
                 applied.resync_seq_ids.append(delta.seq_id)
-            elif known is not None and history[: len(known)] != known:
+            elif known is not None and delta.offset < len(known) and _rewrites(known, delta):
                 applied.diverged_seq_ids.append(delta.seq_id)
         return applied
 
     def release(self, seq_id: str) -> None:
         """Forget a sequence (unknown ids are ignored)."""
         self._histories.pop(seq_id, None)
+
+
+def _rewrites(known: list[int], delta: worker_pb2.HistoryDelta) -> bool:
+    """Whether a delta from inside `known` (offset < len(known)) changes or drops any of its
+    tokens, i.e. the new history does not extend it (a delta at its end always does: the
+    usual round compares nothing)."""
+    kept = len(known) - delta.offset
+    return list(delta.token_ids[:kept]) != known[delta.offset:]

@@ -136,9 +136,10 @@ def test_the_round_trip_sender_to_store_after_a_worker_restart():
 
 def test_a_replaced_history_that_does_not_extend_the_old_one_is_reported_as_diverged():
     store = HistoryStore()
-    store.apply_all([delta(s, 0, [1, 2, 3]) for s in ("resent", "changed", "shorter")])
-    applied = store.apply_all([delta("resent", 0, [1, 2, 3, 4]), delta("changed", 1, [7]), delta("shorter", 0, [1])])
-    assert applied.histories == [[1, 2, 3, 4], [1, 7], [1]]
+    store.apply_all([delta(s, 0, [1, 2, 3]) for s in ("resent", "changed", "shorter", "appended", "same")])
+    applied = store.apply_all([delta("resent", 0, [1, 2, 3, 4]), delta("changed", 1, [7]), delta("shorter", 0, [1]),
+                               delta("appended", 3, [4]), delta("same", 2, [3])])
+    assert applied.histories == [[1, 2, 3, 4], [1, 7], [1], [1, 2, 3, 4], [1, 2, 3]]
     assert applied.diverged_seq_ids == ["changed", "shorter"] and applied.resync_seq_ids == []
 
 
