@@ -7,6 +7,12 @@ host meanwhile (the emulated model's logits) counts inside that time, as a GPU o
 with the host's launches. Sleeping releases the GIL, so other threads and processes run
 while the device is busy: device time costs no CPU time.
 
+The wait is precise, as a host thread's wake-up after a GPU kernel is (a few microseconds
+when CUDA spin-waits): the thread sleeps until `SPIN_S` before the end, with the kernel's
+timer slack at its minimum for that thread (Linux adds 50 µs to every sleep by default), and
+spins the rest. A plain sleep returns ~0.1 ms late, which a round of five forwards would
+count as half a millisecond of framework cost that no real device causes.
+
 Every device of a process is listed by `process_devices()`, so that a benchmark can read how
 long the devices of a worker process were busy (the emulated device time of a round) without
 anything on the round path knowing that its model is emulated.
@@ -14,6 +20,8 @@ anything on the round path knowing that its model is emulated.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 import time
 import weakref
@@ -23,6 +31,31 @@ from typing import TypeVar
 T = TypeVar("T")
 
 _DEVICES: weakref.WeakSet = weakref.WeakSet()  # every live EmulatedDevice of this process
+SPIN_S = 1e-4  # the end of a forward's wait is spun, not slept (see the module's docstring)
+_PR_SET_TIMERSLACK = 29  # prctl option (linux/prctl.h): this thread's timer slack in ns
+_precise_threads = threading.local()  # .done: this thread's timer slack is already minimal
+
+
+def _precise_sleeps() -> None:
+    """Make this thread's sleeps end when asked (1 ns timer slack); once per thread, Linux only."""
+    if getattr(_precise_threads, "done", False):
+        return
+    _precise_threads.done = True
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl here: sleeps are only less precise
+            pass
+
+
+def wait_until(end: float) -> None:
+    """Return at time.perf_counter() == end: sleep until SPIN_S before it, spin the rest."""
+    _precise_sleeps()
+    remaining = end - time.perf_counter() - SPIN_S
+    if remaining > 0:
+        time.sleep(remaining)
+    while time.perf_counter() < end:
+        pass
 
 
 def process_devices() -> list[dict]:
@@ -48,14 +81,13 @@ class EmulatedDevice:
 
     def run(self, seconds: float, work: Callable[[], T]) -> T:
         """Wait for the device, run `work` on the host, and return its result once
-        `seconds` * time_scale have passed since the forward began (sleeping, not spinning)."""
+        `seconds` * time_scale have passed since the forward began (sleeping, but for the
+        last SPIN_S)."""
         duration = max(0.0, seconds) * self.time_scale
         with self._lock:
             start = time.perf_counter()
             result = work()
-            remaining = start + duration - time.perf_counter()
-            if remaining > 0:
-                time.sleep(remaining)
+            wait_until(start + duration)
             self.late_s += max(0.0, time.perf_counter() - start - duration)
             self.busy_s += duration
             self.forwards += 1

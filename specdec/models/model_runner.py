@@ -174,7 +174,9 @@ class ModelRunner:
         for slot, n in zip(slot_ids, counts):
             self.cache.prepare(slot, n)  # blocks for the new positions; copies shared ones (copy-on-write)
         hidden = self.model.forward_hidden(input_ids, positions, self.cache, slots, num_tokens, kv_len)
-        if last_only:
+        if last_only and num_tokens is None:  # rows of equal length (decode steps): the last column
+            hidden = hidden[:, -1].contiguous()  # [B, hidden], laid out as the gather below lays it out
+        elif last_only:
             last = torch.tensor(counts, dtype=torch.long, device=device) - 1  # [B]
             hidden = hidden[torch.arange(len(counts), device=device), last]  # [B, hidden]
         logits = self.model.compute_logits(hidden).float()

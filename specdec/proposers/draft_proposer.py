@@ -238,7 +238,8 @@ class DraftModelProposer(Proposer):
         probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)
         active = list(range(len(requests)))
         for i in range(max(gammas)):
-            rows = torch.tensor(active, dtype=torch.long)
+            # every row still drafting (the usual case): the whole batch, no sub-batch to build
+            rows = slice(None) if len(active) == len(requests) else torch.tensor(active, dtype=torch.long)
             sub = batch.select(rows)
             logits = sub.processed_after(logits, tokens[rows, :i])  # the guesses before i seen, as the target will
             token, weights = self._sample(logits, sub, i, probs is not None)  # [a], [a, vocab]
@@ -249,7 +250,8 @@ class DraftModelProposer(Proposer):
             if fed:
                 active = [active[k] for k in fed]
                 slots = [states[row].slot for row in active]
-                chunks = [[int(token[k])] for k in fed]
+                guesses = token.tolist()  # [a]: one read of the step's tokens, not one per row
+                chunks = [[guesses[k]] for k in fed]
                 logits = self._fit_vocab(self.runner.forward(slots, chunks, last_only=True))
                 for row, chunk in zip(active, chunks):
                     states[row].cached.extend(chunk)

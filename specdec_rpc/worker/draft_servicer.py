@@ -21,7 +21,7 @@ from specdec.models.runners import vocab_size_of
 from specdec.models.model_paths import resolve_model_path
 from specdec.proposers.base import Proposal, ProposalRequest
 from specdec.proposers.draft_proposer import DraftModelProposer
-from specdec_rpc.worker.history_sync import AppliedDeltas, sampling_from_proto
+from specdec_rpc.worker.history_sync import AppliedDeltas
 from specdec_rpc.worker.lease_reaper import DEFAULT_LEASE_TTL_S
 from specdec_rpc.worker.prob_codec import encode_rows
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
@@ -94,7 +94,7 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         applied = self.histories.apply_all(request.sequences)
         self.leases.hold(request.lease_id, applied.applied_seq_ids(request.sequences))
         rows = [
-            ProposalRequest(delta.seq_id, history, sampling_from_proto(delta.sampling), gamma=gamma,
+            ProposalRequest(delta.seq_id, history, self.sampling(delta.sampling), gamma=gamma,
                             num_prompt_tokens=delta.num_prompt_tokens)
             for delta, history, gamma in zip(request.sequences, applied.histories, request.gammas)
             if history is not None

@@ -22,11 +22,15 @@ any history by itself.
 A failed call leaves the router unsure what the worker applied, so it resets the sent
 lengths of that call's sequences too (a whole history is always a correct delta).
 
-Also here: the SamplingParams translation that every delta carries (doubles: exact).
+Also here: the SamplingParams translation that every delta carries (doubles: exact). A
+request's params do not change between its rounds, so each side translates them once: the
+sender keeps each sequence's message, a worker's `SamplingDecoder` the params of the
+messages it has seen (validated once).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -67,6 +71,27 @@ def sampling_from_proto(message: worker_pb2.WorkerSamplingParams) -> SamplingPar
     )
 
 
+class SamplingDecoder:
+    """Worker side: `sampling_from_proto` of each distinct message once (its params are
+    validated once, not every round); keeps the `capacity` most recently used."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._known: OrderedDict[bytes, SamplingParams] = OrderedDict()  # message bytes -> params
+
+    def __call__(self, message: worker_pb2.WorkerSamplingParams) -> SamplingParams:
+        """The params of `message` (ValueError, naming the field, for bad values: never kept)."""
+        key = message.SerializeToString(deterministic=True)
+        params = self._known.get(key)
+        if params is None:
+            params = self._known[key] = sampling_from_proto(message)
+            if len(self._known) > self.capacity:
+                self._known.popitem(last=False)
+        else:
+            self._known.move_to_end(key)
+        return params
+
+
 class HistorySender:
     """Router side, one per worker: how much of each sequence's history that worker has.
 
@@ -77,6 +102,8 @@ class HistorySender:
     def __init__(self, namespace: str = "") -> None:
         self.namespace = namespace
         self._sent: dict[str, list[int]] = {}  # seq_id -> the history as last sent
+        # seq_id -> (its params, their message): translated once per sequence, not every round
+        self._sampling: dict[str, tuple[SamplingParams, worker_pb2.WorkerSamplingParams]] = {}
 
     def wire_id(self, seq_id: str) -> str:
         """The seq_id as the worker knows it."""
@@ -109,18 +136,28 @@ class HistorySender:
             seq_id=self.wire_id(seq_id),
             offset=offset,
             token_ids=token_ids[offset:],
-            sampling=sampling_to_proto(sampling),
+            sampling=self._sampling_message(seq_id, sampling),
             num_prompt_tokens=num_prompt_tokens,
         )
+
+    def _sampling_message(self, seq_id: str, sampling: SamplingParams) -> worker_pb2.WorkerSamplingParams:
+        """The sequence's params as a message, translated again only when they changed (the
+        delta copies it: the kept one is never handed out to be changed)."""
+        kept = self._sampling.get(seq_id)
+        if kept is None or (kept[0] is not sampling and kept[0] != sampling):
+            kept = self._sampling[seq_id] = (sampling, sampling_to_proto(sampling))
+        return kept[1]
 
     def clear(self) -> None:
         """Forget everything sent (a new, empty worker): every next delta is a whole history."""
         self._sent.clear()
+        self._sampling.clear()
 
     def reset(self, seq_ids: Iterable[str]) -> None:
         """Forget what was sent (resync, failed call, released): the next delta is the whole history."""
         for seq_id in seq_ids:
             self._sent.pop(seq_id, None)
+            self._sampling.pop(seq_id, None)
 
 
 @dataclass
@@ -189,10 +226,18 @@ class HistoryStore:
             applied.histories.append(history)
             if history is None:
                 applied.resync_seq_ids.append(delta.seq_id)
-            elif known is not None and history[: len(known)] != known:
+            elif known is not None and delta.offset < len(known) and _rewrites(known, delta):
                 applied.diverged_seq_ids.append(delta.seq_id)
         return applied
 
     def release(self, seq_id: str) -> None:
         """Forget a sequence (unknown ids are ignored)."""
         self._histories.pop(seq_id, None)
+
+
+def _rewrites(known: list[int], delta: worker_pb2.HistoryDelta) -> bool:
+    """Whether a delta from inside `known` (offset < len(known)) changes or drops any of its
+    tokens, i.e. the new history does not extend it (a delta at its end always does: the
+    usual round compares nothing)."""
+    kept = len(known) - delta.offset
+    return list(delta.token_ids[:kept]) != known[delta.offset:]

@@ -16,7 +16,7 @@ import grpc
 
 from specdec.verifiers.target_verifier import TargetVerifier
 from specdec.verifiers.verifier import VerifyRequest, VerifyResult
-from specdec_rpc.worker.history_sync import AppliedDeltas, sampling_from_proto
+from specdec_rpc.worker.history_sync import AppliedDeltas
 from specdec_rpc.worker.lease_reaper import DEFAULT_LEASE_TTL_S
 from specdec_rpc.worker.logprob_messages import to_logprobs
 from specdec_rpc.worker.prob_codec import WireQ
@@ -85,7 +85,7 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         probs = WireQ(item.draft_probs) if item.draft_probs else None  # [n] TokenDistribution
         logprobs = item.logprobs if item.HasField("logprobs") else None
         return VerifyRequest(item.history.seq_id, history, list(item.draft_token_ids),
-                             sampling_from_proto(item.history.sampling), probs,
+                             self.sampling(item.history.sampling), probs,
                              item.history.num_prompt_tokens, logprobs)
 
     @staticmethod

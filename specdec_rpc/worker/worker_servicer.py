@@ -15,7 +15,7 @@ from __future__ import annotations
 import grpc
 
 from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
-from specdec_rpc.worker.history_sync import HistoryStore
+from specdec_rpc.worker.history_sync import HistoryStore, SamplingDecoder
 from specdec_rpc.worker.lease_reaper import LeaseReaper
 from specdec_rpc.v1 import worker_pb2
 from specdec_rpc.worker.worker_runtime import CallStats, SerialExecutor, run_serially
@@ -28,6 +28,7 @@ class WorkerServicer:
         """thread_name: the worker thread's name; lease_ttl_s: how long a silent router's
         sequences are held; metrics: where calls, compute and cache use are recorded."""
         self.histories = HistoryStore()
+        self.sampling = SamplingDecoder()  # each request's params validated once, not every round
         self.stats = CallStats()
         self._work = SerialExecutor(thread_name)
         self.leases = LeaseReaper(lease_ttl_s, self._work, self._release)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specdec.sampling.sampling_params import SamplingParams
-from specdec_rpc.worker.history_sync import HistorySender, HistoryStore, sampling_from_proto, sampling_to_proto
+from specdec_rpc.worker.history_sync import (HistorySender, HistoryStore, SamplingDecoder, sampling_from_proto,
+                                             sampling_to_proto)
 from specdec_rpc.v1 import worker_pb2
 
 GREEDY = SamplingParams()
@@ -135,9 +136,10 @@ def test_the_round_trip_sender_to_store_after_a_worker_restart():
 
 def test_a_replaced_history_that_does_not_extend_the_old_one_is_reported_as_diverged():
     store = HistoryStore()
-    store.apply_all([delta(s, 0, [1, 2, 3]) for s in ("resent", "changed", "shorter")])
-    applied = store.apply_all([delta("resent", 0, [1, 2, 3, 4]), delta("changed", 1, [7]), delta("shorter", 0, [1])])
-    assert applied.histories == [[1, 2, 3, 4], [1, 7], [1]]
+    store.apply_all([delta(s, 0, [1, 2, 3]) for s in ("resent", "changed", "shorter", "appended", "same")])
+    applied = store.apply_all([delta("resent", 0, [1, 2, 3, 4]), delta("changed", 1, [7]), delta("shorter", 0, [1]),
+                               delta("appended", 3, [4]), delta("same", 2, [3])])
+    assert applied.histories == [[1, 2, 3, 4], [1, 7], [1], [1, 2, 3, 4], [1, 2, 3]]
     assert applied.diverged_seq_ids == ["changed", "shorter"] and applied.resync_seq_ids == []
 
 
@@ -160,3 +162,25 @@ def test_release_forgets_a_sequence():
 def test_malformed_calls_fail_clearly(deltas, match):
     with pytest.raises(ValueError, match=match):
         HistoryStore().apply_all(deltas)
+
+
+def test_a_sequence_whose_params_change_sends_the_new_ones():
+    """The sender translates a sequence's params once, but never sends stale ones."""
+    sender, first, second = HistorySender(), SamplingParams(temperature=0.5, seed=1), SamplingParams(temperature=0.9)
+    assert sampling_from_proto(sender.delta("a", [1], first).sampling) == first
+    assert sampling_from_proto(sender.delta("a", [1, 2], first).sampling) == first
+    assert sampling_from_proto(sender.delta("a", [1, 2, 3], second).sampling) == second
+    sender.reset(["a"])
+    assert sampling_from_proto(sender.delta("a", [1, 2, 3], first).sampling) == first
+
+
+def test_the_workers_decoder_validates_each_message_once_and_refuses_bad_ones_every_time():
+    decode = SamplingDecoder(capacity=2)
+    sampled = sampling_to_proto(SamplingParams(temperature=0.7, top_k=5, logit_bias={3: 1.5}))
+    assert decode(sampled) == sampling_from_proto(sampled) and decode(sampled) is decode(sampled)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="temperature"):
+            decode(worker_pb2.WorkerSamplingParams(temperature=-1))
+    assert decode(sampling_to_proto(GREEDY)) == GREEDY
+    assert decode(sampling_to_proto(SamplingParams(temperature=2.0))).temperature == 2.0  # evicts the oldest
+    assert decode(sampled) == sampling_from_proto(sampled)  # decoded again after eviction
