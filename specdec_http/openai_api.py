@@ -83,6 +83,18 @@ def parse(kind: type[SamplingRequest], body: Any, model: str) -> Any:
     return request
 
 
+def named_as_sent(exc: ValueError, body: Any, chat: bool) -> ValueError:
+    """A chat request's bad-input error from the core, naming the field as the client sent
+    it: the core's budget (max_new_tokens) is `max_completion_tokens` when the body set that,
+    the core's prompt is `messages`. Any other error as it is."""
+    param = param_of(exc)
+    sent = {"max_new_tokens": "max_completion_tokens", "prompt": "messages",
+            "prompt_token_ids": "messages"}.get(param or "")
+    if not chat or not isinstance(body, dict) or sent not in body:
+        return exc
+    return InvalidRequestError(sent, str(exc).removeprefix(param).lstrip(": ") or "is invalid")
+
+
 def check_model(requested: Any, model: str) -> None:
     """ModelNotFoundError unless `requested` is the served model (or left out)."""
     if requested not in (None, model):
