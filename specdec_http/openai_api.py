@@ -17,6 +17,7 @@ Python's recursion limit, impossible) to compare or echo in an error message.
 from __future__ import annotations
 
 import logging
+import re
 import typing
 from typing import Any
 
@@ -33,6 +34,8 @@ _logged_ignored: set[str] = set()
 
 #: the deepest nesting a body may have (a chat message's content parts: 5 levels)
 MAX_DEPTH = 8
+#: a logit_bias key: a token id in ASCII digits (not "²", not a 5000-digit number)
+_TOKEN_ID = re.compile(r"\s*-?[0-9]{1,19}\s*")
 
 
 class ModelNotFoundError(NotFoundError):
@@ -200,8 +203,8 @@ def _processing(request: SamplingRequest) -> dict[str, Any]:
     names = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
     fields = {name: getattr(request, name) for name in names if getattr(request, name) is not None}
     bias = request.logit_bias or {}
-    if not all(k.strip().lstrip("-").isdigit() for k in bias):
-        raise InvalidRequestError("logit_bias", "must map token ids (as strings) to numbers")
+    if not all(_TOKEN_ID.fullmatch(k) for k in bias):
+        raise InvalidRequestError("logit_bias", "must map token ids (as strings of ASCII digits) to numbers")
     fields["logit_bias"] = {int(k): v for k, v in bias.items()}
     return fields
 

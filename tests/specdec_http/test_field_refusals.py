@@ -5,26 +5,29 @@ Table-driven over every field of both generation routes, read from their protoco
 does not take, and the out-of-range values of each field, are 400 with `param` naming the field
 (or the member of it at fault: `speculation.gamma`, `messages[0].role`) and the message saying
 which; only the fields OpenAI has that change nothing here (`SamplingRequest.IGNORED`) take
-any value. Then random bodies (hypothesis, a fixed seed): each is answered 200, 400 naming a
-field it sent, 404 for another model, or 504 past a `timeout_s` it sent; never a 5xx, never
-an error inside a stream.
+any value. Then random bodies for both routes and /tokenize, /detokenize (hypothesis, a fixed
+seed): each is answered 200, 400 naming a field it sent, 404 for another model, or 504 past a
+`timeout_s` it sent; never a 5xx, never an error inside a stream.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 from urllib.parse import urlparse
 
 import pytest
 
 from specdec_http.protocol.requests import ChatCompletionRequest, CompletionRequest
+from specdec_http.tokenize_routes import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 
 MODEL = "bundled:target"
-COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+COMPLETIONS, CHAT, TOKENIZE, DETOKENIZE = "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"
 KINDS = {COMPLETIONS: CompletionRequest, CHAT: ChatCompletionRequest}
 BASE = {COMPLETIONS: {"model": MODEL, "prompt": "def f():", "max_tokens": 2},
-        CHAT: {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}
+        CHAT: {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        TOKENIZE: {"model": MODEL, "prompt": "def f():"}, DETOKENIZE: {"model": MODEL, "tokens": [5]}}
 #: a value of each JSON type, wrong for a field that does not take that type; a list of objects
 #: and an object of lists are wrong for every field
 SAMPLES = {"string": "bad", "number": 2.5, "boolean": True}
@@ -106,23 +109,55 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 #: fields the fuzz leaves to BASE (a random budget would make a valid body slow, not wrong)
 BUDGET = ("max_tokens", "max_completion_tokens")
-SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.sampled_from([-1, 0, 1, 2, 20, 21, 2**31]) \
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8) | st.sampled_from(["", "bad", MODEL])
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                          max_size=3), max_leaves=6)
+INTS = st.integers(-3, 70_000) | st.sampled_from([2**31, 2**63, 2**64, -(2**63) - 1, 10**30])
+TEXT = st.text(max_size=12)
+SCALARS = st.none() | st.booleans() | INTS | st.integers(-(2**70), 2**70) | TEXT | st.sampled_from(["bad", MODEL]) \
+    | st.floats(allow_nan=False, allow_infinity=False)
+JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+                    max_leaves=6)
+PART = st.fixed_dictionaries({}, optional={"type": st.sampled_from(["text", "image_url"]) | JSON, "text": TEXT | JSON})
+MESSAGE = st.fixed_dictionaries({}, optional={
+    "role": st.sampled_from(["system", "user", "assistant", "tool", "developer"]) | JSON,
+    "content": TEXT | st.lists(PART, max_size=3) | JSON, "name": TEXT | JSON})
+#: values near the valid ones (the right shape, any content), besides any JSON at all
+NEAR = {
+    "speculation": st.fixed_dictionaries({}, optional={
+        "mode": st.sampled_from(["on", "off", "auto"]) | JSON, "gamma": INTS | JSON,
+        "proposer": st.sampled_from(["draft", "ngram"]) | JSON, "tpot_target_ms": st.floats() | JSON}),
+    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | JSON,
+                                                          "continuous_usage_stats": st.booleans() | JSON}),
+    "messages": st.lists(MESSAGE, max_size=3),
+    "prompt": TEXT | st.lists(INTS, max_size=4) | st.lists(TEXT, max_size=3) | st.lists(st.lists(INTS, max_size=3),
+                                                                                      max_size=2),
+    "logit_bias": st.dictionaries(st.sampled_from(["0", "1", "-1", "99999999", " 5", "５", "²"]) | TEXT,
+                                  st.floats(allow_nan=False) | INTS | JSON, max_size=3),
+    "stop": TEXT | st.lists(TEXT, max_size=5), "stop_token_ids": st.lists(INTS, max_size=4),
+    **{name: INTS | st.booleans() for name in ("logprobs", "top_logprobs", "seed", "n", "best_of", "top_k")},
+    **{name: st.floats(allow_nan=False, allow_infinity=False) for name in (
+        "temperature", "top_p", "min_p", "timeout_s", "presence_penalty", "frequency_penalty", "repetition_penalty")},
+    "response_format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema"]) | JSON}),
+}
+
+
+NEAR["tokens"] = st.lists(INTS, max_size=4)
+#: the fields of each route the fuzz sets; /tokenize and /detokenize too (their own small bodies)
+FUZZED = {**{path: [name for name in kind.model_fields if name not in BUDGET] for path, kind in KINDS.items()},
+          TOKENIZE: sorted(TOKENIZE_FIELDS), DETOKENIZE: sorted(DETOKENIZE_FIELDS)}
 
 
 @st.composite
 def bodies(draw) -> tuple[str, dict]:
     """A route and a body: its base with up to four of the route's fields (or an unknown one) set at random."""
-    path = draw(st.sampled_from([COMPLETIONS, CHAT]))
-    names = [name for name in KINDS[path].model_fields if name not in BUDGET] + ["mystery"]
-    fields = draw(st.dictionaries(st.sampled_from(names), JSON, min_size=1, max_size=4))
-    return path, {**BASE[path], **fields}
+    path = draw(st.sampled_from(sorted(FUZZED)))
+    names = FUZZED[path] + ["mystery"]
+    body = dict(BASE[path])
+    for name in draw(st.lists(st.sampled_from(names), min_size=1, max_size=4, unique=True)):
+        body[name] = draw(NEAR[name] | JSON if name in NEAR else JSON)
+    return path, body
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "150")), deadline=None, derandomize=True,
+          database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=bodies())
 def test_random_bodies_are_served_or_refused_naming_a_field_they_sent_never_a_5xx(server, case):
     path, body = case

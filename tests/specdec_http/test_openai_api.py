@@ -51,6 +51,8 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
     ({"prompt": "x", "repetition_penalty": float("nan")}, "repetition_penalty"),
     ({"prompt": "x", "min_p": 1.5}, "min_p"),
     ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"²": 1}}, "logit_bias"),  # a digit to str.isdigit, not to int()
+    ({"prompt": "x", "logit_bias": {"1" * 5000: 1}}, "logit_bias"),  # past int()'s 4300 digits
     ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": [5]}, "logit_bias"),
     ({"prompt": "x", "mystery": 1}, "mystery"),
