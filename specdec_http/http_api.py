@@ -36,8 +36,10 @@ from specdec.serving.serving_errors import RETRY_AFTER_S, ErrorKind, InvalidRequ
 from specdec_http.cors import Cors
 from specdec_http.metrics_route import MetricsRoute
 from specdec_http.openai_logprobs import LogprobsFormat
-from specdec_http.openai_api import chat_request, completion_request
-from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, dump, error_body, sse
+from specdec_http.openai_api import chat_request, completion_request, named_as_sent
+from specdec_http.openai_responses import (
+    DONE, Call, UsageReport, chunk_events, completion_object, dump, error_body, sse,
+)
 from specdec_http.protocol.models import ModelCard, ModelList, ModelSpeculation
 from specdec_http.tokenize_routes import detokenize, tokenize
 
@@ -124,6 +126,12 @@ class HttpApi:
     async def _generate(self, request: Request, chat: bool) -> Response:
         self.frontend.ready()  # 503 while loading, whatever the body says (the model name is not known yet)
         body = await _json(request, self.body_timeout_s)
+        try:
+            return await self._answer(request, body, chat)
+        except ValueError as exc:  # bad input the core found: named as the client sent it
+            raise named_as_sent(exc, body, chat) from None
+
+    async def _answer(self, request: Request, body: Any, chat: bool) -> Response:
         translate = chat_request if chat else completion_request
         text_request, stream = translate(body, self.frontend.model)
         call = Call.new(chat, self.frontend.model)
@@ -141,21 +149,21 @@ class HttpApi:
         except BaseException:
             await deltas.aclose()
             raise
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        events = self._events(call, first, deltas, include_usage, started, logprobs)
+        report = UsageReport.of(body.get("stream_options"))
+        events = self._events(call, first, deltas, report, started, logprobs)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    async def _events(self, call: Call, first: Delta, deltas: AsyncIterator[Delta], include_usage: bool,
+    async def _events(self, call: Call, first: Delta, deltas: AsyncIterator[Delta], report: UsageReport,
                       started: float, logprobs: LogprobsFormat | None):
         """SSE: one event per round, `data: [DONE]` at the end; an error event if it fails.
         Closing (the client went away) closes `deltas`, which aborts the request."""
         timing = _StreamTiming(started, first)
         try:
-            for event in chunk_events(call, first, True, include_usage, logprobs):
+            for event in chunk_events(call, first, True, report, logprobs):
                 yield event
             async for delta in deltas:
                 timing.add(delta)
-                for event in chunk_events(call, delta, False, include_usage, logprobs):
+                for event in chunk_events(call, delta, False, report, logprobs):
                     yield event
             yield DONE
             if self.observe_stream is not None:

@@ -17,6 +17,7 @@ Python's recursion limit, impossible) to compare or echo in an error message.
 from __future__ import annotations
 
 import logging
+import re
 import typing
 from typing import Any
 
@@ -33,6 +34,8 @@ _logged_ignored: set[str] = set()
 
 #: the deepest nesting a body may have (a chat message's content parts: 5 levels)
 MAX_DEPTH = 8
+#: a logit_bias key: a token id in ASCII digits (not "²", not a 5000-digit number)
+_TOKEN_ID = re.compile(r"\s*-?[0-9]{1,19}\s*")
 
 
 class ModelNotFoundError(NotFoundError):
@@ -81,6 +84,18 @@ def parse(kind: type[SamplingRequest], body: Any, model: str) -> Any:
             _logged_ignored.add(name)
             logger.info("requests send %r, which changes nothing here: ignored", name)
     return request
+
+
+def named_as_sent(exc: ValueError, body: Any, chat: bool) -> ValueError:
+    """A chat request's bad-input error from the core, naming the field as the client sent
+    it: the core's budget (max_new_tokens) is `max_completion_tokens` when the body set that,
+    the core's prompt is `messages`. Any other error as it is."""
+    param = param_of(exc)
+    sent = {"max_new_tokens": "max_completion_tokens", "prompt": "messages",
+            "prompt_token_ids": "messages"}.get(param or "")
+    if not chat or not isinstance(body, dict) or sent not in body:
+        return exc
+    return InvalidRequestError(sent, str(exc).removeprefix(param).lstrip(": ") or "is invalid")
 
 
 def check_model(requested: Any, model: str) -> None:
@@ -188,8 +203,8 @@ def _processing(request: SamplingRequest) -> dict[str, Any]:
     names = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
     fields = {name: getattr(request, name) for name in names if getattr(request, name) is not None}
     bias = request.logit_bias or {}
-    if not all(k.strip().lstrip("-").isdigit() for k in bias):
-        raise InvalidRequestError("logit_bias", "must map token ids (as strings) to numbers")
+    if not all(_TOKEN_ID.fullmatch(k) for k in bias):
+        raise InvalidRequestError("logit_bias", "must map token ids (as strings of ASCII digits) to numbers")
     fields["logit_bias"] = {int(k): v for k, v in bias.items()}
     return fields
 

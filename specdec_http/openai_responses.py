@@ -97,11 +97,26 @@ def completion_object(call: Call, completion: Completion, logprobs: LogprobsForm
     return dump(CompletionResponse(**call.envelope(), choices=[choice], **done))
 
 
-def chunk_events(call: Call, delta: Delta, first: bool, include_usage: bool,
+@dataclass(frozen=True)
+class UsageReport:
+    """Where a stream reports its usage (`stream_options`): `final` (include_usage) in a
+    chunk without choices after the last one; `continuous` (vLLM's continuous_usage_stats,
+    with include_usage) also on every chunk, the counts so far."""
+
+    final: bool = False
+    continuous: bool = False
+
+    @classmethod
+    def of(cls, stream_options: dict[str, Any] | None) -> "UsageReport":
+        final = bool((stream_options or {}).get("include_usage"))
+        return cls(final, final and bool(stream_options.get("continuous_usage_stats")))
+
+
+def chunk_events(call: Call, delta: Delta, first: bool, report: UsageReport,
                  logprobs: LogprobsFormat | None = None) -> list[str]:
     """The server-sent events for one Delta: one chunk per round (a chat stream's first
     chunk also carries the role); the last one adds finish_reason and `speculation`, then
-    (with stream_options.include_usage) a usage chunk without choices. With `logprobs`, each
+    a usage chunk without choices (`report`: which usage goes out). With `logprobs`, each
     chunk carries its tokens' logprobs."""
     kind = ChatCompletionChunk if call.chat else CompletionChunk
     reported = _logprobs(call, delta.logprobs, logprobs)
@@ -111,8 +126,10 @@ def chunk_events(call: Call, delta: Delta, first: bool, include_usage: bool,
     else:
         choice = CompletionChunkChoice(index=0, text=delta.text, logprobs=reported, finish_reason=delta.finish_reason)
     extra = {} if delta.stats is None else {"speculation": speculation_stats(delta.stats)}
+    if report.continuous and delta.usage is not None:
+        extra["usage"] = usage(delta.usage)
     events = [sse(dump(kind(**call.envelope(chunk=True), choices=[choice], **extra)))]
-    if include_usage and delta.usage is not None:
+    if report.final and delta.finish_reason is not None and delta.usage is not None:
         events.append(sse(dump(kind(**call.envelope(chunk=True), choices=[], usage=usage(delta.usage)))))
     return events
 

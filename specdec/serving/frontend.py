@@ -44,9 +44,10 @@ class Usage:
 
 @dataclass(frozen=True)
 class Delta:
-    """One round's new output; the last one of a stream carries the finish reason, the
-    statistics and the usage (its text and ids may be empty). logprobs: one per token of
-    token_ids when the request asked for them (specdec.sampling.token_logprobs), else None."""
+    """One round's new output and the usage so far; the last one of a stream carries the
+    finish reason, the statistics and the request's usage (its text and ids may be empty).
+    logprobs: one per token of token_ids when the request asked for them
+    (specdec.sampling.token_logprobs), else None."""
 
     text: str
     token_ids: list[int]
@@ -177,7 +178,8 @@ class Frontend:
                     except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
                         raise _deadline_error(request) from exc
                     outcome.generation_tokens += len(output.new_token_ids)
-                    delta = Delta(output.text, list(output.new_token_ids), logprobs=output.logprobs)
+                    so_far = Usage(outcome.prompt_tokens, outcome.generation_tokens)
+                    delta = Delta(output.text, list(output.new_token_ids), usage=so_far, logprobs=output.logprobs)
                     if output.finish_reason is None:
                         yield delta
                     else:

@@ -1,6 +1,7 @@
 """The server-sent chunks of a stream (`stream: true`): one per round with tokens; the last
 carries finish_reason and `speculation`, then (with `stream_options.include_usage`) a chunk
-with the usage and no choices. Dumped with `exclude_unset`, as the responses are."""
+with the usage and no choices (with `continuous_usage_stats` too, every chunk carries the
+usage so far). Dumped with `exclude_unset`, as the responses are."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ class CompletionChunk(Envelope):
 
     choices: list[CompletionChunkChoice]
     speculation: SpeculationStats | None = Field(None, description="on the last chunk with choices")
-    usage: Usage | None = Field(None, description="on the usage chunk (choices empty)")
+    usage: Usage | None = Field(
+        None, description="on the usage chunk (choices empty); with continuous_usage_stats on every chunk, so far")
 
 
 class ChatCompletionChunk(Envelope):
@@ -50,4 +52,5 @@ class ChatCompletionChunk(Envelope):
 
     choices: list[ChatChunkChoice]
     speculation: SpeculationStats | None = Field(None, description="on the last chunk with choices")
-    usage: Usage | None = Field(None, description="on the usage chunk (choices empty)")
+    usage: Usage | None = Field(
+        None, description="on the usage chunk (choices empty); with continuous_usage_stats on every chunk, so far")

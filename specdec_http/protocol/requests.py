@@ -30,14 +30,17 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: Bool | None = Field(None, description="end the stream with a chunk carrying the usage")
+    continuous_usage_stats: Bool | None = Field(
+        None, description="extension (as vLLM; with include_usage): every chunk also carries the usage so far")
 
     @model_validator(mode="before")
     @classmethod
     def _shape(cls, value: Any) -> Any:
         """One error naming `stream_options` for any bad shape."""
-        if not isinstance(value, dict) or set(value) - {"include_usage"} or \
-                value.get("include_usage") not in (None, True, False):
-            raise ValueError("must be an object with include_usage (true or false)")
+        names = ("include_usage", "continuous_usage_stats")
+        if not isinstance(value, dict) or set(value) - set(names) or \
+                any(value.get(name) not in (None, True, False) for name in names):
+            raise ValueError("must be an object with include_usage and continuous_usage_stats (true or false)")
         return value
 
 

@@ -1,7 +1,8 @@
 """What real OpenAI-compatible clients send, over HTTP on in-process models (uvicorn on 127.0.0.1).
 
-The exact default payloads of `vllm bench serve` (openai and openai-chat backends) and of
-SGLang's `bench_serving` (openai backend) are served and stream to `[DONE]`; an unknown
+The exact default payloads of `vllm bench serve` (openai and openai-chat backends), of
+SGLang's `bench_serving` (openai and openai-chat backends) and of GuideLLM (vLLM's
+`continuous_usage_stats`: the usage so far on every chunk) are served and stream to `[DONE]`; an unknown
 model is 404 `model_not_found`; `/tokenize` and `/detokenize` round-trip and need the
 bearer token like every generation route; `/v1/models` says when the server started and
 its context; CORS preflights are answered for listed origins only.
@@ -20,8 +21,6 @@ from prometheus_client import CollectorRegistry
 from specdec.wiring.ports import free_port
 from openai_http import UvicornThread, get, post, sse_lines
 from specdec.serving.api_auth import ApiTokens
-from specdec.config.config import load_config
-from specdec.wiring.engine_builder import build_served_engine
 from specdec.serving.frontend import Frontend
 from specdec_http.cors import Cors
 from specdec_http.metrics_route import MetricsRoute
@@ -30,22 +29,9 @@ from specdec_metrics.router_metrics import RouterMetrics
 from specdec_http.http_api import HttpApi, asgi_app
 
 MODEL = "bundled:target"
-MAX_SEQ_LEN = 256
+MAX_SEQ_LEN = 256  # the shared server's context (conftest.py)
 ORIGIN = "http://ui.example"
 TOKEN = "team-token"
-
-
-@pytest.fixture(scope="module")
-def served():
-    served = build_served_engine(load_config(overrides={"cache": {"num_slots": 4, "max_seq_len": MAX_SEQ_LEN}}))
-    yield served
-    served.close()
-
-
-@pytest.fixture(scope="module")
-def server(served):
-    with UvicornThread(asgi_app(HttpApi(Frontend(served))), free_port()) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -71,26 +57,55 @@ def streamed(server, path: str, body: dict) -> list[dict]:
     return [json.loads(line) for line in lines[:-1]]
 
 
-VLLM_COMPLETIONS = {"model": MODEL, "prompt": "def parse(line):", "temperature": 0.0, "repetition_penalty": 1.0,
-                    "max_tokens": 12, "logprobs": None, "stream": True, "stream_options": {"include_usage": True}}
+# What each tool sends, field for field (the values of the prompt and budget aside):
+# vllm bench serve (vllm/benchmarks/lib/endpoint_request_func.py; temperature 0.0 is its default
+# sampling parameter, merged in from extra_body; --ignore-eos adds ignore_eos: true)
+VLLM_COMPLETIONS = {"model": MODEL, "prompt": "def parse(line):", "repetition_penalty": 1.0, "max_tokens": 12,
+                    "logprobs": None, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0}
 VLLM_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "a stack class"}]}],
-             "temperature": 0.0, "max_completion_tokens": 12, "stream": True, "stream_options": {"include_usage": True}}
+             "max_completion_tokens": 12, "stream": True, "stream_options": {"include_usage": True},
+             "temperature": 0.0}
+# SGLang's python -m sglang.bench_serving --backend openai / openai-chat (ignore_eos unless --disable-ignore-eos)
 SGLANG_COMPLETIONS = {"model": MODEL, "prompt": "class Stack:", "temperature": 0.0, "best_of": 1, "max_tokens": 12,
                       "stream": True, "ignore_eos": True}
+SGLANG_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "a stack class"}], "temperature": 0.0,
+               "max_tokens": 12, "stream": True}
+# GuideLLM's openai_http backend (benchmarks/load_tool_sweep.sh): usage on every chunk, a fixed output length
+GUIDELLM_USAGE = {"include_usage": True, "continuous_usage_stats": True}
+GUIDELLM_COMPLETIONS = {"model": MODEL, "stream": True, "stream_options": GUIDELLM_USAGE, "max_tokens": 12,
+                        "stop": None, "ignore_eos": True, "prompt": "def parse(line):"}
+GUIDELLM_CHAT = {"model": MODEL, "stream": True, "stream_options": GUIDELLM_USAGE, "max_completion_tokens": 12,
+                 "stop": None, "ignore_eos": True,
+                 "messages": [{"role": "user", "content": [{"type": "text", "text": "a stack class"}]}]}
 
 
 @pytest.mark.parametrize("path, body", [
     ("/v1/completions", VLLM_COMPLETIONS),
     ("/v1/completions", {**VLLM_COMPLETIONS, "ignore_eos": True}),  # vllm bench serve --ignore-eos
     ("/v1/chat/completions", VLLM_CHAT),
+    ("/v1/chat/completions", {**VLLM_CHAT, "ignore_eos": True}),
     ("/v1/completions", SGLANG_COMPLETIONS),
-], ids=["vllm-openai", "vllm-openai-ignore-eos", "vllm-openai-chat", "sglang-openai"])
+    ("/v1/chat/completions", SGLANG_CHAT),
+    ("/v1/completions", GUIDELLM_COMPLETIONS),
+    ("/v1/chat/completions", GUIDELLM_CHAT),
+], ids=["vllm-openai", "vllm-openai-ignore-eos", "vllm-openai-chat", "vllm-openai-chat-ignore-eos", "sglang-openai",
+        "sglang-openai-chat", "guidellm-completions", "guidellm-chat"])
 def test_the_default_payloads_of_load_tools_stream_to_done(server, path, body):
     chunks = streamed(server, path, body)
-    if body.get("stream_options"):  # then the last chunk is the usage alone
+    options = body.get("stream_options") or {}
+    if options.get("include_usage"):  # then the last chunk is the usage alone
         usage = chunks.pop()
         assert usage["choices"] == [] and usage["usage"]["completion_tokens"] >= 1
     assert chunks and chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+    assert all(len(chunk["choices"]) == 1 for chunk in chunks)
+    if body.get("ignore_eos"):
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    if options.get("continuous_usage_stats"):  # every chunk: the usage so far, the last one the request's
+        so_far = [chunk["usage"]["completion_tokens"] for chunk in chunks]
+        assert so_far == sorted(so_far) and chunks[-1]["usage"] == usage["usage"]
+        assert {chunk["usage"]["prompt_tokens"] for chunk in chunks} == {usage["usage"]["prompt_tokens"]}
+    else:
+        assert all("usage" not in chunk for chunk in chunks)
 
 
 def test_ignore_eos_generates_past_the_end_of_sequence_token(server, served, tokenizer):

@@ -10,8 +10,8 @@ from specdec.serving.serving_errors import AdmissionError, ErrorKind, InvalidReq
 from specdec.requests.stats import SpecStats
 from specdec.sampling.token_logprobs import TokenLogprob
 from specdec_http.openai_logprobs import LogprobsFormat
-from specdec_http.openai_api import chat_request, completion_request
-from specdec_http.openai_responses import Call, chunk_events, completion_object, error_body
+from specdec_http.openai_api import chat_request, completion_request, named_as_sent
+from specdec_http.openai_responses import Call, UsageReport, chunk_events, completion_object, error_body
 
 MODEL = "bundled:target"
 
@@ -51,6 +51,8 @@ def test_a_chat_request_carries_its_messages_and_max_completion_tokens():
     ({"prompt": "x", "repetition_penalty": float("nan")}, "repetition_penalty"),
     ({"prompt": "x", "min_p": 1.5}, "min_p"),
     ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"²": 1}}, "logit_bias"),  # a digit to str.isdigit, not to int()
+    ({"prompt": "x", "logit_bias": {"1" * 5000: 1}}, "logit_bias"),  # past int()'s 4300 digits
     ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": [5]}, "logit_bias"),
     ({"prompt": "x", "mystery": 1}, "mystery"),
@@ -85,6 +87,16 @@ def test_bad_or_unsupported_fields_are_refused_naming_them(body, param):
     assert error.value.param == param
     status, obj = error_body(classify(error.value), str(error.value), error.value)
     assert status == 400 and obj["error"]["param"] == param and obj["error"]["type"] == "invalid_request_error"
+
+
+def test_a_chat_budget_or_prompt_the_core_refuses_is_named_as_the_client_sent_it():
+    budget = ValueError("max_new_tokens 5000 exceeds the limit 4096")
+    renamed = named_as_sent(budget, {"messages": [], "max_completion_tokens": 5000}, chat=True)
+    assert renamed.param == "max_completion_tokens"
+    assert str(renamed) == "max_completion_tokens: 5000 exceeds the limit 4096"
+    assert named_as_sent(budget, {"messages": [], "max_tokens": 5000}, chat=True) is budget  # error_body: max_tokens
+    assert named_as_sent(InvalidRequestError("prompt", "is too long"), {"messages": []}, chat=True).param == "messages"
+    assert named_as_sent(InvalidRequestError("prompt", "is too long"), {"prompt": "x"}, chat=False).param == "prompt"
 
 
 NEUTRAL_VALUES = [("repetition_penalty", 1.0), ("repetition_penalty", 1), ("presence_penalty", 0),
@@ -196,17 +208,29 @@ def events(data: list[str]) -> list[dict]:
 
 
 def test_chat_chunks_carry_the_role_first_and_the_outcome_last():
-    call = Call("chatcmpl-1", "chat.completion", MODEL, 0)
-    [first] = events(chunk_events(call, Delta("de", [1]), first=True, include_usage=True))
-    assert first["object"] == "chat.completion.chunk"
+    call, report = Call("chatcmpl-1", "chat.completion", MODEL, 0), UsageReport.of({"include_usage": True})
+    [first] = events(chunk_events(call, Delta("de", [1], usage=Usage(4, 1)), first=True, report=report))
+    assert first["object"] == "chat.completion.chunk" and "usage" not in first
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "de"}
     assert first["choices"][0]["finish_reason"] is None
     last = Delta("f", [2], "length", SpecStats(rounds=1), Usage(4, 2))
-    chunk, usage = events(chunk_events(call, last, first=False, include_usage=True))
+    chunk, usage = events(chunk_events(call, last, first=False, report=report))
     assert chunk["choices"][0]["delta"] == {"content": "f"} and chunk["choices"][0]["finish_reason"] == "length"
-    assert chunk["speculation"]["rounds"] == 1
+    assert chunk["speculation"]["rounds"] == 1 and "usage" not in chunk
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 6
-    assert len(chunk_events(call, last, first=False, include_usage=False)) == 1
+    assert len(chunk_events(call, last, first=False, report=UsageReport.of(None))) == 1
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk_and_need_include_usage():
+    call, continuous = Call("cmpl-1", "text_completion", MODEL, 0), {"include_usage": True,
+                                                                       "continuous_usage_stats": True}
+    [first] = events(chunk_events(call, Delta("de", [1], usage=Usage(4, 1)), True, UsageReport.of(continuous)))
+    assert first["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+    last = Delta("f", [2], "length", SpecStats(rounds=1), Usage(4, 2))
+    chunk, usage = events(chunk_events(call, last, False, UsageReport.of(continuous)))
+    assert chunk["usage"] == usage["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+    alone = UsageReport.of({"continuous_usage_stats": True})  # as vLLM: nothing without include_usage
+    assert "usage" not in events(chunk_events(call, last, False, alone))[0]
 
 
 @pytest.mark.parametrize("exc, status, code", [
@@ -247,9 +271,9 @@ def text_of(token_id: int) -> str:
 
 def test_completion_logprobs_are_parallel_lists_with_text_offsets_running_on_across_chunks():
     call, how = Call("cmpl-1", "text_completion", MODEL, 0), LogprobsFormat(text_of)
-    [chunk] = events(chunk_events(call, Delta("de", [1], logprobs=TOKENS[:1]), True, False, how))
-    [last] = events(chunk_events(call, Delta("f", [2], "length", SpecStats(), Usage(1, 2), TOKENS[1:]), False, False,
-                                 how))
+    [chunk] = events(chunk_events(call, Delta("de", [1], logprobs=TOKENS[:1]), True, UsageReport(), how))
+    [last] = events(chunk_events(call, Delta("f", [2], "length", SpecStats(), Usage(1, 2), TOKENS[1:]), False,
+                                 UsageReport(), how))
     assert chunk["choices"][0]["logprobs"] == {"tokens": ["de"], "token_logprobs": [-0.5], "text_offset": [0],
                                                "top_logprobs": [{"de": -0.5, "f": -1.5}]}
     assert last["choices"][0]["logprobs"]["text_offset"] == [2]

@@ -5,7 +5,7 @@ import json
 
 from specdec.serving.frontend import Completion, Delta, Usage
 from specdec.requests.stats import SpecStats
-from specdec_http.openai_responses import Call, chunk_events, completion_object
+from specdec_http.openai_responses import Call, UsageReport, chunk_events, completion_object
 from specdec_http.protocol import schema
 from specdec_http.protocol.chunks import ChatCompletionChunk, CompletionChunk
 from specdec_http.protocol.responses import ChatCompletionResponse, CompletionResponse
@@ -44,5 +44,7 @@ def test_the_responses_and_chunks_sent_validate_against_their_models():
         call = Call.new(chat=chat, model=MODEL)
         response.model_validate(completion_object(call, _completion()))
         last = Delta("x", [3], "length", SpecStats(rounds=1), Usage(3, 1))
-        for event in chunk_events(call, Delta("a", [1]), True, True) + chunk_events(call, last, False, True):
+        report = UsageReport(final=True, continuous=True)
+        for event in chunk_events(call, Delta("a", [1], usage=Usage(3, 1)), True, report) + \
+                chunk_events(call, last, False, report):
             chunk.model_validate_json(event.removeprefix("data: "))
