@@ -10,6 +10,7 @@ from typing import Any
 
 from specdec.requests.errors import InvalidRequestError
 from specdec.requests.grammar_spec import GrammarSpec
+from specdec.sampling.grammar_matcher import GrammarError
 from specdec.sampling.grammar_xgrammar import parsed_grammar
 from specdec_http.protocol.response_format import JsonObjectFormat, JsonSchemaResponseFormat
 
@@ -47,6 +48,6 @@ def _checked(spec: GrammarSpec, param: str) -> GrammarSpec:
     """The spec, once it compiles; else InvalidRequestError naming `param`."""
     try:
         parsed_grammar(spec)
-    except InvalidRequestError as exc:
-        raise InvalidRequestError(param, str(exc).split(": ", 1)[1]) from None
+    except GrammarError as exc:
+        raise InvalidRequestError(param, exc.reason) from None
     return spec

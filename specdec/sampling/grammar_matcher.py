@@ -3,17 +3,34 @@
 A `GrammarMatcher` follows one request's output token by token: it says which tokens may
 come next (a packed bitmask, `specdec.sampling.grammar_mask`), accepts a token, rolls back
 tokens it accepted, and says when the grammar has ended. A `GrammarBackend` compiles a
-`GrammarSpec` (once per distinct spec: compiling a JSON schema costs far more than a round)
-and makes matchers of it. xgrammar is the one backend (`specdec.sampling.grammar_xgrammar`).
+grammar (a `Grammar`: specdec.requests.grammar_spec.GrammarSpec is one; once per distinct
+grammar: compiling a JSON schema costs far more than a round) and makes matchers of it.
+xgrammar is the one backend (`specdec.sampling.grammar_xgrammar`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 import numpy as np
 
-from specdec.requests.grammar_spec import GrammarSpec
+
+class Grammar(Protocol):
+    """What a grammar is to the backend: its kind ("json_object", "json_schema", "regex",
+    "ebnf") and its text (specdec.requests.grammar_spec.GrammarSpec)."""
+
+    kind: str
+    text: str
+
+
+class GrammarError(ValueError):
+    """A grammar that does not compile (bad input: `param` names the field)."""
+
+    def __init__(self, message: str, param: str = "grammar.text") -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.reason = message
 
 
 class GrammarMatcher(ABC):
@@ -43,14 +60,13 @@ class GrammarBackend(ABC):
     """Compiles grammars for one tokenizer and vocabulary."""
 
     @abstractmethod
-    def check(self, spec: GrammarSpec) -> None:
-        """Raise InvalidRequestError naming grammar.text when the spec does not compile."""
+    def check(self, spec: Grammar) -> None:
+        """Raise GrammarError when the grammar does not compile."""
 
     @abstractmethod
-    def matcher(self, spec: GrammarSpec, vocab_size: int) -> GrammarMatcher:
+    def matcher(self, spec: Grammar, vocab_size: int) -> GrammarMatcher:
         """A fresh matcher at the start of the grammar, for logits of vocab_size tokens
-        (compiled once per distinct spec; InvalidRequestError naming grammar.text when it
-        does not compile)."""
+        (compiled once per distinct grammar; GrammarError when it does not compile)."""
 
 
 def mask_width(vocab_size: int) -> int:

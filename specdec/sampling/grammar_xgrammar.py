@@ -19,16 +19,14 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from specdec.requests.errors import InvalidRequestError
-from specdec.requests.grammar_spec import GrammarSpec
-from specdec.sampling.grammar_matcher import GrammarBackend, GrammarMatcher
+from specdec.sampling.grammar_matcher import Grammar, GrammarBackend, GrammarError, GrammarMatcher
 
 DEFAULT_CACHE_SIZE = 64  # distinct compiled grammars kept
 
 
-def parsed_grammar(spec: GrammarSpec) -> xgr.Grammar:
-    """The spec as an xgrammar Grammar (no tokenizer needed); InvalidRequestError naming
-    grammar.text when it does not parse."""
+def parsed_grammar(spec: Grammar) -> xgr.Grammar:
+    """The spec as an xgrammar Grammar (no tokenizer needed); GrammarError (naming
+    grammar.text) when it does not parse."""
     try:
         if spec.kind == "json_object":
             return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False)
@@ -39,7 +37,7 @@ def parsed_grammar(spec: GrammarSpec) -> xgr.Grammar:
             return xgr.Grammar.from_regex(spec.text)
         return xgr.Grammar.from_ebnf(spec.text)
     except (RuntimeError, ValueError) as exc:
-        raise InvalidRequestError("grammar.text", f"the {spec.kind} does not compile: {_reason(exc)}") from None
+        raise GrammarError(f"the {spec.kind} does not compile: {_reason(exc)}") from None
 
 
 def _reason(exc: Exception) -> str:
@@ -79,19 +77,19 @@ class XGrammarBackend(GrammarBackend):
         self._tokenizer = tokenizer
         self._stop_ids = [int(t) for t in stop_token_ids]
         self._compilers: dict[int, xgr.GrammarCompiler] = {}
-        self._compiled: OrderedDict[tuple[int, GrammarSpec], xgr.CompiledGrammar] = OrderedDict()
+        self._compiled: OrderedDict[tuple[int, str, str], xgr.CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()  # requests are validated on other threads than the engine's
 
-    def check(self, spec: GrammarSpec) -> None:
+    def check(self, spec: Grammar) -> None:
         parsed_grammar(spec)
 
-    def matcher(self, spec: GrammarSpec, vocab_size: int) -> GrammarMatcher:
+    def matcher(self, spec: Grammar, vocab_size: int) -> GrammarMatcher:
         return XGrammarMatcher(xgr.GrammarMatcher(self.compiled(spec, vocab_size)))
 
-    def compiled(self, spec: GrammarSpec, vocab_size: int) -> xgr.CompiledGrammar:
+    def compiled(self, spec: Grammar, vocab_size: int) -> xgr.CompiledGrammar:
         """The spec compiled for logits of vocab_size tokens (from the LRU cache when it is there)."""
-        key = (vocab_size, spec)
+        key = (vocab_size, spec.kind, spec.text)
         with self._lock:
             if key in self._compiled:
                 self._compiled.move_to_end(key)

@@ -91,7 +91,8 @@ class SamplingRequest(BaseModel):
     tools: neutral_only({"type": "array"}, []) = None
     tool_choice: neutral_only({"type": ["string", "object"]}, "none") = None
     response_format: ResponseFormat | None = Field(
-        None, description="text (default), json_object or json_schema: the output follows it (docs/structured_output.md)")
+        None, description="text (default), json_object or json_schema: the output follows it "
+                          "(docs/structured_output.md)")
     structured_outputs: StructuredOutputs | None = Field(
         None, description="extension (as vLLM): exactly one of json (a schema), regex, grammar (EBNF)")
     metadata: ignored(OBJECT) = None

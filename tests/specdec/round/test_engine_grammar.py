@@ -11,10 +11,9 @@ import re
 
 import pytest
 
-from specdec.requests.errors import InvalidRequestError
 from specdec.requests.grammar_spec import GrammarSpec
 from specdec.requests.request import GenerationRequest
-from specdec.sampling.grammar_matcher import GrammarBackend
+from specdec.sampling.grammar_matcher import GrammarBackend, GrammarError
 from specdec.sampling.sampling_params import SamplingParams
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
@@ -58,7 +57,7 @@ def test_the_grammars_end_ends_the_output_even_past_ignored_eos(engines, prompt_
 
 
 def test_a_grammar_that_does_not_compile_is_refused_at_admission(engines, prompt_ids):
-    with pytest.raises(InvalidRequestError) as error:
+    with pytest.raises(GrammarError) as error:
         engines[0].add_request(GenerationRequest(prompt_ids[0], 8, grammar=GrammarSpec("regex", "(")))
     assert error.value.param == "grammar.text"
 

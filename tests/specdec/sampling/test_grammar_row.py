@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from specdec.models.emulated_tokenizer import emulated_tokenizer
 from specdec.requests.errors import InvalidRequestError
+from specdec.sampling.grammar_matcher import GrammarError
 from specdec.requests.grammar_spec import GrammarSpec
 from specdec.sampling import grammar_mask
 from specdec.sampling.grammar_matcher import allows, mask_width
@@ -92,7 +92,7 @@ def test_a_draft_that_ends_the_grammar_stops_there(backend, tokenizer):
     (GrammarSpec("ebnf", "root ::= "), "does not compile"),
 ])
 def test_a_grammar_that_does_not_compile_is_refused_naming_its_text(backend, spec, reason):
-    with pytest.raises(InvalidRequestError, match=reason) as error:
+    with pytest.raises(GrammarError, match=reason) as error:
         backend.matcher(spec, VOCAB)
     assert error.value.param == "grammar.text"
 
