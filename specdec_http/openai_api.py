@@ -27,6 +27,7 @@ from specdec.serving.chat_template import check_messages
 from specdec.sampling.sampling_params import SamplingParams
 from specdec.serving.serving_errors import InvalidRequestError, NotFoundError, param_of
 from specdec.serving.text_request import TextRequest
+from specdec_http.openai_structured import grammar_of
 from specdec_http.protocol.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 logger = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ def _text_request(request: SamplingRequest, logprobs: int | None, **prompt: Any)
         timeout_s=request.timeout_s,
         ignore_eos=bool(request.ignore_eos),
         logprobs=logprobs,
+        grammar=grammar_of(request),
     )
 
 

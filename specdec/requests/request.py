@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from specdec.proposers import proposer_registry as registry
 from specdec.config.config import SpecdecConfig
 from specdec.requests.errors import InvalidRequestError
+from specdec.requests.grammar_spec import GrammarSpec
 from specdec.sampling.sampling_params import SamplingParams
 from specdec.requests.speculation_mode import SpeculationMode
 from specdec.sampling.token_logprobs import MAX_TOP_LOGPROBS
@@ -101,6 +102,8 @@ class GenerationRequest:
         server's, load_monitor.tpot_target_ms): the policy plans within it (docs/goodput.md).
     logprobs: report each generated token's logprob and this many most likely alternatives
         (0..MAX_TOP_LOGPROBS; None = no logprobs): specdec.sampling.token_logprobs.
+    grammar: the output must match it (None = free text): it masks the target's distribution
+        at every position, and the grammar's end ends the output (docs/structured_output.md).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -114,6 +117,7 @@ class GenerationRequest:
     mode: SpeculationMode = SpeculationMode.AUTO
     tpot_target_ms: float | None = None
     logprobs: int | None = None
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", _int_tuple(self.prompt_token_ids, "prompt_token_ids"))
@@ -129,6 +133,8 @@ class GenerationRequest:
                                       f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop", "stop strings must be non-empty strings")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise InvalidRequestError("grammar", f"must be a GrammarSpec, got {type(self.grammar).__name__}")
 
     def check_limits(self, limits: RequestLimits) -> None:
         """Checks that need the server: ids in range, context, caps, proposer loaded."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from specdec.requests.request import GenerationRequest
 from specdec.requests.stats import SpecStats
 from specdec.requests.stop_conditions import StopChecker
+from specdec.sampling.grammar_row import GrammarRow
 from specdec.sampling.token_logprobs import TokenLogprob
 
 
@@ -32,6 +33,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked for
     prefilled: int = 0  # history tokens the target read in prefill chunks before the first round
     chunk_end: int | None = None  # this round reads the history up to here only (a prefill chunk); None = all
+    grammar: GrammarRow | None = None  # the request's grammar matcher (request.grammar set), at the history's end
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -18,6 +18,7 @@ policy's record, releases) only logs a failure: applied tokens always reach the 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -26,7 +27,9 @@ from collections import deque
 from collections.abc import Callable, Sequence as Seq
 
 from specdec.round.draft_ahead import DraftAhead
-from specdec.requests.errors import WorkerError
+from specdec.requests.errors import InvalidRequestError, WorkerError
+from specdec.sampling.grammar_matcher import GrammarBackend
+from specdec.sampling.grammar_row import GrammarRow
 from specdec.policy.load_stats import RoundSample
 from specdec.round.prefill_chunks import PrefillChunks
 from specdec.proposers.proposer_view import ProposerView
@@ -38,7 +41,7 @@ from specdec.round.round_output import FINISH_ERROR, GenerationResult, RoundOutp
 from specdec.round.round_planner import RoundPlanner, unread_prompt
 from specdec.policy.speculation_policy import Decision, RoundPolicy
 from specdec.requests.stats import SpecStats
-from specdec.requests.stop_conditions import StopChecker
+from specdec.requests.stop_conditions import FINISH_STOP, StopChecker
 from specdec.verifiers.verifier import Verifier, VerifyRequest
 
 logger = logging.getLogger(__name__)
@@ -58,6 +61,7 @@ class SpeculativeEngine:
         caps: RequestCaps = DEFAULT_CAPS,
         draft_ahead: DraftAhead | None = None,
         prefill_chunk_tokens: int | None = None,
+        grammars: GrammarBackend | None = None,
     ) -> None:
         """gamma: the server's γ (used when no policy decides, and for mode ON).
         eos_token_ids: every id that ends a sequence (generation_config's list, too).
@@ -67,7 +71,9 @@ class SpeculativeEngine:
         draft_ahead: draft round k + 1 while the target verifies round k (pipelined rounds;
         pays only when the verifier runs concurrently, e.g. on a remote target).
         prefill_chunk_tokens: prompt tokens read per round, over all new rows (`PrefillChunks`;
-        None or 0: each prompt whole in its first round)."""
+        None or 0: each prompt whole in its first round).
+        grammars: compiles requests' grammars (`GrammarSpec`) for this tokenizer; None =
+        requests with a grammar are refused."""
         if not 0 <= gamma <= caps.gamma_limit:
             raise ValueError(f"gamma must be in [0, gamma_limit={caps.gamma_limit}], got {gamma}")
         self.verifier = verifier
@@ -84,6 +90,7 @@ class SpeculativeEngine:
         self.profile = self.timer.profile  # where the rounds' time went
         self.draft_ahead = draft_ahead
         self.chunks = PrefillChunks(prefill_chunk_tokens)
+        self.grammars = grammars
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._finished: dict[str, Sequence] = {}
@@ -109,6 +116,16 @@ class SpeculativeEngine:
     def validate(self, request: GenerationRequest) -> None:
         """Raise ValueError (naming the field) for a request this engine cannot serve."""
         request.check_limits(self.limits)
+        self._grammar_row(request)
+
+    def _grammar_row(self, request: GenerationRequest) -> GrammarRow | None:
+        """The request's grammar matcher (compiled once per distinct grammar), or None."""
+        if request.grammar is None:
+            return None
+        if self.grammars is None:
+            raise InvalidRequestError("grammar", "this server has no grammar engine")
+        vocab_size = self.verifier.vocab_size
+        return GrammarRow(self.grammars.matcher(request.grammar, vocab_size), vocab_size)
 
     def add_request(self, request: GenerationRequest, seq_id: str | None = None) -> str:
         """Validate and queue a request; it joins the batch at the next round."""
@@ -118,7 +135,8 @@ class SpeculativeEngine:
             raise ValueError(f"seq_id {seq_id!r} is already in use")
         eos = () if request.ignore_eos else self.eos_token_ids
         checker = StopChecker(request.max_new_tokens, (*eos, *request.stop_token_ids), request.stop, self.decode)
-        self._waiting.append(Sequence(seq_id=seq_id, request=request, stop_checker=checker))
+        self._waiting.append(Sequence(seq_id=seq_id, request=request, stop_checker=checker,
+                                      grammar=self._grammar_row(request)))
         if self.policy is not None:
             self.policy.on_arrival()
         return seq_id
@@ -395,20 +413,29 @@ class SpeculativeEngine:
 
     @staticmethod
     def _verify_request(seq: Sequence, drafts: Drafts) -> VerifyRequest:
+        """The row's verification; with a grammar, its draft cut after the first forbidden
+        token and the masks of the positions verified (`GrammarRow.constrain`)."""
+        mask = None
+        if seq.grammar is not None:
+            kept, mask = seq.grammar.constrain(drafts.token_ids)
+            drafts = drafts.first(kept)
         return VerifyRequest(seq.seq_id, seq.token_ids, drafts.token_ids, seq.request.sampling,
                              drafts.q if drafts.token_ids else None, seq.num_prompt_tokens,
-                             seq.request.logprobs)
+                             seq.request.logprobs, mask)
 
     def _apply(self, seq: Sequence, request: VerifyRequest, result) -> tuple[RoundOutput, tuple[int, int]]:
         """Add a round's tokens to one sequence, cut at its first stop condition, and count
         what was kept. A failure here (e.g. decoding) fails this request alone.
         Returns the output and the (drafted, accepted) counts of the round."""
         try:
-            decision = seq.stop_checker.append(result.emitted)
+            emitted = result.emitted if seq.grammar is None else seq.grammar.advance(result.emitted)
+            decision = seq.stop_checker.append(emitted)
         except Exception as exc:
             logger.warning("request %s failed: %s: %s", seq.seq_id, type(exc).__name__, exc)
             return self._fail_row(seq, exc), (0, 0)
-        kept = result.emitted[: decision.num_kept]
+        if decision.finish_reason is None and seq.grammar is not None and seq.grammar.ended:
+            decision = dataclasses.replace(decision, finish_reason=FINISH_STOP)  # the grammar's end ends the output
+        kept = emitted[: decision.num_kept]
         logprobs = None if result.logprobs is None else result.logprobs[: decision.num_kept]
         seq.token_ids.extend(kept)
         seq.logprobs.extend(logprobs or ())

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from specdec.sampling.counter_rng import ROLE_FINAL, as_seeds, uniforms
+from specdec.sampling.grammar_mask import apply_masks
 from specdec.sampling.gumbel_sampling import gumbel_argmax
 from specdec.sampling.logits_processors import RowProcessing, process_logits, row_processing
 from specdec.sampling.sampling_params import SamplingParams
@@ -50,6 +51,10 @@ class SamplingBatch:
         (specdec.sampling.gumbel_sampling); from_params sets it for sampled rows with a seed of
         their own. Never set on a greedy row. None = no coupled row. On the CPU, like
         positions (the noise is hashed there).
+    token_masks: [B, T, W] int32 packed grammar masks of the positions `processed` sees
+        (specdec.sampling.grammar_mask; ALL_ALLOWED words where a row has no grammar), or
+        None: the forbidden tokens' logits become -inf after the processing, so every token
+        drawn from p (sampled, recovered or bonus) satisfies the row's grammar.
     """
 
     temperature: Tensor
@@ -61,6 +66,7 @@ class SamplingBatch:
     coupled: Tensor | None = None
     min_p: Tensor | None = None
     processing: list[RowProcessing | None] | None = None
+    token_masks: Tensor | None = None
 
     def __post_init__(self) -> None:
         b = len(self.seeds)
@@ -69,6 +75,7 @@ class SamplingBatch:
         if self.min_p is None:
             self.min_p = torch.zeros(b, dtype=torch.float64, device=self.temperature.device)
         assert self.processing is None or len(self.processing) == b, "need one processing entry per row"
+        assert self.token_masks is None or self.token_masks.shape[0] == b, "need one mask row per row"
         assert not bool((self.coupled & self.greedy.cpu()).any()), "a greedy row cannot be coupled"
         for name in ("temperature", "top_k", "top_p", "greedy", "positions", "coupled", "min_p"):
             shape = tuple(getattr(self, name).shape)
@@ -139,15 +146,19 @@ class SamplingBatch:
             coupled=self.coupled[index],
             min_p=self.min_p[rows],
             processing=None if self.processing is None else [self.processing[i] for i in index.tolist()],
+            token_masks=None if self.token_masks is None else self.token_masks[index],
         )
 
     def processed(self, logits: Tensor, drafts: Tensor | None = None) -> Tensor:
         """The rows' history-dependent processing applied (specdec.sampling.logits_processors):
         logits [B, T, V] -> [B, T, V], position t of row b seeing its history + drafts[b, :t]
-        (drafts [B, >= T - 1] valid ids). The logits themselves when no row has any."""
-        if self.processing is None:
-            return logits
-        return process_logits(logits, self.processing, drafts)
+        (drafts [B, >= T - 1] valid ids), then the grammar masks (token_masks[:, :T]). The
+        logits themselves when no row has either."""
+        if self.processing is not None:
+            logits = process_logits(logits, self.processing, drafts)
+        if self.token_masks is not None:
+            logits = apply_masks(logits, self.token_masks[:, : logits.shape[1]])
+        return logits
 
     def processed_after(self, logits: Tensor, guesses: Tensor) -> Tensor:
         """Row b's logits [B, V] at the position after its history + guesses[b] ([B, n]

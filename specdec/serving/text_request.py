@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.serving.chat_template import render_chat
+from specdec.requests.grammar_spec import GrammarSpec
 from specdec.requests.request import GenerationRequest
+from specdec.sampling.grammar_xgrammar import parsed_grammar as check_grammar
 from specdec.sampling.sampling_params import SamplingParams
 from specdec.requests.speculation_mode import SpeculationMode
 from specdec.serving.served_engine import ServerDefaults
@@ -42,6 +44,7 @@ class TextRequest:
     ignore_eos: generate past the model's end-of-sequence tokens (load tools ask for it
         so every request runs its whole budget).
     logprobs: None, or report each generated token's logprob with this many alternatives.
+    grammar: the output must match it (structured output), or None.
     """
 
     prompt: str = ""
@@ -59,6 +62,7 @@ class TextRequest:
     ignore_eos: bool = False
     tpot_target_ms: float | None = None
     logprobs: int | None = None
+    grammar: GrammarSpec | None = None
 
 
 def to_generation_request(
@@ -83,7 +87,10 @@ def to_generation_request(
         ignore_eos=request.ignore_eos,
         tpot_target_ms=request.tpot_target_ms,
         logprobs=request.logprobs,
+        grammar=request.grammar,
     )
+    if request.grammar is not None:
+        check_grammar(request.grammar)  # a grammar that does not parse fails here, naming grammar.text
     core.check_proposer(defaults.proposers)
     return core
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from specdec.models.model_runner import ModelRunner
+from specdec.sampling.grammar_mask import batch_masks
+from specdec.sampling.grammar_matcher import mask_width
 from specdec.sampling.rejection_sampler import rejection_sample
 from specdec.sampling.sampling import SamplingBatch
 from specdec.sampling.token_logprobs import emitted_logprobs
@@ -75,6 +77,7 @@ class TargetVerifier(Verifier):
         sampling = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests],
                                              histories=[r.token_ids for r in requests],
                                              num_prompt_tokens=[r.num_prompt_tokens for r in requests])
+        sampling.token_masks = batch_masks([r.token_mask for r in requests], logits.shape[1], self.vocab_size)
         out = rejection_sample(logits, draft_ids, num_drafted, draft_probs, sampling)
         results = []
         for i, (request, emitted) in enumerate(zip(requests, out.emitted())):
@@ -126,7 +129,9 @@ class TargetVerifier(Verifier):
 
     def _checked(self, request: VerifyRequest) -> VerifyRequest:
         """The request with its q decoded (the only place encoded q is decoded, and drafts
-        are checked), or without its drafts when they fail validation."""
+        are checked), or without its drafts when they fail validation (its grammar mask then
+        cut to the first position). ValueError when its mask does not fit its drafts."""
+        self._check_mask(request)
         try:
             request = self._decoded(request)
             problem = self.draft_problem(request)
@@ -136,7 +141,16 @@ class TargetVerifier(Verifier):
             return request
         self.rejected_proposals += 1
         logger.warning("sequence %s: drafts not verified (%s); plain decoding this round", request.seq_id, problem)
-        return dataclasses.replace(request, draft_token_ids=[], draft_probs=None)
+        mask = None if request.token_mask is None else request.token_mask[:1]
+        return dataclasses.replace(request, draft_token_ids=[], draft_probs=None, token_mask=mask)
+
+    def _check_mask(self, request: VerifyRequest) -> None:
+        """A grammar mask must cover every position verified ([num_drafted + 1, W] int32)."""
+        mask, n = request.token_mask, len(request.draft_token_ids)
+        want = (n + 1, mask_width(self.vocab_size))
+        if mask is not None and (tuple(mask.shape) != want or mask.dtype != torch.int32):
+            raise ValueError(f"sequence {request.seq_id}: token_mask must be int32 {list(want)}, "
+                             f"got {mask.dtype} {list(mask.shape)}")
 
     def _decoded(self, request: VerifyRequest) -> VerifyRequest:
         """The request with q as [num_drafted, vocab] weights: encoded q decoded; dropped

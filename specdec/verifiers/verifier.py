@@ -34,6 +34,10 @@ class VerifyRequest:
         presence penalties count only the tokens after them).
     logprobs: None, or how many alternatives to report with each emitted token's logprob
         (VerifyResult.logprobs; specdec.sampling.token_logprobs).
+    token_mask: the row's grammar masks, [num_drafted + 1, W] int32 packed (position i: the
+        tokens allowed after the history and the drafted tokens before it;
+        specdec.sampling.grammar_mask), or None (no grammar). The target's distribution is
+        masked by them at every position, so every emitted token satisfies the grammar.
     """
 
     seq_id: str
@@ -43,6 +47,7 @@ class VerifyRequest:
     draft_probs: torch.Tensor | EncodedQ | None = None
     num_prompt_tokens: int = 0
     logprobs: int | None = None
+    token_mask: torch.Tensor | None = None
 
 
 @dataclass

@@ -40,6 +40,7 @@ from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec.proposers.no_proposer import NoProposer
 from specdec.serving.served_engine import ServedEngine, ServerDefaults, prompt_char_limit
 from specdec.verifiers.target_verifier import TargetVerifier
+from specdec.sampling.grammar_xgrammar import XGrammarBackend
 from specdec.wiring.tokenizer_check import check_tokenizers_compatible
 
 
@@ -86,16 +87,18 @@ def _speculative_engine(
     """The engine for `config` over the given verifier and proposer (in-process or remote).
     It drafts ahead (pipelined rounds) when configured and the verifier runs concurrently."""
     ahead = config.speculation.overlap and verifier.runs_concurrently
+    eos = eos_token_ids(config.models.target, tokenizer)
     return SpeculativeEngine(
         verifier,
         proposer,
         gamma=server_gamma(config),
-        eos_token_ids=eos_token_ids(config.models.target, tokenizer),
+        eos_token_ids=eos,
         decode=decoder(tokenizer),
         policy=policy,
         caps=RequestCaps.from_config(config),
         draft_ahead=build_draft_ahead(config.speculation) if ahead else None,
         prefill_chunk_tokens=config.scheduling.prefill_chunk_tokens,
+        grammars=XGrammarBackend(tokenizer, eos),
     )
 
 

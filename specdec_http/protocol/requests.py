@@ -3,7 +3,8 @@
 Defaults follow OpenAI where it has one (temperature 1.0, top_p 1.0, n 1) and the server
 otherwise (max_tokens left out = the server's `generation.max_new_tokens`). Extensions:
 `top_k` (-1 or 0 = none), `stop_token_ids` and `ignore_eos` (as vLLM), `min_p`, the
-penalties and `logit_bias` (exact under speculation: docs/logits_processing.md), `speculation`
+penalties and `logit_bias` (exact under speculation: docs/logits_processing.md), `structured_outputs`
+(`protocol.response_format`; with `response_format`: docs/structured_output.md), `speculation`
 {mode, gamma, proposer, tpot_target_ms} and `timeout_s` (the request's deadline, 504 past it).
 Fields this server does not implement are accepted at the neutral value load tools send by
 default and refused otherwise (`fields.neutral_only`); fields that change nothing returned
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specdec.sampling.token_logprobs import MAX_TOP_LOGPROBS
 from specdec_http.protocol.chat_messages import ChatMessage
+from specdec_http.protocol.response_format import ResponseFormat, StructuredOutputs
 from specdec_http.protocol.fields import MAX_SEED, MIN_SEED, Bool, Float, Int, TokenIds, ignored, neutral_only
 
 NUMBER, INTEGER, BOOLEAN, OBJECT = {"type": "number"}, {"type": "integer"}, {"type": "boolean"}, {"type": "object"}
@@ -91,7 +93,11 @@ class SamplingRequest(BaseModel):
     suffix: neutral_only({"type": "string"}, "") = None
     tools: neutral_only({"type": "array"}, []) = None
     tool_choice: neutral_only({"type": ["string", "object"]}, "none") = None
-    response_format: neutral_only(OBJECT, {"type": "text"}) = None
+    response_format: ResponseFormat | None = Field(
+        None, description="text (default), json_object or json_schema: the output follows it "
+                          "(docs/structured_output.md)")
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="extension (as vLLM): exactly one of json (a schema), regex, grammar (EBNF)")
     metadata: ignored(OBJECT) = None
     store: ignored(BOOLEAN) = None
     service_tier: ignored({"type": "string"}) = None

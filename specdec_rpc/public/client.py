@@ -53,11 +53,13 @@ def build_request(
     stop: Sequence[str] = (),
     stop_token_ids: Sequence[int] = (),
     tpot_target_ms: float | None = None,
+    grammar: tuple[str, str] | None = None,
 ) -> specdec_pb2.GenerateRequest:
     """A GenerateRequest from keyword arguments (0 / None = the server's default).
 
     mode: "auto" (the server decides), "on" or "off"; proposer: "draft", "ngram" or None;
-    tpot_target_ms: the request's time-per-output-token target (None = the server's).
+    tpot_target_ms: the request's time-per-output-token target (None = the server's);
+    grammar: (kind, text) the output must match (structured output; None = free text).
     The server validates the values; only unknown mode / proposer names fail here.
     """
     if mode not in MODES:
@@ -80,6 +82,7 @@ def build_request(
         speculation=speculation,
         stop=list(stop),
         stop_token_ids=list(stop_token_ids),
+        grammar=None if grammar is None else specdec_pb2.Grammar(kind=grammar[0], text=grammar[1]),
     )
 
 

@@ -25,6 +25,7 @@ from specdec.requests.stats import SpecStats
 from specdec.serving.text_request import TextRequest
 from specdec.serving.text_request import to_generation_request as _core_request
 from specdec_rpc.worker.logprob_messages import to_logprobs
+from specdec.requests.grammar_spec import GrammarSpec
 from specdec_rpc.v1 import specdec_pb2
 
 __all__ = ["MODE_NAMES", "PROPOSER_NAMES", "ServerDefaults", "prompt_char_limit", "to_chunk",
@@ -62,6 +63,7 @@ def to_text_request(message: specdec_pb2.GenerateRequest) -> TextRequest:
         proposer=PROPOSER_NAMES[speculation.proposer],
         tpot_target_ms=speculation.tpot_target_ms if speculation.HasField("tpot_target_ms") else None,
         logprobs=message.logprobs if message.HasField("logprobs") else None,
+        grammar=GrammarSpec(message.grammar.kind, message.grammar.text) if message.HasField("grammar") else None,
     )
 
 

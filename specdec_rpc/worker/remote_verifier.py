@@ -37,6 +37,7 @@ import grpc
 import logging
 
 from specdec.requests.errors import WorkerError
+from specdec.sampling import grammar_mask
 from specdec.sampling.token_logprobs import TokenLogprob
 from specdec.verifiers.verifier import Verifier, VerifyRequest, VerifyResult
 from specdec_rpc.worker.lease_reaper import DEFAULT_LEASE_TTL_S
@@ -169,6 +170,7 @@ class RemoteVerifier(WorkerClient, Verifier):
             history=self._sender.delta(request.seq_id, request.token_ids, request.sampling, request.num_prompt_tokens),
             draft_token_ids=request.draft_token_ids,
             logprobs=request.logprobs,
+            token_mask=grammar_mask.to_bytes(request.token_mask),
         )
         if request.draft_probs is not None and not request.sampling.is_greedy and request.draft_token_ids:
             item.draft_probs.extend(wire_q(request.draft_probs))  # a remote draft's q as it came

@@ -14,6 +14,7 @@ import time
 
 import grpc
 
+from specdec.sampling import grammar_mask
 from specdec.verifiers.target_verifier import TargetVerifier
 from specdec.verifiers.verifier import VerifyRequest, VerifyResult
 from specdec_rpc.worker.history_sync import AppliedDeltas
@@ -84,9 +85,10 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         without drafts when it does not decode)."""
         probs = WireQ(item.draft_probs) if item.draft_probs else None  # [n] TokenDistribution
         logprobs = item.logprobs if item.HasField("logprobs") else None
+        mask = grammar_mask.from_bytes(item.token_mask, len(item.draft_token_ids) + 1)  # [n + 1, W] or None
         return VerifyRequest(item.history.seq_id, history, list(item.draft_token_ids),
                              self.sampling(item.history.sampling), probs,
-                             item.history.num_prompt_tokens, logprobs)
+                             item.history.num_prompt_tokens, logprobs, mask)
 
     @staticmethod
     def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:

@@ -21,6 +21,7 @@ import ray
 from actors.app import free_port, start_app
 from openai_http import OpenStream, OpenUnary, get, post, sse_lines, wait_until
 from specdec.config.config import load_config
+from specdec.requests.grammar_spec import GrammarSpec
 from specdec.requests.request import GenerationRequest
 from specdec.sampling.sampling_params import SamplingParams
 from specdec_rpc.public.client import SpecdecClient
@@ -157,6 +158,27 @@ def test_logprobs_through_the_router_equal_the_in_process_engines_and_metrics_ar
     conn.close()
     assert response.status == 200 and f'specdec_kv_cache_usage_ratio{{model="{MODEL}"}}' in text
     assert re.search(r"# TYPE specdec_spec_decode_num_draft_tokens(_total)? counter", text)
+
+
+def test_structured_output_through_the_router_equals_the_in_process_engine_without_speculation(app, client,
+                                                                                             make_engine):
+    """A JSON schema (HTTP response_format, gRPC GenerateRequest.grammar), seeded and sampled with
+    speculation on through the router and the workers (the masks travel to the target), gives the
+    in-process engine's tokens without speculation; the text is a valid object."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    prompt, sampling = "def parse(line):", {"temperature": 1.0, "seed": 7}
+    local = make_engine("none", gamma=0)
+    grammar = GrammarSpec("json_schema", json.dumps(schema))
+    [expected] = local.engine.generate([GenerationRequest(local.encode(prompt), 16, SamplingParams(**sampling),
+                                                          grammar=grammar)])
+    with SpecdecClient(app.address, timeout_s=120.0) as grpc_client:
+        by_grpc = grpc_client.generate(prompt, max_new_tokens=16, mode="on", grammar=(grammar.kind, grammar.text),
+                                       **sampling)
+    by_http = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, extra_body={
+        "speculation": {"mode": "on"}, "response_format": {"type": "json_schema",
+                                                           "json_schema": {"name": "a", "schema": schema}}}, **sampling)
+    assert list(by_grpc.token_ids) == expected.token_ids and by_grpc.stats.drafted > 0
+    assert by_http.choices[0].text == by_grpc.text == expected.text and set(json.loads(expected.text)) == {"ok"}
 
 
 @pytest.mark.parametrize("kwargs, param", [
