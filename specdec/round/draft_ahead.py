@@ -106,6 +106,11 @@ class DraftAhead:
         """Share of look-aheads that were ready and right when the verdict arrived."""
         return self.hits / self.rows_ahead if self.rows_ahead else 0.0
 
+    @property
+    def lone_choice(self) -> OverlapChoice | None:
+        """The measured choice of a lone request's steps (greedy first; None before one ran)."""
+        return self.choices.get((1, "greedy")) or self.choices.get((1, "sampled"))
+
     def is_ready(self, seq_id: str, history: list[int]) -> bool:
         """Whether drafts made ahead continue this row's history."""
         ahead = self._ready.get(seq_id)
