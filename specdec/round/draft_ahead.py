@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.round.look_ahead_depth import LookAheadDepth
 from specdec.round.look_ahead_hits import LookAheadHits
 from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL, OverlapChoice
 from specdec.proposers.base import Branch, Drafts, ProposalRequest
@@ -81,10 +82,12 @@ class DraftAhead:
     branches: how many verdicts of a round a look-ahead drafts for (Proposer.look_ahead's
         order; 1: only that every draft is accepted); None: measured (LookAheadHits).
     block_rounds, explore_every: the measured choices' blocks (OverlapChoice).
+    depth: how many drafts a look-ahead makes (None: as many as fit in the verify, LookAheadDepth).
     """
 
     def __init__(self, min_acceptance: float = 0.3, way: str | None = None, branches: int | None = None,
-                 hits: LookAheadHits | None = None, block_rounds: int = 24, explore_every: int = 6) -> None:
+                 hits: LookAheadHits | None = None, block_rounds: int = 24, explore_every: int = 6,
+                 depth: LookAheadDepth | None = None) -> None:
         if way not in (None, *BATCH_WAYS):
             raise ValueError(f"unknown way {way!r}")
         self.min_acceptance = min_acceptance
@@ -92,6 +95,8 @@ class DraftAhead:
         self.fixed_branches = branches
         self.branch_hits = hits or LookAheadHits()
         self.branches = branches or self.branch_hits.most  # the running step's look-ahead branches
+        self.depth = depth or LookAheadDepth()
+        self._drafts_ahead = 0  # the most drafts a row of the running step's look-ahead asked for
         self.blocks = (block_rounds, explore_every)
         self.choices: dict[tuple[int, str], OverlapChoice] = {}  # step_kind -> its measured choice
         self._step: tuple[str, OverlapChoice | None] = (SEQUENTIAL, None)  # the running step's way, its choice
@@ -169,19 +174,31 @@ class DraftAhead:
         histories, or (no other rows, the step overlaps) a look-ahead for each row of `now`
         worth it: its history plus this round's drafts, with the next round's γ (0 = not
         this row)."""
+        self._drafts_ahead = 0
         if later:
             return [ProposalRequest(seq.seq_id, seq.token_ids, seq.request.sampling, seq.request.proposer,
                                     gammas[seq.seq_id], seq.num_prompt_tokens) for seq in later]
         overlaps = self._step[0] != SEQUENTIAL
         asks = [ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids], seq.request.sampling,
-                                seq.request.proposer, gammas[seq.seq_id] if overlaps and self._worth(seq) else 0,
+                                seq.request.proposer, self._drafts_for(seq, gammas[seq.seq_id]) if overlaps else 0,
                                 seq.num_prompt_tokens)
                 for seq, request in zip(now, requests)]
         looking = sum(1 for ask in asks if ask.gamma > 0)
         self.rows_ahead += looking
+        self._drafts_ahead = max((ask.gamma for ask in asks), default=0)
         if looking:
             self.branches = self.fixed_branches or self.branch_hits.branches()
         return asks
+
+    def _drafts_for(self, seq: Sequence, gamma: int) -> int:
+        """How many drafts the row's look-ahead makes (0: it does not look ahead)."""
+        return self.depth.depth(gamma) if gamma > 0 and self._worth(seq) else 0
+
+    def verdict_waited(self, ahead_s: float, waited_s: float) -> None:
+        """The step's look-ahead took `ahead_s`, then the round waited `waited_s` for the verdict."""
+        if self._drafts_ahead > 0:
+            self.depth.record(self._drafts_ahead, ahead_s, waited_s)
+        self._drafts_ahead = 0
 
     def _worth(self, seq: Sequence) -> bool:
         """Whether the row's own acceptance makes its look-ahead worth drafting."""

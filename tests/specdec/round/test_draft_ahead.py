@@ -16,6 +16,7 @@ import torch
 from scipy import stats
 
 from specdec.round.draft_ahead import DraftAhead
+from specdec.round.look_ahead_depth import LookAheadDepth
 from specdec.round.look_ahead_hits import LookAheadHits
 from specdec.round.engine import SpeculativeEngine
 from specdec.models.model_paths import resolve_model_path
@@ -53,16 +54,19 @@ class ConcurrentVerifier(Verifier):
 
 def pipelined(num_slots: int = 8, max_seq_len: int = 256, min_acceptance: float = 0.0, gamma: int = 4,
               way: str | None = MICRO_BATCHES, branches: int | None = 3, draft_slots: int | None = None,
-              hits: LookAheadHits | None = None, block_rounds: int = 24, explore_every: int = 6):
+              hits: LookAheadHits | None = None, block_rounds: int = 24, explore_every: int = 6,
+              depth: LookAheadDepth | None = None):
     """way: every step's (None: measured); draft_slots: the draft's cache (default num_slots
-    + 16, room for the look-ahead's forks)."""
+    + 16, room for the look-ahead's forks); depth: default the whole γ (here the verify ends
+    before the look-ahead starts, so a measured depth would shrink to one draft)."""
     target = ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=num_slots,
                                          max_seq_len=max_seq_len)
     draft = ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=draft_slots or num_slots + 16,
                                         max_seq_len=max_seq_len)
     proposer = DraftModelProposer(draft, target.vocab_size, wire_dtype=torch.float16)
     return SpeculativeEngine(ConcurrentVerifier(TargetVerifier(target)), proposer, gamma=gamma,
-                             draft_ahead=DraftAhead(min_acceptance, way, branches, hits, block_rounds, explore_every))
+                             draft_ahead=DraftAhead(min_acceptance, way, branches, hits, block_rounds, explore_every,
+                                                    depth or LookAheadDepth(most_cut=0)))
 
 
 def target_logits(histories: list[list[int]]) -> np.ndarray:
@@ -135,6 +139,16 @@ def test_a_look_ahead_drafts_the_branches_that_hit_and_keeps_the_targets_greedy_
     assert hits.seen[0] == ahead.rows_ahead and hits.seen[0] > hits.seen[5], "branch 6 was dropped after warm-up"
     assert hits.branches() == 1 + max(p for p in range(6) if hits.worth(p))
     assert ahead.rejection_hits > 0
+
+
+def test_a_look_ahead_that_outlasts_the_verify_drafts_less_and_keeps_the_targets_greedy_output(prompt_ids, hf_greedy):
+    """Here the verify has ended before the look-ahead starts (no slack at all), so every 4
+    look-aheads the depth drops by one draft, down to one."""
+    depth = LookAheadDepth(settle=4)
+    engine = pipelined(way=LOOK_AHEAD, branches=1, depth=depth)
+    [result] = engine.generate([GenerationRequest(prompt_ids[0], 48, ignore_eos=True)])
+    assert result.token_ids == hf_greedy(prompt_ids[0], 48)
+    assert engine.draft_ahead.rows_ahead >= 12 and depth.depth(4) == 1 and depth.slack_s < depth.step_s / 4
 
 
 def test_branching_on_rejections_makes_more_look_aheads_usable(prompt_ids):
