@@ -23,8 +23,8 @@ again).
 
 Nothing here is configured but on/off (`speculation.overlap`): each kind of step (how many
 rows, greedy or sampled) measures sequential rounds, looking ahead and (several rows)
-micro-batches and keeps the fastest (`OverlapChoice`), and the look-ahead drafts the
-branches that have been hitting (`LookAheadHits`).
+micro-batches and keeps the fastest (`OverlapChoice`); the look-ahead drafts the branches
+that have been hitting (`LookAheadHits`), as far as fits in the verify (`LookAheadDepth`).
 
 Losslessness: only the target decides what is emitted. The final token is sampled by the
 target as in any round; the look-ahead tokens are ordinary proposals, drawn from the
