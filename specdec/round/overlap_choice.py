@@ -18,6 +18,8 @@ of each way:
 * a way never measured is measured first (in the order given: the likeliest first);
 * then the fastest is kept, and every `explore_every` blocks one of the others (in turn)
   runs a block again, so the choice follows the host and the requests as they change;
+* a block of a way other than the kept one (at first: the first one) lasts a third of
+  `block_rounds`: measuring a slower way costs the rounds it runs;
 * each way's rate is an exponentially weighted mean over its blocks (`weight` for the
   newest), so one noisy block does not flip the choice.
 
@@ -50,23 +52,31 @@ class OverlapChoice:
     _rounds: int = 0
     _blocks_since_explore: int = 0
     _explored: int = 0  # explorations so far (which slower way is next)
+    _kept: str = ""  # the way believed fastest (the first way until measured)
 
     def __post_init__(self) -> None:
         if self.block_rounds < 1 or self.explore_every < 1 or not 0 < self.weight <= 1 or not self.ways:
             raise ValueError("need some ways, block_rounds and explore_every >= 1 and weight in (0, 1]")
         self.way = self.way or self.ways[0]
+        self._kept = self._kept or self.way
         self.rates = {way: self.rates.get(way) for way in self.ways}
 
     @property
     def looks_ahead(self) -> bool:
         return self.way == LOOK_AHEAD
 
+    @property
+    def rounds_left(self) -> int:
+        """Rounds until this block ends."""
+        length = self.block_rounds if self.way == self._kept else max(1, self.block_rounds // 3)
+        return length - self._rounds
+
     def record(self, tokens: int, seconds: float) -> None:
         """One round run this block's way emitted `tokens` in `seconds`."""
         self._tokens += tokens
         self._seconds += max(0.0, seconds)
         self._rounds += 1
-        if self._rounds >= self.block_rounds:
+        if self.rounds_left <= 0:
             self._end_block()
 
     def _end_block(self) -> None:
@@ -83,7 +93,7 @@ class OverlapChoice:
         unmeasured = [way for way in self.ways if self.rates[way] is None]
         if unmeasured:
             return unmeasured[0]
-        best = max(self.ways, key=lambda way: self.rates[way])
+        best = self._kept = max(self.ways, key=lambda way: self.rates[way])
         if self.way != best:  # that was an exploration block (or the best way changed)
             self._blocks_since_explore = 0
             return best

@@ -21,7 +21,7 @@ def run_blocks(choice: OverlapChoice, blocks: int, rate: dict[str, float], noise
     ways = []
     for _ in range(blocks):
         ways.append(choice.way)
-        for _ in range(choice.block_rounds):
+        for _ in range(choice.rounds_left):
             speed = rate[choice.way] * (1 + (rng.uniform(-noise, noise) if rng else 0.0))
             choice.record(3, 3 / speed)
     return ways
@@ -76,6 +76,17 @@ def test_noisy_blocks_do_not_flip_a_clear_choice():
     ways = run_blocks(choice, 40, {LOOK_AHEAD: 130.0, SEQUENTIAL: 100.0}, noise=0.1, rng=random.Random(0))
     assert ways[2:] == [LOOK_AHEAD] * 38
     assert choice.changes == 2  # to measure sequential rounds once, and back
+
+
+def test_a_block_of_a_way_other_than_the_kept_one_lasts_a_third_of_a_block():
+    choice = OverlapChoice(BATCH, block_rounds=9, explore_every=1)
+    lengths = []
+    for _ in range(6):
+        lengths.append((choice.way, choice.rounds_left))
+        for _ in range(choice.rounds_left):
+            choice.record(3, 3 / {SEQUENTIAL: 100.0, LOOK_AHEAD: 50.0, MICRO_BATCHES: 60.0}[choice.way])
+    assert lengths[:3] == [(SEQUENTIAL, 9), (LOOK_AHEAD, 3), (MICRO_BATCHES, 3)]
+    assert lengths[3:] == [(SEQUENTIAL, 9), (LOOK_AHEAD, 3), (SEQUENTIAL, 9)]
 
 
 def test_only_whole_blocks_count_and_a_block_without_time_keeps_the_rate():
