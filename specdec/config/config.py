@@ -85,10 +85,16 @@ RETIRED_SPECULATION_KEYS = {
                         "looking ahead is faster here (specdec/round/overlap_choice.py)",
     "overlap_min_acceptance": "removed: a row drafts ahead while its own measured acceptance is at least 0.3 "
                               "(specdec/round/draft_ahead.py)",
-    "look_ahead_min_hit_rate": "removed: greedy and sampled rows look ahead while their measured hit rate is at "
-                               "least 0.3 (specdec/round/look_ahead_hits.py)",
-    "look_ahead_probe_every": "removed: below that hit rate one row in 32 still looks ahead to keep it measured "
-                              "(specdec/round/look_ahead_hits.py)",
+    "look_ahead_min_hit_rate": "removed: whether greedy and sampled rows look ahead is measured, for each kind "
+                               "of step apart (specdec/round/overlap_choice.py)",
+    "look_ahead_probe_every": "removed: each kind of step measures again now and then whether looking ahead "
+                              "pays (specdec/round/overlap_choice.py)",
+    "overlap_micro_batches": "removed: with speculation.overlap steps of several requests measure micro-batches "
+                             "against sequential rounds and looking ahead (specdec/round/overlap_choice.py)",
+    "overlap_max_rows": "removed: with speculation.overlap each number of requests in a step measures whether "
+                        "looking ahead pays (specdec/round/overlap_choice.py)",
+    "look_ahead_branches": "removed: a look-ahead drafts the branches whose measured hit rate earns them "
+                           "(specdec/round/look_ahead_hits.py)",
 }
 
 
@@ -103,19 +109,7 @@ class SpeculationConfig(StrictModel):
     ngram: NgramConfig = Field(default_factory=NgramConfig, description="Settings of the n-gram proposer.")
     overlap: bool = Field(
         True, description="Draft while the target verifies (pipelined rounds; only where the target is remote); "
-        "a lone request's rounds measure whether looking ahead is faster here and keep the faster way."
-    )
-    overlap_micro_batches: bool = Field(
-        False, description="With overlap and several requests: two micro-batches take turns (else the whole "
-        "batch is verified each step and looks ahead, within overlap_max_rows).",
-    )
-    overlap_max_rows: int = Field(
-        1, ge=1, le=4096, description="With overlap: look ahead only while at most this many requests speculate "
-        "in a step; larger steps run sequential rounds.",
-    )
-    look_ahead_branches: int = Field(
-        4, ge=1, le=16, description="Draft-model look-ahead (with overlap): for how many verdicts of the round being "
-        "verified the draft drafts the next round (1 = only for 'every draft accepted').",
+        "each kind of step measures sequential rounds, looking ahead and micro-batches and keeps the fastest."
     )
 
     @model_validator(mode="before")

@@ -6,7 +6,7 @@ target verifies and the target would idle while the proposer drafts. Two ways ov
 * **Two micro-batches.** With several requests, the batch is split in two: while the
   target verifies one half, the proposer drafts for the other half from its (final)
   history; next step the halves swap. Every draft is used; nothing is speculative.
-* **Look-ahead** (PEARL's "post-verify", Liu et al., ICLR 2025), for a lone group: while
+* **Look-ahead** (PEARL's "post-verify", Liu et al., ICLR 2025): while
   the target verifies a row's drafts d1..dγ, the proposer drafts the next round for the
   verdicts worth guessing (`Proposer.look_ahead`), each a *branch*: "the history keeps its
   first n tokens, then the target emits t". The plain look-ahead has one branch, every di
@@ -21,6 +21,11 @@ by itself at its next call); without a matching branch the row's next round is p
 usual, before its verification (while that verification runs, the proposer drafts ahead
 again).
 
+Nothing here is configured but on/off (`speculation.overlap`): each kind of step (how many
+rows, greedy or sampled) measures sequential rounds, looking ahead and (several rows)
+micro-batches and keeps the fastest (`OverlapChoice`); the look-ahead drafts the branches
+that have been hitting (`LookAheadHits`), as far as fits in the verify (`LookAheadDepth`).
+
 Losslessness: only the target decides what is emitted. The final token is sampled by the
 target as in any round; the look-ahead tokens are ordinary proposals, drawn from the
 draft's distribution given the very history they are verified against (which branch is used
@@ -33,13 +38,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.round.look_ahead_depth import LookAheadDepth
 from specdec.round.look_ahead_hits import LookAheadHits
-from specdec.round.overlap_choice import OverlapChoice
+from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL, OverlapChoice
 from specdec.proposers.base import Branch, Drafts, ProposalRequest
 from specdec.requests.sequence import Sequence
 from specdec.verifiers.verifier import VerifyRequest, VerifyResult
 
 MIN_ROUNDS_BEFORE_GATING = 4  # a row's own acceptance is trusted after this many rounds
+LONE_WAYS = (LOOK_AHEAD, SEQUENTIAL)  # a lone row: looking ahead is the point of drafting ahead
+BATCH_WAYS = (SEQUENTIAL, LOOK_AHEAD, MICRO_BATCHES)  # several rows: overlap must prove itself
 
 
 @dataclass
@@ -54,34 +62,44 @@ class LookAhead:
     drafts: Drafts
 
 
+def step_kind(speculating: list[Sequence]) -> tuple[int, str]:
+    """The kind of step a choice is kept for: (the rows rounded down to a power of two,
+    whether they sample greedily, at temperature or both)."""
+    greedy = {seq.request.sampling.is_greedy for seq in speculating}
+    sampling = "mixed" if len(greedy) > 1 else "greedy" if greedy == {True} else "sampled"
+    return 1 << (len(speculating).bit_length() - 1), sampling
+
+
 class DraftAhead:
-    """Keeps the drafts made ahead for each row between rounds, and counts how often a
-    look-ahead was usable.
+    """Keeps the drafts made ahead for each row between rounds, chooses how each step
+    overlaps drafting with verifying, and counts how often a look-ahead was usable.
 
     min_acceptance: a row whose own acceptance rate (after a few rounds) is below this does
         not look ahead: its look-ahead would mostly be thrown away (wasted draft work).
-    micro_batches: split a batch of several requests into two halves that take turns
-        (False: every step verifies the whole batch and looks ahead).
+    way: run every step this way (SEQUENTIAL, LOOK_AHEAD or MICRO_BATCHES: tests and
+        baselines); None: each kind of step (`step_kind`) measures the ways (OverlapChoice)
+        and keeps the fastest.
     branches: how many verdicts of a round a look-ahead drafts for (Proposer.look_ahead's
-        order; 1: only that every draft is accepted).
-    max_rows: look ahead only while the step verifies at most this many speculating rows
-        (None: any number); larger steps wait for the verdict (sequential rounds).
-    choice: measures rounds that could look ahead with and without doing so and keeps the
-        faster way (None: they always look ahead).
-    hits: counts how often greedy and sampled rows' look-aheads hit; a kind that rarely
-        hits stops looking ahead (None: LookAheadHits(0.0), every kind looks ahead).
+        order; 1: only that every draft is accepted); None: measured (LookAheadHits).
+    block_rounds, explore_every: the measured choices' blocks (OverlapChoice).
+    depth: how many drafts a look-ahead makes (None: as many as fit in the verify, LookAheadDepth).
     """
 
-    def __init__(self, min_acceptance: float = 0.3, micro_batches: bool = True, branches: int = 3,
-                 max_rows: int | None = None, choice: OverlapChoice | None = None,
-                 hits: LookAheadHits | None = None) -> None:
+    def __init__(self, min_acceptance: float = 0.3, way: str | None = None, branches: int | None = None,
+                 hits: LookAheadHits | None = None, block_rounds: int = 24, explore_every: int = 6,
+                 depth: LookAheadDepth | None = None) -> None:
+        if way not in (None, *BATCH_WAYS):
+            raise ValueError(f"unknown way {way!r}")
         self.min_acceptance = min_acceptance
-        self.micro_batches = micro_batches
-        self.branches = branches
-        self.max_rows = max_rows
-        self.choice = choice
-        self.kind_hits = hits or LookAheadHits(min_hit_rate=0.0)
-        self._could_look_ahead = False  # the step being run could look ahead (counted by `choice`)
+        self.way = way
+        self.fixed_branches = branches
+        self.branch_hits = hits or LookAheadHits()
+        self.branches = branches or self.branch_hits.most  # the running step's look-ahead branches
+        self.depth = depth or LookAheadDepth()
+        self._drafts_ahead = 0  # the most drafts a row of the running step's look-ahead asked for
+        self.blocks = (block_rounds, explore_every)
+        self.choices: dict[tuple[int, str], OverlapChoice] = {}  # step_kind -> its measured choice
+        self._step: tuple[str, OverlapChoice | None] = (SEQUENTIAL, None)  # the running step's way, its choice
         self._ready: dict[str, LookAhead] = {}
         self.rows_ahead = 0  # rows that looked ahead
         self.hits = 0  # ... whose look-ahead became the next round's drafts
@@ -92,6 +110,11 @@ class DraftAhead:
     def hit_rate(self) -> float:
         """Share of look-aheads that were ready and right when the verdict arrived."""
         return self.hits / self.rows_ahead if self.rows_ahead else 0.0
+
+    @property
+    def lone_choice(self) -> OverlapChoice | None:
+        """The measured choice of a lone request's steps (greedy first; None before one ran)."""
+        return self.choices.get((1, "greedy")) or self.choices.get((1, "sampled"))
 
     def is_ready(self, seq_id: str, history: list[int]) -> bool:
         """Whether drafts made ahead continue this row's history."""
@@ -118,10 +141,12 @@ class DraftAhead:
         return accepted / drafted >= self.min_acceptance
 
     def split(self, batch: list[Sequence], gammas: dict[str, int]) -> tuple[list[Sequence], list[Sequence]]:
-        """(rows verified now, speculating rows drafted for while they verify). Rows whose
-        drafts are ready go now; when none are, half of the speculating rows do."""
+        """(rows verified now, speculating rows drafted for while they verify), as this
+        step's way says: with micro-batches rows whose drafts are ready go now, and when none
+        are, half of the speculating rows do; otherwise every row goes now."""
         speculating = [seq for seq in batch if gammas[seq.seq_id] > 0]
-        if not self.micro_batches:
+        way = self._choose(batch, speculating)
+        if way != MICRO_BATCHES:
             return batch, []
         ready = [seq for seq in speculating if self.is_ready(seq.seq_id, seq.token_ids)]
         if not ready:
@@ -129,37 +154,62 @@ class DraftAhead:
         later = {seq.seq_id for seq in speculating} - {seq.seq_id for seq in ready}
         return [s for s in batch if s.seq_id not in later], [s for s in batch if s.seq_id in later]
 
+    def _choose(self, batch: list[Sequence], speculating: list[Sequence]) -> str:
+        """This step's way: the fixed one, or its kind's measured choice. A step with a row in
+        its first round (a prefill: not a typical round's time) or none speculating is not
+        counted."""
+        choice = None
+        if self.way is None and speculating:
+            kind = step_kind(speculating)
+            if kind not in self.choices:
+                self.choices[kind] = OverlapChoice(LONE_WAYS if kind[0] == 1 else BATCH_WAYS, *self.blocks)
+            choice = self.choices[kind]
+        way = self.way or (choice.way if choice is not None else SEQUENTIAL)
+        counted = choice is not None and not any(seq.stats.rounds == 0 for seq in batch)
+        self._step = (way, choice if counted else None)
+        return way
+
     def asks(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas) -> list:
         """What to propose while the target verifies `now`: drafts for `later` from their
-        histories, or (no other rows) a look-ahead for each row of `now`: its history plus
-        this round's drafts, with the next round's γ (0 = not this row)."""
+        histories, or (no other rows, the step overlaps) a look-ahead for each row of `now`
+        worth it: its history plus this round's drafts, with the next round's γ (0 = not
+        this row)."""
+        self._drafts_ahead = 0
         if later:
             return [ProposalRequest(seq.seq_id, seq.token_ids, seq.request.sampling, seq.request.proposer,
                                     gammas[seq.seq_id], seq.num_prompt_tokens) for seq in later]
-        fits = self.max_rows is None or sum(1 for seq in now if gammas[seq.seq_id] > 0) <= self.max_rows
-        first_round = any(seq.stats.rounds == 0 for seq in now)  # a prefill: not a typical round's time
-        worth = [fits and gammas[seq.seq_id] > 0 and self._worth_looking_ahead(seq) for seq in now]
-        self._could_look_ahead = not first_round and any(worth)
-        chosen = self.choice is None or self.choice.looks_ahead
+        overlaps = self._step[0] != SEQUENTIAL
         asks = [ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids], seq.request.sampling,
-                                seq.request.proposer, gammas[seq.seq_id] if chosen and looks else 0,
+                                seq.request.proposer, self._drafts_for(seq, gammas[seq.seq_id]) if overlaps else 0,
                                 seq.num_prompt_tokens)
-                for seq, request, looks in zip(now, requests, worth)]
-        self.rows_ahead += sum(1 for ask in asks if ask.gamma > 0)
+                for seq, request in zip(now, requests)]
+        looking = sum(1 for ask in asks if ask.gamma > 0)
+        self.rows_ahead += looking
+        self._drafts_ahead = max((ask.gamma for ask in asks), default=0)
+        if looking:
+            self.branches = self.fixed_branches or self.branch_hits.branches()
         return asks
 
-    def _worth_looking_ahead(self, seq: Sequence) -> bool:
-        """The row's own acceptance and its kind's (greedy or sampled) hit rate allow it."""
-        stats = seq.stats
-        return self.wants(stats.drafted, stats.accepted, stats.rounds) and \
-            self.kind_hits.allows(seq.request.sampling.is_greedy)
+    def _drafts_for(self, seq: Sequence, gamma: int) -> int:
+        """How many drafts the row's look-ahead makes (0: it does not look ahead)."""
+        return self.depth.depth(gamma) if gamma > 0 and self._worth(seq) else 0
+
+    def verdict_waited(self, ahead_s: float, waited_s: float) -> None:
+        """The step's look-ahead took `ahead_s`, then the round waited `waited_s` for the verdict."""
+        if self._drafts_ahead > 0:
+            self.depth.record(self._drafts_ahead, ahead_s, waited_s)
+        self._drafts_ahead = 0
+
+    def _worth(self, seq: Sequence) -> bool:
+        """Whether the row's own acceptance makes its look-ahead worth drafting."""
+        return self.wants(seq.stats.drafted, seq.stats.accepted, seq.stats.rounds)
 
     def round_done(self, emitted: int, seconds: float) -> None:
-        """The step's round emitted `emitted` tokens in `seconds`: counted by the choice when
-        the step could look ahead."""
-        if self.choice is not None and self._could_look_ahead:
-            self.choice.record(emitted, seconds)
-        self._could_look_ahead = False
+        """The step's round emitted `emitted` tokens in `seconds`: counted by its kind's choice."""
+        way, choice = self._step
+        if choice is not None:
+            choice.record(emitted, seconds)
+        self._step = (way, None)
 
     def after_verdict(self, later: list[Sequence], requests, results, meanwhile) -> None:
         """Keep what was proposed during verification: the other half's drafts (one Drafts
@@ -178,7 +228,7 @@ class DraftAhead:
         hit = next((b for b in branches if b.base_length == base and b.token_id == result.emitted[-1]
                     and b.token_ids), None)
         if branches:
-            self.kind_hits.record(request.sampling.is_greedy, hit is not None)
+            self.branch_hits.record(len(branches), None if hit is None else branches.index(hit))
         if hit is not None:
             self._ready[request.seq_id] = LookAhead(base + 1, hit.drafts())
             self.hits += 1

@@ -274,7 +274,9 @@ class SpeculativeEngine:
         if ahead is not None:  # the proposer works while the target verifies
             pending = self.verifier.verify_async(requests + chunks)
             meanwhile, ahead_s = self._during_verify(now, later, requests, gammas)
+            drafted = time.perf_counter()
             results = pending.result()
+            ahead.verdict_waited(ahead_s, time.perf_counter() - drafted)  # how far a look-ahead fits
         else:
             (meanwhile, ahead_s), results = (None, 0.0), self.verifier.verify(requests + chunks)
         if len(results) != len(now) + len(filling):

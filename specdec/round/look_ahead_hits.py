@@ -1,24 +1,22 @@
-"""Whether a row's look-ahead is worth drafting: measured by how often look-aheads hit.
+"""How many branches a look-ahead drafts: measured by which of them hit.
 
-A look-ahead (`specdec.round.draft_ahead`) drafts the next round for a few verdicts of the round
-being verified; it is used only when the verdict matches one of them (a *hit*). A miss costs
-twice: the draft's batched look-ahead work ran next to the verify for nothing, and the round
-still has to wait for it before it can ask for a fresh proposal. How often look-aheads hit
-depends on how the target picks its last token: a greedy target's argmax is often the
-draft's own guess, a sampled target's token much less often (a branch after a rejection
-guesses the recovered token as the draft's next-best one), and below some rate the
-look-ahead makes rounds slower than sequential ones (docs/rounds.md).
+A look-ahead (`specdec.round.draft_ahead`) drafts the next round for a few verdicts of the
+round being verified, each a *branch*, in the proposer's order (`Proposer.look_ahead`: every
+draft accepted first, then a rejection at the 1st, 2nd, ... draft, ...); it is used only
+when the verdict matches one of them (a *hit*). Each branch is one more row in the draft's
+batched look-ahead and holds a free draft cache slot while it runs, so a branch that never
+hits is draft work for nothing. How often each branch hits depends on the draft (how often
+it ranks the target's token second where it is wrong) and on the sampling: a greedy
+target's token is often the draft's next-best one; a draft that guesses elsewhere when
+wrong makes every branch after a rejection miss.
 
-So hits are counted apart for greedy and for sampled rows, as an exponentially weighted
-rate over their recent look-aheads (`weight` for the newest). A kind whose rate falls below
-`min_hit_rate` stops looking ahead, except every `probe_every`-th row of that kind, so that
-its rate stays measured and looking ahead comes back when it would hit again. A probe is
-dear: its look-ahead is draft work next to the verify that will probably be thrown away,
-and its round is longer than a sequential one, so frequent probes show in the ITL tail;
-rare ones keep the rate current at a cost no request notices. At a weight of 1/32 a kind
-whose hits return still crosses the bar after about 9 probes (a few hundred rows). Until a kind
-has `warmup` look-aheads it looks ahead. Whether a row looks ahead never changes what is
-emitted, only when its drafts are made.
+So each branch position's hit rate is measured: the share of look-aheads that hit through
+it, an exponentially weighted mean over the look-aheads that drafted it (`weight` for the
+newest). A look-ahead drafts the branches up to the last one that hits at least `min_share`
+of the time (or is not measured yet: `warmup` look-aheads); every `probe_every`-th look-ahead
+drafts all `most` of them, so the rates of branches left out stay measured and a branch
+comes back when it would hit again. Which branches are drafted never changes what is
+emitted, only how many rounds have their drafts ready.
 """
 
 from __future__ import annotations
@@ -28,40 +26,40 @@ from dataclasses import dataclass, field
 
 @dataclass
 class LookAheadHits:
-    """min_hit_rate: a kind looks ahead while its hit rate is at least this (0 = always);
-    weight: share of the newest look-ahead in the rate; warmup: look-aheads before the rate
-    is trusted; probe_every: below the bar, every this many rows of the kind look ahead."""
+    """most: branches drafted while measuring; min_share: a branch position is drafted while
+    at least this share of look-aheads hit through it; weight: share of the newest look-ahead
+    in a rate; warmup: look-aheads before a position's rate is trusted; probe_every: every
+    this many look-ahead steps draft all `most` branches."""
 
-    min_hit_rate: float = 0.3
+    most: int = 6
+    min_share: float = 0.02
     weight: float = 1 / 32
     warmup: int = 16
-    probe_every: int = 32
-    rates: dict[bool, float] = field(default_factory=dict)  # greedy? -> hit rate
-    looks: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})  # greedy? -> look-aheads seen
-    _skipped: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    probe_every: int = 16
+    rates: dict[int, float] = field(default_factory=dict)  # branch position -> share of look-aheads hitting there
+    seen: dict[int, int] = field(default_factory=dict)  # branch position -> look-aheads that drafted it
+    _steps: int = 0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.min_hit_rate <= 1 or not 0 < self.weight <= 1 or self.warmup < 0 or self.probe_every < 1:
-            raise ValueError("need min_hit_rate in [0, 1], weight in (0, 1], warmup >= 0 and probe_every >= 1")
+        if self.most < 1 or not 0 <= self.min_share <= 1 or not 0 < self.weight <= 1 or self.warmup < 0 \
+                or self.probe_every < 1:
+            raise ValueError("need most >= 1, min_share in [0, 1], weight in (0, 1], warmup >= 0, probe_every >= 1")
 
-    def record(self, greedy: bool, hit: bool) -> None:
-        """One look-ahead of a row of this kind hit (its branch became the next drafts) or missed."""
-        before = self.rates.get(greedy)
-        self.rates[greedy] = float(hit) if before is None else self.weight * hit + (1 - self.weight) * before
-        self.looks[greedy] += 1
+    def record(self, drafted: int, hit: int | None) -> None:
+        """One row's look-ahead drafted `drafted` branches; branch `hit` (position) was used, or none."""
+        for position in range(min(drafted, self.most)):
+            before = self.rates.get(position)
+            now = float(position == hit)
+            self.rates[position] = now if before is None else self.weight * now + (1 - self.weight) * before
+            self.seen[position] = self.seen.get(position, 0) + 1
 
-    def trusted_rate(self, greedy: bool) -> float | None:
-        """The kind's hit rate once `warmup` look-aheads were seen; None before."""
-        return self.rates.get(greedy) if self.looks[greedy] >= max(1, self.warmup) else None
+    def worth(self, position: int) -> bool:
+        """Whether branch `position` is drafted: not measured yet, or it hits often enough."""
+        return self.seen.get(position, 0) < self.warmup or self.rates.get(position, 0.0) >= self.min_share
 
-    def allows(self, greedy: bool) -> bool:
-        """Whether the next row of this kind looks ahead (call once per row and step)."""
-        rate = self.trusted_rate(greedy)
-        if rate is None or rate >= self.min_hit_rate:
-            self._skipped[greedy] = 0
-            return True
-        self._skipped[greedy] += 1
-        if self._skipped[greedy] >= self.probe_every:  # a probe keeps the rate measured
-            self._skipped[greedy] = 0
-            return True
-        return False
+    def branches(self) -> int:
+        """Branches per row for the next look-ahead step (call once per step)."""
+        self._steps += 1
+        if self._steps % self.probe_every == 0:
+            return self.most
+        return 1 + max((p for p in range(self.most) if self.worth(p)), default=0)

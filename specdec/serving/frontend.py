@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from specdec.requests.request import GenerationRequest
 from specdec.serving.request_log import CANCELLED, DEADLINE, FinishedRequest, RequestLog
 from specdec.round.round_output import FINISH_ERROR, GenerationResult
+from specdec.round.overlap_choice import LOOK_AHEAD, SEQUENTIAL
 from specdec.serving.served_engine import ServedEngine
 from specdec.policy.policy_status import static_policy
 from specdec.serving.server_status import ServerStatus
@@ -228,11 +229,12 @@ class Frontend:
 
 
 def _overlap_choice(ahead) -> tuple[float, float, bool] | None:
-    """ServerStatus.overlap_choice of the engine's measured choice (None without one)."""
-    choice = None if ahead is None else ahead.choice
+    """ServerStatus.overlap_choice of the engine's measured choice for a lone request (None
+    without one: not drafting ahead, or no lone request yet)."""
+    choice = None if ahead is None else ahead.lone_choice
     if choice is None:
         return None
-    return choice.rates[True] or 0.0, choice.rates[False] or 0.0, choice.looks_ahead
+    return choice.rates.get(LOOK_AHEAD) or 0.0, choice.rates.get(SEQUENTIAL) or 0.0, choice.looks_ahead
 
 
 @dataclass

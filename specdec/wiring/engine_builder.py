@@ -20,8 +20,6 @@ from typing import Any
 from specdec.proposers import proposer_registry as registry
 from specdec.config.config import CacheConfig, ModelsConfig, SpecdecConfig, SpeculationConfig
 from specdec.round.draft_ahead import DraftAhead
-from specdec.round.look_ahead_hits import LookAheadHits
-from specdec.round.overlap_choice import OverlapChoice
 from specdec.requests.request import RequestCaps
 from specdec.round.engine import SpeculativeEngine
 from specdec.serving.async_engine import AsyncEngine
@@ -96,18 +94,17 @@ def _speculative_engine(
         decode=decoder(tokenizer),
         policy=policy,
         caps=RequestCaps.from_config(config),
-        draft_ahead=build_draft_ahead(config.speculation) if ahead else None,
+        draft_ahead=build_draft_ahead() if ahead else None,
         prefill_chunk_tokens=config.scheduling.prefill_chunk_tokens,
         grammars=XGrammarBackend(tokenizer, eos),
     )
 
 
-def build_draft_ahead(speculation: SpeculationConfig) -> DraftAhead:
-    """Pipelined rounds as `speculation` configures them (overlap_*, look_ahead_branches); a
-    lone request's rounds measure whether looking ahead pays here (OverlapChoice), and each
-    kind's look-ahead hit rate is measured (LookAheadHits), at the code's own bars."""
-    return DraftAhead(micro_batches=speculation.overlap_micro_batches, branches=speculation.look_ahead_branches,
-                      max_rows=speculation.overlap_max_rows, choice=OverlapChoice(), hits=LookAheadHits())
+def build_draft_ahead() -> DraftAhead:
+    """Pipelined rounds (speculation.overlap): how each kind of step overlaps drafting with
+    verifying (OverlapChoice) and how many branches a look-ahead drafts (LookAheadHits) are
+    measured, not configured."""
+    return DraftAhead()
 
 
 def load_runner(name: str, models: ModelsConfig, cache: CacheConfig) -> ModelRunner:

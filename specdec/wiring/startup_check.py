@@ -30,7 +30,7 @@ def startup_objects(config: SpecdecConfig) -> dict[str, Callable[[], Any]]:
             build_load_monitor(lm, None, "startup-check"),
             InProcessLoadStore(lm.window_s, lm.bucket_s, lm.replica_ttl_s, lm.cost_window_s),
         ),
-        "speculation": lambda: (build_draft_ahead(config.speculation), registry.ngram_builder(config.speculation)()),
+        "speculation": lambda: (build_draft_ahead(), registry.ngram_builder(config.speculation)()),
         "serving.lease_ttl_s": lambda: LeaseTable(config.serving.lease_ttl_s),
     }
 

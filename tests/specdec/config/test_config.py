@@ -102,8 +102,9 @@ def test_bad_values_are_rejected_naming_the_field(overrides, field):
 
 @pytest.mark.parametrize("key, replacement", [
     ("gamma_max", "speculation.gamma_limit"), ("overlap_measured", "overlap_choice"),
-    ("overlap_min_acceptance", "draft_ahead"), ("look_ahead_min_hit_rate", "look_ahead_hits"),
-    ("look_ahead_probe_every", "look_ahead_hits"),
+    ("overlap_min_acceptance", "draft_ahead"), ("look_ahead_min_hit_rate", "overlap_choice"),
+    ("look_ahead_probe_every", "overlap_choice"), ("overlap_micro_batches", "overlap_choice"),
+    ("overlap_max_rows", "overlap_choice"), ("look_ahead_branches", "look_ahead_hits"),
 ])
 def test_a_retired_speculation_key_is_refused_naming_what_replaces_it(key, replacement):
     with pytest.raises(ConfigError, match=f"speculation.{key}: .*{replacement}"):

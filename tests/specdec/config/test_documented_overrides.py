@@ -28,8 +28,6 @@ DOCUMENTED = {
     "default.yaml: the request's own acceptance only": {"load_monitor": {"prior_tokens": 0.0}},
     "default.yaml: a short window": {"load_monitor": {"window_s": 1.0}},
     "README: overlap off": {"speculation": {"overlap": False}},
-    "default.yaml: micro-batches": {"speculation": {"overlap_micro_batches": True, "overlap_max_rows": 8}},
-    "default.yaml: one look-ahead branch": {"speculation": {"look_ahead_branches": 1}},
     "default.yaml: a request's γ up to 32": {"speculation": {"gamma_limit": 32}},
     "README: secure.yaml": {"security": {"api_tokens_file": "tokens", "tls_cert_file": "cert.pem",
                                          "tls_key_file": "key.pem"}},

@@ -16,6 +16,7 @@ import torch
 from scipy import stats
 
 from specdec.round.draft_ahead import DraftAhead
+from specdec.round.look_ahead_depth import LookAheadDepth
 from specdec.round.look_ahead_hits import LookAheadHits
 from specdec.round.engine import SpeculativeEngine
 from specdec.models.model_paths import resolve_model_path
@@ -23,7 +24,7 @@ from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Branch, Drafts
 from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec.requests.request import GenerationRequest
-from specdec.round.overlap_choice import OverlapChoice
+from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL
 from specdec.sampling.sampling_params import SamplingParams
 from specdec.policy.speculation_policy import fixed_plan
 from specdec.verifiers.target_verifier import TargetVerifier
@@ -52,16 +53,20 @@ class ConcurrentVerifier(Verifier):
 
 
 def pipelined(num_slots: int = 8, max_seq_len: int = 256, min_acceptance: float = 0.0, gamma: int = 4,
-              micro_batches: bool = True, branches: int = 3, draft_slots: int | None = None,
-              max_rows: int | None = None, choice: OverlapChoice | None = None, hits: LookAheadHits | None = None):
-    """draft_slots: the draft's cache (default num_slots + 16, room for the look-ahead's forks)."""
+              way: str | None = MICRO_BATCHES, branches: int | None = 3, draft_slots: int | None = None,
+              hits: LookAheadHits | None = None, block_rounds: int = 24, explore_every: int = 6,
+              depth: LookAheadDepth | None = None):
+    """way: every step's (None: measured); draft_slots: the draft's cache (default num_slots
+    + 16, room for the look-ahead's forks); depth: default the whole γ (here the verify ends
+    before the look-ahead starts, so a measured depth would shrink to one draft)."""
     target = ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=num_slots,
                                          max_seq_len=max_seq_len)
     draft = ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=draft_slots or num_slots + 16,
                                         max_seq_len=max_seq_len)
     proposer = DraftModelProposer(draft, target.vocab_size, wire_dtype=torch.float16)
     return SpeculativeEngine(ConcurrentVerifier(TargetVerifier(target)), proposer, gamma=gamma,
-                             draft_ahead=DraftAhead(min_acceptance, micro_batches, branches, max_rows, choice, hits))
+                             draft_ahead=DraftAhead(min_acceptance, way, branches, hits, block_rounds, explore_every,
+                                                    depth or LookAheadDepth(most_cut=0)))
 
 
 def target_logits(histories: list[list[int]]) -> np.ndarray:
@@ -122,17 +127,28 @@ def test_a_lone_request_looks_ahead_and_keeps_the_targets_greedy_output(prompt_i
         assert ahead.rejection_hits == 0
 
 
-def test_a_kind_whose_look_aheads_miss_stops_looking_ahead_and_the_other_kind_still_does(prompt_ids, hf_greedy):
-    hits = LookAheadHits(min_hit_rate=1.0, warmup=4, probe_every=4)  # one miss puts a kind below the bar
-    engine = pipelined(micro_batches=False, hits=hits)
-    sampled = GenerationRequest(prompt_ids[1], 48, SamplingParams(temperature=1.0, seed=3), ignore_eos=True)
-    [first] = engine.generate([sampled])
-    ahead, rounds = engine.draft_ahead, first.stats.rounds
-    assert hits.looks[False] == ahead.rows_ahead and hits.trusted_rate(False) < 1.0
-    assert 4 <= ahead.rows_ahead <= 4 + rounds // 4 + 1, (ahead.rows_ahead, rounds)  # warm-up, then probes only
-    [greedy] = engine.generate([GenerationRequest(prompt_ids[0], 48, ignore_eos=True)])
-    assert greedy.token_ids == hf_greedy(prompt_ids[0], 48)
-    assert hits.looks[True] >= 4, "greedy rows are judged by their own look-aheads"
+def test_a_look_ahead_drafts_the_branches_that_hit_and_keeps_the_targets_greedy_output(prompt_ids, hf_greedy):
+    """Branches not given: every look-ahead drafts all `most` branches until each position's
+    hit rate is measured, then only up to the last one that hits often enough (the bundled
+    draft hits after rejections too, so some rejection branches stay)."""
+    hits = LookAheadHits(most=6, warmup=4, probe_every=1000)
+    engine = pipelined(way=LOOK_AHEAD, branches=None, hits=hits)
+    [result] = engine.generate([GenerationRequest(prompt_ids[0], 64, ignore_eos=True)])
+    assert result.token_ids == hf_greedy(prompt_ids[0], 64)
+    ahead = engine.draft_ahead
+    assert hits.seen[0] == ahead.rows_ahead and hits.seen[0] > hits.seen[5], "branch 6 was dropped after warm-up"
+    assert hits.branches() == 1 + max(p for p in range(6) if hits.worth(p))
+    assert ahead.rejection_hits > 0
+
+
+def test_a_look_ahead_that_outlasts_the_verify_drafts_less_and_keeps_the_targets_greedy_output(prompt_ids, hf_greedy):
+    """Here the verify has ended before the look-ahead starts (no slack at all), so every 4
+    look-aheads the depth drops by one draft, down to one."""
+    depth = LookAheadDepth(settle=4)
+    engine = pipelined(way=LOOK_AHEAD, branches=1, depth=depth)
+    [result] = engine.generate([GenerationRequest(prompt_ids[0], 48, ignore_eos=True)])
+    assert result.token_ids == hf_greedy(prompt_ids[0], 48)
+    assert engine.draft_ahead.rows_ahead >= 12 and depth.depth(4) == 1 and depth.slack_s < depth.step_s / 4
 
 
 def test_branching_on_rejections_makes_more_look_aheads_usable(prompt_ids):
@@ -156,30 +172,45 @@ def test_two_micro_batches_take_turns_and_keep_the_targets_greedy_output(prompt_
     assert engine.profile.rounds > max(r.stats.rounds for r in results), "each step verified a part of the batch"
 
 
-def test_steps_with_more_rows_than_max_rows_run_sequential_rounds_and_keep_the_output(prompt_ids, hf_greedy):
-    """max_rows 1: three requests together never look ahead (no extra draft work); the last
-    one left alone does."""
-    engine = pipelined(micro_batches=False, max_rows=1)
+def test_steps_of_several_rows_start_with_sequential_rounds_and_a_lone_row_looks_ahead(prompt_ids, hf_greedy):
+    """Measured choice, one per kind of step: three requests together run sequential rounds
+    until measured otherwise (no extra draft work); the last one left alone looks ahead."""
+    engine = pipelined(way=None, block_rounds=1000)
     jobs = [(prompt_ids[0], 12), (prompt_ids[1], 12), (prompt_ids[2], 40)]
     results = engine.generate([GenerationRequest(p, n, ignore_eos=True) for p, n in jobs])
     assert [r.token_ids for r in results] == [hf_greedy(p, n) for p, n in jobs]
     alone = results[2].stats.rounds - max(r.stats.rounds for r in results[:2])
-    assert 0 < engine.draft_ahead.rows_ahead <= alone, "only the steps with one row looked ahead"
+    ahead = engine.draft_ahead
+    assert 0 < ahead.rows_ahead <= alone and ahead.stored == 0, "only the steps with one row looked ahead"
+    assert ahead.choices[(2, "greedy")].way == SEQUENTIAL and ahead.choices[(1, "greedy")].way == LOOK_AHEAD
 
 
 def test_a_measured_choice_runs_blocks_with_and_without_looking_ahead_and_keeps_the_output(prompt_ids, hf_greedy):
-    """Blocks of 4 rounds: the first looks ahead, the second runs sequential rounds, then the
-    faster way by the measured tokens per second. Rounds of several requests (max_rows 1) and
-    the prefill round are not counted; the output is the target's greedy output either way."""
-    choice = OverlapChoice(block_rounds=4, explore_every=2)
-    engine = pipelined(micro_batches=False, max_rows=1, choice=choice)
+    """Blocks of 4 rounds: a lone request's first block looks ahead, the second runs
+    sequential rounds, then the faster way by the measured tokens per second. Rounds of
+    two requests are a kind of their own; the prefill round is not counted; the output is
+    the target's greedy output either way."""
+    engine = pipelined(way=None, block_rounds=4, explore_every=2)
     jobs = [(prompt_ids[0], 8), (prompt_ids[1], 64)]
     results = engine.generate([GenerationRequest(p, n, ignore_eos=True) for p, n in jobs])
     assert [r.token_ids for r in results] == [hf_greedy(p, n) for p, n in jobs]
-    assert choice.rates[True] is not None and choice.rates[False] is not None, "both ways were measured"
+    lone = engine.draft_ahead.choices[(1, "greedy")]
+    assert None not in lone.rates.values(), "both ways were measured"
     ahead = engine.draft_ahead
     alone = results[1].stats.rounds - results[0].stats.rounds - 1  # the lone request's rounds, after its prefill
     assert 0 < ahead.rows_ahead < alone, "some of the lone request's rounds looked ahead, others did not"
+
+
+def test_several_rows_measure_all_three_ways_and_keep_the_targets_greedy_output(prompt_ids, hf_greedy):
+    """Blocks of 2 rounds among four greedy requests: sequential rounds, looking ahead and
+    micro-batches are each measured; the sampled kind is not (none ran)."""
+    engine = pipelined(way=None, block_rounds=2, explore_every=1)
+    results = engine.generate([GenerationRequest(p, 40, ignore_eos=True) for p in prompt_ids[:4]])
+    assert [r.token_ids for r in results] == [hf_greedy(p, 40) for p in prompt_ids[:4]]
+    ahead = engine.draft_ahead
+    assert None not in ahead.choices[(4, "greedy")].rates.values()
+    assert ahead.stored > 0 and ahead.rows_ahead > 0
+    assert all(kind[1] == "greedy" for kind in ahead.choices)
 
 
 class RecordingPolicy:
@@ -270,8 +301,9 @@ def run_rows(params: SamplingParams, micro_batches: bool, chunks: int = 4):
     row, 3 when its x3 was verified from a look-ahead draft, 2 when its x2 was, else 0."""
     tokens, hit_rows = [], []
     for chunk in range(chunks):
-        engine = pipelined(num_slots=1024, max_seq_len=8, gamma=1, micro_batches=micro_batches, draft_slots=3 * 1024)
-        engine.draft_ahead = RecordingDraftAhead(0.0, micro_batches)
+        way = MICRO_BATCHES if micro_batches else LOOK_AHEAD
+        engine = pipelined(num_slots=1024, max_seq_len=8, gamma=1, way=way, draft_slots=3 * 1024)
+        engine.draft_ahead = RecordingDraftAhead(0.0, way, 3)
         ids = [engine.add_request(GenerationRequest([START], 3,
                                                     dataclasses.replace(params, seed=7_000_000 + chunk * 1024 + i),
                                                     gamma=1, mode="on", ignore_eos=True)) for i in range(1024)]

@@ -1,6 +1,6 @@
-"""OverlapChoice: whether a lone request's rounds look ahead follows the measured tokens per
-second of blocks run each way; the slower way is measured again now and then; one noisy
-block does not flip the choice."""
+"""OverlapChoice: which way a kind of step runs (sequential, looking ahead, micro-batches)
+follows the measured tokens per second of blocks run each way; slower ways are measured
+again now and then, in turn; one noisy block does not flip the choice."""
 
 from __future__ import annotations
 
@@ -8,69 +8,98 @@ import random
 
 import pytest
 
-from specdec.round.overlap_choice import OverlapChoice
+from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL, OverlapChoice
+
+LONE = (LOOK_AHEAD, SEQUENTIAL)
+BATCH = (SEQUENTIAL, LOOK_AHEAD, MICRO_BATCHES)
 
 
-def run_blocks(choice: OverlapChoice, blocks: int, rate: dict[bool, float], noise: float = 0.0,
-               rng: random.Random | None = None) -> list[bool]:
+def run_blocks(choice: OverlapChoice, blocks: int, rate: dict[str, float], noise: float = 0.0,
+               rng: random.Random | None = None) -> list[str]:
     """Feed `blocks` blocks of rounds, each emitting 3 tokens at the chosen way's rate (±noise);
     returns the way each block ran."""
     ways = []
     for _ in range(blocks):
-        ways.append(choice.looks_ahead)
-        for _ in range(choice.block_rounds):
-            speed = rate[choice.looks_ahead] * (1 + (rng.uniform(-noise, noise) if rng else 0.0))
+        ways.append(choice.way)
+        for _ in range(choice.rounds_left):
+            speed = rate[choice.way] * (1 + (rng.uniform(-noise, noise) if rng else 0.0))
             choice.record(3, 3 / speed)
     return ways
 
 
-def test_both_ways_are_measured_first_then_the_faster_is_kept():
-    choice = OverlapChoice(block_rounds=4, explore_every=100)
-    ways = run_blocks(choice, 10, {True: 100.0, False: 150.0})
-    assert ways[:2] == [True, False]  # looking ahead first, then sequential rounds
-    assert ways[2:] == [False] * 8
-    assert choice.rates == {True: pytest.approx(100.0), False: pytest.approx(150.0)}
+def test_every_way_is_measured_first_in_the_order_given_then_the_fastest_is_kept():
+    choice = OverlapChoice(LONE, block_rounds=4, explore_every=100)
+    ways = run_blocks(choice, 10, {LOOK_AHEAD: 100.0, SEQUENTIAL: 150.0})
+    assert ways == [LOOK_AHEAD] + [SEQUENTIAL] * 9
+    assert choice.rates == {LOOK_AHEAD: pytest.approx(100.0), SEQUENTIAL: pytest.approx(150.0)}
+
+
+def test_with_three_ways_the_fastest_of_them_is_kept():
+    choice = OverlapChoice(BATCH, block_rounds=4, explore_every=100)
+    ways = run_blocks(choice, 8, {SEQUENTIAL: 100.0, LOOK_AHEAD: 90.0, MICRO_BATCHES: 140.0})
+    assert ways == [SEQUENTIAL, LOOK_AHEAD] + [MICRO_BATCHES] * 6
+    assert not choice.looks_ahead
 
 
 def test_when_looking_ahead_is_faster_it_is_kept():
-    choice = OverlapChoice(block_rounds=4, explore_every=100)
-    assert run_blocks(choice, 8, {True: 200.0, False: 150.0}) == [True, False] + [True] * 6
+    choice = OverlapChoice(LONE, block_rounds=4, explore_every=100)
+    assert run_blocks(choice, 8, {LOOK_AHEAD: 200.0, SEQUENTIAL: 150.0}) == [LOOK_AHEAD, SEQUENTIAL] + [LOOK_AHEAD] * 6
+    assert choice.looks_ahead
 
 
 def test_the_slower_way_runs_one_block_every_explore_every_blocks():
-    choice = OverlapChoice(block_rounds=2, explore_every=3)
-    ways = run_blocks(choice, 14, {True: 200.0, False: 100.0})
-    explored = [i for i, way in enumerate(ways) if not way]
+    choice = OverlapChoice(LONE, block_rounds=2, explore_every=3)
+    ways = run_blocks(choice, 14, {LOOK_AHEAD: 200.0, SEQUENTIAL: 100.0})
+    explored = [i for i, way in enumerate(ways) if way == SEQUENTIAL]
     assert explored[0] == 1  # the first measurement
     assert len(explored) >= 3 and all(b - a == 4 for a, b in zip(explored[1:], explored[2:]))
 
 
+def test_the_slower_ways_are_explored_in_turn():
+    choice = OverlapChoice(BATCH, block_rounds=2, explore_every=2)
+    ways = run_blocks(choice, 15, {SEQUENTIAL: 200.0, LOOK_AHEAD: 100.0, MICRO_BATCHES: 100.0})
+    explored = [way for way in ways[3:] if way != SEQUENTIAL]
+    assert explored[:4] == [LOOK_AHEAD, MICRO_BATCHES, LOOK_AHEAD, MICRO_BATCHES]
+
+
 def test_the_choice_follows_the_host_when_the_faster_way_changes():
-    choice = OverlapChoice(block_rounds=2, explore_every=3, weight=0.5)
-    ways = run_blocks(choice, 8, {True: 200.0, False: 100.0})
-    assert ways == [True, False, True, True, True, False, True, True]
-    ways = run_blocks(choice, 16, {True: 80.0, False: 100.0})  # the host lost its second core
-    assert choice.rates[False] > choice.rates[True]
-    assert ways[-8:].count(False) >= 6  # sequential rounds, looking ahead only to re-measure
+    choice = OverlapChoice(LONE, block_rounds=2, explore_every=3, weight=0.5)
+    ways = run_blocks(choice, 8, {LOOK_AHEAD: 200.0, SEQUENTIAL: 100.0})
+    assert ways == [LOOK_AHEAD, SEQUENTIAL, LOOK_AHEAD, LOOK_AHEAD, LOOK_AHEAD, SEQUENTIAL, LOOK_AHEAD, LOOK_AHEAD]
+    ways = run_blocks(choice, 16, {LOOK_AHEAD: 80.0, SEQUENTIAL: 100.0})  # the host lost its second core
+    assert choice.rates[SEQUENTIAL] > choice.rates[LOOK_AHEAD]
+    assert ways[-8:].count(SEQUENTIAL) >= 6  # sequential rounds, looking ahead only to re-measure
 
 
 def test_noisy_blocks_do_not_flip_a_clear_choice():
-    choice = OverlapChoice(block_rounds=8, explore_every=1000)
-    ways = run_blocks(choice, 40, {True: 130.0, False: 100.0}, noise=0.1, rng=random.Random(0))
-    assert ways[2:] == [True] * 38
+    choice = OverlapChoice(LONE, block_rounds=8, explore_every=1000)
+    ways = run_blocks(choice, 40, {LOOK_AHEAD: 130.0, SEQUENTIAL: 100.0}, noise=0.1, rng=random.Random(0))
+    assert ways[2:] == [LOOK_AHEAD] * 38
     assert choice.changes == 2  # to measure sequential rounds once, and back
+
+
+def test_a_block_of_a_way_other_than_the_kept_one_lasts_a_third_of_a_block():
+    choice = OverlapChoice(BATCH, block_rounds=9, explore_every=1)
+    lengths = []
+    for _ in range(6):
+        lengths.append((choice.way, choice.rounds_left))
+        for _ in range(choice.rounds_left):
+            choice.record(3, 3 / {SEQUENTIAL: 100.0, LOOK_AHEAD: 50.0, MICRO_BATCHES: 60.0}[choice.way])
+    assert lengths[:3] == [(SEQUENTIAL, 9), (LOOK_AHEAD, 3), (MICRO_BATCHES, 3)]
+    assert lengths[3:] == [(SEQUENTIAL, 9), (LOOK_AHEAD, 3), (SEQUENTIAL, 9)]
 
 
 def test_only_whole_blocks_count_and_a_block_without_time_keeps_the_rate():
     choice = OverlapChoice(block_rounds=3)
     choice.record(3, 0.01)
     choice.record(3, 0.01)
-    assert choice.rates[True] is None and choice.looks_ahead
+    assert choice.rates[LOOK_AHEAD] is None and choice.looks_ahead
     choice.record(0, 0.0)
-    assert choice.rates[True] == pytest.approx(6 / 0.02)
+    assert choice.rates[LOOK_AHEAD] == pytest.approx(6 / 0.02)
 
 
-@pytest.mark.parametrize("bad", [{"block_rounds": 0}, {"explore_every": 0}, {"weight": 0.0}, {"weight": 1.5}])
+@pytest.mark.parametrize("bad", [{"block_rounds": 0}, {"explore_every": 0}, {"weight": 0.0}, {"weight": 1.5},
+                                 {"ways": ()}])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError):
         OverlapChoice(**bad)

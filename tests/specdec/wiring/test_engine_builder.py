@@ -101,12 +101,9 @@ def test_one_assembly_loads_the_registrys_proposers_and_runs_the_policy_with_the
     assert policy.calls == ["start", "stop"] and closed == [1]
 
 
-def test_pipelined_rounds_take_the_hardware_settings_from_config_and_measure_the_rest():
+def test_pipelined_rounds_measure_how_to_overlap_and_how_many_branches_to_draft():
     from specdec.wiring.engine_builder import build_draft_ahead
 
-    config = load_config(overrides={"speculation": {
-        "overlap_micro_batches": True, "overlap_max_rows": 3, "look_ahead_branches": 2}})
-    ahead = build_draft_ahead(config.speculation)
-    assert (ahead.micro_batches, ahead.max_rows, ahead.branches) == (True, 3, 2)
-    assert ahead.choice is not None  # whether a lone request looks ahead is measured, not configured
-    assert (ahead.min_acceptance, ahead.kind_hits.min_hit_rate, ahead.kind_hits.probe_every) == (0.3, 0.3, 32)
+    ahead = build_draft_ahead()
+    assert ahead.way is None and ahead.fixed_branches is None, "measured per kind of step, not configured"
+    assert ahead.min_acceptance == 0.3 and ahead.branches == ahead.branch_hits.most

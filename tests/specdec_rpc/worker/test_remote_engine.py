@@ -13,6 +13,7 @@ import torch
 
 from specdec.config.config import load_config
 from specdec.round.draft_ahead import DraftAhead
+from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES
 from specdec.round.engine import SpeculativeEngine
 from specdec.verifiers import target_verifier
 from specdec.requests.errors import WorkerError
@@ -152,14 +153,15 @@ def test_penalties_and_logit_bias_are_processed_by_both_workers_as_in_process(re
     assert [r.stats.accepted for r in remote] == [r.stats.accepted for r in local]
 
 
-@pytest.mark.parametrize("micro_batches, prompts", [(False, 1), (True, 4)], ids=["look-ahead", "micro-batches"])
+@pytest.mark.parametrize("way, prompts", [(LOOK_AHEAD, 1), (MICRO_BATCHES, 4)], ids=["look-ahead", "micro-batches"])
 @pytest.mark.parametrize("proposer", ["draft", "ngram"])
 def test_drafting_ahead_while_the_remote_target_verifies_keeps_the_output(
-    remote_engine, prompt_ids, hf_greedy, proposer, micro_batches, prompts
+    remote_engine, prompt_ids, hf_greedy, proposer, way, prompts
 ):
     """The verify call runs while the draft worker drafts: greedy output is still the
     target's, and a seeded sampled request repeats exactly."""
-    engine = remote_engine(proposer, 4, draft_ahead=DraftAhead(0.0, micro_batches))
+    micro_batches = way == MICRO_BATCHES
+    engine = remote_engine(proposer, 4, draft_ahead=DraftAhead(0.0, way, 3))
     greedy = [GenerationRequest(p, MAX_NEW) for p in prompt_ids[:prompts]]
     assert [r.token_ids for r in engine.generate(greedy)] == [hf_greedy(p, MAX_NEW) for p in prompt_ids[:prompts]]
     ahead = engine.draft_ahead
@@ -167,7 +169,7 @@ def test_drafting_ahead_while_the_remote_target_verifies_keeps_the_output(
     if proposer == "draft" and not micro_batches:
         assert ahead.rejection_hits > 0, "the draft worker's branches after a rejection came over the wire"
     sampled = GenerationRequest(prompt_ids[2], MAX_NEW, SamplingParams(temperature=0.9, seed=12), ignore_eos=True)
-    runs = [remote_engine(proposer, 4, draft_ahead=DraftAhead(0.0, micro_batches)).generate([sampled])
+    runs = [remote_engine(proposer, 4, draft_ahead=DraftAhead(0.0, way, 3)).generate([sampled])
             for _ in range(2)]
     assert runs[0][0].token_ids == runs[1][0].token_ids
 
@@ -177,7 +179,7 @@ def test_prompts_read_in_chunks_by_the_remote_workers_give_the_target_alone(
     remote_engine, prompt_ids, hf_greedy, micro_batches
 ):
     """Chunked prefill over gRPC: the chunks travel as cut histories (deltas), the output is the target's."""
-    ahead = DraftAhead(0.0, micro_batches) if micro_batches else None
+    ahead = DraftAhead(0.0, MICRO_BATCHES) if micro_batches else None
     engine = remote_engine("draft", 4, draft_ahead=ahead, prefill_chunk_tokens=7)
     results = engine.generate([GenerationRequest(p, MAX_NEW) for p in prompt_ids[:3]])
     assert [r.token_ids for r in results] == [hf_greedy(p, MAX_NEW) for p in prompt_ids[:3]]
