@@ -13,7 +13,7 @@ on two clocks: wall, and this process's CPU time (with `--threads 1`, what the w
 take on a dedicated core: other processes' load barely moves it). `--paths inprocess` steps
 the engine directly; `served` runs the serving loop (`AsyncEngine`, as `specdec serve` does
 in process) with asyncio clients. Usage:
-    python benchmarks/bench_chunked_prefill.py [--chunks 0,256] [--reps 3] [--paths inprocess,served]
+    python benchmarks/bench_chunked_prefill.py [--chunks 0,256] [--slowdowns 0,0.2] [--reps 3] [--paths inprocess,served]
 """
 
 from __future__ import annotations
@@ -72,10 +72,11 @@ class Recorder:
         return row
 
 
-def config(args: argparse.Namespace, chunk: int):
+def config(args: argparse.Namespace, chunk: int, slowdown: float):
     return load_config(overrides={
         "speculation": {"proposer": args.proposer, "gamma": args.gamma}, "load_monitor": {"enabled": False},
-        "cache": {"num_slots": STREAMS + 2, "max_seq_len": 2048}, "scheduling": {"prefill_chunk_tokens": chunk},
+        "cache": {"num_slots": STREAMS + 2, "max_seq_len": 2048},
+        "scheduling": {"prefill_chunk_tokens": chunk, "prefill_slowdown": slowdown},
     })
 
 
@@ -134,9 +135,9 @@ def run_served(served, prompts, corpus, args, with_long: bool, seed: int) -> dic
     return asyncio.run(_served_run(served.loop, prompts, corpus, args, with_long, seed))
 
 
-def pairs(path: str, args, chunk: int) -> list[tuple[dict, dict]]:
+def pairs(path: str, args, chunk: int, slowdown: float) -> list[tuple[dict, dict]]:
     """A warm engine, then `reps` (without, with) pairs, alternating."""
-    cfg = config(args, chunk)
+    cfg = config(args, chunk, slowdown)
     if path == "served":
         served = build_served_engine(cfg)
         target, encode, run = served, served.encode, run_served
@@ -154,10 +155,11 @@ def pairs(path: str, args, chunk: int) -> list[tuple[dict, dict]]:
             served.close()
 
 
-def report(path: str, chunk: int, results: list[tuple[dict, dict]]) -> None:
+def report(path: str, chunk: int, slowdown: float, results: list[tuple[dict, dict]]) -> None:
     """One table row per clock: medians without and with the client, their ratio, and the
     range of the per-pair ratios (how noisy the figure is)."""
-    name = "whole prompts" if chunk == 0 else f"chunks of {chunk}"
+    name = "whole prompts" if chunk == 0 else \
+        f"chunks of {chunk}" + (f", slowdown {slowdown:g}" if slowdown else ", unpaced")
     for clock in CLOCKS:
         cells = []
         for key in (f"itl_p99_ms_{clock}", f"tokens_per_s_{clock}"):
@@ -173,6 +175,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=lambda t: [int(x) for x in t.split(",")], default=[0, 256],
                     help="prefill_chunk_tokens values to compare (0 = whole prompts)")
+    ap.add_argument("--slowdowns", type=lambda t: [float(x) for x in t.split(",")], default=[0.0, 0.2],
+                    help="prefill_slowdown values of the chunked runs (0 = unpaced)")
     ap.add_argument("--paths", default="inprocess,served", help="inprocess and/or served (comma-separated)")
     ap.add_argument("--reps", type=int, default=3, help="(without, with) pairs per configuration")
     ap.add_argument("--stream-tokens", type=int, default=128, help="new tokens of each of the 4 streams")
@@ -188,8 +192,13 @@ def main() -> None:
           "long prompts served |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for path in args.paths.split(","):
-        for chunk in args.chunks:
-            report(path, chunk, pairs(path, args, chunk))
+        for chunk, slowdown in configurations(args):
+            report(path, chunk, slowdown, pairs(path, args, chunk, slowdown))
+
+
+def configurations(args) -> list[tuple[int, float]]:
+    """(prefill_chunk_tokens, prefill_slowdown) pairs: whole prompts once, chunks at each slowdown."""
+    return [(chunk, slowdown) for chunk in args.chunks for slowdown in (args.slowdowns if chunk else [0.0])]
 
 
 if __name__ == "__main__":

@@ -96,6 +96,7 @@ def _speculative_engine(
         caps=RequestCaps.from_config(config),
         draft_ahead=build_draft_ahead(config.speculation) if ahead else None,
         prefill_chunk_tokens=config.scheduling.prefill_chunk_tokens,
+        prefill_slowdown=config.scheduling.prefill_slowdown,
     )
 
 
