@@ -13,7 +13,8 @@ on two clocks: wall, and this process's CPU time (with `--threads 1`, what the w
 take on a dedicated core: other processes' load barely moves it). `--paths inprocess` steps
 the engine directly; `served` runs the serving loop (`AsyncEngine`, as `specdec serve` does
 in process) with asyncio clients. Usage:
-    python benchmarks/bench_chunked_prefill.py [--chunks 0,256] [--slowdowns 0,0.2] [--reps 3] [--paths inprocess,served]
+    python benchmarks/bench_chunked_prefill.py [--chunks 0,256] [--slowdowns 0,0.2] [--reps 3]
+        [--paths inprocess,served]
 """
 
 from __future__ import annotations
