@@ -1,30 +1,41 @@
 """Chunked prefill: do long prompts stall the streams already decoding? (issue 40 item 4)
 
-Workload, in-process on the bundled pair: 4 greedy streams decode `--stream-tokens` tokens
-each (EOS ignored) while one client sends prompts of 1,000-2,000 tokens back to back (the
-next when the last finished; `--long-tokens` new tokens each). Measured on the 4 streams:
-ITL p99 (seconds between a stream's successive outputs; a speculative round's tokens
-arrive together) and their tokens/s, with the long-prompt client and without it, with
-chunked prefill off (prefill_chunk_tokens 0) and on (`--chunks`). Goal: with the client,
-ITL p99 ≤ 1.5× and tokens/s ≥ 0.8× of without it. Usage:
-    python benchmarks/bench_chunked_prefill.py [--chunks 32,256] [--stream-tokens 128] [--proposer draft]
+Workload on the bundled pair: 4 greedy streams decode `--stream-tokens` tokens each (EOS
+ignored) while one client sends prompts of 1,000-2,000 tokens back to back (the next when
+the last finished; `--long-tokens` new tokens each). Measured on the 4 streams: ITL p99
+(between a stream's successive outputs; a speculative round's tokens arrive together) and
+their tokens/s, without the long-prompt client (A) and with it (B). Goal: B's ITL p99 ≤ 1.5×
+and tokens/s ≥ 0.8× A's.
+
+Trustworthy on a shared machine: each configuration runs A, B, A, B, ... (`--reps` pairs, one
+warm engine, so A and B see the same load drift) and reports medians. Every time is taken
+on two clocks: wall, and this process's CPU time (with `--threads 1`, what the work would
+take on a dedicated core: other processes' load barely moves it). `--paths inprocess` steps
+the engine directly; `served` runs the serving loop (`AsyncEngine`, as `specdec serve` does
+in process) with asyncio clients. Usage:
+    python benchmarks/bench_chunked_prefill.py [--chunks 0,256] [--slowdowns 0,0.2] [--reps 3]
+        [--paths inprocess,served]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
+import statistics
 import time
 
 import numpy as np
+import torch
 
 from specdec.config.config import load_config
-from specdec.wiring.engine_builder import build_engine
 from specdec.models.model_paths import bundled_prompts
 from specdec.requests.request import GenerationRequest
+from specdec.wiring.engine_builder import build_engine, build_served_engine
 
 STREAMS = 4
 LONG = (1000, 2000)  # the long prompts' lengths, tokens
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def long_prompt(rng: random.Random, corpus: list[int]) -> list[int]:
@@ -34,57 +45,161 @@ def long_prompt(rng: random.Random, corpus: list[int]) -> list[int]:
     return [corpus[(start + i) % len(corpus)] for i in range(n)]
 
 
-def run(args: argparse.Namespace, chunk: int, with_long: bool) -> dict:
-    """One run: the 4 streams' ITL p99 and tokens/s (and the long prompts served)."""
-    built = build_engine(load_config(overrides={
+class Recorder:
+    """The 4 streams' output times on both clocks, and what they emitted."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[tuple[float, float]]] = {}
+        self.tokens = 0
+        self.long_served = 0
+        self.start = self.now()
+
+    @staticmethod
+    def now() -> tuple[float, float]:
+        return CLOCKS["wall"](), CLOCKS["cpu"]()
+
+    def output(self, stream: str, new_tokens: int) -> None:
+        if new_tokens:
+            self.times.setdefault(stream, []).append(self.now())
+            self.tokens += new_tokens
+
+    def summary(self) -> dict:
+        """ITL p99 (ms) and tokens/s of the streams, per clock."""
+        end, row = self.now(), {"long_prompts": self.long_served}
+        for k, clock in enumerate(CLOCKS):
+            gaps = [b[k] - a[k] for times in self.times.values() for a, b in zip(times, times[1:])]
+            row[f"itl_p99_ms_{clock}"] = 1000 * float(np.percentile(gaps, 99))
+            row[f"tokens_per_s_{clock}"] = self.tokens / (end[k] - self.start[k])
+        return row
+
+
+def config(args: argparse.Namespace, chunk: int, slowdown: float):
+    return load_config(overrides={
         "speculation": {"proposer": args.proposer, "gamma": args.gamma}, "load_monitor": {"enabled": False},
-        "cache": {"num_slots": STREAMS + 2, "max_seq_len": 2048}, "scheduling": {"prefill_chunk_tokens": chunk},
-    }))
-    engine, rng = built.engine, random.Random(0)
-    prompts = [built.encode(p) for p in bundled_prompts()]
-    corpus = [t for p in prompts for t in p]
-    streams = {engine.add_request(GenerationRequest(prompts[i], args.stream_tokens, ignore_eos=True)): []
+        "cache": {"num_slots": STREAMS + 2, "max_seq_len": 2048},
+        "scheduling": {"prefill_chunk_tokens": chunk, "prefill_slowdown": slowdown},
+    })
+
+
+def run_inprocess(engine, prompts: list[list[int]], corpus: list[int], args, with_long: bool, seed: int) -> dict:
+    """One run stepping the engine directly."""
+    rng, rec = random.Random(seed), Recorder()
+    streams = {engine.add_request(GenerationRequest(prompts[i], args.stream_tokens, ignore_eos=True))
                for i in range(STREAMS)}
-    long_id, served, tokens, left = None, 0, 0, set(streams)
-    start = time.perf_counter()
+    long_id, left = None, set(streams)
     while left:
         if with_long and long_id is None:
             long_id = engine.add_request(GenerationRequest(long_prompt(rng, corpus), args.long_tokens,
                                                            ignore_eos=True))
         for output in engine.step():
-            if output.seq_id in streams and output.new_token_ids:
-                streams[output.seq_id].append(time.perf_counter())
-                tokens += len(output.new_token_ids)
+            if output.seq_id in streams:
+                rec.output(output.seq_id, len(output.new_token_ids))
             if output.finish_reason is not None:
                 engine.result(output.seq_id)
                 left.discard(output.seq_id)
                 if output.seq_id == long_id:
-                    long_id, served = None, served + 1
-    elapsed = time.perf_counter() - start
-    gaps = [b - a for times in streams.values() for a, b in zip(times, times[1:])]
-    return {"itl_p99_ms": 1000 * float(np.percentile(gaps, 99)), "tokens_per_s": tokens / elapsed,
-            "long_prompts": served}
+                    long_id, rec.long_served = None, rec.long_served + 1
+    if long_id is not None:
+        engine.abort(long_id)
+        engine.result(long_id)
+    return rec.summary()
+
+
+async def _served_run(loop, prompts, corpus, args, with_long: bool, seed: int) -> dict:
+    rng, rec, done = random.Random(seed), Recorder(), asyncio.Event()
+
+    async def stream(i: int) -> None:
+        async for output in loop.submit(GenerationRequest(prompts[i], args.stream_tokens, ignore_eos=True)):
+            rec.output(str(i), len(output.new_token_ids))
+
+    async def long_client() -> None:
+        while not done.is_set():
+            request = GenerationRequest(long_prompt(rng, corpus), args.long_tokens, ignore_eos=True)
+            task = asyncio.ensure_future(loop.generate(request))
+            await asyncio.wait([task, asyncio.ensure_future(done.wait())], return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                task.result()
+                rec.long_served += 1
+            else:
+                task.cancel()  # aborts the request
+    client = asyncio.ensure_future(long_client()) if with_long else None
+    await asyncio.gather(*(stream(i) for i in range(STREAMS)))
+    summary = rec.summary()
+    done.set()
+    if client is not None:
+        await client
+    return summary
+
+
+def run_served(served, prompts, corpus, args, with_long: bool, seed: int) -> dict:
+    """One run through the serving loop (AsyncEngine's thread) with asyncio clients."""
+    return asyncio.run(_served_run(served.loop, prompts, corpus, args, with_long, seed))
+
+
+def pairs(path: str, args, chunk: int, slowdown: float) -> list[tuple[dict, dict]]:
+    """A warm engine, then `reps` (without, with) pairs, alternating."""
+    cfg = config(args, chunk, slowdown)
+    if path == "served":
+        served = build_served_engine(cfg)
+        target, encode, run = served, served.encode, run_served
+    else:
+        built = build_engine(cfg)
+        target, encode, run = built.engine, built.encode, run_inprocess
+    prompts = [encode(p) for p in bundled_prompts()]
+    corpus = [t for p in prompts for t in p]
+    try:
+        run(target, prompts, corpus, args, True, seed=-1)  # warm-up (first-call costs, the policy's samples)
+        return [(run(target, prompts, corpus, args, False, seed=rep),
+                 run(target, prompts, corpus, args, True, seed=rep)) for rep in range(args.reps)]
+    finally:
+        if path == "served":
+            served.close()
+
+
+def report(path: str, chunk: int, slowdown: float, results: list[tuple[dict, dict]]) -> None:
+    """One table row per clock: medians without and with the client, their ratio, and the
+    range of the per-pair ratios (how noisy the figure is)."""
+    name = "whole prompts" if chunk == 0 else \
+        f"chunks of {chunk}" + (f", slowdown {slowdown:g}" if slowdown else ", unpaced")
+    for clock in CLOCKS:
+        cells = []
+        for key in (f"itl_p99_ms_{clock}", f"tokens_per_s_{clock}"):
+            a = statistics.median(r[0][key] for r in results)
+            b = statistics.median(r[1][key] for r in results)
+            each = sorted(r[1][key] / r[0][key] for r in results)
+            cells.append(f"{a:.1f} | {b:.1f} | **{b / a:.2f}x** ({each[0]:.2f}-{each[-1]:.2f})")
+        served = statistics.median(r[1]["long_prompts"] for r in results)
+        print(f"| {path} | {name} | {clock} | {cells[0]} | {cells[1]} | {served:g} |", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--chunks", type=lambda t: [int(x) for x in t.split(",")], default=[256],
-                    help="prefill_chunk_tokens of the chunked rows (comma-separated)")
+    ap.add_argument("--chunks", type=lambda t: [int(x) for x in t.split(",")], default=[0, 256],
+                    help="prefill_chunk_tokens values to compare (0 = whole prompts)")
+    ap.add_argument("--slowdowns", type=lambda t: [float(x) for x in t.split(",")], default=[0.0, 0.2],
+                    help="prefill_slowdown values of the chunked runs (0 = unpaced)")
+    ap.add_argument("--paths", default="inprocess,served", help="inprocess and/or served (comma-separated)")
+    ap.add_argument("--reps", type=int, default=3, help="(without, with) pairs per configuration")
     ap.add_argument("--stream-tokens", type=int, default=128, help="new tokens of each of the 4 streams")
     ap.add_argument("--long-tokens", type=int, default=8, help="new tokens of each long-prompt request")
     ap.add_argument("--proposer", default="draft", help="draft | ngram | none")
     ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the CPU clock is a core's time)")
     args = ap.parse_args()
-    print("| prefill | long-prompt client | ITL p99 (ms) | tokens/s (4 streams) | long prompts served | "
-          "ITL p99 / without | tokens/s / without |")
-    print("|---|---|---|---|---|---|---|")
-    for chunk in (0, *args.chunks):
-        base = run(args, chunk, with_long=False)
-        for with_long, row in ((False, base), (True, run(args, chunk, with_long=True))):
-            name = "whole prompts" if chunk == 0 else f"chunks of {chunk}"
-            print(f"| {name} | {'yes' if with_long else 'no'} | {row['itl_p99_ms']:.1f} | {row['tokens_per_s']:.0f} | "
-                  f"{row['long_prompts']} | {row['itl_p99_ms'] / base['itl_p99_ms']:.2f}x | "
-                  f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x |", flush=True)
+    torch.set_num_threads(args.threads)
+    print(f"medians of {args.reps} A/B pairs; (range of the per-pair ratios); goal: ITL ratio <= 1.5x, "
+          "tokens/s ratio >= 0.8x")
+    print("| path | prefill | clock | ITL p99 without (ms) | with | ratio | tokens/s without | with | ratio | "
+          "long prompts served |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for path in args.paths.split(","):
+        for chunk, slowdown in configurations(args):
+            report(path, chunk, slowdown, pairs(path, args, chunk, slowdown))
+
+
+def configurations(args) -> list[tuple[int, float]]:
+    """(prefill_chunk_tokens, prefill_slowdown) pairs: whole prompts once, chunks at each slowdown."""
+    return [(chunk, slowdown) for chunk in args.chunks for slowdown in (args.slowdowns if chunk else [0.0])]
 
 
 if __name__ == "__main__":

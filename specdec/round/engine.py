@@ -32,6 +32,7 @@ from specdec.sampling.grammar_matcher import GrammarBackend
 from specdec.sampling.grammar_row import GrammarRow
 from specdec.policy.load_stats import RoundSample
 from specdec.round.prefill_chunks import PrefillChunks
+from specdec.round.prefill_pace import PrefillPace
 from specdec.proposers.proposer_view import ProposerView
 from specdec.proposers.base import Drafts, Proposal, ProposalRequest, Proposer
 from specdec.requests.request import DEFAULT_CAPS, GenerationRequest, RequestCaps, RequestLimits
@@ -62,6 +63,7 @@ class SpeculativeEngine:
         draft_ahead: DraftAhead | None = None,
         prefill_chunk_tokens: int | None = None,
         grammars: GrammarBackend | None = None,
+        prefill_slowdown: float = 0.0,
     ) -> None:
         """gamma: the server's γ (used when no policy decides, and for mode ON).
         eos_token_ids: every id that ends a sequence (generation_config's list, too).
@@ -73,7 +75,9 @@ class SpeculativeEngine:
         prefill_chunk_tokens: prompt tokens read per round, over all new rows (`PrefillChunks`;
         None or 0: each prompt whole in its first round).
         grammars: compiles requests' grammars (`GrammarSpec`) for this tokenizer; None =
-        requests with a grammar are refused."""
+        requests with a grammar are refused.
+        prefill_slowdown: while rows decode, chunks lengthen their rounds by at most this share
+        on average, measured (`PrefillPace`; 0: every round reads its full budget)."""
         if not 0 <= gamma <= caps.gamma_limit:
             raise ValueError(f"gamma must be in [0, gamma_limit={caps.gamma_limit}], got {gamma}")
         self.verifier = verifier
@@ -89,8 +93,9 @@ class SpeculativeEngine:
         self.timer = RoundTimer()
         self.profile = self.timer.profile  # where the rounds' time went
         self.draft_ahead = draft_ahead
-        self.chunks = PrefillChunks(prefill_chunk_tokens)
         self.grammars = grammars
+        self.chunks = PrefillChunks(prefill_chunk_tokens,
+                                    PrefillPace(prefill_slowdown) if prefill_slowdown > 0 else None)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._finished: dict[str, Sequence] = {}
@@ -197,6 +202,7 @@ class SpeculativeEngine:
         self.planner.plan(batch, self.policy, self.verifier.max_seq_len, (len(self._running), len(self._waiting)))
         outputs = self._isolated_round(batch, whole=len(batch) == len(self._running))
         elapsed = time.perf_counter() - start
+        self.chunks.round_done(elapsed)
         self.stats.seconds += elapsed
         for seq in batch:
             seq.stats.seconds += elapsed

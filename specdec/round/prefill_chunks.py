@@ -10,28 +10,36 @@ caches the chunk and the token it samples there is dropped, so the row emits not
 drafts nothing. Its last chunk is an ordinary first round (the prompt's rest, γ drafts, the
 first token), so the output equals the unchunked one. A row the budget does not reach sits
 this round out. The draft reads the same chunks (`SpeculativeEngine`), not the whole prompt
-at its first draft.
+at its first draft. While rows decode, a `PrefillPace` (when given) sizes the round's budget
+from measured round times, so that prompts slow the decoding rows by a bounded share.
 """
 
 from __future__ import annotations
 
 from specdec.proposers.base import ProposalRequest
 from specdec.requests.sequence import Sequence
+from specdec.round.prefill_pace import PrefillPace
 from specdec.verifiers.verifier import VerifyRequest
 
 
 class PrefillChunks:
-    def __init__(self, budget: int | None) -> None:
-        """budget: prompt tokens the target reads per round, over all rows (None or 0: whole prompts)."""
+    def __init__(self, budget: int | None, pace: PrefillPace | None = None) -> None:
+        """budget: prompt tokens the target reads per round, over all rows (None or 0: whole prompts).
+        pace: while rows decode, at most its allowance of them (None: always the budget)."""
         if budget is not None and budget < 0:
             raise ValueError(f"prefill_chunk_tokens must be >= 0 or None, got {budget}")
         self.budget = budget or None
+        self.pace = pace if self.budget is not None else None
+        self._paced: int | None = None  # prompt tokens of this round's plan, when paced (rows decode)
 
     def plan(self, running: list[Sequence]) -> list[Sequence]:
         """Set each row's `chunk_end` for this round and return the rows that take part (the
         others wait for budget). Rows are served in the order given (their admission)."""
+        decoding = any(seq.stats.rounds > 0 for seq in running)
         left = self.budget
-        taking_part = []
+        if self.pace is not None and decoding:
+            left = min(left, self.pace.allowance())
+        start, taking_part = left, []
         for seq in running:
             seq.chunk_end = None
             unread = len(seq.token_ids) - seq.prefilled  # the prompt's rest and its pending token
@@ -43,7 +51,14 @@ class PrefillChunks:
             elif left > 0:
                 seq.chunk_end, left = seq.prefilled + left, 0
                 taking_part.append(seq)
+        self._paced = start - left if self.pace is not None and decoding else None
         return taking_part
+
+    def round_done(self, seconds: float) -> None:
+        """The planned round took `seconds`: the pace learns from rounds beside decoding rows."""
+        if self._paced is not None:
+            self.pace.record(seconds, self._paced)
+            self._paced = None
 
     @staticmethod
     def verify_request(seq: Sequence) -> VerifyRequest:

@@ -266,8 +266,8 @@ class AsyncEngine:
                 continue
             if output.new_token_ids or output.finish_reason:
                 self._hand_over(stream, output)
-            if output.finish_reason is not None:
-                del self._streams[output.seq_id]
+            # a caller whose event loop closed was dropped by _hand_over (its result with it)
+            if output.finish_reason is not None and self._streams.pop(output.seq_id, None) is not None:
                 self._end(stream, self.engine.result(output.seq_id))
 
     def _fail(self, seq_ids: list[str], exc: BaseException) -> None:

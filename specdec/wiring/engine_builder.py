@@ -97,6 +97,7 @@ def _speculative_engine(
         draft_ahead=build_draft_ahead() if ahead else None,
         prefill_chunk_tokens=config.scheduling.prefill_chunk_tokens,
         grammars=XGrammarBackend(tokenizer, eos),
+        prefill_slowdown=config.scheduling.prefill_slowdown,
     )
 
 

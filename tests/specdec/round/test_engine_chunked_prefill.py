@@ -71,7 +71,7 @@ def test_seeded_sampled_output_with_chunks_equals_output_with_whole_prompts(make
 
 
 def test_a_row_decoding_keeps_emitting_while_a_long_prompt_is_read_within_the_budget(make_engine, long_prompts):
-    built = make_engine("draft", 4, scheduling={"prefill_chunk_tokens": 32})
+    built = make_engine("draft", 4, scheduling={"prefill_chunk_tokens": 32, "prefill_slowdown": 0})  # a fixed budget
     engine = built.engine
     short = engine.add_request(GenerationRequest(long_prompts[2], 64, ignore_eos=True))
     engine.step()  # the short prompt fits the budget: its first round emits
@@ -90,3 +90,17 @@ def test_a_row_decoding_keeps_emitting_while_a_long_prompt_is_read_within_the_bu
     assert rounds_to_first_token == 5  # 150 prompt tokens at 32 per round: 4 chunks, then its first round
     assert all(reads <= 32 for reads in recorder.reads)
     assert outputs[long].new_token_ids and engine.stats.accepted > 0
+
+
+@pytest.mark.slow
+def test_paced_chunks_beside_decoding_rows_leave_the_output_unchanged(make_engine, long_prompts, whole):
+    """With the pace on, how much a round reads depends on measured times; the output must not."""
+    built = make_engine("draft", 4, scheduling={"prefill_chunk_tokens": 64, "prefill_slowdown": 0.2})
+    engine = built.engine
+    ids = [engine.add_request(GenerationRequest(long_prompts[2], MAX_NEW, ignore_eos=True))]
+    engine.step()  # the short prompt decodes: the long ones are paced
+    ids += [engine.add_request(GenerationRequest(p, MAX_NEW, ignore_eos=True)) for p in long_prompts[:2]]
+    while engine.has_unfinished():
+        engine.step()
+    outputs = {i: engine.result(i).token_ids for i in ids}
+    assert [outputs[i] for i in ids] == [whole["draft"][2], whole["draft"][0], whole["draft"][1]]

@@ -3,6 +3,7 @@
 import pytest
 
 from specdec.round.prefill_chunks import PrefillChunks
+from specdec.round.prefill_pace import PrefillPace
 from specdec.requests.request import GenerationRequest
 from specdec.requests.sequence import Sequence
 from specdec.requests.stop_conditions import StopChecker
@@ -43,3 +44,22 @@ def test_decoding_rows_always_take_part_and_the_budget_is_shared_in_order():
 def test_a_negative_budget_is_refused():
     with pytest.raises(ValueError, match="prefill_chunk_tokens"):
         PrefillChunks(-1)
+
+
+def test_while_rows_decode_the_pace_bounds_the_budget_and_learns_from_the_round():
+    pace = PrefillPace(0.2, min_tokens=16)
+    chunks, decoding, prompt = PrefillChunks(256, pace), row(3, decoding=True), row(900)
+    chunks.plan([decoding, prompt])
+    assert prompt.chunk_end == 16  # nothing measured yet: the smallest chunk
+    chunks.round_done(0.02)
+    assert pace.allowance() == 0  # a decode round is measured before the next chunk
+    chunks.done([prompt])
+    assert chunks.plan([decoding, prompt]) == [decoding] and prompt.chunk_end is None
+    chunks.round_done(0.01)
+    assert pace.decode_s == 0.01
+
+
+def test_with_no_row_decoding_a_prompt_reads_the_whole_budget():
+    chunks, prompt = PrefillChunks(256, PrefillPace(0.2, min_tokens=16)), row(900)
+    chunks.plan([prompt])
+    assert prompt.chunk_end == 256

@@ -134,6 +134,25 @@ def test_closing_a_stream_early_aborts_the_request(built, loop_engine, prompt_id
     asyncio.run(main())
 
 
+def test_a_caller_gone_when_its_request_finishes_is_forgotten_and_the_loop_goes_on(
+        built, loop_engine, prompt_ids, hf_greedy):
+    """Its event loop closed before the last output (a client that hung up as the request
+    ended): the output cannot be handed over, the request is dropped, the loop serves on."""
+    full = free_slots(built)
+
+    async def leave():
+        loop_engine.submit(GenerationRequest(prompt_ids[0], 1, ignore_eos=True))  # one round: output and end
+
+    asyncio.run(leave())  # the caller's loop is closed before the round runs
+
+    async def wait_then_next():
+        await wait_for(lambda: loop_engine.num_requests == 0 and free_slots(built) == full)
+        return await stream_all(loop_engine, GenerationRequest(prompt_ids[1], 8, ignore_eos=True))
+
+    _, result = asyncio.run(wait_then_next())
+    assert result.token_ids == hf_greedy(prompt_ids[1], 8)
+
+
 def test_the_admission_limit_rejects_then_admits_again(loop_engine, prompt_ids):
     async def main():
         streams = [loop_engine.submit(GenerationRequest(prompt_ids[i], 6)) for i in range(3)]
