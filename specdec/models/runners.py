@@ -65,6 +65,9 @@ def open_runner(
     logger.log(level, "model %s (model_type=%s): %s runner (%s)", name_or_path, model_type(checkpoint_dir), kind,
                reason)
     if kind == TRANSFORMERS:
+        logger.log(level, "model %s: the transformers runner is not paged: each of its %d slots may grow to "
+                   "max_seq_len=%d (cache.memory_budget, block_size and prefix_caching do not apply; admission "
+                   "counts slots)", name_or_path, num_slots, max_seq_len)
         return TransformersRunner.from_pretrained(str(checkpoint_dir), num_slots, max_seq_len, dtype, device)
     return ModelRunner(load_model(str(checkpoint_dir), dtype=dtype, device=device), num_slots, max_seq_len, **paging)
 

@@ -34,6 +34,8 @@ class VerifyRequest:
         presence penalties count only the tokens after them).
     logprobs: None, or how many alternatives to report with each emitted token's logprob
         (VerifyResult.logprobs; specdec.sampling.token_logprobs).
+    reserve_tokens: the most tokens the sequence may ever hold (prompt + max_new_tokens); a
+        verifier that first sees the sequence reserves that much cache for it (None: max_seq_len).
     """
 
     seq_id: str
@@ -43,17 +45,21 @@ class VerifyRequest:
     draft_probs: torch.Tensor | EncodedQ | None = None
     num_prompt_tokens: int = 0
     logprobs: int | None = None
+    reserve_tokens: int | None = None
 
 
 @dataclass
 class VerifyResult:
     """num_accepted drafted tokens were kept; emitted = those + one recovered-or-bonus token.
-    logprobs: one per emitted token when the request asked for them, else None."""
+    logprobs: one per emitted token when the request asked for them, else None.
+    cached_tokens: history tokens the target took from its prefix cache instead of computing
+    them, since it took the sequence in (0 without prefix caching)."""
 
     seq_id: str
     emitted: list[int]
     num_accepted: int
     logprobs: list[TokenLogprob] | None = None
+    cached_tokens: int = 0
 
 
 class PendingVerify(Protocol):
@@ -91,6 +97,11 @@ class Verifier(ABC):
     @abstractmethod
     def num_free_slots(self) -> int:
         """How many more sequences can start now."""
+
+    def admits(self, reserve_tokens: list[int]) -> int:
+        """How many of these new sequences (each's VerifyRequest.reserve_tokens, in order) can start
+        now; a paged target counts the cache blocks their reserves need, this default free slots."""
+        return min(len(reserve_tokens), self.num_free_slots)
 
     @abstractmethod
     def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
