@@ -6,6 +6,7 @@ blocks another request computed reports them as cached, and decodes the same tok
 from __future__ import annotations
 
 import pytest
+from admission_checks import short_requests_run_at_once
 
 from specdec.models.kv_cache import KVCache
 from specdec.requests.request import GenerationRequest
@@ -29,15 +30,8 @@ def small_budget(make_engine):
 
 
 def test_short_requests_are_admitted_by_the_blocks_they_reserve(small_budget, prompt_ids, hf_greedy):
-    engine, prompts = small_budget.engine, [p[:20] for p in prompt_ids[:6]]
-    ids = [engine.add_request(GenerationRequest(p, 12, ignore_eos=True)) for p in prompts]
-    engine.step()
-    assert (engine.num_running, engine.num_waiting) == (6, 0), "6 x 2 blocks fit 32; max_seq_len slots would be 2"
-    while engine.has_unfinished():
-        engine.step()
-    results = [engine.result(i) for i in ids]
-    assert [r.token_ids for r in results] == [hf_greedy(p, 12) for p in prompts]
-    assert sum(r.stats.accepted for r in results) > 0, "the draft admitted them too"
+    """6 requests of 2 blocks each fit the 32 blocks at once; counted in max_seq_len slots, 2 would."""
+    short_requests_run_at_once(small_budget.engine, [p[:20] for p in prompt_ids[:6]], hf_greedy)
 
 
 def test_requests_reserving_max_seq_len_wait_for_blocks(small_budget, prompt_ids):

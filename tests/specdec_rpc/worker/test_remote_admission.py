@@ -7,6 +7,7 @@ is refused at entry. Cached prompt tokens come back in each outcome and reach th
 from __future__ import annotations
 
 import pytest
+from admission_checks import short_requests_run_at_once
 
 from specdec.config.config import load_config
 from specdec.models.loader import load_model
@@ -60,16 +61,7 @@ def engine(workers, tokenizer):
 def test_the_target_worker_reports_its_blocks_and_the_router_admits_by_them(engine, workers, prompt_ids, hf_greedy):
     info = workers["target"].servicer.info()
     assert (info.num_blocks, info.block_size, info.num_slots) == (NUM_BLOCKS, BLOCK, NUM_SLOTS)
-    remote = engine()
-    prompts = [p[:20] for p in prompt_ids[:6]]
-    ids = [remote.add_request(GenerationRequest(p, 12, ignore_eos=True)) for p in prompts]
-    remote.step()
-    assert (remote.num_running, remote.num_waiting) == (6, 0), "2 blocks each; max_seq_len slots would be 2"
-    while remote.has_unfinished():
-        remote.step()
-    results = [remote.result(i) for i in ids]
-    assert [r.token_ids for r in results] == [hf_greedy(p, 12) for p in prompts]
-    assert sum(r.stats.accepted for r in results) > 0, "the draft worker admitted them too"
+    short_requests_run_at_once(engine(), [p[:20] for p in prompt_ids[:6]], hf_greedy)  # 2 slots by max_seq_len
 
 
 def test_long_reserves_wait_for_the_blocks_of_finished_requests(engine, prompt_ids):
