@@ -43,10 +43,20 @@ class MirroredRunner:
     def slot_length(self, slot: int) -> int:
         return self.runner.slot_length(slot)
 
-    def allocate_slot(self) -> int:
-        slot = self.runner.allocate_slot()
-        self._mirror("allocate_slot", slot)  # followers must hand out the same id
+    def allocate_slot(self, reserve_tokens: int | None = None) -> int:
+        slot = self.runner.allocate_slot(reserve_tokens)
+        self._mirror("allocate_slot", slot, reserve_tokens)  # followers must hand out the same id
         return slot
+
+    def admits(self, reserve_tokens: list[int | None]) -> int:
+        return self.runner.admits(reserve_tokens)  # every rank's cache holds the same blocks
+
+    @property
+    def block_capacity(self) -> tuple[int, int]:
+        return self.runner.block_capacity
+
+    def cached_tokens(self, slot: int) -> int:
+        return self.runner.cached_tokens(slot)
 
     def free_slot(self, slot: int) -> None:
         self.runner.free_slot(slot)

@@ -90,8 +90,8 @@ class TargetFollower(_Shard):
     def setup(self, config: SpecdecConfig, rank: int, world_size: int, master: tuple[str, int]) -> None:
         self._setup(config, rank, world_size, master)
 
-    def allocate_slot(self, expected: int) -> None:
-        slot = self.runner.allocate_slot()
+    def allocate_slot(self, expected: int, reserve_tokens: int | None = None) -> None:
+        slot = self.runner.allocate_slot(reserve_tokens)
         if slot != expected:
             self.runner.free_slot(slot)
             raise RuntimeError(f"follower allocated slot {slot}, the leader {expected}: the ranks diverged")

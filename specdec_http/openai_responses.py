@@ -29,7 +29,8 @@ from specdec_http.protocol.chunks import (
 )
 from specdec_http.protocol.errors import ErrorDetail, ErrorResponse
 from specdec_http.protocol.responses import (
-    AssistantMessage, ChatChoice, ChatCompletionResponse, CompletionChoice, CompletionResponse, SpeculationStats,
+    AssistantMessage, ChatChoice, ChatCompletionResponse, CompletionChoice, CompletionResponse, PromptTokensDetails,
+    SpeculationStats,
 )
 from specdec_http.protocol.responses import Usage as UsageModel
 
@@ -82,7 +83,8 @@ def speculation_stats(stats: SpecStats) -> SpeculationStats:
 
 def usage(counts: Usage) -> UsageModel:
     return UsageModel(prompt_tokens=counts.prompt_tokens, completion_tokens=counts.completion_tokens,
-                      total_tokens=counts.total_tokens)
+                      total_tokens=counts.total_tokens,
+                      prompt_tokens_details=PromptTokensDetails(cached_tokens=counts.cached_tokens))
 
 
 def completion_object(call: Call, completion: Completion, logprobs: LogprobsFormat | None = None) -> dict[str, Any]:

@@ -150,11 +150,27 @@ class KVCache:
         copies = sum(n - (1 if n == self.pool.refcount(block) else 0) for block, n in writers.items())
         return self.pool.num_free - owed - copies
 
+    def _reserve_blocks(self, reserve_tokens: int | None) -> int:
+        """Blocks a sequence reserving ``reserve_tokens`` (None or 0: ``max_seq_len``) may grow to."""
+        if not reserve_tokens:
+            return self.blocks_per_seq
+        return _blocks_for(min(max(reserve_tokens, 1), self.max_seq_len), self.block_size)
+
+    def admits(self, reserve_tokens: list[int | None]) -> int:
+        """How many of these new sequences, taken in order, `allocate` would accept now (each sure to
+        grow to its reserve): admission by blocks, not by ``max_seq_len`` slots."""
+        headroom, slots = self._headroom(), len(self._free_heap)
+        for count, reserve in enumerate(reserve_tokens):
+            blocks = self._reserve_blocks(reserve)
+            if count >= slots or blocks > headroom:
+                return count
+            headroom -= blocks
+        return len(reserve_tokens)
+
     def allocate(self, reserve_tokens: int | None = None) -> int:
-        """Reserve an empty slot that may grow to ``reserve_tokens`` (default ``max_seq_len``) and return
-        its id; CacheFullError when no slot or not enough unowed blocks are free."""
-        reserve = self.blocks_per_seq if reserve_tokens is None else _blocks_for(
-            min(max(reserve_tokens, 1), self.max_seq_len), self.block_size)
+        """Reserve an empty slot that may grow to ``reserve_tokens`` (None or 0: ``max_seq_len``) and
+        return its id; CacheFullError when no slot or not enough unowed blocks are free."""
+        reserve = self._reserve_blocks(reserve_tokens)
         if not self._free_heap:
             raise CacheFullError(f"KV cache is full: all {self.num_slots} slots are allocated")
         if reserve > self._headroom():

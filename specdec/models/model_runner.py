@@ -86,9 +86,18 @@ class ModelRunner:
         return self.cache.num_free
 
     def allocate_slot(self, reserve_tokens: int | None = None) -> int:
-        """Reserve an empty slot that may grow to ``reserve_tokens`` (default max_seq_len) tokens
+        """Reserve an empty slot that may grow to ``reserve_tokens`` (None or 0: max_seq_len) tokens
         (raises CacheFullError when no slot or not enough blocks are free)."""
         return self.cache.allocate(reserve_tokens)
+
+    def admits(self, reserve_tokens: list[int | None]) -> int:
+        """How many of these new sequences (their reserves, in order) `allocate_slot` would take now."""
+        return self.cache.admits(reserve_tokens)
+
+    @property
+    def block_capacity(self) -> tuple[int, int]:
+        """(blocks, tokens per block) of the paged cache: what admission counts."""
+        return self.cache.num_blocks, self.cache.block_size
 
     def free_slot(self, slot: int) -> None:
         """Release ``slot`` (raises InvalidSlotError if it is not allocated)."""

@@ -62,8 +62,11 @@ def open_runner(
     kind, reason = choose_runner(checkpoint_dir, choice)
     # the fallback is slower, so an automatic fall back is a warning: visible at the CLI's default log level
     level = logging.WARNING if kind == TRANSFORMERS and choice == "auto" else logging.INFO
-    logger.log(level, "model %s (model_type=%s): %s runner (%s)", name_or_path, model_type(checkpoint_dir), kind,
-               reason)
+    unpaged = "" if kind != TRANSFORMERS else (
+        f"; not paged: each of its {num_slots} slots may grow to max_seq_len={max_seq_len}, admission counts "
+        "slots (cache.memory_budget, block_size and prefix_caching do not apply)")
+    logger.log(level, "model %s (model_type=%s): %s runner (%s)%s", name_or_path, model_type(checkpoint_dir), kind,
+               reason, unpaged)
     if kind == TRANSFORMERS:
         return TransformersRunner.from_pretrained(str(checkpoint_dir), num_slots, max_seq_len, dtype, device)
     return ModelRunner(load_model(str(checkpoint_dir), dtype=dtype, device=device), num_slots, max_seq_len, **paging)

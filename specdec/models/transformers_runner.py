@@ -92,10 +92,23 @@ class TransformersRunner:
     def num_free_slots(self) -> int:
         return self.cache.num_free
 
-    def allocate_slot(self) -> int:
+    def allocate_slot(self, reserve_tokens: int | None = None) -> int:
+        """A slot whose cache grows as tokens arrive; ``reserve_tokens`` is not counted (no blocks:
+        admission counts slots, each allowed up to max_seq_len)."""
         from transformers import DynamicCache
 
         return self.cache.allocate(DynamicCache())
+
+    def admits(self, reserve_tokens: list[int | None]) -> int:
+        """How many new sequences can start now: one per free slot, whatever their reserve."""
+        return min(len(reserve_tokens), self.cache.num_free)
+
+    block_capacity = (0, 0)  # not paged: admission counts slots
+
+    def cached_tokens(self, slot: int) -> int:
+        """Always 0: this runner has no prefix cache."""
+        self.cache.length(slot)
+        return 0
 
     def free_slot(self, slot: int) -> None:
         self.cache.free(slot)

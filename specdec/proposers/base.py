@@ -23,6 +23,9 @@ class ProposalRequest:
     gamma: γ for this row: draft at most this many tokens (rows of one call differ).
     num_prompt_tokens: how many leading history tokens are the prompt (the draft's
         frequency and presence penalties count only the tokens after them).
+    reserve_tokens: the most tokens the sequence may hold (prompt + max_new_tokens): a draft
+        model reserves that much cache when it first sees the sequence and drafts no further
+        (None: max_seq_len).
     """
 
     seq_id: str
@@ -31,6 +34,7 @@ class ProposalRequest:
     proposer: str | None = None  # which proposer the request asked for (None = the server's)
     gamma: int = 1
     num_prompt_tokens: int = 0
+    reserve_tokens: int | None = None
 
 
 #: a proposer's answer: one Drafts per request, in order

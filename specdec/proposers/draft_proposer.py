@@ -79,19 +79,19 @@ class DraftModelProposer(Proposer):
 
     def fitting_gamma(self, request: ProposalRequest) -> int:
         """The request's γ clipped to the draft's context: the history and all but the last
-        guess must fit one slot (0 = this row cannot draft now)."""
-        return max(0, min(request.gamma, self.runner.max_seq_len - len(request.token_ids) + 1))
+        guess must fit one slot, within the request's reserve (0 = this row cannot draft now)."""
+        room = min(self.runner.max_seq_len, request.reserve_tokens or self.runner.max_seq_len)
+        return max(0, min(request.gamma, room - len(request.token_ids) + 1))
 
     def _plan(self, requests: list[ProposalRequest]) -> list[int]:
         """Each row's γ for this call, checked before anything changes: clipped to the
-        context, and 0 for new sequences beyond the free slots."""
-        free = self.runner.num_free_slots
-        gammas = []
-        for request in requests:
-            gamma = self.fitting_gamma(request)
-            if gamma and request.seq_id not in self._states:
-                gamma, free = (gamma, free - 1) if free > 0 else (0, free)
-            gammas.append(gamma)
+        context, and 0 for new sequences beyond what the cache can reserve (in order)."""
+        gammas = [self.fitting_gamma(request) for request in requests]
+        new = [i for i, (request, gamma) in enumerate(zip(requests, gammas))
+               if gamma and request.seq_id not in self._states]
+        admitted = self.runner.admits([requests[i].reserve_tokens for i in new])
+        for i in new[admitted:]:
+            gammas[i] = 0
         return gammas
 
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
@@ -229,7 +229,7 @@ class DraftModelProposer(Proposer):
         """Draft gammas[j] tokens for row j (on the given cache states; default: each
         sequence's own). Returns tokens [n, max γ] (-1 padded) and q weights [n, max γ,
         vocab] (zeros past a row's γ), or None when every row is greedy."""
-        states = states if states is not None else [self._claim(r.seq_id) for r in requests]
+        states = states if states is not None else [self._claim(r) for r in requests]
         batch = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests],
                                           histories=[r.token_ids for r in requests],
                                           num_prompt_tokens=[r.num_prompt_tokens for r in requests])
@@ -266,10 +266,10 @@ class DraftModelProposer(Proposer):
         weights = logits_to_probs(logits, batch).to(self._q_dtype)  # [a, vocab]
         return sample_from_probs(weights, batch, offset, ROLE_DRAFT), weights.float()
 
-    def _claim(self, seq_id: str) -> _DraftState:
-        state = self._states.get(seq_id)
+    def _claim(self, request: ProposalRequest) -> _DraftState:
+        state = self._states.get(request.seq_id)
         if state is None:
-            state = self._states[seq_id] = _DraftState(self.runner.allocate_slot())
+            state = self._states[request.seq_id] = _DraftState(self.runner.allocate_slot(request.reserve_tokens))
         return state
 
     def _catch_up(self, requests: list[ProposalRequest], states: list[_DraftState]) -> torch.Tensor:

@@ -53,6 +53,11 @@ class Sequence:
         return self.request.max_new_tokens - len(self.output_ids)
 
     @property
+    def reserve_tokens(self) -> int:
+        """The most tokens the sequence can hold: what the caches reserve for it at admission."""
+        return self.num_prompt_tokens + self.request.max_new_tokens
+
+    @property
     def queue_s(self) -> float:
         """Seconds it waited for a cache slot before its first round (so far, if still waiting)."""
         return (self.started_at if self.started_at is not None else time.monotonic()) - self.queued_at

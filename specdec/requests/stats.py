@@ -23,6 +23,9 @@ class SpecStats:
     gamma: the γ the policy gave the last round (before a cut to the remaining budget).
     speculation_unavailable: the last round wanted drafts but its proposer could not draft
         (a draft worker down): it decoded plainly.
+    cached_tokens: prompt tokens the target took from its prefix cache instead of computing
+        them (OpenAI's usage.prompt_tokens_details.cached_tokens; whole blocks, so a multiple
+        of cache.block_size).
     """
 
     rounds: int = 0
@@ -32,6 +35,7 @@ class SpecStats:
     seconds: float = 0.0
     gamma: int = 0
     speculation_unavailable: bool = False
+    cached_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
 
@@ -72,6 +76,7 @@ class SpecStats:
         self.accepted += other.accepted
         self.emitted += other.emitted
         self.seconds += other.seconds
+        self.cached_tokens += other.cached_tokens
         self.gamma = other.gamma or self.gamma
         self._grow(len(other.drafted_per_position))
         for i, (d, a) in enumerate(zip(other.drafted_per_position, other.accepted_per_position)):
@@ -108,4 +113,5 @@ class SpecStats:
             "gamma": self.gamma,
             "seconds": round(self.seconds, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
+            "cached_tokens": self.cached_tokens,
         }

@@ -277,6 +277,8 @@ class SpeculativeEngine:
         With draft_ahead the proposer works while the target verifies. -> (results, what was
         drafted meanwhile or None, the seconds it took)."""
         chunks = [PrefillChunks.verify_request(seq) for seq in filling]
+        for seq, chunk in zip(filling, chunks):
+            chunk.reserve_tokens = seq.reserve_tokens  # a first chunk takes the row's cache
         if ahead is not None:  # the proposer works while the target verifies
             pending = self.verifier.verify_async(requests + chunks)
             meanwhile, ahead_s = self._during_verify(now, later, requests, gammas)
@@ -318,6 +320,8 @@ class SpeculativeEngine:
         if not filling or not self.planner.decision.enabled:
             return
         asks = [PrefillChunks.proposal_request(seq) for seq in filling]
+        for seq, ask in zip(filling, asks):
+            ask.reserve_tokens = seq.reserve_tokens  # a first chunk takes the row's draft cache
         for ask in asks:
             self._proposer_view.proposing(ask.seq_id, len(ask.token_ids))
         try:
@@ -382,11 +386,12 @@ class SpeculativeEngine:
                                                      self._proposer_view.read, planned_s))
 
     def _admit(self) -> None:
-        """Waiting requests join while the verifier has free slots. A running request takes
-        its slot at its first verification, which may come a step later (micro-batches):
-        those are counted as taken already."""
+        """Waiting requests join, in order, while the verifier's cache can reserve their prompt +
+        max_new_tokens (blocks of a paged target, else slots). A running request takes its
+        cache at its first verification, which may come a step later (micro-batches): those
+        are counted as taken already."""
         unseen = [seq for seq in self._running if seq.stats.rounds == 0 and seq.prefilled == 0]
-        free = self.verifier.num_free_slots - len(unseen)
+        free = self.verifier.admits([seq.reserve_tokens for seq in (*unseen, *self._waiting)]) - len(unseen)
         while self._waiting and free > 0:
             seq = self._waiting.popleft()
             seq.started_at = time.monotonic()
@@ -405,7 +410,8 @@ class SpeculativeEngine:
         if not rows:
             return full
         requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
-                                    batch[i].request.proposer, gammas[i], batch[i].num_prompt_tokens) for i in rows]
+                                    batch[i].request.proposer, gammas[i], batch[i].num_prompt_tokens,
+                                    batch[i].reserve_tokens) for i in rows]
         for i in rows:
             self._proposer_view.proposing(batch[i].seq_id, len(batch[i].token_ids))
         try:
@@ -429,12 +435,13 @@ class SpeculativeEngine:
             drafts = drafts.first(kept)
         return VerifyRequest(seq.seq_id, seq.token_ids, drafts.token_ids, seq.request.sampling,
                              drafts.q if drafts.token_ids else None, seq.num_prompt_tokens,
-                             seq.request.logprobs, mask)
+                             seq.request.logprobs, mask, seq.reserve_tokens)
 
     def _apply(self, seq: Sequence, request: VerifyRequest, result) -> tuple[RoundOutput, tuple[int, int]]:
         """Add a round's tokens to one sequence, cut at its first stop condition, and count
         what was kept. A failure here (e.g. decoding) fails this request alone.
         Returns the output and the (drafted, accepted) counts of the round."""
+        seq.stats.cached_tokens = max(seq.stats.cached_tokens, min(result.cached_tokens, seq.num_prompt_tokens))
         try:
             emitted = result.emitted if seq.grammar is None else seq.grammar.advance(result.emitted)
             decision = seq.stop_checker.append(emitted)

@@ -37,6 +37,7 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens the target's prefix cache held (prompt_tokens_details)
 
     @property
     def total_tokens(self) -> int:
@@ -187,7 +188,7 @@ class Frontend:
                         last = delta
                 result = await stream.result()
             outcome.finished(result)
-            usage = Usage(len(core.prompt_token_ids), len(result.token_ids))
+            usage = Usage(len(core.prompt_token_ids), len(result.token_ids), result.stats.cached_tokens)
             yield Delta(last.text, last.token_ids, result.finish_reason, result.stats, usage, last.logprobs)
 
     @contextlib.contextmanager
@@ -247,18 +248,19 @@ class _Outcome:
     generation_tokens: int = 0
     finish_reason: str | None = None
     queue_s: float = 0.0
+    cached_tokens: int = 0
 
     def finished(self, result: GenerationResult) -> None:
         self.generation_tokens, self.finish_reason = len(result.token_ids), result.finish_reason
-        self.queue_s = result.queue_s
+        self.queue_s, self.cached_tokens = result.queue_s, result.stats.cached_tokens
 
     def record(self) -> FinishedRequest:
         return FinishedRequest(self.prompt_tokens, self.generation_tokens, self.finish_reason or FINISH_ERROR,
-                               time.monotonic() - self.started, self.queue_s, self.streaming)
+                               time.monotonic() - self.started, self.queue_s, self.streaming, self.cached_tokens)
 
 
 def _completion(result: GenerationResult, prompt_tokens: int) -> Completion:
-    usage = Usage(prompt_tokens, len(result.token_ids))
+    usage = Usage(prompt_tokens, len(result.token_ids), result.stats.cached_tokens)
     return Completion(result.seq_id, result.text, list(result.token_ids), result.finish_reason, result.stats, usage,
                       result.logprobs)
 

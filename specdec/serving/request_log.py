@@ -23,6 +23,7 @@ class FinishedRequest:
     latency_s: float  # end to end: arrival at the frontend -> last token (or failure)
     queue_s: float  # waiting for a cache slot before the first round
     streaming: bool  # streamed (GenerateStream, SSE) or unary
+    cached_tokens: int = 0  # prompt tokens the target's prefix cache held (not computed)
 
 
 class RequestLog:

@@ -53,6 +53,14 @@ class TargetVerifier(Verifier):
     def num_free_slots(self) -> int:
         return self.runner.num_free_slots
 
+    def admits(self, reserve_tokens: list[int]) -> int:
+        return self.runner.admits(reserve_tokens)
+
+    @property
+    def block_capacity(self) -> tuple[int, int]:
+        """(blocks, tokens per block) of the target's paged cache; (0, 0) when it counts slots."""
+        return self.runner.block_capacity
+
     @property
     def num_slots(self) -> int:
         return self.runner.cache.num_slots
@@ -86,7 +94,8 @@ class TargetVerifier(Verifier):
             logprobs = None if request.logprobs is None else \
                 emitted_logprobs(logits[i], request.sampling, emitted, request.logprobs, request.token_ids,
                                  request.num_prompt_tokens)
-            results.append(VerifyResult(request.seq_id, emitted, num_accepted, logprobs))
+            results.append(VerifyResult(request.seq_id, emitted, num_accepted, logprobs,
+                                        self.runner.cached_tokens(slots[i])))
         return results
 
     def _sync(self, requests: list[VerifyRequest]) -> list[_TargetState]:
@@ -95,7 +104,7 @@ class TargetVerifier(Verifier):
         for request in requests:
             state = self._states.get(request.seq_id)
             if state is None:
-                state = self._states[request.seq_id] = _TargetState(self.runner.allocate_slot())
+                state = self._states[request.seq_id] = _TargetState(self.runner.allocate_slot(request.reserve_tokens))
             want, have = len(request.token_ids) - 1, self.runner.slot_length(state.slot)
             if have > want:
                 self.runner.truncate(state.slot, want)

@@ -38,6 +38,8 @@ class VerifyRequest:
         tokens allowed after the history and the drafted tokens before it;
         specdec.sampling.grammar_mask), or None (no grammar). The target's distribution is
         masked by them at every position, so every emitted token satisfies the grammar.
+    reserve_tokens: the most tokens the sequence may ever hold (prompt + max_new_tokens); a
+        verifier that first sees the sequence reserves that much cache for it (None: max_seq_len).
     """
 
     seq_id: str
@@ -48,17 +50,21 @@ class VerifyRequest:
     num_prompt_tokens: int = 0
     logprobs: int | None = None
     token_mask: torch.Tensor | None = None
+    reserve_tokens: int | None = None
 
 
 @dataclass
 class VerifyResult:
     """num_accepted drafted tokens were kept; emitted = those + one recovered-or-bonus token.
-    logprobs: one per emitted token when the request asked for them, else None."""
+    logprobs: one per emitted token when the request asked for them, else None.
+    cached_tokens: history tokens the target took from its prefix cache instead of computing
+    them, since it took the sequence in (0 without prefix caching)."""
 
     seq_id: str
     emitted: list[int]
     num_accepted: int
     logprobs: list[TokenLogprob] | None = None
+    cached_tokens: int = 0
 
 
 class PendingVerify(Protocol):
@@ -96,6 +102,11 @@ class Verifier(ABC):
     @abstractmethod
     def num_free_slots(self) -> int:
         """How many more sequences can start now."""
+
+    def admits(self, reserve_tokens: list[int]) -> int:
+        """How many of these new sequences (each's VerifyRequest.reserve_tokens, in order) can start
+        now; a paged target counts the cache blocks their reserves need, this default free slots."""
+        return min(len(reserve_tokens), self.num_free_slots)
 
     @abstractmethod
     def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:

@@ -14,12 +14,20 @@ from pydantic import BaseModel, Field
 from specdec_http.protocol.logprobs import ChatLogprobs, CompletionLogprobs
 
 
+class PromptTokensDetails(BaseModel):
+    """What became of the prompt's tokens."""
+
+    cached_tokens: int = Field(description="prompt tokens the target's prefix cache held (whole cache blocks), "
+                                           "not computed again")
+
+
 class Usage(BaseModel):
     """Token counts of one request."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class SpeculationStats(BaseModel):

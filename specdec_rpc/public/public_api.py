@@ -99,6 +99,7 @@ def to_stats(stats: SpecStats) -> specdec_pb2.GenerationStats:
         mean_accepted_length=stats.mean_accepted_length,
         gamma=stats.gamma,
         speculation_enabled=stats.gamma > 0 and not stats.speculation_unavailable,
+        cached_tokens=stats.cached_tokens,
     )
 
 

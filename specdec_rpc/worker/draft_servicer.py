@@ -95,7 +95,7 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         self.leases.hold(request.lease_id, applied.applied_seq_ids(request.sequences))
         rows = [
             ProposalRequest(delta.seq_id, history, self.sampling(delta.sampling), gamma=gamma,
-                            num_prompt_tokens=delta.num_prompt_tokens)
+                            num_prompt_tokens=delta.num_prompt_tokens, reserve_tokens=delta.reserve_tokens or None)
             for delta, history, gamma in zip(request.sequences, applied.histories, request.gammas)
             if history is not None
         ]
@@ -151,7 +151,10 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
     def info(self) -> worker_pb2.WorkerInfo:
         """vocab_size is the width of the q rows it sends: the target's vocabulary."""
         runner = self.proposer.runner
+        num_blocks, block_size = runner.block_capacity
         return self._info(
+            num_blocks=num_blocks,
+            block_size=block_size,
             model=self.model,
             vocab_size=self.proposer.vocab_size,
             max_seq_len=runner.max_seq_len,

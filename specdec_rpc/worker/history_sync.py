@@ -126,9 +126,10 @@ class HistorySender:
         return len(self._sent.get(seq_id, ()))
 
     def delta(self, seq_id: str, token_ids: Sequence[int], sampling: SamplingParams,
-              num_prompt_tokens: int = 0) -> worker_pb2.HistoryDelta:
+              num_prompt_tokens: int = 0, reserve_tokens: int | None = None) -> worker_pb2.HistoryDelta:
         """The part of `token_ids` (the full history) from where it first differs from what
-        was sent; records it as sent. num_prompt_tokens: how many leading tokens are the prompt."""
+        was sent; records it as sent. num_prompt_tokens: how many leading tokens are the prompt;
+        reserve_tokens: the cache the worker reserves for a sequence new to it (None: max_seq_len)."""
         token_ids = list(token_ids)
         offset = common_prefix_length(self._sent.get(seq_id, []), token_ids)
         self._sent[seq_id] = token_ids
@@ -138,6 +139,7 @@ class HistorySender:
             token_ids=token_ids[offset:],
             sampling=self._sampling_message(seq_id, sampling),
             num_prompt_tokens=num_prompt_tokens,
+            reserve_tokens=reserve_tokens or 0,
         )
 
     def _sampling_message(self, seq_id: str, sampling: SamplingParams) -> worker_pb2.WorkerSamplingParams:

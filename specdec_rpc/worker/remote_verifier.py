@@ -59,7 +59,9 @@ class ResyncError(RuntimeError):
 
 
 class RemoteVerifier(WorkerClient, Verifier):
-    """Verifies on a remote (tensor-parallel) target; capacity is tracked on this side.
+    """Verifies on a remote (tensor-parallel) target; capacity is tracked on this side: slots,
+    and, for a paged target, the cache blocks each held sequence reserved (its prompt +
+    max_new_tokens, sent with its history), out of this client's share of the target's blocks.
 
     Sequence ids travel in the namespace of this client's lease (its id is their prefix),
     so routers that number their sequences alike never share target state.
@@ -90,16 +92,45 @@ class RemoteVerifier(WorkerClient, Verifier):
         self.recovery_s = recovery_s
         self.recoveries = 0  # rounds sent again to a target that came back
         self._switched = threading.Event()
-        self._held: set[str] = set()  # sequences holding a target slot
+        self._held: dict[str, int] = {}  # sequences holding a target slot -> cache blocks they reserved
         info = self._stub.GetInfo(worker_pb2.InfoRequest(), timeout=timeout_s, wait_for_ready=True)
         self.vocab_size = info.vocab_size
         self.max_seq_len = info.max_seq_len
         self.num_slots = info.num_slots if slot_budget is None else min(info.num_slots, slot_budget)
+        self._take_block_budget(info)
         self._renew_lease(info.lease_ttl_s or lease_ttl_s)
+
+    def _take_block_budget(self, info: worker_pb2.WorkerInfo) -> None:
+        """This client's share of a paged target's blocks (in proportion to its share of the slots);
+        requests longer than that share holds could never be admitted, so max_seq_len says so
+        (they are refused at entry). An unpaged target (num_blocks 0) is counted in slots only."""
+        self.block_size = info.block_size or 1
+        self.num_blocks = info.num_blocks * self.num_slots // max(1, info.num_slots)
+        self._full_reserve = -(-info.max_seq_len // self.block_size)  # blocks of a sequence without a reserve
+        if self.num_blocks:
+            self.max_seq_len = min(self.max_seq_len, self.num_blocks * self.block_size)
+
+    def _reserved_blocks(self, reserve_tokens: int | None) -> int:
+        return -(-reserve_tokens // self.block_size) if reserve_tokens else self._full_reserve
 
     @property
     def num_free_slots(self) -> int:
         return self.num_slots - len(self._held)
+
+    num_blocks = 0  # set by __init__ for a paged target; class defaults keep partly built clients (tests) usable
+
+    def admits(self, reserve_tokens: list[int]) -> int:
+        """Free slots, and for a paged target the blocks of this client's share not reserved by the
+        sequences it holds, taken in order by each new sequence's reserve."""
+        count = min(len(reserve_tokens), self.num_free_slots)
+        if not self.num_blocks:
+            return count
+        free = self.num_blocks - sum(self._held.values())
+        for taken, reserve in enumerate(reserve_tokens[:count]):
+            free -= self._reserved_blocks(reserve)
+            if free < 0:
+                return taken
+        return count
 
     runs_concurrently = True  # the target works in its own process: verify_async returns at once
     recovery_s = 0.0  # set by __init__; class defaults keep partly built clients (tests) usable
@@ -118,7 +149,8 @@ class RemoteVerifier(WorkerClient, Verifier):
     def _start(self, requests: list[VerifyRequest], blocking: bool) -> "_PendingVerify":
         self.flush()
         self.last_compute_s = 0.0  # the target's compute in this call (RoundProfile)
-        self._held.update(r.seq_id for r in requests)
+        for r in requests:
+            self._held.setdefault(r.seq_id, self._reserved_blocks(r.reserve_tokens) if self.num_blocks else 0)
         items = [self._item(r) for r in requests]
         future = (_BlockingCall(self, items) if blocking else self._send(items)) if requests else None
         return _PendingVerify(self, requests, items, future)
@@ -167,7 +199,8 @@ class RemoteVerifier(WorkerClient, Verifier):
 
     def _item(self, request: VerifyRequest) -> worker_pb2.VerifyItem:
         item = worker_pb2.VerifyItem(
-            history=self._sender.delta(request.seq_id, request.token_ids, request.sampling, request.num_prompt_tokens),
+            history=self._sender.delta(request.seq_id, request.token_ids, request.sampling, request.num_prompt_tokens,
+                                       request.reserve_tokens),
             draft_token_ids=request.draft_token_ids,
             logprobs=request.logprobs,
             token_mask=grammar_mask.to_bytes(request.token_mask),
@@ -210,7 +243,7 @@ class RemoteVerifier(WorkerClient, Verifier):
                 full = worker_pb2.VerifyItem()
                 full.CopyFrom(item)
                 full.history.CopyFrom(self._sender.delta(request.seq_id, request.token_ids, request.sampling,
-                                                         request.num_prompt_tokens))
+                                                         request.num_prompt_tokens, request.reserve_tokens))
                 again.append(request)
                 retry.append(full)
         response = self._call(again, retry)
@@ -225,11 +258,12 @@ class RemoteVerifier(WorkerClient, Verifier):
             raise RuntimeError(f"bad outcome for {request.seq_id!r}: {outcome}")
         if outcome.num_accepted > len(request.draft_token_ids):
             raise RuntimeError(f"outcome of {request.seq_id!r} accepts more tokens than were drafted")
-        return VerifyResult(request.seq_id, emitted, outcome.num_accepted, _logprobs(request, outcome, emitted))
+        return VerifyResult(request.seq_id, emitted, outcome.num_accepted, _logprobs(request, outcome, emitted),
+                            outcome.cached_tokens)
 
     def release(self, seq_id: str) -> None:
         """Frees the slot on this side at once; the Release call is sent before the next call."""
-        self._held.discard(seq_id)
+        self._held.pop(seq_id, None)
         super().release(seq_id)
 
     def flush(self) -> None:

@@ -88,7 +88,7 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         mask = grammar_mask.from_bytes(item.token_mask, len(item.draft_token_ids) + 1)  # [n + 1, W] or None
         return VerifyRequest(item.history.seq_id, history, list(item.draft_token_ids),
                              self.sampling(item.history.sampling), probs,
-                             item.history.num_prompt_tokens, logprobs, mask)
+                             item.history.num_prompt_tokens, logprobs, mask, item.history.reserve_tokens or None)
 
     @staticmethod
     def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:
@@ -102,7 +102,7 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
             outcomes.append(
                 worker_pb2.VerifyOutcome(
                     seq_id=result.seq_id, emitted_token_ids=result.emitted, num_accepted=result.num_accepted,
-                    logprobs=to_logprobs(result.logprobs),
+                    logprobs=to_logprobs(result.logprobs), cached_tokens=result.cached_tokens,
                 )
             )
         return outcomes
@@ -111,7 +111,10 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         self.verifier.release(seq_id)
 
     def info(self) -> worker_pb2.WorkerInfo:
+        num_blocks, block_size = self.verifier.block_capacity
         return self._info(
+            num_blocks=num_blocks,
+            block_size=block_size,
             model=self.model,
             vocab_size=self.verifier.vocab_size,
             max_seq_len=self.verifier.max_seq_len,

@@ -181,6 +181,39 @@ def test_structured_output_through_the_router_equals_the_in_process_engine_witho
     assert by_http.choices[0].text == by_grpc.text == expected.text and set(json.loads(expected.text)) == {"ok"}
 
 
+
+def test_a_repeated_long_prompt_reports_its_cached_tokens_in_usage_and_metrics(app, client):
+    """The same long prompt again reads whole blocks of it from the target's prefix cache:
+    usage.prompt_tokens_details.cached_tokens says how many (0 the first time; unary and a
+    stream's usage chunk alike), the text is the same, and /metrics counts them."""
+    import http.client
+    import re
+
+    prompt = "kvreserve " + " ".join(f"column_{i} = row[{i}]" for i in range(12))
+    first, second = (client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+                     for _ in range(2))
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens == 0 and second.choices[0].text == first.choices[0].text
+    assert 0 < cached < second.usage.prompt_tokens and cached % 16 == 0
+    messages = [{"role": "user", "content": prompt}]
+    streams = [list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True}))
+               for _ in range(2)]
+    assert [s[-1].usage.prompt_tokens_details.cached_tokens > 0 for s in streams] == [False, True]
+
+    def counted() -> float:
+        host, port = app.http_url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        found = re.search(r"^specdec_cached_prompt_tokens_total\{[^}]*\} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    expected = cached + streams[1][-1].usage.prompt_tokens_details.cached_tokens
+    assert wait_until(lambda: counted() >= expected), f"/metrics counted {counted()} cached tokens"
+
+
 @pytest.mark.parametrize("kwargs, param", [
     ({"temperature": -1}, "temperature"),
     ({"max_tokens": 10**6}, "max_tokens"),

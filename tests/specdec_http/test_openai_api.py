@@ -185,14 +185,15 @@ def test_a_body_that_is_not_an_object_is_refused():
 
 def completion(text="hi", ids=(1, 2), reason="stop") -> Completion:
     stats = SpecStats(rounds=2, drafted=4, accepted=1, emitted=len(ids), gamma=2)
-    return Completion("req-1", text, list(ids), reason, stats, Usage(3, len(ids)))
+    return Completion("req-1", text, list(ids), reason, stats, Usage(3, len(ids), cached_tokens=2))
 
 
 def test_a_completion_becomes_a_text_completion_with_usage_and_speculation():
     obj = completion_object(Call("cmpl-1", "text_completion", MODEL, 0), completion())
     assert obj["object"] == "text_completion" and obj["model"] == MODEL
     assert obj["choices"] == [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "stop"}]
-    assert obj["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert obj["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                            "prompt_tokens_details": {"cached_tokens": 2}}
     assert obj["speculation"]["rounds"] == 2 and obj["speculation"]["acceptance_rate"] == 0.25
 
 
@@ -213,8 +214,9 @@ def test_chat_chunks_carry_the_role_first_and_the_outcome_last():
     assert first["object"] == "chat.completion.chunk" and "usage" not in first
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "de"}
     assert first["choices"][0]["finish_reason"] is None
-    last = Delta("f", [2], "length", SpecStats(rounds=1), Usage(4, 2))
+    last = Delta("f", [2], "length", SpecStats(rounds=1), Usage(4, 2, cached_tokens=0))
     chunk, usage = events(chunk_events(call, last, first=False, report=report))
+    assert usage["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     assert chunk["choices"][0]["delta"] == {"content": "f"} and chunk["choices"][0]["finish_reason"] == "length"
     assert chunk["speculation"]["rounds"] == 1 and "usage" not in chunk
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 6

@@ -97,11 +97,13 @@ def test_finished_requests_feed_latency_queue_tokens_and_finish_reasons():
 
     log = RequestLog(limit=3)
     for i in range(4):  # the oldest is dropped: nobody drained
-        log.add(FinishedRequest(10 + i, 5, "length" if i % 2 else "stop", 0.5 + i, 0.1, streaming=bool(i % 2)))
+        log.add(FinishedRequest(10 + i, 5, "length" if i % 2 else "stop", 0.5 + i, 0.1, streaming=bool(i % 2),
+                                cached_tokens=16 * i))
     metrics = RouterMetrics((Fake, Fake, Fake))
     metrics.observe_finished(log.drain())
     assert log.drain() == []
     assert metrics.prompt_tokens.value == 11 + 12 + 13 and metrics.generation_tokens.value == 15
+    assert metrics.cached_prompt_tokens.value == 16 + 32 + 48
     assert {k[0][1]: v for k, v in metrics.finished.by_tag.items()} == {"length": 2, "stop": 1}
     assert sorted(metrics.latency.observed) == [(1.5, (("streaming", "true"),)), (2.5, (("streaming", "false"),)),
                                                 (3.5, (("streaming", "true"),))]

@@ -77,6 +77,18 @@ def test_admission_counts_blocks_owed_to_running_sequences():
     assert len(short) == 2 and cache.num_free == 0
 
 
+def test_admits_says_how_many_new_sequences_in_order_their_reserves_let_in():
+    cache = _cache(num_slots=4, num_blocks=4, max_seq_len=8)  # 2 blocks per max_seq_len sequence
+    assert cache.admits([4, 3, 8, 1]) == 3, "1 + 1 + 2 blocks fill the pool: the fourth does not fit"
+    assert cache.admits([4, 4, 4, 4]) == 4 and cache.admits([4, 4, 4, 4, 4]) == 4, "then the slots run out"
+    assert cache.admits([None, None, None]) == 2, "no reserve: max_seq_len"
+    cache.allocate(reserve_tokens=8)
+    assert cache.admits([5, 1]) == 1, "5 tokens: 2 blocks, 2 are owed to the live sequence"
+    for reserve in (4, 4):  # what admits promised, allocate keeps
+        cache.allocate(reserve_tokens=reserve)
+    assert cache.admits([1]) == 0
+
+
 def test_a_sequence_that_can_never_fit_is_refused_at_construction():
     with pytest.raises(ValueError, match="num_blocks=1 cannot hold one sequence of max_seq_len=8"):
         _cache(num_blocks=1)

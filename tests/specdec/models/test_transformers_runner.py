@@ -25,6 +25,7 @@ def test_unknown_model_type_gets_the_fallback_and_start_up_says_so(tiny_checkpoi
     assert "model_type=gpt2): transformers runner (the own runtime cannot serve it" in caplog.text
     [choice] = [r for r in caplog.records if r.name == "specdec.models.runners"]
     assert choice.levelno == logging.WARNING  # slower: shown at the CLI's default log level
+    assert "not paged: each of its 2 slots may grow to max_seq_len=16, admission counts slots" in choice.getMessage()
     with caplog.at_level(logging.INFO, logger="specdec.models.runners"):
         own = open_runner(str(tiny_checkpoint("qwen3")), num_slots=2, max_seq_len=16)
     assert own.runner_kind == "specdec"
@@ -85,3 +86,11 @@ def test_bad_forwards_are_refused_before_running(runner, slots, rows, message):
     with pytest.raises(ValueError, match=message):
         runner.forward(slots, rows)
     assert runner.slot_length(0) == 0
+
+
+def test_the_fallback_admits_by_slots_whatever_the_reserve_and_caches_no_prefix(tiny_checkpoint):
+    runner = open_runner(str(tiny_checkpoint("gpt2")), num_slots=2, max_seq_len=16)
+    assert runner.admits([4, 4, 4]) == 2 and runner.block_capacity == (0, 0)
+    slot = runner.allocate_slot(reserve_tokens=4)
+    runner.forward([slot], [[1, 2, 3]], last_only=True)
+    assert runner.cached_tokens(slot) == 0 and runner.admits([16, 16]) == 1

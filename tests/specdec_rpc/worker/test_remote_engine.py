@@ -281,7 +281,7 @@ def test_an_unreachable_target_is_a_worker_error(prompt_ids):
     verifier.address, verifier.timeout_s = "127.0.0.1:1", 2.0
     verifier._channel = grpc.insecure_channel(verifier.address)
     verifier._stub = worker_pb2_grpc.TargetWorkerStub(verifier._channel)
-    verifier._sender, verifier._held, verifier._released = HistorySender(), set(), []
+    verifier._sender, verifier._held, verifier._released = HistorySender(), {}, []
     verifier.lease = LeaseRenewer("test-lease", lambda lease_id: 0.0, ttl_s=5.0)  # not started
     with pytest.raises(WorkerError, match="unavailable"):
         verifier.verify([VerifyRequest("a", prompt_ids[0], [], SamplingParams())])

@@ -1,0 +1,53 @@
+"""Admission by reserve and cached prompt tokens, in-process: a request reserves its prompt +
+max_new_tokens of cache blocks (not max_seq_len), so a memory budget smaller than num_slots x
+max_seq_len runs more short requests at once, with the same tokens; a prompt whose leading
+blocks another request computed reports them as cached, and decodes the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+from admission_checks import short_requests_run_at_once
+
+from specdec.models.kv_cache import KVCache
+from specdec.requests.request import GenerationRequest
+
+MAX_SEQ_LEN, BLOCK = 256, 16
+SEQUENCES_OF_MAX_LEN = 2  # the memory budget: room for two sequences of max_seq_len
+
+
+@pytest.fixture(scope="module")
+def small_budget(make_engine):
+    """A draft-speculating engine with 8 slots but the blocks of 2 max_seq_len sequences."""
+    probe = make_engine("none", 0, cache={"num_slots": 1, "max_seq_len": MAX_SEQ_LEN})
+    model = probe.engine.verifier.runner.model
+    block_bytes = KVCache.block_bytes(model.config.num_hidden_layers, BLOCK, model.num_local_kv_heads,
+                                      model.config.head_dim, model.dtype)
+    budget = SEQUENCES_OF_MAX_LEN * (MAX_SEQ_LEN // BLOCK) * block_bytes
+    built = make_engine("draft", 4, cache={"num_slots": 8, "max_seq_len": MAX_SEQ_LEN, "block_size": BLOCK,
+                                           "memory_budget": float(budget)})
+    assert built.engine.verifier.runner.cache.num_blocks == SEQUENCES_OF_MAX_LEN * MAX_SEQ_LEN // BLOCK
+    return built
+
+
+def test_short_requests_are_admitted_by_the_blocks_they_reserve(small_budget, prompt_ids, hf_greedy):
+    """6 requests of 2 blocks each fit the 32 blocks at once; counted in max_seq_len slots, 2 would."""
+    short_requests_run_at_once(small_budget.engine, [p[:20] for p in prompt_ids[:6]], hf_greedy)
+
+
+def test_requests_reserving_max_seq_len_wait_for_blocks(small_budget, prompt_ids):
+    engine = small_budget.engine
+    ids = [engine.add_request(GenerationRequest(p, MAX_SEQ_LEN - len(p))) for p in prompt_ids[:4]]
+    engine.step()
+    assert (engine.num_running, engine.num_waiting) == (SEQUENCES_OF_MAX_LEN, 4 - SEQUENCES_OF_MAX_LEN)
+    for seq_id in ids:
+        engine.abort(seq_id)
+    assert engine.verifier.runner.cache.admits([MAX_SEQ_LEN] * 2) == 2, "aborting freed their blocks"
+
+
+def test_a_repeated_long_prefix_reports_cached_prompt_tokens_and_the_same_tokens(make_engine, prompt_ids):
+    engine = make_engine("draft", 4).engine
+    prompt = [t for p in prompt_ids for t in p][:70]
+    first, second = (engine.generate([GenerationRequest(prompt, 16)])[0] for _ in range(2))
+    assert first.stats.cached_tokens == 0
+    assert 0 < second.stats.cached_tokens < len(prompt) and second.stats.cached_tokens % BLOCK == 0
+    assert second.token_ids == first.token_ids
