@@ -34,6 +34,13 @@ class VerifyRequest:
         presence penalties count only the tokens after them).
     logprobs: None, or how many alternatives to report with each emitted token's logprob
         (VerifyResult.logprobs; specdec.sampling.token_logprobs).
+    prompt_logprobs: None, or how many alternatives to report with the logprobs of the
+        history tokens from position `prompt_logprobs_from` to the pending token
+        (VerifyResult.prompt_logprobs): the target reads them again from position
+        `prompt_logprobs_from - 1` (not from the prefix cache), so each is predicted by a
+        position this call computes, whatever the slot held before.
+    prompt_logprobs_from: the first history position whose logprob is wanted (the tokens
+        before it were reported by earlier calls; position 0 has none: None is reported).
     """
 
     seq_id: str
@@ -43,17 +50,22 @@ class VerifyRequest:
     draft_probs: torch.Tensor | EncodedQ | None = None
     num_prompt_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    prompt_logprobs_from: int = 0
 
 
 @dataclass
 class VerifyResult:
     """num_accepted drafted tokens were kept; emitted = those + one recovered-or-bonus token.
-    logprobs: one per emitted token when the request asked for them, else None."""
+    logprobs: one per emitted token when the request asked for them, else None.
+    prompt_logprobs: when the request asked for them, one per history token from
+    prompt_logprobs_from to the pending token (None for position 0), else None."""
 
     seq_id: str
     emitted: list[int]
     num_accepted: int
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class PendingVerify(Protocol):
