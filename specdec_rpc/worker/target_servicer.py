@@ -84,9 +84,10 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         without drafts when it does not decode)."""
         probs = WireQ(item.draft_probs) if item.draft_probs else None  # [n] TokenDistribution
         logprobs = item.logprobs if item.HasField("logprobs") else None
+        prompt_logprobs = item.prompt_logprobs if item.HasField("prompt_logprobs") else None
         return VerifyRequest(item.history.seq_id, history, list(item.draft_token_ids),
                              sampling_from_proto(item.history.sampling), probs,
-                             item.history.num_prompt_tokens, logprobs)
+                             item.history.num_prompt_tokens, logprobs, prompt_logprobs, item.prompt_logprobs_from)
 
     @staticmethod
     def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:
@@ -101,6 +102,7 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
                 worker_pb2.VerifyOutcome(
                     seq_id=result.seq_id, emitted_token_ids=result.emitted, num_accepted=result.num_accepted,
                     logprobs=to_logprobs(result.logprobs),
+                    prompt_logprobs=to_logprobs([t for t in result.prompt_logprobs or () if t is not None]),
                 )
             )
         return outcomes
