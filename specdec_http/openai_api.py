@@ -98,7 +98,7 @@ def _choices(request: SamplingRequest, prompts: list[TextRequest], echo: bool) -
     """n choices per prompt; 400 naming n or best_of when they ask for what is not served."""
     n = request.n or 1
     if request.best_of is not None and request.best_of != n:
-        raise InvalidRequestError("best_of", f"must equal n ({n}): choices are not reranked here, got {request.best_of}")
+        raise InvalidRequestError("best_of", f"must equal n ({n}) (choices are not reranked), got {request.best_of}")
     if len(prompts) * n > MAX_CHOICES:
         raise InvalidRequestError("n", f"{len(prompts)} prompts × n = {n} exceed {MAX_CHOICES} choices per request")
     return Choices(choice_requests(prompts, n), n, bool(request.stream), echo)

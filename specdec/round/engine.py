@@ -153,10 +153,10 @@ class SpeculativeEngine:
         seq = self._finished.pop(seq_id)
         if seq.error is not None:
             raise seq.error
+        asked = seq.request
         return GenerationResult(seq.seq_id, seq.output_ids, seq.stop_checker.text, seq.finish_reason or "", seq.stats,
-                                queue_s=seq.queue_s,
-                                logprobs=seq.logprobs if seq.request.logprobs is not None else None,
-                                prompt_logprobs=seq.prompt_logprobs if seq.request.prompt_logprobs is not None else None)
+                                queue_s=seq.queue_s, logprobs=seq.logprobs if asked.logprobs is not None else None,
+                                prompt_logprobs=seq.prompt_logprobs if asked.prompt_logprobs is not None else None)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Convenience: run the given requests to completion, batched together."""
