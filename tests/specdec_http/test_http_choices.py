@@ -137,3 +137,12 @@ def test_a_streamed_echo_starts_each_choice_with_its_prompt(server, prompt_ids, 
         for choice in chunk["choices"]:
             tokens.setdefault(choice["index"], []).extend(choice["logprobs"]["token_logprobs"])
     assert tokens == {i: c["logprobs"]["token_logprobs"] for i, c in enumerate(unary["choices"])}
+
+
+def test_a_streamed_echo_with_max_tokens_0_is_the_prompt_alone(server, prompt_ids, tokenizer):
+    body = {"prompt": prompt_ids[2], "max_tokens": 0, "echo": True, "logprobs": 0}
+    texts, chunks = streamed_texts(server, "/v1/completions", body)
+    assert texts == {0: tokenizer.decode(prompt_ids[2])}
+    [choice] = [c for chunk in chunks for c in chunk["choices"] if c["logprobs"]["tokens"]]
+    assert choice["logprobs"]["token_logprobs"][0] is None and len(choice["logprobs"]["tokens"]) == len(prompt_ids[2])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
