@@ -91,7 +91,7 @@ class HttpCases:
         field, value = self.rng.choice([
             ("top_k", 2**31), ("top_k", 2**63), ("top_k", 2**70), ("top_k", -2), ("top_k", 1.5),
             ("seed", 2**64), ("seed", -(2**63) - 1), ("max_tokens", 0), ("max_tokens", 10**6), ("max_tokens", 1e308),
-            ("max_tokens", -(2**63)), ("n", 2), ("stop_token_ids", [2**32]), ("stop_token_ids", [-1]),
+            ("max_tokens", -(2**63)), ("n", 0), ("n", 129), ("stop_token_ids", [2**32]), ("stop_token_ids", [-1]),
             ("stop_token_ids", [1.5]), ("timeout_s", 0), ("timeout_s", -5),
         ])
         return self._body(**{field: value})
@@ -142,7 +142,7 @@ class HttpCases:
         return self._body(stop=["y" * 1000])
 
     def unsupported_field(self) -> tuple[str, bytes]:
-        field, value = self.rng.choice([("mystery", 1), ("presence_penalty", 5.0), ("best_of", 3), ("echo", True),
+        field, value = self.rng.choice([("mystery", 1), ("presence_penalty", 5.0), ("best_of", 3), ("echo", [True]),
                                         ("logit_bias", {"5": 500}), ("tools", [{}])])
         return self._body(**{field: value})
 

@@ -31,14 +31,16 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from specdec.serving.frontend import Delta, Frontend
+from specdec.serving.fan_out import generate_all, stream_all
+from specdec.serving.frontend import Completion, Delta, Frontend, Usage
 from specdec.serving.serving_errors import RETRY_AFTER_S, ErrorKind, InvalidRequestError, NotFoundError, classify
 from specdec_http.cors import Cors
 from specdec_http.metrics_route import MetricsRoute
 from specdec_http.openai_logprobs import LogprobsFormat
-from specdec_http.openai_api import chat_request, completion_request, named_as_sent
+from specdec.serving.text_request import TextRequest
+from specdec_http.openai_api import chat_choices, completion_choices, named_as_sent
 from specdec_http.openai_responses import (
-    DONE, Call, UsageReport, chunk_events, completion_object, dump, error_body, sse,
+    DONE, Call, UsageReport, chunk_events, completion_object, dump, error_body, sse, usage_event,
 )
 from specdec_http.protocol.models import ModelCard, ModelList, ModelSpeculation
 from specdec_http.tokenize_routes import detokenize, tokenize
@@ -132,39 +134,45 @@ class HttpApi:
             raise named_as_sent(exc, body, chat) from None
 
     async def _answer(self, request: Request, body: Any, chat: bool) -> Response:
-        translate = chat_request if chat else completion_request
-        text_request, stream = translate(body, self.frontend.model)
+        choices = (chat_choices if chat else completion_choices)(body, self.frontend.model)
         call = Call.new(chat, self.frontend.model)
         if body.get("user"):  # the end user's id: logged with the request's id, not used otherwise
             logger.info("request %s is from user %r", call.id, body["user"])
-        text_request = replace(text_request, request_id=call.id)  # the response's id is the engine's
-        logprobs = None if text_request.logprobs is None else LogprobsFormat(self._token_text)
-        if not stream:
-            completion = await _unless_disconnected(request, self.frontend.generate(text_request))
-            return JSONResponse(completion_object(call, completion, logprobs))
+        # the response's id is the engine's (choice i of several: id-i)
+        several = len(choices.requests) > 1
+        requests = [replace(r, request_id=f"{call.id}-{i}" if several else call.id)
+                    for i, r in enumerate(choices.requests)]
+        formats = [None if r.logprobs is None else LogprobsFormat(self._token_text) for r in requests]
+        echo = [self._echo_text(r) for r in requests] if choices.echo else None
+        if not choices.stream:
+            completions = await _unless_disconnected(request, generate_all(self.frontend, requests))
+            return JSONResponse(completion_object(call, _shared_prompt_logprobs(completions, choices.n), formats,
+                                                  echo, choices.n))
         started = time.perf_counter()
-        deltas = self.frontend.stream(text_request)
+        deltas = stream_all(self.frontend, requests)
         try:
             first = await deltas.__anext__()  # errors before the first round get their status
         except BaseException:
             await deltas.aclose()
             raise
         report = UsageReport.of(body.get("stream_options"))
-        events = self._events(call, first, deltas, report, started, logprobs)
+        events = self._events(call, first, deltas, _Streamed(choices.n, formats, echo, report), started)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    async def _events(self, call: Call, first: Delta, deltas: AsyncIterator[Delta], report: UsageReport,
-                      started: float, logprobs: LogprobsFormat | None):
-        """SSE: one event per round, `data: [DONE]` at the end; an error event if it fails.
-        Closing (the client went away) closes `deltas`, which aborts the request."""
-        timing = _StreamTiming(started, first)
+    async def _events(self, call: Call, first: tuple[int, Delta], deltas: AsyncIterator[tuple[int, Delta]],
+                      streamed: "_Streamed", started: float):
+        """SSE: one event per choice and round, `data: [DONE]` at the end; an error event if
+        it fails. Closing (the client went away) closes `deltas`, which aborts the request."""
+        timing = _StreamTiming(started, first[1])
         try:
-            for event in chunk_events(call, first, True, report, logprobs):
+            for event in streamed.events(call, *first):
                 yield event
-            async for delta in deltas:
+            async for index, delta in deltas:
                 timing.add(delta)
-                for event in chunk_events(call, delta, False, report, logprobs):
+                for event in streamed.events(call, index, delta):
                     yield event
+            for event in streamed.usage(call):
+                yield event
             yield DONE
             if self.observe_stream is not None:
                 self.observe_stream(timing.first_s, timing.gaps)
@@ -173,6 +181,10 @@ class HttpApi:
             yield sse(error_body(kind, message, exc)[1])
         finally:
             await deltas.aclose()
+
+    def _echo_text(self, request: TextRequest) -> str:
+        """The prompt text a choice echoes (token ids decoded)."""
+        return request.prompt or self.frontend.ready().decode(list(request.prompt_token_ids))
 
     def _token_text(self, token_id: int) -> str:
         """One token's text, decoded alone (a logprobs entry's `token`)."""
@@ -191,6 +203,50 @@ class HttpApi:
         if not self.frontend.is_ready:
             return JSONResponse({"status": "not serving", "problems": self.frontend.problems()}, status_code=503)
         return JSONResponse({"status": "serving", **self.frontend.status().to_dict()})
+
+
+class _Streamed:
+    """A stream's choices: n per prompt, each with its logprobs format and echoed prompt;
+    the prompt logprobs of each prompt's first choice (the others' are the same) and the
+    usage of every finished choice."""
+
+    def __init__(self, n: int, formats: list[LogprobsFormat | None], echo: list[str] | None,
+                 report: UsageReport) -> None:
+        self.n, self.formats, self.echo, self.report = n, formats, echo, report
+        self.started: set[int] = set()
+        self.prompts: dict[int, Delta] = {}  # prompt -> its first choice's first Delta (the prompt logprobs)
+        self.usages: dict[int, Usage] = {}  # choice -> its usage, when finished
+
+    def events(self, call: Call, index: int, delta: Delta) -> list[str]:
+        first = index not in self.started
+        self.started.add(index)
+        if first and index % self.n == 0:
+            self.prompts[index // self.n] = delta
+        elif first and self.echo is not None:  # the prompt logprobs its prompt's first choice carried
+            scored = self.prompts[index // self.n]
+            delta = replace(delta, prompt_logprobs=scored.prompt_logprobs, prompt_token_ids=scored.prompt_token_ids)
+        if delta.usage is not None:
+            self.usages[index] = delta.usage
+        each = UsageReport(final=False, continuous=self.report.continuous)  # the final usage: `usage`
+        return chunk_events(call, delta, first, each, self.formats[index], index,
+                            self.echo[index] if self.echo else None)
+
+    def usage(self, call: Call) -> list[str]:
+        """The usage chunk (with include_usage): prompts counted once, all choices' tokens."""
+        if not self.report.final:
+            return []
+        counts = [self.usages[i] for i in sorted(self.usages)]
+        total = Usage(sum(u.prompt_tokens for u in counts[:: self.n]), sum(u.completion_tokens for u in counts),
+                      sum(u.cached_tokens for u in counts[:: self.n]))
+        return [usage_event(call, total)]
+
+
+def _shared_prompt_logprobs(completions: list[Completion], n: int) -> list[Completion]:
+    """Each choice with its prompt's logprobs (only each prompt's first choice asked for them)."""
+    return [c if i % n == 0 or c.prompt_logprobs is not None else
+            replace(c, prompt_logprobs=completions[i - i % n].prompt_logprobs,
+                    prompt_token_ids=completions[i - i % n].prompt_token_ids)
+            for i, c in enumerate(completions)]
 
 
 class _StreamTiming:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import logging
 import re
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from specdec.serving.chat_template import check_messages
 from specdec.sampling.sampling_params import SamplingParams
+from specdec.serving.fan_out import MAX_CHOICES, choice_requests
 from specdec.serving.serving_errors import InvalidRequestError, NotFoundError, param_of
 from specdec.serving.text_request import TextRequest
 from specdec_http.openai_structured import grammar_of
@@ -45,16 +47,47 @@ class ModelNotFoundError(NotFoundError):
     openai_code = "model_not_found"
 
 
+@dataclass(frozen=True)
+class Choices:
+    """What one generation request asks for: one frontend request per choice, in OpenAI's
+    index order (prompt i // n, sample i % n; `specdec.serving.fan_out`), n per prompt,
+    whether it streams and whether each choice's text starts with its prompt (echo)."""
+
+    requests: list[TextRequest]
+    n: int
+    stream: bool
+    echo: bool = False
+
+
 def completion_request(body: Any, model: str) -> tuple[TextRequest, bool]:
-    """(the frontend's request, stream?) for a /v1/completions body."""
-    request = parse(CompletionRequest, body, model)
-    prompt, ids = _prompt(request.prompt)
-    logprobs = None if request.logprobs is False else request.logprobs
-    return _text_request(request, logprobs, prompt=prompt, prompt_token_ids=ids), bool(request.stream)
+    """(the frontend's request of the first choice, stream?) for a /v1/completions body."""
+    choices = completion_choices(body, model)
+    return choices.requests[0], choices.stream
 
 
 def chat_request(body: Any, model: str) -> tuple[TextRequest, bool]:
-    """(the frontend's request, stream?) for a /v1/chat/completions body."""
+    """(the frontend's request of the first choice, stream?) for a /v1/chat/completions body."""
+    choices = chat_choices(body, model)
+    return choices.requests[0], choices.stream
+
+
+def completion_choices(body: Any, model: str) -> Choices:
+    """The choices of a /v1/completions body: n per prompt of its prompt or list of prompts.
+    echo with logprobs asks for the prompt's logprobs too; echo with max_tokens 0 scores
+    the prompt alone."""
+    request = parse(CompletionRequest, body, model)
+    logprobs = None if request.logprobs is False else request.logprobs
+    echo = bool(request.echo)
+    if request.max_tokens == 0 and not echo:
+        raise InvalidRequestError("max_tokens", "must be >= 1 (0 only with echo: the prompt's logprobs alone)")
+    scoring = logprobs if logprobs is not None else 0 if request.max_tokens == 0 else None
+    prompts = [_text_request(request, logprobs, prompt=text, prompt_token_ids=ids,
+                             prompt_logprobs=scoring if echo else None) for text, ids in _prompts(request.prompt)]
+    return _choices(request, prompts, echo)
+
+
+def chat_choices(body: Any, model: str) -> Choices:
+    """The n choices of a /v1/chat/completions body."""
     request = parse(ChatCompletionRequest, body, model)
     messages = check_messages([m.model_dump(exclude_unset=True) for m in request.messages])
     if request.max_completion_tokens is not None:  # the newer name of max_tokens
@@ -62,7 +95,17 @@ def chat_request(body: Any, model: str) -> tuple[TextRequest, bool]:
     if request.top_logprobs and not request.logprobs:
         raise InvalidRequestError("top_logprobs", "needs logprobs: true")
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return _text_request(request, logprobs, messages=messages), bool(request.stream)
+    return _choices(request, [_text_request(request, logprobs, messages=messages)], echo=False)
+
+
+def _choices(request: SamplingRequest, prompts: list[TextRequest], echo: bool) -> Choices:
+    """n choices per prompt; 400 naming n or best_of when they ask for what is not served."""
+    n = request.n or 1
+    if request.best_of is not None and request.best_of != n:
+        raise InvalidRequestError("best_of", f"must equal n ({n}) (choices are not reranked), got {request.best_of}")
+    if len(prompts) * n > MAX_CHOICES:
+        raise InvalidRequestError("n", f"{len(prompts)} prompts × n = {n} exceed {MAX_CHOICES} choices per request")
+    return Choices(choice_requests(prompts, n), n, bool(request.stream), echo)
 
 
 def parse(kind: type[SamplingRequest], body: Any, model: str) -> Any:
@@ -166,20 +209,19 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _prompt(prompt: Any) -> tuple[str, tuple[int, ...]]:
-    """(text, token ids) for OpenAI's prompt: a string, a list of one string, or token ids."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
+def _prompts(prompt: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """(text, token ids) per prompt of OpenAI's prompt: a string, token ids, or a non-empty list of either."""
     if isinstance(prompt, str):
-        return prompt, ()
+        return [(prompt, ())]
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return "", tuple(prompt)
-    if isinstance(prompt, list) and len(prompt) > 1:
-        raise InvalidRequestError("prompt", "one prompt per request (a list of several is a batch; send them apart)")
-    raise InvalidRequestError("prompt", "must be a non-empty string or a list of token ids")
+        return [("", tuple(prompt))]
+    if isinstance(prompt, list) and prompt and all(prompt):
+        return [(p, ()) if isinstance(p, str) else ("", tuple(p)) for p in prompt]
+    raise InvalidRequestError("prompt", "must be a non-empty string, token ids, or a non-empty list of them")
 
 
-def _text_request(request: SamplingRequest, logprobs: int | None, **prompt: Any) -> TextRequest:
+def _text_request(request: SamplingRequest, logprobs: int | None, prompt_logprobs: int | None = None,
+                  **prompt: Any) -> TextRequest:
     speculation = request.speculation
     stop = request.stop
     return TextRequest(
@@ -196,6 +238,7 @@ def _text_request(request: SamplingRequest, logprobs: int | None, **prompt: Any)
         ignore_eos=bool(request.ignore_eos),
         logprobs=logprobs,
         grammar=grammar_of(request),
+        prompt_logprobs=prompt_logprobs,
     )
 
 

@@ -39,6 +39,21 @@ class LogprobsFormat:
             top_logprobs=[{self.text(i): _finite(v) for i, v in t.top} for t in logprobs], text_offset=offsets,
         )
 
+    def prompt(self, token_ids: list[int], logprobs: list[TokenLogprob | None]) -> CompletionLogprobs:
+        """An echoed prompt's tokens in completions' shape (the first token, which has no
+        logprob, is null in token_logprobs and top_logprobs); advances `offset`."""
+        scored = self.completion([TokenLogprob(t, 0.0) if lp is None else lp for t, lp in zip(token_ids, logprobs)])
+        for i, entry in enumerate(logprobs):
+            if entry is None:
+                scored.token_logprobs[i] = scored.top_logprobs[i] = None
+        return scored
+
+    @staticmethod
+    def joined(first: CompletionLogprobs, then: CompletionLogprobs) -> CompletionLogprobs:
+        """Two runs of tokens as one (an echoed prompt, then the completion)."""
+        return CompletionLogprobs(**{name: getattr(first, name) + getattr(then, name)
+                                     for name in CompletionLogprobs.model_fields})
+
     def chat(self, logprobs: list[TokenLogprob]) -> ChatLogprobs:
         """Chat's shape."""
         return ChatLogprobs(content=[

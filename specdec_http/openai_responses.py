@@ -87,16 +87,46 @@ def usage(counts: Usage) -> UsageModel:
                       prompt_tokens_details=PromptTokensDetails(cached_tokens=counts.cached_tokens))
 
 
-def completion_object(call: Call, completion: Completion, logprobs: LogprobsFormat | None = None) -> dict[str, Any]:
-    """The whole response of a unary request (`logprobs`: how to report them, when asked for)."""
-    done = {"usage": usage(completion.usage), "speculation": speculation_stats(completion.stats)}
-    reported = _logprobs(call, completion.logprobs, logprobs)
+def completion_object(call: Call, completions: Completion | list[Completion],
+                      logprobs: LogprobsFormat | list[LogprobsFormat | None] | None = None,
+                      echo: list[str] | None = None, n: int = 1) -> dict[str, Any]:
+    """The whole response of a unary request: one choice per completion, in index order
+    (`logprobs`: how to report each one's, when asked for; `echo`: the prompt text each
+    choice's text starts with; n: choices per prompt, whose prompt is counted once)."""
+    completions = completions if isinstance(completions, list) else [completions]
+    formats = logprobs if isinstance(logprobs, list) else [logprobs] * len(completions)
+    stats = SpecStats()
+    for completion in completions:
+        stats.merge(completion.stats)
+    prompts = completions[::n]  # n choices share a prompt: counted once
+    counts = Usage(sum(c.usage.prompt_tokens for c in prompts), sum(c.usage.completion_tokens for c in completions),
+                   sum(c.usage.cached_tokens for c in prompts))
+    done = {"usage": usage(counts), "speculation": speculation_stats(stats)}
+    choices = [_choice(call, i, c, formats[i], echo[i] if echo else None) for i, c in enumerate(completions)]
+    kind = ChatCompletionResponse if call.chat else CompletionResponse
+    return dump(kind(**call.envelope(), choices=choices, **done))
+
+
+def _choice(call: Call, index: int, completion: Completion, how: LogprobsFormat | None, echo: str | None):
+    """One choice of a unary response."""
     if call.chat:
         message = AssistantMessage(role="assistant", content=completion.text)
-        choice = ChatChoice(index=0, message=message, logprobs=reported, finish_reason=completion.finish_reason)
-        return dump(ChatCompletionResponse(**call.envelope(), choices=[choice], **done))
-    choice = CompletionChoice(index=0, text=completion.text, logprobs=reported, finish_reason=completion.finish_reason)
-    return dump(CompletionResponse(**call.envelope(), choices=[choice], **done))
+        return ChatChoice(index=index, message=message, logprobs=_logprobs(call, completion.logprobs, how),
+                          finish_reason=completion.finish_reason)
+    reported = _echoed(completion, how, echo)
+    return CompletionChoice(index=index, text=(echo or "") + completion.text, logprobs=reported,
+                            finish_reason=completion.finish_reason)
+
+
+def _echoed(part: Completion | Delta, how: LogprobsFormat | None, echo: str | None) -> Any:
+    """A completion choice's logprobs; with echo and prompt logprobs, the prompt's first."""
+    if how is None:
+        return None
+    if echo is None or part.prompt_logprobs is None:
+        return how.completion(part.logprobs or [])
+    prompt = how.prompt(part.prompt_token_ids, part.prompt_logprobs)  # first: the offsets run on from it
+    how.offset = len(echo)  # the completion's text starts after the echoed prompt
+    return how.joined(prompt, how.completion(part.logprobs or []))
 
 
 @dataclass(frozen=True)
@@ -115,25 +145,34 @@ class UsageReport:
 
 
 def chunk_events(call: Call, delta: Delta, first: bool, report: UsageReport,
-                 logprobs: LogprobsFormat | None = None) -> list[str]:
-    """The server-sent events for one Delta: one chunk per round (a chat stream's first
-    chunk also carries the role); the last one adds finish_reason and `speculation`, then
-    a usage chunk without choices (`report`: which usage goes out). With `logprobs`, each
-    chunk carries its tokens' logprobs."""
+                 logprobs: LogprobsFormat | None = None, index: int = 0, echo: str | None = None) -> list[str]:
+    """The server-sent events for one Delta of choice `index`: one chunk per round (a chat
+    stream's first chunk also carries the role; with `echo`, a completion's first chunk
+    starts with the prompt and its logprobs); the last one adds finish_reason and
+    `speculation`, then a usage chunk without choices (`report`: which usage goes out). With
+    `logprobs`, each chunk carries its tokens' logprobs."""
     kind = ChatCompletionChunk if call.chat else CompletionChunk
-    reported = _logprobs(call, delta.logprobs, logprobs)
     if call.chat:
+        reported = _logprobs(call, delta.logprobs, logprobs)
         content = ChatDelta(role="assistant", content=delta.text) if first else ChatDelta(content=delta.text)
-        choice = ChatChunkChoice(index=0, delta=content, logprobs=reported, finish_reason=delta.finish_reason)
+        choice = ChatChunkChoice(index=index, delta=content, logprobs=reported, finish_reason=delta.finish_reason)
     else:
-        choice = CompletionChunkChoice(index=0, text=delta.text, logprobs=reported, finish_reason=delta.finish_reason)
+        echo = echo if first else None
+        choice = CompletionChunkChoice(index=index, text=(echo or "") + delta.text,
+                                       logprobs=_echoed(delta, logprobs, echo), finish_reason=delta.finish_reason)
     extra = {} if delta.stats is None else {"speculation": speculation_stats(delta.stats)}
     if report.continuous and delta.usage is not None:
         extra["usage"] = usage(delta.usage)
     events = [sse(dump(kind(**call.envelope(chunk=True), choices=[choice], **extra)))]
     if report.final and delta.finish_reason is not None and delta.usage is not None:
-        events.append(sse(dump(kind(**call.envelope(chunk=True), choices=[], usage=usage(delta.usage)))))
+        events.append(usage_event(call, delta.usage))
     return events
+
+
+def usage_event(call: Call, counts: Usage) -> str:
+    """The usage chunk that ends a stream with stream_options.include_usage (no choices)."""
+    kind = ChatCompletionChunk if call.chat else CompletionChunk
+    return sse(dump(kind(**call.envelope(chunk=True), choices=[], usage=usage(counts))))
 
 
 def _logprobs(call: Call, tokens: list[TokenLogprob] | None, how: LogprobsFormat | None) -> Any:

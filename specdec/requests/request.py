@@ -104,6 +104,9 @@ class GenerationRequest:
         (0..MAX_TOP_LOGPROBS; None = no logprobs): specdec.sampling.token_logprobs.
     grammar: the output must match it (None = free text): it masks the target's distribution
         at every position, and the grammar's end ends the output (docs/structured_output.md).
+    prompt_logprobs: report each prompt token's logprob under the target given the tokens
+        before it (the first has none) and this many alternatives (0..MAX_TOP_LOGPROBS;
+        None = none): GenerationResult.prompt_logprobs.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -118,6 +121,7 @@ class GenerationRequest:
     tpot_target_ms: float | None = None
     logprobs: int | None = None
     grammar: GrammarSpec | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", _int_tuple(self.prompt_token_ids, "prompt_token_ids"))
@@ -128,9 +132,10 @@ class GenerationRequest:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise InvalidRequestError("max_new_tokens", f"must be >= 1, got {self.max_new_tokens!r}")
         object.__setattr__(self, "mode", check_speculation(self.mode, self.gamma, self.proposer, self.tpot_target_ms))
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
-            raise InvalidRequestError("logprobs",
-                                      f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS):
+                raise InvalidRequestError(name, f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop", "stop strings must be non-empty strings")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):

@@ -31,6 +31,7 @@ class Sequence:
     queued_at: float = field(default_factory=time.monotonic)  # when it was added (time.monotonic)
     started_at: float | None = None  # when it left the queue for its first round
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked for
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per prompt token read so far, when asked
     prefilled: int = 0  # history tokens the target read in prefill chunks before the first round
     chunk_end: int | None = None  # this round reads the history up to here only (a prefill chunk); None = all
     grammar: GrammarRow | None = None  # the request's grammar matcher (request.grammar set), at the history's end
@@ -42,6 +43,14 @@ class Sequence:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.request.prompt_token_ids)
+
+    @property
+    def prompt_logprobs_wanted(self) -> int | None:
+        """How many alternatives the target still reports with prompt logprobs (None: none
+        asked, or all of them reported)."""
+        if len(self.prompt_logprobs) >= self.num_prompt_tokens:
+            return None
+        return self.request.prompt_logprobs
 
     @property
     def output_ids(self) -> list[int]:

@@ -176,9 +176,10 @@ class SpeculativeEngine:
         seq = self._finished.pop(seq_id)
         if seq.error is not None:
             raise seq.error
+        asked = seq.request
         return GenerationResult(seq.seq_id, seq.output_ids, seq.stop_checker.text, seq.finish_reason or "", seq.stats,
-                                queue_s=seq.queue_s,
-                                logprobs=seq.logprobs if seq.request.logprobs is not None else None)
+                                queue_s=seq.queue_s, logprobs=seq.logprobs if asked.logprobs is not None else None,
+                                prompt_logprobs=seq.prompt_logprobs if asked.prompt_logprobs is not None else None)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Convenience: run the given requests to completion, batched together."""
@@ -276,7 +277,7 @@ class SpeculativeEngine:
         round's prefill chunks (a chunk's sampled token is dropped: its row emits nothing yet).
         With draft_ahead the proposer works while the target verifies. -> (results, what was
         drafted meanwhile or None, the seconds it took)."""
-        chunks = [PrefillChunks.verify_request(seq) for seq in filling]
+        chunks = [_with_prompt_logprobs(seq, PrefillChunks.verify_request(seq)) for seq in filling]
         for seq, chunk in zip(filling, chunks):
             chunk.reserve_tokens = seq.reserve_tokens  # a first chunk takes the row's cache
         if ahead is not None:  # the proposer works while the target verifies
@@ -290,6 +291,9 @@ class SpeculativeEngine:
         if len(results) != len(now) + len(filling):
             raise WorkerError(f"the verifier answered {len(results)} results for {len(now) + len(filling)} rows")
         PrefillChunks.done(filling)
+        for seq, request, result in zip([*now, *filling], requests + chunks, results):
+            if request.prompt_logprobs is not None:  # the prompt tokens this call read
+                seq.prompt_logprobs.extend(result.prompt_logprobs or ())
         return results[: len(now)], meanwhile, ahead_s
 
     def _apply_all(self, now: list[Sequence], requests: list[VerifyRequest],
@@ -433,9 +437,10 @@ class SpeculativeEngine:
         if seq.grammar is not None:
             kept, mask = seq.grammar.constrain(drafts.token_ids)
             drafts = drafts.first(kept)
-        return VerifyRequest(seq.seq_id, seq.token_ids, drafts.token_ids, seq.request.sampling,
-                             drafts.q if drafts.token_ids else None, seq.num_prompt_tokens,
-                             seq.request.logprobs, mask, seq.reserve_tokens)
+        request = VerifyRequest(seq.seq_id, seq.token_ids, drafts.token_ids, seq.request.sampling,
+                                drafts.q if drafts.token_ids else None, seq.num_prompt_tokens,
+                                seq.request.logprobs, mask, seq.reserve_tokens)
+        return _with_prompt_logprobs(seq, request)
 
     def _apply(self, seq: Sequence, request: VerifyRequest, result) -> tuple[RoundOutput, tuple[int, int]]:
         """Add a round's tokens to one sequence, cut at its first stop condition, and count
@@ -455,12 +460,15 @@ class SpeculativeEngine:
         seq.token_ids.extend(kept)
         seq.logprobs.extend(logprobs or ())
         seq.finish_reason = decision.finish_reason
+        first = seq.request.prompt_logprobs is not None and seq.stats.rounds == 0
         drafted, accepted = SpecStats.kept_counts(len(request.draft_token_ids), result.num_accepted, len(kept))
         gamma = self.planner.recorded_gamma(seq)
         for stats in (seq.stats, self.stats):
             stats.record_round(drafted, accepted, gamma)
             stats.emitted += len(kept)
-        return RoundOutput(seq.seq_id, kept, seq.finish_reason, decision.text, logprobs=logprobs), (drafted, accepted)
+        output = RoundOutput(seq.seq_id, kept, seq.finish_reason, decision.text, logprobs=logprobs,
+                             prompt_logprobs=list(seq.prompt_logprobs) if first else None)
+        return output, (drafted, accepted)
 
     def _fail_row(self, seq: Sequence, exc: BaseException) -> RoundOutput:
         """End one request with its error (its slots are freed when it retires)."""
@@ -481,3 +489,9 @@ class SpeculativeEngine:
             finally:  # a failing target must not leak the draft's slot
                 self.proposer.release(seq.seq_id)
 
+
+def _with_prompt_logprobs(seq: Sequence, request: VerifyRequest) -> VerifyRequest:
+    """The row's verify request asking for the prompt logprobs it still lacks (the tokens
+    this call reads; a prompt read in chunks collects them chunk by chunk)."""
+    request.prompt_logprobs, request.prompt_logprobs_from = seq.prompt_logprobs_wanted, len(seq.prompt_logprobs)
+    return request

@@ -26,6 +26,7 @@ class RoundOutput:
     text: str = ""
     error: BaseException | None = None
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # on a row's first output, when asked for
 
 
 @dataclass
@@ -37,3 +38,4 @@ class GenerationResult:
     stats: SpecStats
     queue_s: float = 0.0  # seconds it waited for a cache slot before its first round
     logprobs: list[TokenLogprob] | None = None  # one per generated token, when the request asked for them
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None first), when asked for

@@ -60,12 +60,27 @@ def emitted_logprobs(logits: Tensor, params: SamplingParams, emitted: list[int],
                                       num_prompt_tokens=[num_prompt_tokens])
     before = torch.tensor([emitted[: n - 1]], dtype=torch.long, device=logits.device)  # [1, n - 1]
     processed = batch.processed(logits[None, :n], before)  # [1, n, V]
-    logprobs = logits_to_probs(processed, batch)[0].log()  # [n, V] float64
-    chosen = logprobs.gather(-1, torch.tensor(emitted, dtype=torch.long, device=logprobs.device)[:, None])  # [n, 1]
+    return _reported(logits_to_probs(processed, batch)[0].log(), emitted, top)  # [n, V] float64
+
+
+def prompt_logprobs(logits: Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """The logprobs of prompt tokens under the target's raw distribution (log_softmax of its
+    logits; no request processing, as vLLM and OpenAI's echo report a prompt).
+
+    logits: [n, V] the target's logits at the positions before `tokens` (row j predicts
+        tokens[j]); top: how many alternatives per token (0..MAX_TOP_LOGPROBS).
+    """
+    return _reported(torch.log_softmax(logits[: len(tokens)].double(), dim=-1), list(tokens), top)  # [n, V]
+
+
+def _reported(logprobs: Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """Each token's logprob and the `top` most likely tokens at its position.
+    logprobs: [n, V] float64, row j the distribution tokens[j] was drawn from."""
+    index = torch.tensor(tokens, dtype=torch.long, device=logprobs.device)[:, None]  # [n, 1]
+    chosen = logprobs.gather(-1, index)[:, 0].tolist()
     if top > 0:
         best = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # values, indices [n, top]
         alternatives = [tuple(zip(ids, values)) for ids, values in zip(best.indices.tolist(), best.values.tolist())]
     else:
-        alternatives = [()] * n
-    return [TokenLogprob(token, value, alts) for token, value, alts in
-            zip(emitted, chosen[:, 0].tolist(), alternatives)]
+        alternatives = [()] * len(tokens)
+    return [TokenLogprob(token, value, alts) for token, value, alts in zip(tokens, chosen, alternatives)]

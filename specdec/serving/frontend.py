@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -49,7 +50,8 @@ class Delta:
     """One round's new output and the usage so far; the last one of a stream carries the
     finish reason, the statistics and the request's usage (its text and ids may be empty).
     logprobs: one per token of token_ids when the request asked for them
-    (specdec.sampling.token_logprobs), else None."""
+    (specdec.sampling.token_logprobs), else None; prompt_logprobs: on the first Delta, one
+    per prompt token (None first) when asked for."""
 
     text: str
     token_ids: list[int]
@@ -57,6 +59,8 @@ class Delta:
     stats: SpecStats | None = None
     usage: Usage | None = None
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_token_ids: list[int] | None = None  # with prompt_logprobs: the prompt they score
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class Completion:
     stats: SpecStats
     usage: Usage
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_token_ids: list[int] | None = None  # with prompt_logprobs: the prompt they score
 
 
 class Frontend:
@@ -159,7 +165,7 @@ class Frontend:
             except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
                 raise _deadline_error(request) from exc
             outcome.finished(result)
-            return _completion(result, len(core.prompt_token_ids))
+            return _completion(_scored(result) if request.scores_only else result, core.prompt_token_ids)
 
     async def stream(self, request: TextRequest) -> AsyncIterator[Delta]:
         """One Delta per round that confirmed tokens, then a last one with the finish reason,
@@ -179,17 +185,22 @@ class Frontend:
                         break
                     except asyncio.TimeoutError as exc:  # builtin TimeoutError since 3.11
                         raise _deadline_error(request) from exc
+                    output = _scored(output) if request.scores_only else output
                     outcome.generation_tokens += len(output.new_token_ids)
                     so_far = Usage(outcome.prompt_tokens, outcome.generation_tokens)
-                    delta = Delta(output.text, list(output.new_token_ids), usage=so_far, logprobs=output.logprobs)
+                    scored = None if output.prompt_logprobs is None else list(core.prompt_token_ids)
+                    delta = Delta(output.text, list(output.new_token_ids), usage=so_far, logprobs=output.logprobs,
+                                  prompt_logprobs=output.prompt_logprobs, prompt_token_ids=scored)
                     if output.finish_reason is None:
                         yield delta
                     else:
                         last = delta
                 result = await stream.result()
+            result = _scored(result) if request.scores_only else result
             outcome.finished(result)
             usage = Usage(len(core.prompt_token_ids), len(result.token_ids), result.stats.cached_tokens)
-            yield Delta(last.text, last.token_ids, result.finish_reason, result.stats, usage, last.logprobs)
+            yield Delta(last.text, last.token_ids, result.finish_reason, result.stats, usage, last.logprobs,
+                        last.prompt_logprobs, last.prompt_token_ids)
 
     @contextlib.contextmanager
     def _recorded(self, outcome: "_Outcome") -> Iterator[None]:
@@ -259,10 +270,21 @@ class _Outcome:
                                time.monotonic() - self.started, self.queue_s, self.streaming, self.cached_tokens)
 
 
-def _completion(result: GenerationResult, prompt_tokens: int) -> Completion:
-    usage = Usage(prompt_tokens, len(result.token_ids), result.stats.cached_tokens)
+def _completion(result: GenerationResult, prompt: tuple[int, ...]) -> Completion:
+    usage = Usage(len(prompt), len(result.token_ids), result.stats.cached_tokens)
+    scored = list(prompt) if result.prompt_logprobs is not None else None
     return Completion(result.seq_id, result.text, list(result.token_ids), result.finish_reason, result.stats, usage,
-                      result.logprobs)
+                      result.logprobs, result.prompt_logprobs, scored)
+
+
+def _scored(output):
+    """A RoundOutput or GenerationResult of a request that only scores its prompt, without
+    the one token it was run for (finish reason "length": its budget of 0 is spent)."""
+    kept = {"text": "", "logprobs": [] if output.logprobs is not None else None}
+    if isinstance(output, GenerationResult):
+        return dataclasses.replace(output, token_ids=[], finish_reason="length", **kept)
+    return dataclasses.replace(output, new_token_ids=[], **kept,
+                               finish_reason=None if output.finish_reason is None else "length")
 
 
 def _deadline(request: TextRequest) -> float | None:

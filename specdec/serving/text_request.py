@@ -45,6 +45,9 @@ class TextRequest:
         so every request runs its whole budget).
     logprobs: None, or report each generated token's logprob with this many alternatives.
     grammar: the output must match it (structured output), or None.
+    prompt_logprobs: None, or report each prompt token's logprob with this many alternatives.
+    A request with prompt_logprobs may ask for max_new_tokens 0: it only scores its prompt
+    (the engine runs it for one token, which the frontend drops).
     """
 
     prompt: str = ""
@@ -63,6 +66,12 @@ class TextRequest:
     tpot_target_ms: float | None = None
     logprobs: int | None = None
     grammar: GrammarSpec | None = None
+    prompt_logprobs: int | None = None
+
+    @property
+    def scores_only(self) -> bool:
+        """It asks for its prompt's logprobs and no output (max_new_tokens 0)."""
+        return self.max_new_tokens == 0 and self.prompt_logprobs is not None
 
 
 def to_generation_request(
@@ -77,7 +86,7 @@ def to_generation_request(
         raise InvalidRequestError("timeout_s", f"must be > 0 seconds, got {request.timeout_s}")
     core = GenerationRequest(
         prompt_token_ids=prompt_ids,
-        max_new_tokens=defaults.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens,
+        max_new_tokens=_budget(request, defaults),
         sampling=request.sampling,
         stop=tuple(request.stop),
         stop_token_ids=tuple(request.stop_token_ids),
@@ -88,11 +97,19 @@ def to_generation_request(
         tpot_target_ms=request.tpot_target_ms,
         logprobs=request.logprobs,
         grammar=request.grammar,
+        prompt_logprobs=request.prompt_logprobs,
     )
     if request.grammar is not None:
         check_grammar(request.grammar)  # a grammar that does not parse fails here, naming grammar.text
     core.check_proposer(defaults.proposers)
     return core
+
+
+def _budget(request: TextRequest, defaults: ServerDefaults) -> int:
+    """The engine's max_new_tokens: the server's when unset; 1 for a request that only scores its prompt."""
+    if request.max_new_tokens is None:
+        return defaults.max_new_tokens
+    return 1 if request.scores_only else request.max_new_tokens
 
 
 def _check_text(request: TextRequest) -> None:

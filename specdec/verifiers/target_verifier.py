@@ -21,7 +21,7 @@ from specdec.sampling.grammar_mask import batch_masks
 from specdec.sampling.grammar_matcher import mask_width
 from specdec.sampling.rejection_sampler import rejection_sample
 from specdec.sampling.sampling import SamplingBatch
-from specdec.sampling.token_logprobs import emitted_logprobs
+from specdec.sampling.token_logprobs import emitted_logprobs, prompt_logprobs
 from specdec.verifiers.verifier import Verifier, VerifyRequest, VerifyResult
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class TargetVerifier(Verifier):
         if not requests:
             return []
         requests = [self._checked(r) for r in requests]
-        states = self._sync(requests)
+        states, prompt_logprobs = self._sync(requests)
         slots = [s.slot for s in states]
         old_lengths = [len(r.token_ids) - 1 for r in requests]
         logits = self.runner.forward(slots, [[r.token_ids[-1], *r.draft_token_ids] for r in requests])
@@ -95,26 +95,64 @@ class TargetVerifier(Verifier):
                 emitted_logprobs(logits[i], request.sampling, emitted, request.logprobs, request.token_ids,
                                  request.num_prompt_tokens)
             results.append(VerifyResult(request.seq_id, emitted, num_accepted, logprobs,
-                                        self.runner.cached_tokens(slots[i])))
+                                        self.runner.cached_tokens(slots[i]), prompt_logprobs[i]))
         return results
 
-    def _sync(self, requests: list[VerifyRequest]) -> list[_TargetState]:
-        """Make every slot hold exactly history[:-1]: allocate, roll back, or prefill (batched)."""
-        states, prefill_slots, prefill_chunks = [], [], []
-        for request in requests:
-            state = self._states.get(request.seq_id)
+    def _sync(self, requests: list[VerifyRequest]) -> tuple[list[_TargetState], list]:
+        """Make every slot hold exactly history[:-1]: allocate, roll back, or prefill (batched).
+        A new row whose history repeats an earlier new row's of this call (a request's n
+        choices) gets a fork of that row's slot, sharing its blocks, instead of a prefill.
+        Returns the states and each row's prompt logprobs (None where not asked)."""
+        states: list[_TargetState | None] = []
+        plain: dict[int, list[int]] = {}  # slot -> tokens to prefill (last logits only)
+        scored: dict[int, tuple[int, VerifyRequest]] = {}  # slot -> (first position read, request)
+        computes: dict[tuple[int, ...], int] = {}  # a history read whole by a new row -> its slot
+        forks: list[tuple[int, int, int]] = []  # (row, source slot, length)
+        for i, request in enumerate(requests):
+            want, state = len(request.token_ids) - 1, self._states.get(request.seq_id)
+            source = computes.get(tuple(request.token_ids[:want])) if state is None and want > 0 else None
+            if source is not None and request.prompt_logprobs is None:
+                forks.append((i, source, want))
+                states.append(None)
+                continue
             if state is None:
                 state = self._states[request.seq_id] = _TargetState(self.runner.allocate_slot(request.reserve_tokens))
-            want, have = len(request.token_ids) - 1, self.runner.slot_length(state.slot)
-            if have > want:
-                self.runner.truncate(state.slot, want)
-            elif have < want:
-                prefill_slots.append(state.slot)
-                prefill_chunks.append(request.token_ids[have:want])
+            have, wanted = self.runner.slot_length(state.slot), request.prompt_logprobs
+            start = min(have, want if wanted is None else max(request.prompt_logprobs_from - 1, 0))
+            if have > start:
+                self.runner.truncate(state.slot, start)
+            if wanted is not None:
+                scored[state.slot] = (start, request)
+            elif start < want:
+                plain[state.slot] = request.token_ids[start:want]
+            if start == 0 and want > 0:
+                computes.setdefault(tuple(request.token_ids[:want]), state.slot)
             states.append(state)
-        if prefill_slots:
-            self.runner.forward(prefill_slots, prefill_chunks, last_only=True)
-        return states
+        if plain:
+            self.runner.forward(list(plain), list(plain.values()), last_only=True)
+        found = self._prompt_logprobs(scored)
+        for i, source, length in forks:
+            states[i] = self._states[requests[i].seq_id] = _TargetState(self.runner.fork_slot(source, length))
+        return states, [found.get(state.slot) for state in states]
+
+    def _prompt_logprobs(self, scored: dict[int, tuple[int, VerifyRequest]]) -> dict[int, list]:
+        """Prefill the rows that want prompt logprobs from their first position read, with
+        logits at every position; each row's logprobs of its history tokens from
+        prompt_logprobs_from to the pending token (None for position 0), by slot."""
+        rows = {slot: request.token_ids[start: len(request.token_ids) - 1] for slot, (start, request) in scored.items()}
+        reading = [slot for slot, tokens in rows.items() if tokens]
+        logits = self.runner.forward(reading, [rows[slot] for slot in reading]) if reading else None  # [B, T, V]
+        found = {}
+        for slot, (start, request) in scored.items():
+            first, last = max(request.prompt_logprobs_from, 1), len(request.token_ids) - 1
+            head = [None] if request.prompt_logprobs_from == 0 else []
+            if first > last:
+                found[slot] = head
+                continue
+            b = reading.index(slot)
+            found[slot] = head + prompt_logprobs(logits[b, first - 1 - start: last - start],
+                                                 request.token_ids[first: last + 1], request.prompt_logprobs)
+        return found
 
     def _pack(self, requests: list[VerifyRequest], width: int):
         """Drafted tokens [batch, width] (-1 padded), num_drafted [batch], q [batch, width, vocab] | None.

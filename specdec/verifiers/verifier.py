@@ -40,6 +40,13 @@ class VerifyRequest:
         masked by them at every position, so every emitted token satisfies the grammar.
     reserve_tokens: the most tokens the sequence may ever hold (prompt + max_new_tokens); a
         verifier that first sees the sequence reserves that much cache for it (None: max_seq_len).
+    prompt_logprobs: None, or how many alternatives to report with the logprobs of the
+        history tokens from position `prompt_logprobs_from` to the pending token
+        (VerifyResult.prompt_logprobs): the target reads them again from position
+        `prompt_logprobs_from - 1` (not from the prefix cache), so each is predicted by a
+        position this call computes, whatever the slot held before.
+    prompt_logprobs_from: the first history position whose logprob is wanted (the tokens
+        before it were reported by earlier calls; position 0 has none: None is reported).
     """
 
     seq_id: str
@@ -51,6 +58,8 @@ class VerifyRequest:
     logprobs: int | None = None
     token_mask: torch.Tensor | None = None
     reserve_tokens: int | None = None
+    prompt_logprobs: int | None = None
+    prompt_logprobs_from: int = 0
 
 
 @dataclass
@@ -58,13 +67,16 @@ class VerifyResult:
     """num_accepted drafted tokens were kept; emitted = those + one recovered-or-bonus token.
     logprobs: one per emitted token when the request asked for them, else None.
     cached_tokens: history tokens the target took from its prefix cache instead of computing
-    them, since it took the sequence in (0 without prefix caching)."""
+    them, since it took the sequence in (0 without prefix caching).
+    prompt_logprobs: when the request asked for them, one per history token from
+    prompt_logprobs_from to the pending token (None for position 0), else None."""
 
     seq_id: str
     emitted: list[int]
     num_accepted: int
     logprobs: list[TokenLogprob] | None = None
     cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class PendingVerify(Protocol):

@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specdec.sampling.token_logprobs import MAX_TOP_LOGPROBS
+from specdec.serving.fan_out import MAX_CHOICES
 from specdec_http.protocol.chat_messages import ChatMessage
 from specdec_http.protocol.response_format import ResponseFormat, StructuredOutputs
 from specdec_http.protocol.fields import MAX_SEED, MIN_SEED, Bool, Float, Int, TokenIds, ignored, neutral_only
@@ -64,7 +65,8 @@ class SamplingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = Field(None, description="the served model (left out = it); another one is 404")
-    max_tokens: Annotated[Int, Field(ge=1)] | None = Field(None, description="the budget; left out = the server's")
+    max_tokens: Annotated[Int, Field(ge=0)] | None = Field(
+        None, description="the budget (0 only with echo: the prompt's logprobs alone); left out = the server's")
     temperature: Float | None = Field(None, description="0 = greedy; left out = 1.0")
     top_p: Float | None = Field(None, description="nucleus sampling, in (0, 1]; left out = 1.0")
     top_k: Annotated[Int, Field(ge=-1)] | None = Field(None, description="extension: -1 or 0 = no limit")
@@ -78,9 +80,10 @@ class SamplingRequest(BaseModel):
     timeout_s: Float | None = Field(None, description="extension: the request's deadline in seconds (504 past it)")
     user: Annotated[str, Field(strict=True)] | None = Field(None, description="the end user's id (logged)")
     ignore_eos: Bool | None = Field(None, description="extension (as vLLM): generate past end-of-sequence tokens")
-    n: neutral_only(INTEGER, 1, why="only n = 1 is supported (one choice per request)") = None
-    best_of: neutral_only(INTEGER, 1) = None
-    echo: neutral_only(BOOLEAN, False) = None
+    n: Annotated[Int, Field(ge=1, le=MAX_CHOICES)] | None = Field(
+        None, description=f"choices to sample from each prompt (1..{MAX_CHOICES}, prompts × n too); left out = 1")
+    best_of: Annotated[Int, Field(ge=1)] | None = Field(None, description="accepted when equal to n (no reranking)")
+    echo: neutral_only(BOOLEAN, False, why="is only supported on /v1/completions") = None
     presence_penalty: Float | None = Field(
         None, description="in [-2, 2]: subtracted once from each generated token's logit")
     frequency_penalty: Float | None = Field(
@@ -114,7 +117,11 @@ class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
     prompt: str | TokenIds | list[str] | list[TokenIds] | None = Field(
-        None, description="a string or token ids (a list of one of them is a batch of one)")
+        None, description=f"a string, token ids, or a list of either (one choice per prompt × n; "
+                          f"at most {MAX_CHOICES} choices)")
+    echo: Bool | None = Field(
+        None, description="prepend the prompt to each choice's text (with logprobs: its tokens' logprobs first, "
+                          "the first null)")
     max_completion_tokens: neutral_only(INTEGER) = None  # chat's name of max_tokens
     top_logprobs: neutral_only(INTEGER, 0) = None  # chat's; completions' logprobs says how many
     logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | Literal[False] | None = Field(

@@ -64,6 +64,7 @@ def to_text_request(message: specdec_pb2.GenerateRequest) -> TextRequest:
         tpot_target_ms=speculation.tpot_target_ms if speculation.HasField("tpot_target_ms") else None,
         logprobs=message.logprobs if message.HasField("logprobs") else None,
         grammar=GrammarSpec(message.grammar.kind, message.grammar.text) if message.HasField("grammar") else None,
+        prompt_logprobs=message.prompt_logprobs if message.HasField("prompt_logprobs") else None,
     )
 
 
@@ -110,6 +111,7 @@ def to_response(result: GenerationResult | Completion) -> specdec_pb2.GenerateRe
         finish_reason=result.finish_reason,
         stats=to_stats(result.stats),
         logprobs=to_logprobs(result.logprobs),
+        prompt_logprobs=to_logprobs((result.prompt_logprobs or [None])[1:]),
     )
 
 
@@ -117,7 +119,8 @@ def to_chunk(output: RoundOutput | Delta, result: GenerationResult | None = None
     """One round's chunk; the last one (a Delta with a finish reason, or a RoundOutput with
     the request's result) carries finish_reason and stats."""
     ids = output.token_ids if isinstance(output, Delta) else output.new_token_ids
-    chunk = specdec_pb2.GenerateChunk(text=output.text, token_ids=ids, logprobs=to_logprobs(output.logprobs))
+    chunk = specdec_pb2.GenerateChunk(text=output.text, token_ids=ids, logprobs=to_logprobs(output.logprobs),
+                                      prompt_logprobs=to_logprobs((output.prompt_logprobs or [None])[1:]))
     stats = result.stats if result is not None else getattr(output, "stats", None)
     if stats is not None:
         chunk.finish_reason = result.finish_reason if result is not None else output.finish_reason

@@ -204,6 +204,8 @@ class RemoteVerifier(WorkerClient, Verifier):
             draft_token_ids=request.draft_token_ids,
             logprobs=request.logprobs,
             token_mask=grammar_mask.to_bytes(request.token_mask),
+            prompt_logprobs=request.prompt_logprobs,
+            prompt_logprobs_from=request.prompt_logprobs_from,
         )
         if request.draft_probs is not None and not request.sampling.is_greedy and request.draft_token_ids:
             item.draft_probs.extend(wire_q(request.draft_probs))  # a remote draft's q as it came
@@ -259,7 +261,7 @@ class RemoteVerifier(WorkerClient, Verifier):
         if outcome.num_accepted > len(request.draft_token_ids):
             raise RuntimeError(f"outcome of {request.seq_id!r} accepts more tokens than were drafted")
         return VerifyResult(request.seq_id, emitted, outcome.num_accepted, _logprobs(request, outcome, emitted),
-                            outcome.cached_tokens)
+                            outcome.cached_tokens, _prompt_logprobs(request, outcome))
 
     def release(self, seq_id: str) -> None:
         """Frees the slot on this side at once; the Release call is sent before the next call."""
@@ -322,3 +324,15 @@ def _logprobs(request: VerifyRequest, outcome: worker_pb2.VerifyOutcome,
     if [lp.token_id for lp in outcome.logprobs] != emitted:
         raise RuntimeError(f"outcome of {request.seq_id!r}: logprobs of other tokens than those emitted")
     return from_logprobs(outcome.logprobs)
+
+
+def _prompt_logprobs(request: VerifyRequest, outcome: worker_pb2.VerifyOutcome) -> list[TokenLogprob | None] | None:
+    """The history tokens' logprobs the request asked for (None first when they start at
+    position 0, which has none)."""
+    if request.prompt_logprobs is None:
+        return None
+    first, last = request.prompt_logprobs_from, len(request.token_ids) - 1
+    expected = request.token_ids[max(first, 1): last + 1]
+    if [lp.token_id for lp in outcome.prompt_logprobs] != expected:
+        raise RuntimeError(f"outcome of {request.seq_id!r}: prompt logprobs of other tokens than its history's")
+    return ([None] if first == 0 else []) + from_logprobs(outcome.prompt_logprobs)

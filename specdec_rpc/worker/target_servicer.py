@@ -86,9 +86,11 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         probs = WireQ(item.draft_probs) if item.draft_probs else None  # [n] TokenDistribution
         logprobs = item.logprobs if item.HasField("logprobs") else None
         mask = grammar_mask.from_bytes(item.token_mask, len(item.draft_token_ids) + 1)  # [n + 1, W] or None
+        prompt_logprobs = item.prompt_logprobs if item.HasField("prompt_logprobs") else None
         return VerifyRequest(item.history.seq_id, history, list(item.draft_token_ids),
                              self.sampling(item.history.sampling), probs,
-                             item.history.num_prompt_tokens, logprobs, mask, item.history.reserve_tokens or None)
+                             item.history.num_prompt_tokens, logprobs, mask, item.history.reserve_tokens or None,
+                             prompt_logprobs, item.prompt_logprobs_from)
 
     @staticmethod
     def _outcomes(request, histories, results: list[VerifyResult]) -> list[worker_pb2.VerifyOutcome]:
@@ -103,6 +105,7 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
                 worker_pb2.VerifyOutcome(
                     seq_id=result.seq_id, emitted_token_ids=result.emitted, num_accepted=result.num_accepted,
                     logprobs=to_logprobs(result.logprobs), cached_tokens=result.cached_tokens,
+                    prompt_logprobs=to_logprobs([t for t in result.prompt_logprobs or () if t is not None]),
                 )
             )
         return outcomes

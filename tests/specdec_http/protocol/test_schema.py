@@ -25,7 +25,7 @@ def test_the_schema_names_each_routes_request_response_and_chunk():
     assert route["request"] == {"$ref": "#/$defs/CompletionRequest"}
     assert route["stream_chunk"] == {"$ref": "#/$defs/CompletionChunk"}
     fields = document["$defs"]["CompletionRequest"]["properties"]
-    assert "prompt" in fields and "speculation" in fields and "neutral" in fields["best_of"]["description"]
+    assert "prompt" in fields and "speculation" in fields and "neutral" in fields["suffix"]["description"]
     assert document["$defs"]["CompletionRequest"]["additionalProperties"] is False  # unknown fields are refused
 
 

@@ -179,3 +179,19 @@ def test_logprobs_are_asked_for_with_their_alternatives_and_returned_per_token()
     assert (second.token_id, second.logprob, list(second.top_token_ids)) == (105, -1.5, [])
     chunk = to_chunk(RoundOutput("seq-0", [104], None, text="h", logprobs=tokens[:1]))
     assert [t.token_id for t in chunk.logprobs] == [104] and not to_response(result("hi", [104, 105])).logprobs
+
+
+def test_prompt_logprobs_are_asked_for_and_returned_without_the_first_token():
+    from specdec.sampling.token_logprobs import TokenLogprob
+
+    assert translate(prompt="x", prompt_logprobs=2).prompt_logprobs == 2
+    assert translate(prompt="x").prompt_logprobs is None
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        translate(prompt="x", prompt_logprobs=21)
+    scored = [None, TokenLogprob(9, -3.0, ((4, -0.5),))]
+    done = result("hi", [104])
+    done.prompt_logprobs = scored
+    [only] = to_response(done).prompt_logprobs
+    assert (only.token_id, only.logprob, list(only.top_token_ids)) == (9, -3.0, [4])
+    chunk = to_chunk(RoundOutput("seq-0", [104], None, text="h", prompt_logprobs=scored))
+    assert [t.token_id for t in chunk.prompt_logprobs] == [9] and not to_response(result("hi", [104])).prompt_logprobs

@@ -111,6 +111,20 @@ def test_logprobs_over_grpc_equal_the_in_process_engines(remote_engine, make_eng
         assert [len(t.top) for t in a.logprobs] == [2] * 12
 
 
+def test_prompt_logprobs_read_in_chunks_over_grpc_equal_the_in_process_engines(remote_engine, make_engine,
+                                                                              prompt_ids):
+    """The target worker reports prompt tokens' logprobs chunk by chunk; the first token has none."""
+    prompts = [GenerationRequest(p, 4, prompt_logprobs=2) for p in prompt_ids[:2]]
+    local = make_engine("draft", gamma=4).engine.generate(prompts)
+    remote = remote_engine("draft", 4, prefill_chunk_tokens=7).generate(prompts)
+    for a, b, prompt in zip(remote, local, prompt_ids):
+        assert a.prompt_logprobs[0] is None and [t.token_id for t in a.prompt_logprobs[1:]] == list(prompt[1:])
+        assert [t.logprob for t in a.prompt_logprobs[1:]] == pytest.approx(
+            [t.logprob for t in b.prompt_logprobs[1:]], abs=1e-5)
+        assert [[i for i, _ in t.top] for t in a.prompt_logprobs[1:]] == [[i for i, _ in t.top]
+                                                                          for t in b.prompt_logprobs[1:]]
+
+
 @pytest.mark.parametrize(
     "sampling",
     [SamplingParams(temperature=0.8, seed=7), SamplingParams(temperature=0.9, top_k=12, seed=3)],
