@@ -177,11 +177,11 @@ class DraftAhead:
         self._drafts_ahead = 0
         if later:
             return [ProposalRequest(seq.seq_id, seq.token_ids, seq.request.sampling, seq.request.proposer,
-                                    gammas[seq.seq_id], seq.num_prompt_tokens) for seq in later]
+                                    gammas[seq.seq_id], seq.num_prompt_tokens, seq.reserve_tokens) for seq in later]
         overlaps = self._step[0] != SEQUENTIAL
         asks = [ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids], seq.request.sampling,
                                 seq.request.proposer, self._drafts_for(seq, gammas[seq.seq_id]) if overlaps else 0,
-                                seq.num_prompt_tokens)
+                                seq.num_prompt_tokens, seq.reserve_tokens)
                 for seq, request in zip(now, requests)]
         looking = sum(1 for ask in asks if ask.gamma > 0)
         self.rows_ahead += looking

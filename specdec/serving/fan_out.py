@@ -98,5 +98,5 @@ async def _firsts(streams: list[AsyncIterator[Delta]]) -> list[Delta]:
 
 
 def _last(delta: Delta) -> bool:
-    """A stream's last Delta carries its usage."""
-    return delta.usage is not None
+    """A stream's last Delta carries its finish reason (every Delta carries the usage so far)."""
+    return delta.finish_reason is not None

@@ -232,10 +232,12 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk_and_need_inc
     call, continuous = Call("cmpl-1", "text_completion", MODEL, 0), {"include_usage": True,
                                                                        "continuous_usage_stats": True}
     [first] = events(chunk_events(call, Delta("de", [1], usage=Usage(4, 1)), True, UsageReport.of(continuous)))
-    assert first["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+    assert first["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5,
+                              "prompt_tokens_details": {"cached_tokens": 0}}
     last = Delta("f", [2], "length", SpecStats(rounds=1), Usage(4, 2))
     chunk, usage = events(chunk_events(call, last, False, UsageReport.of(continuous)))
-    assert chunk["usage"] == usage["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+    assert chunk["usage"] == usage["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6,
+                                                "prompt_tokens_details": {"cached_tokens": 0}}
     alone = UsageReport.of({"continuous_usage_stats": True})  # as vLLM: nothing without include_usage
     assert "usage" not in events(chunk_events(call, last, False, alone))[0]
 

@@ -36,7 +36,7 @@ def served_engine(tokenizer):
     verifier, proposer = RemoteVerifier(target.address, 30.0), RemoteProposer(draft.address, 30.0)
     eos = (tokenizer.eos_token_id,)
     yield SpeculativeEngine(verifier, proposer, 4, eos_token_ids=eos, decode=decoder(tokenizer),
-                            draft_ahead=build_draft_ahead(CONFIG.speculation), grammars=XGrammarBackend(tokenizer, eos))
+                            draft_ahead=build_draft_ahead(), grammars=XGrammarBackend(tokenizer, eos))
     for client in (verifier, proposer):
         client.close()
     for server in (draft, target):

@@ -111,7 +111,7 @@ def test_a_draft_that_keeps_missing_is_down_until_a_probe_answers_in_time(worker
             reasons.append(draft.unavailable_reason)
             time.sleep(0.5)
         assert draft.deadline.missed_calls == 2 and draft.reconnector.searches == 1
-        assert "missed its deadline of 50 ms" in reasons[0] and "is down" not in reasons[0]
+        assert "missed its deadline of" in reasons[0] and "is down" not in reasons[0]
         assert "is down" in reasons[1] and "missed its deadline 2 times in a row" in reasons[1]
         deadline = time.monotonic() + 5.0
         while draft.reconnects == 0 and time.monotonic() < deadline:
