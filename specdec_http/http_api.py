@@ -2,6 +2,7 @@
 
     POST /v1/completions        text (or token-id) prompt -> completion; stream: true -> SSE
     POST /v1/chat/completions   messages (the tokenizer's chat template) -> chat completion
+                                (tools -> tool_calls: specdec_http.tool_calls)
     GET  /v1/models             the served model (its context as max_model_len)
     POST /tokenize, /detokenize the served tokenizer (vLLM's shapes: specdec_http.tokenize_routes)
     GET  /health                200 with the server status when serving, 503 otherwise
@@ -32,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specdec.serving.frontend import Delta, Frontend
+from specdec.serving.tool_parser import ToolParser
 from specdec.serving.serving_errors import RETRY_AFTER_S, ErrorKind, InvalidRequestError, NotFoundError, classify
 from specdec_http.cors import Cors
 from specdec_http.metrics_route import MetricsRoute
@@ -40,6 +42,7 @@ from specdec_http.openai_api import chat_request, completion_request
 from specdec_http.openai_responses import DONE, Call, chunk_events, completion_object, dump, error_body, sse
 from specdec_http.protocol.models import ModelCard, ModelList, ModelSpeculation
 from specdec_http.tokenize_routes import detokenize, tokenize
+from specdec_http.tool_calls import tool_parser
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +134,10 @@ class HttpApi:
             logger.info("request %s is from user %r", call.id, body["user"])
         text_request = replace(text_request, request_id=call.id)  # the response's id is the engine's
         logprobs = None if text_request.logprobs is None else LogprobsFormat(self._token_text)
+        tools = tool_parser(text_request, self.frontend.ready().tokenizer)
         if not stream:
             completion = await _unless_disconnected(request, self.frontend.generate(text_request))
-            return JSONResponse(completion_object(call, completion, logprobs))
+            return JSONResponse(completion_object(call, completion, logprobs, tools))
         started = time.perf_counter()
         deltas = self.frontend.stream(text_request)
         try:
@@ -142,20 +146,21 @@ class HttpApi:
             await deltas.aclose()
             raise
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        events = self._events(call, first, deltas, include_usage, started, logprobs)
+        events = self._events(call, first, deltas, include_usage, started, (logprobs, tools))
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def _events(self, call: Call, first: Delta, deltas: AsyncIterator[Delta], include_usage: bool,
-                      started: float, logprobs: LogprobsFormat | None):
+                      started: float, reading: tuple[LogprobsFormat | None, ToolParser | None]):
         """SSE: one event per round, `data: [DONE]` at the end; an error event if it fails.
-        Closing (the client went away) closes `deltas`, which aborts the request."""
+        Closing (the client went away) closes `deltas`, which aborts the request. `reading`:
+        how logprobs are reported and the tool parser (either None)."""
         timing = _StreamTiming(started, first)
         try:
-            for event in chunk_events(call, first, True, include_usage, logprobs):
+            for event in chunk_events(call, first, True, include_usage, *reading):
                 yield event
             async for delta in deltas:
                 timing.add(delta)
-                for event in chunk_events(call, delta, False, include_usage, logprobs):
+                for event in chunk_events(call, delta, False, include_usage, *reading):
                     yield event
             yield DONE
             if self.observe_stream is not None:

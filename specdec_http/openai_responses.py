@@ -2,7 +2,8 @@
 each built as its typed model (`specdec_http.protocol`).
 
 A Completion becomes a `text_completion` or `chat.completion` object; Deltas become
-their streamed chunks (server-sent events, ending with `data: [DONE]`). The round
+their streamed chunks (server-sent events, ending with `data: [DONE]`); a chat request with
+tools gets its output read for tool calls (`specdec_http.tool_calls`). The round
 statistics ride along as the extension object `speculation`. Errors are OpenAI's
 `{"error": {"message", "type", "param", "code"}}` with an HTTP status from the core's
 error kind: 400 bad input (param names the field), 404, 429 (admission limit),
@@ -23,6 +24,8 @@ from specdec.serving.frontend import Completion, Delta, Usage
 from specdec.serving.serving_errors import ErrorKind, param_of
 from specdec.requests.stats import SpecStats
 from specdec.sampling.token_logprobs import TokenLogprob
+from specdec.serving.tool_parser import ToolParser
+from specdec_http import tool_calls
 from specdec_http.openai_logprobs import LogprobsFormat
 from specdec_http.protocol.chunks import (
     ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChunk, CompletionChunkChoice,
@@ -85,29 +88,38 @@ def usage(counts: Usage) -> UsageModel:
                       total_tokens=counts.total_tokens)
 
 
-def completion_object(call: Call, completion: Completion, logprobs: LogprobsFormat | None = None) -> dict[str, Any]:
-    """The whole response of a unary request (`logprobs`: how to report them, when asked for)."""
+def completion_object(call: Call, completion: Completion, logprobs: LogprobsFormat | None = None,
+                      tools: ToolParser | None = None) -> dict[str, Any]:
+    """The whole response of a unary request (`logprobs`: how to report them, when asked for;
+    `tools`: the parser of a chat request's tool calls, when it offers tools)."""
     done = {"usage": usage(completion.usage), "speculation": speculation_stats(completion.stats)}
     reported = _logprobs(call, completion.logprobs, logprobs)
     if call.chat:
-        message = AssistantMessage(role="assistant", content=completion.text)
-        choice = ChatChoice(index=0, message=message, logprobs=reported, finish_reason=completion.finish_reason)
+        message = AssistantMessage(role="assistant", content=completion.text) if tools is None else \
+            tool_calls.message(tools.parse(completion.text))
+        choice = ChatChoice(index=0, message=message, logprobs=reported,
+                            finish_reason=tool_calls.finish_reason(completion.finish_reason, tools))
         return dump(ChatCompletionResponse(**call.envelope(), choices=[choice], **done))
     choice = CompletionChoice(index=0, text=completion.text, logprobs=reported, finish_reason=completion.finish_reason)
     return dump(CompletionResponse(**call.envelope(), choices=[choice], **done))
 
 
 def chunk_events(call: Call, delta: Delta, first: bool, include_usage: bool,
-                 logprobs: LogprobsFormat | None = None) -> list[str]:
+                 logprobs: LogprobsFormat | None = None, tools: ToolParser | None = None) -> list[str]:
     """The server-sent events for one Delta: one chunk per round (a chat stream's first
     chunk also carries the role); the last one adds finish_reason and `speculation`, then
     (with stream_options.include_usage) a usage chunk without choices. With `logprobs`, each
-    chunk carries its tokens' logprobs."""
+    chunk carries its tokens' logprobs; with `tools` (the stream's tool parser), its content
+    and tool-call deltas as the parser reads them."""
     kind = ChatCompletionChunk if call.chat else CompletionChunk
     reported = _logprobs(call, delta.logprobs, logprobs)
     if call.chat:
-        content = ChatDelta(role="assistant", content=delta.text) if first else ChatDelta(content=delta.text)
-        choice = ChatChunkChoice(index=0, delta=content, logprobs=reported, finish_reason=delta.finish_reason)
+        if tools is None:
+            content = ChatDelta(role="assistant", content=delta.text) if first else ChatDelta(content=delta.text)
+        else:
+            content = tool_calls.delta(tools.feed(delta.text, final=delta.finish_reason is not None), first)
+        choice = ChatChunkChoice(index=0, delta=content, logprobs=reported,
+                                 finish_reason=tool_calls.finish_reason(delta.finish_reason, tools))
     else:
         choice = CompletionChunkChoice(index=0, text=delta.text, logprobs=reported, finish_reason=delta.finish_reason)
     extra = {} if delta.stats is None else {"speculation": speculation_stats(delta.stats)}

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from specdec.proposers import proposer_registry as registry
 from specdec.config.config import SpecdecConfig
 from specdec.requests.errors import InvalidRequestError
+from specdec.requests.grammar_spec import GrammarSpec
 from specdec.sampling.sampling_params import SamplingParams
 from specdec.requests.speculation_mode import SpeculationMode
 from specdec.sampling.token_logprobs import MAX_TOP_LOGPROBS
@@ -114,6 +115,7 @@ class GenerationRequest:
     mode: SpeculationMode = SpeculationMode.AUTO
     tpot_target_ms: float | None = None
     logprobs: int | None = None
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", _int_tuple(self.prompt_token_ids, "prompt_token_ids"))

@@ -1,9 +1,10 @@
 """A request as a client states it, in no protocol's terms, and how it becomes the engine's.
 
-`TextRequest` holds a text prompt, token ids or chat messages, the budget (None = the
-server's), sampling, stop conditions and the speculation settings; `to_generation_request`
-renders chat messages with the tokenizer's template, tokenises (run it off the event loop)
-and builds the engine's request, whose own rules (`specdec.requests.request`) check every field; the
+`TextRequest` holds a text prompt, token ids or chat messages (and the tools they offer),
+the budget (None = the server's), sampling, stop conditions and the speculation settings;
+`to_generation_request` renders chat messages with the tokenizer's template, tokenises (run
+it off the event loop) and builds the engine's request (with the grammar that forces tool
+calls, when the tool_choice asks for them), whose own rules (`specdec.requests.request`) check every field; the
 proposer is checked against those the server has. Checks that need the model (ids in range,
 prompt + budget within the context, the caps) run when the engine admits the request
 (`GenerationRequest.check_limits`).
@@ -26,6 +27,8 @@ from specdec.sampling.sampling_params import SamplingParams
 from specdec.requests.speculation_mode import SpeculationMode
 from specdec.serving.served_engine import ServerDefaults
 from specdec.serving.serving_errors import InvalidRequestError
+from specdec.serving.tool_grammar import tool_grammar
+from specdec.serving.tool_spec import ToolUse
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class TextRequest:
     ignore_eos: generate past the model's end-of-sequence tokens (load tools ask for it
         so every request runs its whole budget).
     logprobs: None, or report each generated token's logprob with this many alternatives.
+    tools: the tools a chat request offers and its tool_choice (rendered into the prompt;
+        "required" and a named tool force calls with a grammar: `specdec.serving.tool_grammar`).
     """
 
     prompt: str = ""
@@ -59,6 +64,7 @@ class TextRequest:
     ignore_eos: bool = False
     tpot_target_ms: float | None = None
     logprobs: int | None = None
+    tools: ToolUse | None = None
 
 
 def to_generation_request(
@@ -83,6 +89,7 @@ def to_generation_request(
         ignore_eos=request.ignore_eos,
         tpot_target_ms=request.tpot_target_ms,
         logprobs=request.logprobs,
+        grammar=tool_grammar(request.tools),
     )
     core.check_proposer(defaults.proposers)
     return core
@@ -92,7 +99,7 @@ def _check_text(request: TextRequest) -> None:
     """Every string of the request encodes as UTF-8 (InvalidRequestError naming it otherwise)."""
     texts = [("prompt", request.prompt)] + [(f"stop[{i}]", s) for i, s in enumerate(request.stop)]
     for i, message in enumerate(request.messages):
-        texts += [(f"messages[{i}].{key}", value) for key, value in message.items()]
+        texts += _strings(message, f"messages[{i}]")
     for name, text in texts:
         try:
             text.encode("utf-8")
@@ -100,6 +107,17 @@ def _check_text(request: TextRequest) -> None:
             raise InvalidRequestError(
                 name, f"is not valid Unicode: a lone surrogate {text[exc.start]!r} at character {exc.start}"
             ) from None
+
+
+def _strings(value: Any, where: str) -> list[tuple[str, str]]:
+    """(where, text) of every string inside a message (its tool calls' too)."""
+    if isinstance(value, str):
+        return [(where, value)]
+    if isinstance(value, dict):
+        return [s for key, item in value.items() for s in _strings(item, f"{where}.{key}")]
+    if isinstance(value, list):
+        return [s for i, item in enumerate(value) for s in _strings(item, f"{where}[{i}]")]
+    return []
 
 
 def _prompt_ids(request: TextRequest, encode: Callable[[str], list[int]], max_chars: int, tokenizer: Any,
@@ -111,9 +129,9 @@ def _prompt_ids(request: TextRequest, encode: Callable[[str], list[int]], max_ch
         return list(request.prompt_token_ids)
     text = request.prompt
     if request.messages:
-        if sum(len(m["content"]) for m in request.messages) > max_chars:
+        if sum(len(text) for m in request.messages for _, text in _strings(m, "")) > max_chars:
             raise InvalidRequestError("messages", f"more than {max_chars} characters cannot fit the context")
-        text = render_chat(tokenizer, request.messages, model)
+        text = render_chat(tokenizer, request.messages, model, request.tools)
     elif not text:
         raise InvalidRequestError("prompt", "must not be empty (set prompt or prompt_token_ids)")
     if len(text) > max_chars:
