@@ -41,7 +41,8 @@ def _call(call: Any, where: str) -> dict[str, Any]:
     except ValueError:
         decoded = None
     if not isinstance(decoded, dict):
-        raise InvalidRequestError(f"{where}.function.arguments", f"must be JSON text of an object, got {arguments!r:.80}")
+        raise InvalidRequestError(f"{where}.function.arguments",
+                                  f"must be JSON text of an object, got {arguments!r:.80}")
     call_id = call.get("id")
     if call_id is not None and not isinstance(call_id, str):
         raise InvalidRequestError(f"{where}.id", f"must be a string, got {call_id!r:.80}")
