@@ -69,3 +69,12 @@ def test_a_schema_that_names_root_in_its_strings_keeps_them():
                      "tools[0]"),)
     spec = tool_grammar(ToolUse(tools, "named", "root"))
     assert accepts(xgrammar.Grammar.from_ebnf(spec.text), call_block("root", '{"root": "root"}'))
+
+
+def test_a_schema_the_grammar_engine_cannot_convert_is_a_400_naming_tools():
+    from specdec.serving.serving_errors import InvalidRequestError
+
+    tools = (Tool.of("f", "", {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}, "tools[0]"),)
+    with pytest.raises(InvalidRequestError) as error:
+        tool_grammar(ToolUse(tools, "required"))
+    assert error.value.param == "tools"
