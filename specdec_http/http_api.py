@@ -134,7 +134,7 @@ class HttpApi:
             logger.info("request %s is from user %r", call.id, body["user"])
         text_request = replace(text_request, request_id=call.id)  # the response's id is the engine's
         logprobs = None if text_request.logprobs is None else LogprobsFormat(self._token_text)
-        tools = tool_parser(text_request, self.frontend.ready().tokenizer)
+        tools = tool_parser(text_request, lambda: self.frontend.ready().tokenizer)
         if not stream:
             completion = await _unless_disconnected(request, self.frontend.generate(text_request))
             return JSONResponse(completion_object(call, completion, logprobs, tools))

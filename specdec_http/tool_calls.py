@@ -9,6 +9,7 @@ A request reads its output for calls only when it offers tools and its tool_choi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from specdec.serving.text_request import TextRequest
@@ -21,11 +22,12 @@ from specdec_http.protocol.tools import FunctionCall, FunctionCallDelta, ToolCal
 FINISH_TOOL_CALLS = "tool_calls"
 
 
-def tool_parser(request: TextRequest, tokenizer: Any) -> ToolParser | None:
-    """A fresh parser of the request's output (the served model's format); None without tools."""
+def tool_parser(request: TextRequest, tokenizer: Callable[[], Any]) -> ToolParser | None:
+    """A fresh parser of the request's output (the format of the served model, whose tokenizer
+    `tokenizer()` gives: asked only when the request offers tools); None without tools."""
     if request.tools is None or not request.tools.calls_allowed:
         return None
-    return parser_for(tokenizer)()
+    return parser_for(tokenizer())()
 
 
 def finish_reason(reason: str | None, parser: ToolParser | None) -> str | None:

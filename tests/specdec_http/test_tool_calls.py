@@ -122,6 +122,9 @@ def test_a_stream_sends_tool_call_deltas_with_no_markup_in_the_content():
 
 
 def test_only_a_request_with_tools_it_may_call_is_read_for_calls():
-    assert tool_parser(chat(), None) is None
-    assert tool_parser(chat(tools=[WEATHER], tool_choice="none"), None) is None
-    assert isinstance(tool_parser(chat(tools=[WEATHER]), None), HermesToolParser)
+    def no_tokenizer():
+        raise AssertionError("a request without tools never needs the model's tool format")
+
+    assert tool_parser(chat(), no_tokenizer) is None
+    assert tool_parser(chat(tools=[WEATHER], tool_choice="none"), no_tokenizer) is None
+    assert isinstance(tool_parser(chat(tools=[WEATHER]), lambda: None), HermesToolParser)
