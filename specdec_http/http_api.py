@@ -2,6 +2,7 @@
 
     POST /v1/completions        text (or token-id) prompt -> completion; stream: true -> SSE
     POST /v1/chat/completions   messages (the tokenizer's chat template) -> chat completion
+                                (tools -> tool_calls: specdec_http.tool_calls)
     GET  /v1/models             the served model (its context as max_model_len)
     POST /tokenize, /detokenize the served tokenizer (vLLM's shapes: specdec_http.tokenize_routes)
     GET  /health                200 with the server status when serving, 503 otherwise
@@ -33,6 +34,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specdec.serving.fan_out import generate_all, stream_all
 from specdec.serving.frontend import Completion, Delta, Frontend, Usage
+from specdec.serving.tool_parser import ToolParser
 from specdec.serving.serving_errors import RETRY_AFTER_S, ErrorKind, InvalidRequestError, NotFoundError, classify
 from specdec_http.cors import Cors
 from specdec_http.metrics_route import MetricsRoute
@@ -44,6 +46,7 @@ from specdec_http.openai_responses import (
 )
 from specdec_http.protocol.models import ModelCard, ModelList, ModelSpeculation
 from specdec_http.tokenize_routes import detokenize, tokenize
+from specdec_http.tool_calls import tool_parser
 
 logger = logging.getLogger(__name__)
 
@@ -143,11 +146,12 @@ class HttpApi:
         requests = [replace(r, request_id=f"{call.id}-{i}" if several else call.id)
                     for i, r in enumerate(choices.requests)]
         formats = [None if r.logprobs is None else LogprobsFormat(self._token_text) for r in requests]
+        parsers = [tool_parser(r, lambda: self.frontend.ready().tokenizer) for r in requests]  # chat with tools
         echo = [self._echo_text(r) for r in requests] if choices.echo else None
         if not choices.stream:
             completions = await _unless_disconnected(request, generate_all(self.frontend, requests))
             return JSONResponse(completion_object(call, _shared_prompt_logprobs(completions, choices.n), formats,
-                                                  echo, choices.n))
+                                                  echo, choices.n, parsers))
         started = time.perf_counter()
         deltas = stream_all(self.frontend, requests)
         try:
@@ -156,7 +160,7 @@ class HttpApi:
             await deltas.aclose()
             raise
         report = UsageReport.of(body.get("stream_options"))
-        events = self._events(call, first, deltas, _Streamed(choices.n, formats, echo, report), started)
+        events = self._events(call, first, deltas, _Streamed(choices.n, formats, echo, report, parsers), started)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def _events(self, call: Call, first: tuple[int, Delta], deltas: AsyncIterator[tuple[int, Delta]],
@@ -206,13 +210,14 @@ class HttpApi:
 
 
 class _Streamed:
-    """A stream's choices: n per prompt, each with its logprobs format and echoed prompt;
+    """A stream's choices: n per prompt, each with its logprobs format, echoed prompt and tool parser;
     the prompt logprobs of each prompt's first choice (the others' are the same) and the
     usage of every finished choice."""
 
     def __init__(self, n: int, formats: list[LogprobsFormat | None], echo: list[str] | None,
-                 report: UsageReport) -> None:
+                 report: UsageReport, parsers: list[ToolParser | None]) -> None:
         self.n, self.formats, self.echo, self.report = n, formats, echo, report
+        self.parsers = parsers  # each choice's tool parser (chat with tools), else None
         self.started: set[int] = set()
         self.prompts: dict[int, Delta] = {}  # prompt -> its first choice's first Delta (the prompt logprobs)
         self.usages: dict[int, Usage] = {}  # choice -> its usage, when finished
@@ -229,7 +234,7 @@ class _Streamed:
             self.usages[index] = delta.usage
         each = UsageReport(final=False, continuous=self.report.continuous)  # the final usage: `usage`
         return chunk_events(call, delta, first, each, self.formats[index], index,
-                            self.echo[index] if self.echo else None)
+                            self.echo[index] if self.echo else None, self.parsers[index])
 
     def usage(self, call: Call) -> list[str]:
         """The usage chunk (with include_usage): prompts counted once, all choices' tokens."""

@@ -7,7 +7,9 @@ body becomes the param (`speculation.gamma`, `messages[0].content`). What the va
 the engine is checked once, by the core (`specdec.serving.text_request`, `SamplingParams`). A
 negative seed (OpenAI's seeds are int64) maps to the core's uint64 seeds as its two's
 complement (seed mod 2**64): deterministic, and no two int64 seeds share one. An unknown
-model is 404 `model_not_found`. The responses are `specdec_http.openai_responses`'.
+model is 404 `model_not_found`. A chat request's `tools` and `tool_choice` become the core's
+`ToolUse` (`specdec.serving.tool_spec`, which checks them). The responses are
+`specdec_http.openai_responses`'.
 
 A body nested deeper than `MAX_DEPTH` is refused naming its top-level field before it is
 validated: no valid request nests that deep, and a deeply nested value is costly (or, past
@@ -30,7 +32,9 @@ from specdec.serving.fan_out import MAX_CHOICES, choice_requests
 from specdec.serving.serving_errors import InvalidRequestError, NotFoundError, param_of
 from specdec.serving.text_request import TextRequest
 from specdec_http.openai_structured import grammar_of
+from specdec.serving.tool_spec import Tool, ToolUse
 from specdec_http.protocol.requests import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from specdec_http.protocol.tools import NamedToolChoice
 
 logger = logging.getLogger(__name__)
 _logged_ignored: set[str] = set()
@@ -95,7 +99,8 @@ def chat_choices(body: Any, model: str) -> Choices:
     if request.top_logprobs and not request.logprobs:
         raise InvalidRequestError("top_logprobs", "needs logprobs: true")
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return _choices(request, [_text_request(request, logprobs, messages=messages)], echo=False)
+    prompt = _text_request(request, logprobs, messages=messages, tools=_tool_use(request))
+    return _choices(request, [prompt], echo=False)
 
 
 def _choices(request: SamplingRequest, prompts: list[TextRequest], echo: bool) -> Choices:
@@ -106,6 +111,21 @@ def _choices(request: SamplingRequest, prompts: list[TextRequest], echo: bool) -
     if len(prompts) * n > MAX_CHOICES:
         raise InvalidRequestError("n", f"{len(prompts)} prompts × n = {n} exceed {MAX_CHOICES} choices per request")
     return Choices(choice_requests(prompts, n), n, bool(request.stream), echo)
+
+
+def _tool_use(request: ChatCompletionRequest) -> ToolUse | None:
+    """The core's view of `tools` and `tool_choice` (None: no tools; "none" without tools is
+    the neutral value clients send by default)."""
+    choice = request.tool_choice
+    if not request.tools:
+        if choice not in (None, "none"):
+            raise InvalidRequestError("tool_choice", "is only allowed when tools are given")
+        return None
+    tools = tuple(Tool.of(t.function.name, t.function.description, t.function.parameters, f"tools[{i}]")
+                  for i, t in enumerate(request.tools))
+    if isinstance(choice, NamedToolChoice):
+        return ToolUse(tools, "named", choice.function.name)
+    return ToolUse(tools, choice or "auto")
 
 
 def parse(kind: type[SamplingRequest], body: Any, model: str) -> Any:

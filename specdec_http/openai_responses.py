@@ -2,7 +2,8 @@
 each built as its typed model (`specdec_http.protocol`).
 
 A Completion becomes a `text_completion` or `chat.completion` object; Deltas become
-their streamed chunks (server-sent events, ending with `data: [DONE]`). The round
+their streamed chunks (server-sent events, ending with `data: [DONE]`); a chat request with
+tools gets its output read for tool calls (`specdec_http.tool_calls`). The round
 statistics ride along as the extension object `speculation`. Errors are OpenAI's
 `{"error": {"message", "type", "param", "code"}}` with an HTTP status from the core's
 error kind: 400 bad input (param names the field), 404, 429 (admission limit),
@@ -23,6 +24,8 @@ from specdec.serving.frontend import Completion, Delta, Usage
 from specdec.serving.serving_errors import ErrorKind, param_of
 from specdec.requests.stats import SpecStats
 from specdec.sampling.token_logprobs import TokenLogprob
+from specdec.serving.tool_parser import ToolParser
+from specdec_http import tool_calls
 from specdec_http.openai_logprobs import LogprobsFormat
 from specdec_http.protocol.chunks import (
     ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChunk, CompletionChunkChoice,
@@ -89,10 +92,12 @@ def usage(counts: Usage) -> UsageModel:
 
 def completion_object(call: Call, completions: Completion | list[Completion],
                       logprobs: LogprobsFormat | list[LogprobsFormat | None] | None = None,
-                      echo: list[str] | None = None, n: int = 1) -> dict[str, Any]:
+                      echo: list[str] | None = None, n: int = 1,
+                      tools: list[ToolParser | None] | None = None) -> dict[str, Any]:
     """The whole response of a unary request: one choice per completion, in index order
     (`logprobs`: how to report each one's, when asked for; `echo`: the prompt text each
-    choice's text starts with; n: choices per prompt, whose prompt is counted once)."""
+    choice's text starts with; n: choices per prompt, whose prompt is counted once; `tools`:
+    each choice's tool-call parser, for a chat request that offers tools)."""
     completions = completions if isinstance(completions, list) else [completions]
     formats = logprobs if isinstance(logprobs, list) else [logprobs] * len(completions)
     stats = SpecStats()
@@ -102,17 +107,21 @@ def completion_object(call: Call, completions: Completion | list[Completion],
     counts = Usage(sum(c.usage.prompt_tokens for c in prompts), sum(c.usage.completion_tokens for c in completions),
                    sum(c.usage.cached_tokens for c in prompts))
     done = {"usage": usage(counts), "speculation": speculation_stats(stats)}
-    choices = [_choice(call, i, c, formats[i], echo[i] if echo else None) for i, c in enumerate(completions)]
+    parsers = tools or [None] * len(completions)
+    choices = [_choice(call, i, c, formats[i], echo[i] if echo else None, parsers[i])
+               for i, c in enumerate(completions)]
     kind = ChatCompletionResponse if call.chat else CompletionResponse
     return dump(kind(**call.envelope(), choices=choices, **done))
 
 
-def _choice(call: Call, index: int, completion: Completion, how: LogprobsFormat | None, echo: str | None):
+def _choice(call: Call, index: int, completion: Completion, how: LogprobsFormat | None, echo: str | None,
+            tools: ToolParser | None):
     """One choice of a unary response."""
     if call.chat:
-        message = AssistantMessage(role="assistant", content=completion.text)
+        message = AssistantMessage(role="assistant", content=completion.text) if tools is None else \
+            tool_calls.message(tools.parse(completion.text))
         return ChatChoice(index=index, message=message, logprobs=_logprobs(call, completion.logprobs, how),
-                          finish_reason=completion.finish_reason)
+                          finish_reason=tool_calls.finish_reason(completion.finish_reason, tools))
     reported = _echoed(completion, how, echo)
     return CompletionChoice(index=index, text=(echo or "") + completion.text, logprobs=reported,
                             finish_reason=completion.finish_reason)
@@ -145,17 +154,23 @@ class UsageReport:
 
 
 def chunk_events(call: Call, delta: Delta, first: bool, report: UsageReport,
-                 logprobs: LogprobsFormat | None = None, index: int = 0, echo: str | None = None) -> list[str]:
+                 logprobs: LogprobsFormat | None = None, index: int = 0, echo: str | None = None,
+                 tools: ToolParser | None = None) -> list[str]:
     """The server-sent events for one Delta of choice `index`: one chunk per round (a chat
     stream's first chunk also carries the role; with `echo`, a completion's first chunk
     starts with the prompt and its logprobs); the last one adds finish_reason and
     `speculation`, then a usage chunk without choices (`report`: which usage goes out). With
-    `logprobs`, each chunk carries its tokens' logprobs."""
+    `logprobs`, each chunk carries its tokens' logprobs; with `tools` (the choice's tool
+    parser), its content and tool-call deltas as the parser reads them."""
     kind = ChatCompletionChunk if call.chat else CompletionChunk
     if call.chat:
         reported = _logprobs(call, delta.logprobs, logprobs)
-        content = ChatDelta(role="assistant", content=delta.text) if first else ChatDelta(content=delta.text)
-        choice = ChatChunkChoice(index=index, delta=content, logprobs=reported, finish_reason=delta.finish_reason)
+        if tools is None:
+            content = ChatDelta(role="assistant", content=delta.text) if first else ChatDelta(content=delta.text)
+        else:
+            content = tool_calls.delta(tools.feed(delta.text, final=delta.finish_reason is not None), first)
+        choice = ChatChunkChoice(index=index, delta=content, logprobs=reported,
+                                 finish_reason=tool_calls.finish_reason(delta.finish_reason, tools))
     else:
         echo = echo if first else None
         choice = CompletionChunkChoice(index=index, text=(echo or "") + delta.text,

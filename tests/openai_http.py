@@ -3,6 +3,7 @@ the raw server-sent events, and a connection the test can drop mid-stream)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
@@ -115,3 +116,21 @@ class UvicornThread:
     def __exit__(self, *exc_info) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+@contextlib.contextmanager
+def served_http(overrides: dict):
+    """The HTTP API on in-process bundled models built with config `overrides`, on a free
+    127.0.0.1 port (closed, engine and all, on exit)."""
+    from specdec.config.config import load_config
+    from specdec.serving.frontend import Frontend
+    from specdec.wiring.engine_builder import build_served_engine
+    from specdec.wiring.ports import free_port
+    from specdec_http.http_api import HttpApi, asgi_app
+
+    served = build_served_engine(load_config(overrides=overrides))
+    try:
+        with UvicornThread(asgi_app(HttpApi(Frontend(served))), free_port()) as server:
+            yield server
+    finally:
+        served.close()

@@ -1,9 +1,10 @@
 """A request as a client states it, in no protocol's terms, and how it becomes the engine's.
 
-`TextRequest` holds a text prompt, token ids or chat messages, the budget (None = the
-server's), sampling, stop conditions and the speculation settings; `to_generation_request`
-renders chat messages with the tokenizer's template, tokenises (run it off the event loop)
-and builds the engine's request, whose own rules (`specdec.requests.request`) check every field; the
+`TextRequest` holds a text prompt, token ids or chat messages (and the tools they offer),
+the budget (None = the server's), sampling, stop conditions and the speculation settings;
+`to_generation_request` renders chat messages with the tokenizer's template, tokenises (run
+it off the event loop) and builds the engine's request (with the grammar that forces tool
+calls, when the tool_choice asks for them), whose own rules (`specdec.requests.request`) check every field; the
 proposer is checked against those the server has. Checks that need the model (ids in range,
 prompt + budget within the context, the caps) run when the engine admits the request
 (`GenerationRequest.check_limits`).
@@ -28,6 +29,8 @@ from specdec.sampling.sampling_params import SamplingParams
 from specdec.requests.speculation_mode import SpeculationMode
 from specdec.serving.served_engine import ServerDefaults
 from specdec.serving.serving_errors import InvalidRequestError
+from specdec.serving.tool_grammar import tool_grammar
+from specdec.serving.tool_spec import ToolUse
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class TextRequest:
     prompt_logprobs: None, or report each prompt token's logprob with this many alternatives.
     A request with prompt_logprobs may ask for max_new_tokens 0: it only scores its prompt
     (the engine runs it for one token, which the frontend drops).
+    tools: the tools a chat request offers and its tool_choice (rendered into the prompt;
+        "required" and a named tool force calls with a grammar: `specdec.serving.tool_grammar`).
     """
 
     prompt: str = ""
@@ -66,6 +71,7 @@ class TextRequest:
     tpot_target_ms: float | None = None
     logprobs: int | None = None
     grammar: GrammarSpec | None = None
+    tools: ToolUse | None = None
     prompt_logprobs: int | None = None
 
     @property
@@ -84,6 +90,9 @@ def to_generation_request(
     prompt_ids = _prompt_ids(request, encode, defaults.max_prompt_chars, tokenizer, model)
     if request.timeout_s is not None and not request.timeout_s > 0:
         raise InvalidRequestError("timeout_s", f"must be > 0 seconds, got {request.timeout_s}")
+    forced = tool_grammar(request.tools)  # tool_choice required / named
+    if forced is not None and request.grammar is not None:
+        raise InvalidRequestError("response_format", "cannot be combined with tool_choice required or a named tool")
     core = GenerationRequest(
         prompt_token_ids=prompt_ids,
         max_new_tokens=_budget(request, defaults),
@@ -96,7 +105,7 @@ def to_generation_request(
         ignore_eos=request.ignore_eos,
         tpot_target_ms=request.tpot_target_ms,
         logprobs=request.logprobs,
-        grammar=request.grammar,
+        grammar=forced or request.grammar,
         prompt_logprobs=request.prompt_logprobs,
     )
     if request.grammar is not None:
@@ -116,7 +125,7 @@ def _check_text(request: TextRequest) -> None:
     """Every string of the request encodes as UTF-8 (InvalidRequestError naming it otherwise)."""
     texts = [("prompt", request.prompt)] + [(f"stop[{i}]", s) for i, s in enumerate(request.stop)]
     for i, message in enumerate(request.messages):
-        texts += [(f"messages[{i}].{key}", value) for key, value in message.items()]
+        texts += _strings(message, f"messages[{i}]")
     for name, text in texts:
         try:
             text.encode("utf-8")
@@ -124,6 +133,17 @@ def _check_text(request: TextRequest) -> None:
             raise InvalidRequestError(
                 name, f"is not valid Unicode: a lone surrogate {text[exc.start]!r} at character {exc.start}"
             ) from None
+
+
+def _strings(value: Any, where: str) -> list[tuple[str, str]]:
+    """(where, text) of every string inside a message (its tool calls' too)."""
+    if isinstance(value, str):
+        return [(where, value)]
+    if isinstance(value, dict):
+        return [s for key, item in value.items() for s in _strings(item, f"{where}.{key}")]
+    if isinstance(value, list):
+        return [s for i, item in enumerate(value) for s in _strings(item, f"{where}[{i}]")]
+    return []
 
 
 def _prompt_ids(request: TextRequest, encode: Callable[[str], list[int]], max_chars: int, tokenizer: Any,
@@ -135,9 +155,9 @@ def _prompt_ids(request: TextRequest, encode: Callable[[str], list[int]], max_ch
         return list(request.prompt_token_ids)
     text = request.prompt
     if request.messages:
-        if sum(len(m["content"]) for m in request.messages) > max_chars:
+        if sum(len(text) for m in request.messages for _, text in _strings(m, "")) > max_chars:
             raise InvalidRequestError("messages", f"more than {max_chars} characters cannot fit the context")
-        text = render_chat(tokenizer, request.messages, model)
+        text = render_chat(tokenizer, request.messages, model, request.tools)
     elif not text:
         raise InvalidRequestError("prompt", "must not be empty (set prompt or prompt_token_ids)")
     if len(text) > max_chars:

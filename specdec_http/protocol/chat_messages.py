@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specdec_http.protocol.tools import ToolCall
+
 
 class ContentPart(BaseModel):
     """One part of a message's content (only {"type": "text", "text"} parts are rendered)."""
@@ -22,6 +24,8 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    role: str = Field(description="system, user or assistant")
+    role: str = Field(description="system, user, assistant, developer or tool")
     content: str | list[ContentPart] | None = Field(
         None, description="the text, or text parts (joined with newlines, as vLLM does)")
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant message's calls (content may be null)")
+    tool_call_id: str | None = Field(None, description="a tool message: the id of the call it answers")

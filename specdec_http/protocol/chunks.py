@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from specdec_http.protocol.logprobs import ChatLogprobs, CompletionLogprobs
 from specdec_http.protocol.responses import Envelope, SpeculationStats, Usage
+from specdec_http.protocol.tools import ToolCallDelta
 
 
 class CompletionChunkChoice(BaseModel):
@@ -23,10 +24,12 @@ class CompletionChunkChoice(BaseModel):
 
 
 class ChatDelta(BaseModel):
-    """A chat completion's new content this round (the first chunk names the role)."""
+    """A chat completion's new content this round (the first chunk names the role); with
+    tools, the tool calls' deltas (content is then left out when there is none)."""
 
     role: Literal["assistant"] | None = None
-    content: str
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

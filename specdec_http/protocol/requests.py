@@ -23,6 +23,7 @@ from specdec.serving.fan_out import MAX_CHOICES
 from specdec_http.protocol.chat_messages import ChatMessage
 from specdec_http.protocol.response_format import ResponseFormat, StructuredOutputs
 from specdec_http.protocol.fields import MAX_SEED, MIN_SEED, Bool, Float, Int, TokenIds, ignored, neutral_only
+from specdec_http.protocol.tools import ChatTool, ToolChoice
 
 NUMBER, INTEGER, BOOLEAN, OBJECT = {"type": "number"}, {"type": "integer"}, {"type": "boolean"}, {"type": "object"}
 
@@ -132,6 +133,11 @@ class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(description="the conversation, rendered by the tokenizer's chat template")
+    tools: list[ChatTool] | None = Field(
+        None, description="functions the model may call, rendered in the model's tool format (docs/tool_calling.md)")
+    tool_choice: ToolChoice | None = Field(
+        None, description="none, auto (the default with tools), required (one or more calls) or "
+                          "{type: function, function: {name}} (that call); required and named force it with a grammar")
     max_completion_tokens: Annotated[Int, Field(ge=1)] | None = Field(None, description="the newer name of max_tokens")
     logprobs: Bool | None = Field(None, description="report each generated token's logprob")
     top_logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from specdec_http.protocol.logprobs import ChatLogprobs, CompletionLogprobs
+from specdec_http.protocol.tools import ToolCall
 
 
 class PromptTokensDetails(BaseModel):
@@ -55,7 +56,8 @@ class AssistantMessage(BaseModel):
     """The reply of a chat completion."""
 
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="the text (null when the reply only calls tools)")
+    tool_calls: list[ToolCall] | None = Field(None, description="the tools it calls (with tools; only when it does)")
 
 
 class ChatChoice(BaseModel):
@@ -64,7 +66,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = Field(description="with the request's logprobs, else null")
-    finish_reason: str | None
+    finish_reason: str | None = Field(description="stop, length, tool_calls or error")
 
 
 class Envelope(BaseModel):
