@@ -167,6 +167,9 @@ def test_tool_choice_required_streams_calls_with_speculation_on(client):
         for d in choice.delta.tool_calls or []:
             calls.setdefault(d.index, {"name": d.function.name, "arguments": ""})["arguments"] += d.function.arguments
         finish = choice.finish_reason or finish
-    assert finish == "tool_calls" and calls and all(c["name"] == "get_weather" for c in calls.values())
-    for c in calls.values():
+    # required allows more calls after the first: the tiny model keeps writing them until
+    # max_tokens (finish "length", its last call possibly cut); the first is always whole
+    assert finish in ("tool_calls", "length") and calls and all(c["name"] == "get_weather" for c in calls.values())
+    whole = list(calls.values()) if finish == "tool_calls" else list(calls.values())[:1]
+    for c in whole:
         assert json.loads(c["arguments"])["unit"] in ("celsius", "fahrenheit")

@@ -11,7 +11,7 @@ from specdec.serving.frontend import Completion, Delta, Usage
 from specdec.serving.serving_errors import InvalidRequestError
 from specdec.serving.tool_parser_hermes import HermesToolParser, call_block
 from specdec_http.openai_api import chat_request
-from specdec_http.openai_responses import Call, chunk_events, completion_object, error_body
+from specdec_http.openai_responses import Call, UsageReport, chunk_events, completion_object, error_body
 from specdec_http.tool_calls import tool_parser
 
 MODEL = "bundled:target"
@@ -85,7 +85,7 @@ def completion(text, reason="stop") -> Completion:
 
 def test_a_unary_answer_that_calls_tools_has_tool_calls_and_finish_reason_tool_calls():
     call = Call.new(chat=True, model=MODEL)
-    [choice] = completion_object(call, completion(OUTPUT), tools=HermesToolParser())["choices"]
+    [choice] = completion_object(call, completion(OUTPUT), tools=[HermesToolParser()])["choices"]
     message = choice["message"]
     assert choice["finish_reason"] == "tool_calls" and message["content"] == "Let me check."
     assert [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] \
@@ -95,9 +95,9 @@ def test_a_unary_answer_that_calls_tools_has_tool_calls_and_finish_reason_tool_c
 
 def test_an_answer_without_calls_is_plain_content_and_a_cut_one_keeps_length():
     call = Call.new(chat=True, model=MODEL)
-    [plain] = completion_object(call, completion("def f(): pass"), tools=HermesToolParser())["choices"]
+    [plain] = completion_object(call, completion("def f(): pass"), tools=[HermesToolParser()])["choices"]
     assert plain["message"] == {"role": "assistant", "content": "def f(): pass"} and plain["finish_reason"] == "stop"
-    [cut] = completion_object(call, completion(OUTPUT, "length"), tools=HermesToolParser())["choices"]
+    [cut] = completion_object(call, completion(OUTPUT, "length"), tools=[HermesToolParser()])["choices"]
     assert cut["finish_reason"] == "length" and len(cut["message"]["tool_calls"]) == 2
 
 
@@ -108,7 +108,7 @@ def test_a_stream_sends_tool_call_deltas_with_no_markup_in_the_content():
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
         delta = Delta(piece, [1], "stop" if last else None, SpecStats(rounds=1) if last else None)
-        chunks += [json.loads(e[len("data: "):]) for e in chunk_events(call, delta, i == 0, False, tools=parser)]
+        chunks += [json.loads(e[len("data: "):]) for e in chunk_events(call, delta, i == 0, UsageReport(), tools=parser)]
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert deltas[0]["role"] == "assistant" and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert "".join(d.get("content") or "" for d in deltas) == "Let me check."
