@@ -108,7 +108,8 @@ def test_a_stream_sends_tool_call_deltas_with_no_markup_in_the_content():
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
         delta = Delta(piece, [1], "stop" if last else None, SpecStats(rounds=1) if last else None)
-        chunks += [json.loads(e[len("data: "):]) for e in chunk_events(call, delta, i == 0, UsageReport(), tools=parser)]
+        events = chunk_events(call, delta, i == 0, UsageReport(), tools=parser)
+        chunks += [json.loads(e[len("data: "):]) for e in events]
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert deltas[0]["role"] == "assistant" and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert "".join(d.get("content") or "" for d in deltas) == "Let me check."
