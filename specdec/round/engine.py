@@ -18,7 +18,6 @@ policy's record, releases) only logs a failure: applied tokens always reach the 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -37,12 +36,14 @@ from specdec.proposers.proposer_view import ProposerView
 from specdec.proposers.base import Drafts, Proposal, ProposalRequest, Proposer
 from specdec.requests.request import DEFAULT_CAPS, GenerationRequest, RequestCaps, RequestLimits
 from specdec.round.round_timer import RoundTimer
+from specdec.round.row_outcome import apply_verdict, fail_row
+from specdec.round.row_requests import collect_prompt_logprobs, verify_request, with_prompt_logprobs
 from specdec.requests.sequence import Sequence
-from specdec.round.round_output import FINISH_ERROR, GenerationResult, RoundOutput
+from specdec.round.round_output import GenerationResult, RoundOutput
 from specdec.round.round_planner import RoundPlanner, unread_prompt
 from specdec.policy.speculation_policy import Decision, RoundPolicy
 from specdec.requests.stats import SpecStats
-from specdec.requests.stop_conditions import FINISH_STOP, StopChecker
+from specdec.requests.stop_conditions import StopChecker
 from specdec.verifiers.verifier import Verifier, VerifyRequest
 
 logger = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ class SpeculativeEngine:
         except Exception as exc:
             if len(batch) == 1:
                 logger.warning("request %s failed: %s: %s", batch[0].seq_id, type(exc).__name__, exc)
-                return [self._fail_row(batch[0], exc)]
+                return [fail_row(batch[0], exc)]
             middle = len(batch) // 2
             return self._isolated_round(batch[:middle]) + self._isolated_round(batch[middle:])
 
@@ -250,7 +251,7 @@ class SpeculativeEngine:
             (self._propose(now, gamma_now), set(range(len(now))))
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
-        requests = [self._verify_request(seq, drafts) for seq, drafts in zip(now, proposal)]
+        requests = [verify_request(seq, drafts) for seq, drafts in zip(now, proposal)]
         prompts = [unread_prompt(seq) for seq in (*now, *filling)]
         prefill = (sum(1 for p in prompts if p), sum(prompts))  # (rows, tokens) of the prompts the target reads
         results, meanwhile, ahead_s = self._verify(now, requests, filling, ahead, later, gammas)
@@ -277,9 +278,7 @@ class SpeculativeEngine:
         round's prefill chunks (a chunk's sampled token is dropped: its row emits nothing yet).
         With draft_ahead the proposer works while the target verifies. -> (results, what was
         drafted meanwhile or None, the seconds it took)."""
-        chunks = [_with_prompt_logprobs(seq, PrefillChunks.verify_request(seq)) for seq in filling]
-        for seq, chunk in zip(filling, chunks):
-            chunk.reserve_tokens = seq.reserve_tokens  # a first chunk takes the row's cache
+        chunks = [with_prompt_logprobs(seq, PrefillChunks.verify_request(seq)) for seq in filling]
         if ahead is not None:  # the proposer works while the target verifies
             pending = self.verifier.verify_async(requests + chunks)
             meanwhile, ahead_s = self._during_verify(now, later, requests, gammas)
@@ -291,9 +290,7 @@ class SpeculativeEngine:
         if len(results) != len(now) + len(filling):
             raise WorkerError(f"the verifier answered {len(results)} results for {len(now) + len(filling)} rows")
         PrefillChunks.done(filling)
-        for seq, request, result in zip([*now, *filling], requests + chunks, results):
-            if request.prompt_logprobs is not None:  # the prompt tokens this call read
-                seq.prompt_logprobs.extend(result.prompt_logprobs or ())
+        collect_prompt_logprobs([*now, *filling], requests + chunks, results)
         return results[: len(now)], meanwhile, ahead_s
 
     def _apply_all(self, now: list[Sequence], requests: list[VerifyRequest],
@@ -301,7 +298,8 @@ class SpeculativeEngine:
         """Each row's round applied: (outputs, drafted per row, accepted per row)."""
         outputs, drafted, accepted = [], [], []
         for seq, request, result in zip(now, requests, results):
-            output, (row_drafted, row_accepted) = self._apply(seq, request, result)
+            output, (row_drafted, row_accepted) = apply_verdict(seq, request, result,
+                                                                self.planner.recorded_gamma(seq), self.stats)
             outputs.append(output)
             drafted.append(row_drafted)
             accepted.append(row_accepted)
@@ -324,8 +322,6 @@ class SpeculativeEngine:
         if not filling or not self.planner.decision.enabled:
             return
         asks = [PrefillChunks.proposal_request(seq) for seq in filling]
-        for seq, ask in zip(filling, asks):
-            ask.reserve_tokens = seq.reserve_tokens  # a first chunk takes the row's draft cache
         for ask in asks:
             self._proposer_view.proposing(ask.seq_id, len(ask.token_ids))
         try:
@@ -429,52 +425,6 @@ class SpeculativeEngine:
             full[i] = drafts.first(gammas[i])  # never more than asked
         return full
 
-    @staticmethod
-    def _verify_request(seq: Sequence, drafts: Drafts) -> VerifyRequest:
-        """The row's verification; with a grammar, its draft cut after the first forbidden
-        token and the masks of the positions verified (`GrammarRow.constrain`)."""
-        mask = None
-        if seq.grammar is not None:
-            kept, mask = seq.grammar.constrain(drafts.token_ids)
-            drafts = drafts.first(kept)
-        request = VerifyRequest(seq.seq_id, seq.token_ids, drafts.token_ids, seq.request.sampling,
-                                drafts.q if drafts.token_ids else None, seq.num_prompt_tokens,
-                                seq.request.logprobs, mask, seq.reserve_tokens)
-        return _with_prompt_logprobs(seq, request)
-
-    def _apply(self, seq: Sequence, request: VerifyRequest, result) -> tuple[RoundOutput, tuple[int, int]]:
-        """Add a round's tokens to one sequence, cut at its first stop condition, and count
-        what was kept. A failure here (e.g. decoding) fails this request alone.
-        Returns the output and the (drafted, accepted) counts of the round."""
-        seq.stats.cached_tokens = max(seq.stats.cached_tokens, min(result.cached_tokens, seq.num_prompt_tokens))
-        try:
-            emitted = result.emitted if seq.grammar is None else seq.grammar.advance(result.emitted)
-            decision = seq.stop_checker.append(emitted)
-        except Exception as exc:
-            logger.warning("request %s failed: %s: %s", seq.seq_id, type(exc).__name__, exc)
-            return self._fail_row(seq, exc), (0, 0)
-        if decision.finish_reason is None and seq.grammar is not None and seq.grammar.ended:
-            decision = dataclasses.replace(decision, finish_reason=FINISH_STOP)  # the grammar's end ends the output
-        kept = emitted[: decision.num_kept]
-        logprobs = None if result.logprobs is None else result.logprobs[: decision.num_kept]
-        seq.token_ids.extend(kept)
-        seq.logprobs.extend(logprobs or ())
-        seq.finish_reason = decision.finish_reason
-        first = seq.request.prompt_logprobs is not None and seq.stats.rounds == 0
-        drafted, accepted = SpecStats.kept_counts(len(request.draft_token_ids), result.num_accepted, len(kept))
-        gamma = self.planner.recorded_gamma(seq)
-        for stats in (seq.stats, self.stats):
-            stats.record_round(drafted, accepted, gamma)
-            stats.emitted += len(kept)
-        output = RoundOutput(seq.seq_id, kept, seq.finish_reason, decision.text, logprobs=logprobs,
-                             prompt_logprobs=list(seq.prompt_logprobs) if first else None)
-        return output, (drafted, accepted)
-
-    def _fail_row(self, seq: Sequence, exc: BaseException) -> RoundOutput:
-        """End one request with its error (its slots are freed when it retires)."""
-        seq.finish_reason, seq.error = FINISH_ERROR, exc
-        return RoundOutput(seq.seq_id, [], FINISH_ERROR, error=exc)
-
     def _retire(self, seq: Sequence) -> None:
         self._finished[seq.seq_id] = seq
         self._proposer_view.forget(seq.seq_id)
@@ -489,9 +439,3 @@ class SpeculativeEngine:
             finally:  # a failing target must not leak the draft's slot
                 self.proposer.release(seq.seq_id)
 
-
-def _with_prompt_logprobs(seq: Sequence, request: VerifyRequest) -> VerifyRequest:
-    """The row's verify request asking for the prompt logprobs it still lacks (the tokens
-    this call reads; a prompt read in chunks collects them chunk by chunk)."""
-    request.prompt_logprobs, request.prompt_logprobs_from = seq.prompt_logprobs_wanted, len(seq.prompt_logprobs)
-    return request

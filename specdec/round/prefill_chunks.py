@@ -62,14 +62,17 @@ class PrefillChunks:
 
     @staticmethod
     def verify_request(seq: Sequence) -> VerifyRequest:
-        """The target's part of a prefill chunk: the history cut at the chunk's end, no drafts."""
-        return VerifyRequest(seq.seq_id, seq.token_ids[: seq.chunk_end], [], seq.request.sampling)
+        """The target's part of a prefill chunk: the history cut at the chunk's end, no drafts
+        (a first chunk takes the row's cache reserve)."""
+        return VerifyRequest(seq.seq_id, seq.token_ids[: seq.chunk_end], [], seq.request.sampling,
+                             reserve_tokens=seq.reserve_tokens)
 
     @staticmethod
     def proposal_request(seq: Sequence) -> ProposalRequest:
-        """The draft's part of a prefill chunk: one draft (dropped) on the cut history."""
+        """The draft's part of a prefill chunk: one draft (dropped) on the cut history (a first
+        chunk takes the row's draft cache reserve)."""
         return ProposalRequest(seq.seq_id, seq.token_ids[: seq.chunk_end], seq.request.sampling,
-                               seq.request.proposer, 1)
+                               seq.request.proposer, 1, reserve_tokens=seq.reserve_tokens)
 
     @staticmethod
     def done(rows: list[Sequence]) -> None:
