@@ -46,7 +46,8 @@ def reported_params(params: SamplingParams) -> SamplingParams:
 
 
 def emitted_logprobs(logits: Tensor, params: SamplingParams, emitted: list[int], top: int,
-                     history: Sequence[int] = (), num_prompt_tokens: int = 0) -> list[TokenLogprob]:
+                     history: Sequence[int] = (), num_prompt_tokens: int = 0,
+                     token_mask: Tensor | None = None) -> list[TokenLogprob]:
     """The logprobs of one row's emitted tokens.
 
     logits: [T, V] the target's logits at the row's positions (position j predicts
@@ -54,10 +55,14 @@ def emitted_logprobs(logits: Tensor, params: SamplingParams, emitted: list[int],
     params: the request's sampling; top: how many alternatives per token (0..MAX_TOP_LOGPROBS).
     history / num_prompt_tokens: the tokens the first position sees and how many of them
         are the prompt (what penalties and logit_bias read; position j also sees emitted[:j]).
+    token_mask: the row's grammar masks, [>= T, W] packed (position j's tokens allowed), or None:
+        the reported distribution is the masked one the output follows.
     """
     n = len(emitted)
     batch = SamplingBatch.from_params([reported_params(params)], histories=[list(history)],
                                       num_prompt_tokens=[num_prompt_tokens])
+    if token_mask is not None:
+        batch.token_masks = token_mask[None, :n]  # [1, n, W]
     before = torch.tensor([emitted[: n - 1]], dtype=torch.long, device=logits.device)  # [1, n - 1]
     processed = batch.processed(logits[None, :n], before)  # [1, n, V]
     return _reported(logits_to_probs(processed, batch)[0].log(), emitted, top)  # [n, V] float64

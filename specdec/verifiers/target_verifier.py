@@ -93,7 +93,7 @@ class TargetVerifier(Verifier):
             self.runner.truncate(slots[i], old_lengths[i] + 1 + num_accepted)
             logprobs = None if request.logprobs is None else \
                 emitted_logprobs(logits[i], request.sampling, emitted, request.logprobs, request.token_ids,
-                                 request.num_prompt_tokens)
+                                 request.num_prompt_tokens, request.token_mask)
             results.append(VerifyResult(request.seq_id, emitted, num_accepted, logprobs,
                                         self.runner.cached_tokens(slots[i]), prompt_logprobs[i]))
         return results

@@ -7,6 +7,7 @@ request alone."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -54,6 +55,22 @@ def test_the_grammars_end_ends_the_output_even_past_ignored_eos(engines, prompt_
     [result] = speculating.generate([GenerationRequest(prompt_ids[0], MAX_NEW, ignore_eos=True,
                                                        grammar=GrammarSpec("regex", "ok"))])
     assert result.text == "ok" and result.finish_reason == "stop"
+
+
+def test_logprobs_under_a_grammar_report_the_masked_distribution_the_output_follows(engines, prompt_ids):
+    """The regex "ok" allows only tokens that spell its rest: every alternative reported has
+    such a token, and at every position they carry the whole probability (the mask's)."""
+    speculating, _ = engines
+    [result] = speculating.generate([GenerationRequest(prompt_ids[1], MAX_NEW, logprobs=5,
+                                                       grammar=GrammarSpec("regex", "ok"))])
+    assert result.text == "ok" and len(result.logprobs) == len(result.token_ids)
+    written = ""
+    for entry in result.logprobs:
+        allowed = [(t, lp) for t, lp in entry.top if lp > float("-inf")]
+        rest = "ok"[len(written):]
+        assert all(rest.startswith(speculating.decode([t])) for t, _ in allowed), (rest, allowed)
+        assert sum(math.exp(lp) for _, lp in allowed) == pytest.approx(1.0, abs=1e-4)
+        written += speculating.decode([entry.token_id])
 
 
 def test_a_grammar_that_does_not_compile_is_refused_at_admission(engines, prompt_ids):
