@@ -217,7 +217,7 @@ def test_a_repeated_long_prompt_reports_its_cached_tokens_in_usage_and_metrics(a
 @pytest.mark.parametrize("kwargs, param", [
     ({"temperature": -1}, "temperature"),
     ({"max_tokens": 10**6}, "max_tokens"),
-    ({"n": 3}, "n"),
+    ({"n": 129}, "n"),  # above the 128 choices a request may ask for
 ])
 def test_bad_input_is_400_naming_the_field(client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as error:
