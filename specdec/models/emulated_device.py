@@ -10,8 +10,9 @@ while the device is busy: device time costs no CPU time.
 The wait is precise, as a host thread's wake-up after a GPU kernel is (a few microseconds
 when CUDA spin-waits): the thread sleeps until `SPIN_S` before the end, with the kernel's
 timer slack at its minimum for that thread (Linux adds 50 µs to every sleep by default), and
-spins the rest. A plain sleep returns ~0.1 ms late, which a round of five forwards would
-count as half a millisecond of framework cost that no real device causes.
+spins the rest. A plain sleep returns late by the timer slack and the scheduler's wake-up,
+which every forward of a round would add to the framework cost although no real device
+causes it (measured: docs/emulated_devices.md).
 
 Every device of a process is listed by `process_devices()`, so that a benchmark can read how
 long the devices of a worker process were busy (the emulated device time of a round) without
