@@ -27,8 +27,12 @@ redis-server:
 demo: setup
 	bash scripts/demo.sh
 
+# The in-process tier (tests/specdec: no Ray, no servers) runs on two pytest-xdist workers, one
+# torch thread each; everything that starts Ray, Serve, Redis or a server process runs after it,
+# one test at a time. `python -m pytest` alone runs the same tests in one process.
 test: setup
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n 2 --dist loadfile tests/specdec
+	$(PYTHON) -m pytest --ignore=tests/specdec
 
 bench: setup
 	$(PYTHON) benchmarks/bench_core.py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ from specdec.config.config import load_config
 from specdec.wiring.engine_builder import BuiltEngine, build_engine
 from specdec.models.model_paths import bundled_prompts, resolve_model_path
 
-torch.set_num_threads(2)
+# one torch thread per pytest-xdist worker (`make test` runs the in-process tier on two), else two
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(scope="session")
