@@ -4,9 +4,12 @@
 time-per-output-token (TPOT) target: goodput as serving systems define it (DistServe, OSDI
 2024: the rate of requests that meet their latency targets). Among the plans priced below,
 the plan is the one with the most tokens/s whose predicted per-token time meets every row's
-target; when none does, the one whose worst row misses its target by the least (predicted
-TPOT over target; a speculating plan only by the error band less than plain decoding, as
-its tokens/s must beat plain decoding's by it); rows without a target meet any. A row's
+target; when none does, the one that meets the most rows' targets, and among those the
+most tokens/s (a speculating plan that meets no more of them than plain decoding must beat
+its tokens/s by the error band); rows without a target meet any. A row that misses its
+target in every plan does not hold its neighbours back: judged by its worst row, an
+unlucky row (its drafts rejected, so a longer round only lengthens its TPOT) kept whole
+batches plain under load where drafting met more targets and streamed faster. A row's
 predicted TPOT under a plan is the round's decoding seconds over the tokens it emits:
 round_s(γ) / E_i(γ_i). Without targets the constraint is void and the plan is the tokens/s
 maximum alone. Prompts read in the round are left out of the TPOT as of the tokens/s: that
@@ -154,9 +157,8 @@ def plan_gammas(
     catch_up: what the proposer reads of each row's history before drafting for it (None: 0).
     tpot_targets_s: each row's time-per-output-token target, seconds (inf = none; None: no
     row has one). The margin still chooses between plain decoding and a plan that speculates
-    where both meet the targets, or where neither does (the speculating plan must then miss
-    them by that fraction less: for rows alike, the same test as on tokens/s, so that an
-    unreachable target does not undo the margin).
+    where both meet every target, or where neither does and both meet as many (for rows
+    alike, under a target no plan meets, the same test as without one).
     curves: # [rows, gamma_max] P_i(k), k = 1 … gamma_max; lo, hi: each row's bounds."""
     rows = len(lo)
     read = np.zeros(rows) if catch_up is None else np.asarray(catch_up, dtype=np.float64)  # [rows]
@@ -173,8 +175,8 @@ def plan_gammas(
     seconds = lambda gammas: cost.round_s(gammas, 0, read_list)  # noqa: E731
     whole_round = lambda gammas: cost.round_s(gammas, prompt_tokens, read_list)  # noqa: E731
     plain_goodput = _goodput(emitted, plain, seconds)
-    excess = _tpot_excess(emitted, seconds, tpot_targets_s, rows)
-    closest = (float("inf"), plain, plain_goodput)  # the speculating plan nearest the targets (should none meet)
+    ratios = _tpot_ratios(emitted, seconds, tpot_targets_s, rows)
+    most = (-1, -1.0, plain)  # the speculating plan with the most rows within their targets, then tokens/s
     best, best_goodput = plain, -1.0  # the best plan that speculates and meets the targets (plain: none found)
     previous, falling = 0.0, 0
     budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
@@ -184,41 +186,46 @@ def plan_gammas(
         gammas = _within_budget(emitted, tuple(choice.tolist()), lo_a, budget)
         gammas = _within_time(emitted, gammas, lo_a, whole_round, slowest)
         value = _goodput(emitted, gammas, seconds)
-        over = excess(gammas)
-        if gammas != plain and over < closest[0]:  # ties: the earlier (fewer steps)
-            closest = (over, gammas, value)
-        if gammas != plain and over <= 1.0 and value > best_goodput * (1.0 + 1e-12):
+        within = ratios(gammas)  # [rows] predicted TPOT over target
+        met = int((within <= 1.0).sum())
+        if gammas != plain and (met, value) > (most[0], most[1] * (1.0 + 1e-12)):  # ties: fewer steps
+            most = (met, value, gammas)
+        if gammas != plain and met == rows and value > best_goodput * (1.0 + 1e-12):
             best, best_goodput = gammas, value
         falling = falling + 1 if value < previous else 0
         if falling >= 2:  # past the best number of draft steps: goodput only falls from here
             break
         previous = value
-    plain_excess = excess(plain)
-    if plain_excess > 1.0 and closest[0] > 1.0:  # none meets every target: the one that misses them least
-        if closest[0] * (1.0 + margin) < plain_excess:  # ... a speculating one by the margin
-            return Plan(closest[1], closest[2], plain_goodput, closest[0])
+    plain_within = ratios(plain)
+    plain_met, plain_excess = int((plain_within <= 1.0).sum()), _worst(plain_within)
+    if plain_met < rows and best == plain:  # none meets every target: the most rows within theirs
+        met, value, gammas = most
+        if met > plain_met or (met == plain_met and value > plain_goodput * (1.0 + margin)):
+            return Plan(gammas, value, plain_goodput, _worst(ratios(gammas)))
         return Plan(plain, plain_goodput, plain_goodput, plain_excess)
-    plain_meets = plain_excess <= 1.0
-    if best == plain or (plain_meets and best_goodput <= plain_goodput * (1.0 + margin)):
+    if best == plain or (plain_met == rows and best_goodput <= plain_goodput * (1.0 + margin)):
         best, best_goodput = plain, plain_goodput
-    return Plan(best, best_goodput, plain_goodput, excess(best))
+    return Plan(best, best_goodput, plain_goodput, _worst(ratios(best)))
 
 
-def _tpot_excess(emitted: np.ndarray, round_s: Callable[[tuple[int, ...]], float], targets_s: ArrayLike | None,
-                 rows: int) -> Callable[[tuple[int, ...]], float]:
-    """A plan's worst predicted TPOT over its row's target: round_s(γ) / E_i(γ_i) / target_i,
-    maximised over the rows (0 for a plan of rows without targets). emitted: # [rows, gamma_max + 1]"""
-    if targets_s is None:
-        return lambda gammas: 0.0
+def _tpot_ratios(emitted: np.ndarray, round_s: Callable[[tuple[int, ...]], float], targets_s: ArrayLike | None,
+                 rows: int) -> Callable[[tuple[int, ...]], np.ndarray]:
+    """Each row's predicted TPOT over its target under a plan: round_s(γ) / E_i(γ_i) / target_i
+    (0 for rows without a target: they meet any). emitted: # [rows, gamma_max + 1]; # [rows] back"""
+    if targets_s is None or np.isinf(np.asarray(targets_s, dtype=np.float64)).all():
+        return lambda gammas: np.zeros(rows)
     targets = np.asarray(targets_s, dtype=np.float64)  # [rows]
     assert targets.shape == (rows,) and (targets > 0).all(), (targets, rows)
-    if np.isinf(targets).all():
-        return lambda gammas: 0.0
 
-    def excess(gammas: tuple[int, ...]) -> float:
+    def ratios(gammas: tuple[int, ...]) -> np.ndarray:
         tokens = emitted[np.arange(rows), list(gammas)]  # [rows]
-        return float(np.max(round_s(gammas) / tokens / targets))
-    return excess
+        return round_s(gammas) / tokens / targets
+    return ratios
+
+
+def _worst(ratios: np.ndarray) -> float:
+    """The worst row's TPOT over its target (0: no row has one)."""
+    return float(ratios.max()) if ratios.size else 0.0
 
 
 def _within_budget(emitted: np.ndarray, gammas: tuple[int, ...], lo: np.ndarray, budget: float) -> tuple[int, ...]:

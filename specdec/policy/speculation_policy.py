@@ -246,7 +246,7 @@ class SpeculationPolicy:
                            prompt_tokens=sum(r.prompt_tokens for r in rows),
                            catch_up=amortised_catch_up(curves, rows, hi), tpot_targets_s=self._targets(rows))
         gammas = [g if f is None else own for g, f, own in zip(plan.gammas, fixed, lo)]
-        missed = f", TPOT targets missed by {plan.tpot_excess:.2f}x at best" if plan.tpot_excess > 1 else ""
+        missed = f", TPOT targets missed by {plan.tpot_excess:.2f}x (worst row)" if plan.tpot_excess > 1 else ""
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows{missed})")
         return self._priced(self._decision(gammas, free, rows, True, reason, explore), snapshot, rows, explore)
