@@ -13,8 +13,9 @@ on two clocks: wall, and this process's CPU time (with `--threads 1`, what the w
 take on a dedicated core: other processes' load barely moves it). `--paths inprocess` steps
 the engine directly; `served` runs the serving loop (`AsyncEngine`, as `specdec serve` does
 in process) with asyncio clients. Usage:
-    python benchmarks/bench_chunked_prefill.py [--chunks 0,256] [--slowdowns 0,0.2] [--reps 3]
+    python benchmarks/bench_chunked_prefill.py [--chunks 0,256] [--slowdowns 0,0.15] [--reps 3]
         [--paths inprocess,served]
+(256 and 0.15 are the config's defaults: pacing bounds only prompts longer than a chunk.)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from specdec.config.config import load_config
+from specdec.config.config import SchedulingConfig, load_config
 from specdec.models.model_paths import bundled_prompts
 from specdec.requests.request import GenerationRequest
 from specdec.wiring.engine_builder import build_engine, build_served_engine
@@ -161,6 +162,9 @@ def report(path: str, chunk: int, slowdown: float, results: list[tuple[dict, dic
     range of the per-pair ratios (how noisy the figure is)."""
     name = "whole prompts" if chunk == 0 else \
         f"chunks of {chunk}" + (f", slowdown {slowdown:g}" if slowdown else ", unpaced")
+    defaults = SchedulingConfig()
+    if (chunk, slowdown) == (defaults.prefill_chunk_tokens, defaults.prefill_slowdown):
+        name += " (defaults)"
     for clock in CLOCKS:
         cells = []
         for key in (f"itl_p99_ms_{clock}", f"tokens_per_s_{clock}"):
@@ -176,7 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=lambda t: [int(x) for x in t.split(",")], default=[0, 256],
                     help="prefill_chunk_tokens values to compare (0 = whole prompts)")
-    ap.add_argument("--slowdowns", type=lambda t: [float(x) for x in t.split(",")], default=[0.0, 0.2],
+    ap.add_argument("--slowdowns", type=lambda t: [float(x) for x in t.split(",")], default=[0.0, 0.15],
                     help="prefill_slowdown values of the chunked runs (0 = unpaced)")
     ap.add_argument("--paths", default="inprocess,served", help="inprocess and/or served (comma-separated)")
     ap.add_argument("--reps", type=int, default=3, help="(without, with) pairs per configuration")
