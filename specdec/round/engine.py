@@ -77,8 +77,9 @@ class SpeculativeEngine:
         None or 0: each prompt whole in its first round).
         grammars: compiles requests' grammars (`GrammarSpec`) for this tokenizer; None =
         requests with a grammar are refused.
-        prefill_slowdown: while rows decode, chunks lengthen their rounds by at most this share
-        on average, measured (`PrefillPace`; 0: every round reads its full budget)."""
+        prefill_slowdown: while rows decode, the chunks of prompts longer than the budget
+        lengthen their rounds by at most this share on average, measured (`PrefillPace`; the
+        config's default is on; 0: every round reads its full budget)."""
         if not 0 <= gamma <= caps.gamma_limit:
             raise ValueError(f"gamma must be in [0, gamma_limit={caps.gamma_limit}], got {gamma}")
         self.verifier = verifier

@@ -102,7 +102,7 @@ def test_paced_chunks_beside_decoding_rows_leave_the_output_unchanged(make_engin
     built = make_engine("draft", 4, scheduling={"prefill_chunk_tokens": 64, "prefill_slowdown": 0.2})
     engine = built.engine
     ids = [engine.add_request(GenerationRequest(long_prompts[2], MAX_NEW, ignore_eos=True))]
-    engine.step()  # the short prompt decodes: the long ones are paced
+    engine.step()  # the short prompt decodes: the 150-token one is paced (the 61-token one fits a chunk)
     ids += [engine.add_request(GenerationRequest(p, MAX_NEW, ignore_eos=True)) for p in long_prompts[:2]]
     while engine.has_unfinished():
         engine.step()
