@@ -51,6 +51,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.times: dict[str, list[tuple[float, float]]] = {}
+        self.lags: list[float] = []  # served: from the loop thread's step end to the consumer, s
         self.tokens = 0
         self.long_served = 0
         self.start = self.now()
@@ -71,7 +72,31 @@ class Recorder:
             gaps = [b[k] - a[k] for times in self.times.values() for a, b in zip(times, times[1:])]
             row[f"itl_p99_ms_{clock}"] = 1000 * float(np.percentile(gaps, 99))
             row[f"tokens_per_s_{clock}"] = self.tokens / (end[k] - self.start[k])
+        if self.lags:
+            row["handoff_ms"] = [1000 * float(np.percentile(self.lags, q)) for q in (50, 99)]
         return row
+
+
+class StepEnds:
+    """Served: when the loop thread's engine.step() returned each output that carries tokens
+    (wall clock), so a consumer can tell how long the hand-off to asyncio took."""
+
+    def __init__(self, engine) -> None:
+        self.ends: dict[str, list[float]] = {}
+        step = engine.step
+
+        def stamped():
+            outputs = step()
+            now = CLOCKS["wall"]()
+            for output in outputs:
+                if output.new_token_ids:
+                    self.ends.setdefault(output.seq_id, []).append(now)
+            return outputs
+        engine.step = stamped
+
+    def lag(self, seq_id: str, k: int) -> float:
+        """The k-th output's hand-off time (k counts the outputs with tokens)."""
+        return CLOCKS["wall"]() - self.ends[seq_id][k]
 
 
 def config(args: argparse.Namespace, chunk: int, slowdown: float):
@@ -110,7 +135,11 @@ async def _served_run(loop, prompts, corpus, args, with_long: bool, seed: int) -
     rng, rec, done = random.Random(seed), Recorder(), asyncio.Event()
 
     async def stream(i: int) -> None:
+        k = 0
         async for output in loop.submit(GenerationRequest(prompts[i], args.stream_tokens, ignore_eos=True)):
+            if output.new_token_ids:
+                rec.lags.append(loop.step_ends.lag(output.seq_id, k))
+                k += 1
             rec.output(str(i), len(output.new_token_ids))
 
     async def long_client() -> None:
@@ -142,6 +171,7 @@ def pairs(path: str, args, chunk: int, slowdown: float) -> list[tuple[dict, dict
     cfg = config(args, chunk, slowdown)
     if path == "served":
         served = build_served_engine(cfg)
+        served.loop.step_ends = StepEnds(served.loop.engine)  # before the loop's first step
         target, encode, run = served, served.encode, run_served
     else:
         built = build_engine(cfg)
@@ -174,6 +204,10 @@ def report(path: str, chunk: int, slowdown: float, results: list[tuple[dict, dic
             cells.append(f"{a:.1f} | {b:.1f} | **{b / a:.2f}x** ({each[0]:.2f}-{each[-1]:.2f})")
         served = statistics.median(r[1]["long_prompts"] for r in results)
         print(f"| {path} | {name} | {clock} | {cells[0]} | {cells[1]} | {served:g} |", flush=True)
+    if "handoff_ms" in results[0][1]:
+        p50, p99 = (statistics.median(r[1]["handoff_ms"][k] for r in results) for k in (0, 1))
+        print(f"(serving loop hand-off, loop thread's step end -> asyncio consumer, with the client: "
+              f"median {p50:.2f} ms, p99 {p99:.2f} ms)", flush=True)
 
 
 def main() -> None:
