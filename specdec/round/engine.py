@@ -319,8 +319,8 @@ class SpeculativeEngine:
     def _chunk_reads(self, filling: list[Sequence]) -> list[ProposalRequest]:
         """While the round speculates, the draft reads each prefill chunk too, in the round's
         proposer call (asked for one draft, which is dropped), so its cache holds the prompt
-        when the row first drafts instead of reading it whole then. A failed call only leaves
-        the draft to catch up at the first draft."""
+        when the row first drafts instead of reading it whole then. A failed call costs the
+        round its drafts, as any proposer failure, and leaves the draft to catch up later."""
         if not filling or not self.planner.decision.enabled:
             return []
         return [PrefillChunks.proposal_request(seq) for seq in filling]
