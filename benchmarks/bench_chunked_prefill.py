@@ -13,8 +13,9 @@ on two clocks: wall, and this process's CPU time (with `--threads 1`, what the w
 take on a dedicated core: other processes' load barely moves it). `--paths inprocess` steps
 the engine directly; `served` runs the serving loop (`AsyncEngine`, as `specdec serve` does
 in process) with asyncio clients. Usage:
-    python benchmarks/bench_chunked_prefill.py [--chunks 0,256] [--slowdowns 0,0.2] [--reps 3]
+    python benchmarks/bench_chunked_prefill.py [--chunks 0,256] [--slowdowns 0,0.15] [--reps 3]
         [--paths inprocess,served]
+(256 and 0.15 are the config's defaults: pacing bounds only prompts longer than a chunk.)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from specdec.config.config import load_config
+from specdec.config.config import SchedulingConfig, load_config
 from specdec.models.model_paths import bundled_prompts
 from specdec.requests.request import GenerationRequest
 from specdec.wiring.engine_builder import build_engine, build_served_engine
@@ -50,6 +51,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.times: dict[str, list[tuple[float, float]]] = {}
+        self.lags: list[float] = []  # served: from the loop thread's step end to the consumer, s
         self.tokens = 0
         self.long_served = 0
         self.start = self.now()
@@ -70,7 +72,31 @@ class Recorder:
             gaps = [b[k] - a[k] for times in self.times.values() for a, b in zip(times, times[1:])]
             row[f"itl_p99_ms_{clock}"] = 1000 * float(np.percentile(gaps, 99))
             row[f"tokens_per_s_{clock}"] = self.tokens / (end[k] - self.start[k])
+        if self.lags:
+            row["handoff_ms"] = [1000 * float(np.percentile(self.lags, q)) for q in (50, 99)]
         return row
+
+
+class StepEnds:
+    """Served: when the loop thread's engine.step() returned each output that carries tokens
+    (wall clock), so a consumer can tell how long the hand-off to asyncio took."""
+
+    def __init__(self, engine) -> None:
+        self.ends: dict[str, list[float]] = {}
+        step = engine.step
+
+        def stamped():
+            outputs = step()
+            now = CLOCKS["wall"]()
+            for output in outputs:
+                if output.new_token_ids:
+                    self.ends.setdefault(output.seq_id, []).append(now)
+            return outputs
+        engine.step = stamped
+
+    def lag(self, seq_id: str, k: int) -> float:
+        """The k-th output's hand-off time (k counts the outputs with tokens)."""
+        return CLOCKS["wall"]() - self.ends[seq_id][k]
 
 
 def config(args: argparse.Namespace, chunk: int, slowdown: float):
@@ -109,7 +135,11 @@ async def _served_run(loop, prompts, corpus, args, with_long: bool, seed: int) -
     rng, rec, done = random.Random(seed), Recorder(), asyncio.Event()
 
     async def stream(i: int) -> None:
+        k = 0
         async for output in loop.submit(GenerationRequest(prompts[i], args.stream_tokens, ignore_eos=True)):
+            if output.new_token_ids:
+                rec.lags.append(loop.step_ends.lag(output.seq_id, k))
+                k += 1
             rec.output(str(i), len(output.new_token_ids))
 
     async def long_client() -> None:
@@ -141,6 +171,7 @@ def pairs(path: str, args, chunk: int, slowdown: float) -> list[tuple[dict, dict
     cfg = config(args, chunk, slowdown)
     if path == "served":
         served = build_served_engine(cfg)
+        served.loop.step_ends = StepEnds(served.loop.engine)  # before the loop's first step
         target, encode, run = served, served.encode, run_served
     else:
         built = build_engine(cfg)
@@ -161,6 +192,9 @@ def report(path: str, chunk: int, slowdown: float, results: list[tuple[dict, dic
     range of the per-pair ratios (how noisy the figure is)."""
     name = "whole prompts" if chunk == 0 else \
         f"chunks of {chunk}" + (f", slowdown {slowdown:g}" if slowdown else ", unpaced")
+    defaults = SchedulingConfig()
+    if (chunk, slowdown) == (defaults.prefill_chunk_tokens, defaults.prefill_slowdown):
+        name += " (defaults)"
     for clock in CLOCKS:
         cells = []
         for key in (f"itl_p99_ms_{clock}", f"tokens_per_s_{clock}"):
@@ -170,13 +204,17 @@ def report(path: str, chunk: int, slowdown: float, results: list[tuple[dict, dic
             cells.append(f"{a:.1f} | {b:.1f} | **{b / a:.2f}x** ({each[0]:.2f}-{each[-1]:.2f})")
         served = statistics.median(r[1]["long_prompts"] for r in results)
         print(f"| {path} | {name} | {clock} | {cells[0]} | {cells[1]} | {served:g} |", flush=True)
+    if "handoff_ms" in results[0][1]:
+        p50, p99 = (statistics.median(r[1]["handoff_ms"][k] for r in results) for k in (0, 1))
+        print(f"(serving loop hand-off, loop thread's step end -> asyncio consumer, with the client: "
+              f"median {p50:.2f} ms, p99 {p99:.2f} ms)", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=lambda t: [int(x) for x in t.split(",")], default=[0, 256],
                     help="prefill_chunk_tokens values to compare (0 = whole prompts)")
-    ap.add_argument("--slowdowns", type=lambda t: [float(x) for x in t.split(",")], default=[0.0, 0.2],
+    ap.add_argument("--slowdowns", type=lambda t: [float(x) for x in t.split(",")], default=[0.0, 0.15],
                     help="prefill_slowdown values of the chunked runs (0 = unpaced)")
     ap.add_argument("--paths", default="inprocess,served", help="inprocess and/or served (comma-separated)")
     ap.add_argument("--reps", type=int, default=3, help="(without, with) pairs per configuration")

@@ -65,11 +65,12 @@ class SchedulingConfig(StrictModel):
         "prompt whole in its first round (lowest time to first token for a lone long prompt).",
     )
     prefill_slowdown: float = Field(
-        0.0, ge=0, le=10, description="While requests decode, new prompts' chunks lengthen their rounds by at most "
-        "this share on average (each round by at most twice it), sized from measured round times, so a client "
-        "sending long prompts costs the decoding streams a bounded share of their speed (e.g. 0.15; it also delays "
-        "short prompts joining a busy batch by a few rounds); 0 = every round reads prefill_chunk_tokens "
-        "whatever it costs them.",
+        0.15, ge=0, le=10, description="While requests decode, the chunks of prompts longer than "
+        "prefill_chunk_tokens lengthen their rounds by at most this share on average (each round by about twice "
+        "it), sized from measured round times, so a client sending long prompts costs the decoding streams a "
+        "bounded share of their speed (larger: faster time to first token for long prompts); a prompt that fits "
+        "prefill_chunk_tokens is read at once, unpaced; 0 = every round reads prefill_chunk_tokens whatever it "
+        "costs the decoding streams.",
     )
 
 

@@ -77,8 +77,9 @@ class SpeculativeEngine:
         None or 0: each prompt whole in its first round).
         grammars: compiles requests' grammars (`GrammarSpec`) for this tokenizer; None =
         requests with a grammar are refused.
-        prefill_slowdown: while rows decode, chunks lengthen their rounds by at most this share
-        on average, measured (`PrefillPace`; 0: every round reads its full budget)."""
+        prefill_slowdown: while rows decode, the chunks of prompts longer than the budget
+        lengthen their rounds by at most this share on average, measured (`PrefillPace`; the
+        config's default is on; 0: every round reads its full budget)."""
         if not 0 <= gamma <= caps.gamma_limit:
             raise ValueError(f"gamma must be in [0, gamma_limit={caps.gamma_limit}], got {gamma}")
         self.verifier = verifier
@@ -246,9 +247,9 @@ class SpeculativeEngine:
         ahead = self.draft_ahead if overlap else None
         now, later = ahead.split(batch, gammas) if ahead is not None else (batch, [])
         gamma_now = [gammas[seq.seq_id] for seq in now]
-        self._draft_reads_chunks(filling)
-        proposal, fresh = self._ready_drafts(now, gamma_now) if ahead is not None else \
-            (self._propose(now, gamma_now), set(range(len(now))))
+        reads = self._chunk_reads(filling)
+        proposal, fresh = self._ready_drafts(now, gamma_now, reads) if ahead is not None else \
+            (self._propose(now, gamma_now, reads), set(range(len(now))))
         proposed = time.perf_counter()
         self._note_unavailable(now, gamma_now, proposal)
         requests = [verify_request(seq, drafts) for seq, drafts in zip(now, proposal)]
@@ -315,30 +316,25 @@ class SpeculativeEngine:
                     missing and self.proposer.unavailable(seq.request.proposer) is not None
                 )
 
-    def _draft_reads_chunks(self, filling: list[Sequence]) -> None:
-        """While the round speculates, the draft reads each prefill chunk too (asked for one
-        draft, which is dropped), so its cache holds the prompt when the row first drafts
-        instead of reading it whole then. A failure only leaves the draft to catch up later."""
+    def _chunk_reads(self, filling: list[Sequence]) -> list[ProposalRequest]:
+        """While the round speculates, the draft reads each prefill chunk too, in the round's
+        proposer call (asked for one draft, which is dropped), so its cache holds the prompt
+        when the row first drafts instead of reading it whole then. A failed call costs the
+        round its drafts, as any proposer failure, and leaves the draft to catch up later."""
         if not filling or not self.planner.decision.enabled:
-            return
-        asks = [PrefillChunks.proposal_request(seq) for seq in filling]
-        for ask in asks:
-            self._proposer_view.proposing(ask.seq_id, len(ask.token_ids))
-        try:
-            self.proposer.propose(asks)
-        except Exception:
-            self.proposer_failures += 1
-            logger.exception("the draft failed to read prefill chunks; it reads them at its first draft")
+            return []
+        return [PrefillChunks.proposal_request(seq) for seq in filling]
 
-    def _ready_drafts(self, batch: list[Sequence], gammas: list[int]) -> tuple[Proposal, set[int]]:
+    def _ready_drafts(self, batch: list[Sequence], gammas: list[int],
+                      reads: list[ProposalRequest]) -> tuple[Proposal, set[int]]:
         """Each row's drafts made ahead when they continue its history; the other speculating
-        rows are proposed for now, before their verification. Returns the proposal and the
-        rows proposed for now."""
+        rows are proposed for now, before their verification, in one call with the draft's
+        chunk reads. Returns the proposal and the rows proposed for now."""
         ready = [self.draft_ahead.take(seq.seq_id, seq.token_ids, g) for seq, g in zip(batch, gammas)]
         missing = [i for i, drafts in enumerate(ready) if not drafts and gammas[i] > 0]
         self.timer.propose_compute_s = 0.0
-        if missing:
-            fresh = self._propose([batch[i] for i in missing], [gammas[i] for i in missing])
+        if missing or reads:
+            fresh = self._propose([batch[i] for i in missing], [gammas[i] for i in missing], reads)
             for i, drafts in zip(missing, fresh):
                 ready[i] = drafts
         return ready, set(missing)
@@ -401,19 +397,21 @@ class SpeculativeEngine:
     def _active(self) -> list[Sequence]:
         return [*self._waiting, *self._running]
 
-    def _propose(self, batch: list[Sequence], gammas: list[int]) -> Proposal:
-        """One proposer call for the rows that speculate, each with its own γ. A failing
-        proposer costs this round its drafts (lossless), never a request."""
+    def _propose(self, batch: list[Sequence], gammas: list[int], reads: Seq[ProposalRequest] = ()) -> Proposal:
+        """One proposer call for the rows that speculate, each with its own γ, and the draft's
+        prefill chunk reads (`reads`: their drafts are dropped). A failing proposer costs this
+        round its drafts (lossless), never a request."""
         full = [Drafts() for _ in batch]
         rows = [i for i, g in enumerate(gammas) if g > 0]
         self.timer.propose_compute_s = 0.0  # no call, no compute
-        if not rows:
+        if not rows and not reads:
             return full
         requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
                                     batch[i].request.proposer, gammas[i], batch[i].num_prompt_tokens,
                                     batch[i].reserve_tokens) for i in rows]
-        for i in rows:
-            self._proposer_view.proposing(batch[i].seq_id, len(batch[i].token_ids))
+        for request in (*requests, *reads):
+            self._proposer_view.proposing(request.seq_id, len(request.token_ids))
+        requests += reads
         try:
             part = self.proposer.propose(requests)
             self.timer.propose_compute_s = getattr(self.proposer, "last_compute_s", None)

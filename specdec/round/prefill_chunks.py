@@ -34,25 +34,36 @@ class PrefillChunks:
 
     def plan(self, running: list[Sequence]) -> list[Sequence]:
         """Set each row's `chunk_end` for this round and return the rows that take part (the
-        others wait for budget). Rows are served in the order given (their admission)."""
+        others wait for budget). Rows are served in the order given (their admission). While
+        rows decode, the pace bounds only long prompts (`paced`): a prompt the budget reads in
+        one round is read at once, as without a pace, so ordinary requests start as soon."""
         decoding = any(seq.stats.rounds > 0 for seq in running)
+        paced = self.pace is not None and decoding
         left = self.budget
-        if self.pace is not None and decoding:
-            left = min(left, self.pace.allowance())
+        allowed = min(left, self.pace.allowance()) if paced else left  # what long prompts may still read
         start, taking_part = left, []
         for seq in running:
             seq.chunk_end = None
-            unread = len(seq.token_ids) - seq.prefilled  # the prompt's rest and its pending token
             if left is None or seq.stats.rounds > 0:
                 taking_part.append(seq)
-            elif unread <= left:  # its last chunk: an ordinary first round
-                left -= unread
-                taking_part.append(seq)
-            elif left > 0:
-                seq.chunk_end, left = seq.prefilled + left, 0
-                taking_part.append(seq)
-        self._paced = start - left if self.pace is not None and decoding else None
+                continue
+            unread = len(seq.token_ids) - seq.prefilled  # the prompt's rest and its pending token
+            cap = min(left, allowed) if self.long(seq) else left
+            if unread <= cap:  # its last chunk: an ordinary first round
+                read = unread
+            elif cap > 0:
+                read = cap
+                seq.chunk_end = seq.prefilled + cap
+            else:
+                continue
+            left, allowed = left - read, max(0, allowed - read)
+            taking_part.append(seq)
+        self._paced = start - left if paced else None
         return taking_part
+
+    def long(self, seq: Sequence) -> bool:
+        """A prompt the budget reads in more than one round (the pace bounds only these)."""
+        return self.budget is not None and seq.num_prompt_tokens > self.budget
 
     def round_done(self, seconds: float) -> None:
         """The planned round took `seconds`: the pace learns from rounds beside decoding rows."""

@@ -78,9 +78,13 @@ def test_a_row_decoding_keeps_emitting_while_a_long_prompt_is_read_within_the_bu
     long = engine.add_request(GenerationRequest(long_prompts[0], 8, ignore_eos=True))
     recorder = engine.verifier = ReadRecorder(engine.verifier, {short: 30, long: 150})
     draft = engine.proposer.proposers["draft"]
+    calls, propose = [], engine.proposer.propose
+    engine.proposer.propose = lambda asks: calls.append(len(asks)) or propose(asks)
     rounds_to_first_token = 0
     while True:
+        calls.clear()
         outputs = {o.seq_id: o for o in engine.step()}
+        assert calls == [2], "the draft reads the chunk in the round's one proposer call"
         rounds_to_first_token += 1
         if rounds_to_first_token == 1:  # the draft read the first chunk with the target
             assert draft.runner.slot_length(draft._states[long].slot) == 32
@@ -98,7 +102,7 @@ def test_paced_chunks_beside_decoding_rows_leave_the_output_unchanged(make_engin
     built = make_engine("draft", 4, scheduling={"prefill_chunk_tokens": 64, "prefill_slowdown": 0.2})
     engine = built.engine
     ids = [engine.add_request(GenerationRequest(long_prompts[2], MAX_NEW, ignore_eos=True))]
-    engine.step()  # the short prompt decodes: the long ones are paced
+    engine.step()  # the short prompt decodes: the 150-token one is paced (the 61-token one fits a chunk)
     ids += [engine.add_request(GenerationRequest(p, MAX_NEW, ignore_eos=True)) for p in long_prompts[:2]]
     while engine.has_unfinished():
         engine.step()

@@ -63,3 +63,12 @@ def test_with_no_row_decoding_a_prompt_reads_the_whole_budget():
     chunks, prompt = PrefillChunks(256, PrefillPace(0.2, min_tokens=16)), row(900)
     chunks.plan([prompt])
     assert prompt.chunk_end == 256
+
+
+def test_while_rows_decode_a_prompt_the_budget_reads_at_once_is_not_paced():
+    pace = PrefillPace(0.2, min_tokens=16)
+    pace.record(0.01, 0)
+    pace.record(0.05, 16)  # in debt: long prompts wait
+    chunks, decoding, short, long = PrefillChunks(256, pace), row(3, decoding=True), row(200), row(900)
+    assert chunks.plan([decoding, long, short]) == [decoding, short]
+    assert short.chunk_end is None and long.chunk_end is None  # the short one's whole first round, now
