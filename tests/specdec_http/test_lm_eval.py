@@ -3,7 +3,8 @@ loglikelihood task shipped in tests/data/lm_eval (echo + logprobs, token-id prom
 the bundled tokenizer from local files) and every loglikelihood it computes equals the
 in-process target's (log_softmax over context + continuation) to 1e-4; its
 `local-chat-completions` model runs a generate_until task through the chat template. No
-network: the datasets are local JSON, the tokenizer a local directory."""
+network: the datasets are local JSON, the tokenizer a local directory. The server is the
+package's shared one (tests/specdec_http/conftest.py: 4 slots, a 256-token context)."""
 
 from __future__ import annotations
 
@@ -12,27 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from openai_http import UvicornThread
-from specdec.config.config import load_config
 from specdec.models.model_paths import resolve_model_path
-from specdec.serving.frontend import Frontend
-from specdec.wiring.engine_builder import build_served_engine
-from specdec.wiring.ports import free_port
-from specdec_http.http_api import HttpApi, asgi_app
 
 lm_eval = pytest.importorskip("lm_eval")
 
 MODEL = "bundled:target"
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "tests" / "data" / "lm_eval"
-
-
-@pytest.fixture(scope="module")
-def server():
-    served = build_served_engine(load_config(overrides={"cache": {"num_slots": 4, "max_seq_len": 256}}))
-    with UvicornThread(asgi_app(HttpApi(Frontend(served))), free_port()) as server:
-        yield server
-    served.close()
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +32,9 @@ def offline(monkeypatch):
 def evaluate(model, task: str, **kwargs) -> dict:
     from lm_eval.tasks import TaskManager
 
-    return lm_eval.simple_evaluate(model=model, tasks=[task], task_manager=TaskManager(include_path=str(TASKS)),
-                                   log_samples=True, **kwargs)
+    # only the tiny tasks shipped here: indexing lm-eval's own few thousand task files takes seconds
+    tasks = TaskManager(include_path=str(TASKS), include_defaults=False)
+    return lm_eval.simple_evaluate(model=model, tasks=[task], task_manager=tasks, log_samples=True, **kwargs)
 
 
 @pytest.mark.slow
