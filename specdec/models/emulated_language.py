@@ -3,16 +3,25 @@
 The target's next-token distribution depends only on the last `context_tokens` tokens
 (hashed into one of `buckets` contexts, each with its own distribution over `support`
 tokens, some peaked, some flat). The draft either knows the context (it predicts exactly
-the target's distribution) or guesses elsewhere (the same shape over `support` other
-tokens, so the target accepts none of it). Which contexts the draft knows is a hash of the
-context against the difficulty of the stretch of text it lies in: stretches of
-`stretch_tokens` positions are easy (known with probability α + d) or hard (α − d), half
-of each, so the per-token acceptance is α on average for greedy and sampled decoding at
-any temperature, top-k or top-p, while it varies from stretch to stretch as in real text.
+the target's distribution) or misses it: its guesses then lie on `support` other tokens
+(the same shapes, `MISS_SHARPNESS` times sharper), so its top choice is wrong, and, as a real
+draft's runner-up often is, the target's top token is its 2nd, 3rd, ... choice with the
+shares `miss_ranks` gives (the rest of the misses rank it nowhere). Branches that guess the
+target's token after a rejection (tree speculation, drafting ahead) hit as often as that.
+
+Which contexts the draft knows is a hash of the context against the difficulty of the
+stretch of text it lies in: stretches of `stretch_tokens` positions are easy (acceptance
+α + d) or hard (α − d), half of each. A missed context accepts nothing greedily, but a
+sampled draft token is accepted with the overlap Σ min(p, q) of the two distributions,
+which the ranked target token brings to misses (β̄, computed from the tables at
+temperature 1). So the draft knows a context with the chance k that puts α halfway between
+greedy (k) and sampled (k + (1 − k)·β̄) acceptance: both lie within (1 − k)·β̄/2 of α, a
+hundredth or two (the sharper wrong guesses keep β̄ small), at any temperature, top-k or
+top-p, while acceptance varies from stretch to stretch as in real text.
 
 Token 0 (the tokenizer's end-of-text) is never likely: sequences end at their budget or a
-stop string; the emulated models make only readable tokens likely (`readable_ids`). Everything is table lookups
-and integer hashing over [batch, tokens] tensors.
+stop string; the emulated models make only readable tokens likely (`readable_ids`). Everything
+is table lookups and integer hashing over [batch, tokens] tensors.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ from specdec.models.emulated_profile import LanguageSpec
 
 _PRIME = 2_147_483_647  # 2^31 - 1: hashes stay below it, so products fit int64
 _FLOOR = -40.0  # logit of tokens outside a context's support (probability ~1e-18 of the top)
+MISS_SHARPNESS = 2.0  # a missing draft's guesses are this much sharper than the target's contexts
+KNOWN, FAR = 0, 1  # draft kinds: knows the context; misses it without ranking the target's token
+# kind 2 + i: misses it, the target's top token its (i + 2)-th choice
 
 
 def _mix(keys: torch.Tensor, salt: int) -> torch.Tensor:
@@ -33,7 +45,7 @@ def _mix(keys: torch.Tensor, salt: int) -> torch.Tensor:
 
 
 class SyntheticLanguage:
-    """Logit tables of the target and of the draft's guesses, and the context hashes that index them."""
+    """Logit tables of the target and of the draft's misses, and the context hashes that index them."""
 
     def __init__(self, spec: LanguageSpec, buckets: int = 2048, tokens: Sequence[int] | None = None) -> None:
         """tokens: the ids that may be likely (default: every id but 0)."""
@@ -49,11 +61,39 @@ class SyntheticLanguage:
         sharpness = 1.0 + 3.0 * torch.rand(buckets, 1, generator=generator)  # [K, 1]: flat to peaked contexts
         scores = torch.randn(buckets, support, generator=generator) * sharpness  # [K, support]
         target = torch.full((buckets, vocab), _FLOOR).scatter_(1, order[:, :support], scores)  # [K, V]
-        guess = torch.full((buckets, vocab), _FLOOR).scatter_(
-            1, order[:, support:2 * support], scores)  # [K, V]: disjoint from the target's support
-        self.tables = torch.cat([target, guess])  # [2K, V]: row k the target's, row K + k the draft's guess
+        guesses = scores * MISS_SHARPNESS  # [K, support]: on tokens disjoint from the target's support
+        far = torch.full((buckets, vocab), _FLOOR).scatter_(1, order[:, support:2 * support], guesses)  # [K, V]
+        top = order[:, :support].gather(1, scores.argmax(dim=1, keepdim=True))  # [K, 1]: the target's argmax
+        ranked = guesses.sort(dim=1, descending=True).values  # [K, support]
+        misses = [far.clone().scatter_(1, top, self._just_above(ranked, rank)) for rank in
+                  range(2, len(spec.miss_ranks) + 2)]  # each [K, V]: the target's argmax the rank-th choice
+        self.tables = torch.cat([target, far, *misses])  # [(2 + R)·K, V]: kind j's row k at j·K + k
+        self._miss_shares = torch.tensor(spec.miss_ranks, dtype=torch.float64).cumsum(0)  # [R]
+        self.miss_overlap = self._miss_overlap(target, misses)
         spread = spec.acceptance_spread * min(spec.acceptance, 1.0 - spec.acceptance)
-        self._known_easy, self._known_hard = spec.acceptance + spread, spec.acceptance - spread
+        self._known_easy, self._known_hard = (self.known_share(spec.acceptance + spread),
+                                              self.known_share(spec.acceptance - spread))
+
+    @staticmethod
+    def _just_above(ranked: torch.Tensor, rank: int) -> torch.Tensor:
+        """A logit [K, 1] ranking rank-th among the guesses `ranked` [K, support] (descending):
+        a tenth of the way from the rank-th guess to the one above it."""
+        below, above = ranked[:, rank - 1:rank], ranked[:, rank - 2:rank - 1]
+        return below + 0.1 * (above - below)
+
+    def _miss_overlap(self, target: torch.Tensor, misses: list[torch.Tensor]) -> float:
+        """β̄: the mean Σ min(p, q) of a missed context at temperature 1 (the chance a sampled
+        draft token is accepted there), over contexts and miss kinds (a far miss overlaps nothing)."""
+        p = target.softmax(dim=-1)  # [K, V]
+        shares = torch.tensor(self.spec.miss_ranks, dtype=torch.float64)  # [R]
+        overlaps = [float(torch.minimum(p, miss.softmax(dim=-1)).sum(dim=-1).mean()) for miss in misses]
+        return float((shares * torch.tensor(overlaps, dtype=torch.float64)).sum()) if overlaps else 0.0
+
+    def known_share(self, acceptance: float) -> float:
+        """k: how often the draft knows a context so that greedy (k) and sampled (k + (1 − k)·β̄)
+        acceptance lie as far below and above `acceptance`."""
+        half = self.miss_overlap / 2
+        return min(1.0, max(0.0, (acceptance - half) / (1.0 - half)))
 
     def context_keys(self, history: torch.Tensor) -> torch.Tensor:
         """history [..., context_tokens] int64 (oldest first; vocab_size = before the text) -> keys [...]."""
@@ -66,21 +106,27 @@ class SyntheticLanguage:
         """Context keys [...] -> table rows [...]."""
         return _mix(keys, 1) % self.buckets
 
-    def draft_knows(self, keys: torch.Tensor, anchors: torch.Tensor, stretches: torch.Tensor) -> torch.Tensor:
-        """Whether the draft predicts the target's distribution [...] bool, for context `keys`
-        lying in stretch number `stretches` [...] that begins with token `anchors` [...]."""
+    def draft_kinds(self, keys: torch.Tensor, anchors: torch.Tensor, stretches: torch.Tensor) -> torch.Tensor:
+        """What the draft makes of context `keys` [...] lying in stretch number `stretches` [...]
+        that begins with token `anchors` [...]: KNOWN, FAR or 2 + i (the target's argmax its
+        (i + 2)-th choice), int64 [...]."""
         stretch_keys = _mix(anchors * 1_000_003 + stretches + self.spec.seed % _PRIME, 2)
         easy = (stretch_keys % 1024) < 512  # [...]: half the stretches are easy
         chance = torch.where(easy, self._known_easy, self._known_hard)  # [...]
-        return (_mix(keys, 3).double() / _PRIME) < chance
+        known_hash = _mix(keys, 3)  # [...]
+        known = (known_hash.double() / _PRIME) < chance
+        rank_draw = _mix(known_hash, 4).double() / _PRIME  # [...]: a second draw, not the first one shifted
+        rank = torch.searchsorted(self._miss_shares, rank_draw, right=True)  # [...]: i, or R when unranked
+        kinds = torch.where(rank < len(self._miss_shares), rank + 2, FAR)
+        return torch.where(known, KNOWN, kinds)
 
     def target(self, buckets: torch.Tensor) -> torch.Tensor:
         """Table rows [...] -> the target's logits [..., V]."""
         return self._rows(buckets)
 
-    def draft(self, buckets: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
-        """Table rows [...] and whether the draft knows each context [...] -> the draft's logits [..., V]."""
-        return self._rows(torch.where(known, buckets, buckets + self.buckets))
+    def draft(self, buckets: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
+        """Table rows [...] and the draft's kind for each context [...] -> the draft's logits [..., V]."""
+        return self._rows(buckets + kinds * self.buckets)
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Rows [...] of the tables -> [..., V] (index_select: far cheaper than advanced indexing here)."""

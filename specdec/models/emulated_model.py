@@ -5,7 +5,7 @@ holds each slot's tokens, so slots, prefill, truncation (rollback), forks and ra
 batches are the runner's own code. A forward writes the new tokens, hashes each
 position's n-gram context (`SyntheticLanguage`) and occupies its `EmulatedDevice` for the
 time its `LatencyModel` gives for the batch's rows, tokens and attended context; the
-"hidden state" it returns is (context row, whether the draft knows the context), which
+"hidden state" it returns is (context row, what the draft makes of the context), which
 `compute_logits` turns into the target's or the draft's logits.
 
 Tensor parallelism: a rank keeps no shard of anything; each rank is a device of its own
@@ -64,7 +64,7 @@ class EmulatedModel:
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                        slot_ids: torch.Tensor, num_tokens: torch.Tensor | None = None,
                        kv_len: int | None = None) -> torch.Tensor:
-        """LlamaForServing.forward_hidden's contract; returns [batch, seq, 2]: (context row, draft knows it)."""
+        """LlamaForServing.forward_hidden's contract; returns [batch, seq, 2]: (context row, the draft's kind)."""
         counts = num_tokens if num_tokens is not None else torch.full_like(slot_ids, input_ids.shape[1])  # [batch]
         context = int((positions[:, 0] + counts).sum())
         seconds = self.latency.forward_ms(len(slot_ids), int(counts.sum()), context) / 1000.0
@@ -93,15 +93,15 @@ class EmulatedModel:
         length = self.language.spec.stretch_tokens
         starts = positions // length * length  # [batch, seq]: where each position's stretch begins
         anchors = tokens[cache.flat_index(slot_ids[:, None], starts)].long()  # [batch, seq]
-        known = self.language.draft_knows(keys, anchors, positions // length)  # [batch, seq]
-        return torch.stack([buckets.float(), known.float()], dim=-1)  # [batch, seq, 2]
+        kinds = self.language.draft_kinds(keys, anchors, positions // length)  # [batch, seq]
+        return torch.stack([buckets.float(), kinds.float()], dim=-1)  # [batch, seq, 2]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., 2] -> logits [..., vocab] (float32)."""
         buckets = hidden[..., 0].long()
         if self.role == "target":
             return self.language.target(buckets)
-        return self.language.draft(buckets, hidden[..., 1] > 0.5)
+        return self.language.draft(buckets, hidden[..., 1].round().long())
 
 
 def load_emulated_model(name: str, time_scale: float = 1.0, profile: DeviceProfile | None = None) -> EmulatedModel:

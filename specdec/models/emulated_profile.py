@@ -72,11 +72,19 @@ class LanguageSpec(_Strict):
     acceptance_spread: float = Field(
         0.5, ge=0, le=1, description="How far easy and hard stretches lie from α (0 = every stretch at α).")
     stretch_tokens: int = Field(16, ge=1, description="Length of a stretch of text sharing one difficulty.")
+    miss_ranks: tuple[float, ...] = Field(
+        (0.42, 0.16, 0.09), max_length=8, description="Where the draft misses (its top choice is not the target's "
+        "argmax): how often the target's argmax is its 2nd, 3rd, ... choice (the rest: not among its top few).")
 
     @model_validator(mode="after")
     def _fits(self) -> LanguageSpec:
         if 2 * self.support > self.vocab_size - 1:
             raise ValueError(f"support ({self.support}) must be at most (vocab_size - 1) / 2")
+        if any(not 0 <= share <= 1 for share in self.miss_ranks) or sum(self.miss_ranks) > 1 + 1e-9:
+            raise ValueError(f"miss_ranks {self.miss_ranks} must be shares in [0, 1] summing to at most 1")
+        if len(self.miss_ranks) >= self.support:
+            raise ValueError(f"miss_ranks ranks the target's token up to {len(self.miss_ranks) + 1}: "
+                             f"support ({self.support}) must be larger")
         return self
 
 

@@ -46,6 +46,8 @@ from specdec.requests.sequence import Sequence
 from specdec.verifiers.verifier import VerifyRequest, VerifyResult
 
 MIN_ROUNDS_BEFORE_GATING = 4  # a row's own acceptance is trusted after this many rounds
+MOST_CUT = 1  # a look-ahead drafts at most this many drafts fewer than γ (docs/drafting_ahead.md)
+BATCH_BRANCHES = 6  # branches per row when several rows look ahead together (docs/drafting_ahead.md)
 LONE_WAYS = (LOOK_AHEAD, SEQUENTIAL)  # a lone row: looking ahead is the point of drafting ahead
 BATCH_WAYS = (SEQUENTIAL, LOOK_AHEAD, MICRO_BATCHES)  # several rows: overlap must prove itself
 
@@ -80,9 +82,12 @@ class DraftAhead:
         baselines); None: each kind of step (`step_kind`) measures the ways (OverlapChoice)
         and keeps the fastest.
     branches: how many verdicts of a round a look-ahead drafts for (Proposer.look_ahead's
-        order; 1: only that every draft is accepted); None: measured (LookAheadHits).
+        order; 1: only that every draft is accepted); None: measured (LookAheadHits), at most
+        BATCH_BRANCHES per row when several rows look ahead.
     block_rounds, explore_every: the measured choices' blocks (OverlapChoice).
-    depth: how many drafts a look-ahead makes (None: as many as fit in the verify, LookAheadDepth).
+    depth: how many drafts a look-ahead makes (None: as many as fit in the verify, LookAheadDepth,
+        but at most MOST_CUT fewer than γ: a look-ahead's fixed work does not shrink with its
+        depth, so cutting deeper than that lost more tokens than time).
     """
 
     def __init__(self, min_acceptance: float = 0.3, way: str | None = None, branches: int | None = None,
@@ -95,7 +100,7 @@ class DraftAhead:
         self.fixed_branches = branches
         self.branch_hits = hits or LookAheadHits()
         self.branches = branches or self.branch_hits.most  # the running step's look-ahead branches
-        self.depth = depth or LookAheadDepth()
+        self.depth = depth or LookAheadDepth(most_cut=MOST_CUT)
         self._drafts_ahead = 0  # the most drafts a row of the running step's look-ahead asked for
         self.blocks = (block_rounds, explore_every)
         self.choices: dict[tuple[int, str], OverlapChoice] = {}  # step_kind -> its measured choice
@@ -188,6 +193,8 @@ class DraftAhead:
         self._drafts_ahead = max((ask.gamma for ask in asks), default=0)
         if looking:
             self.branches = self.fixed_branches or self.branch_hits.branches()
+            if looking > 1 and not self.fixed_branches:  # each branch is a row of the draft's forward
+                self.branches = min(self.branches, BATCH_BRANCHES)
         return asks
 
     def _drafts_for(self, seq: Sequence, gamma: int) -> int:

@@ -31,7 +31,7 @@ class LookAheadHits:
     in a rate; warmup: look-aheads before a position's rate is trusted; probe_every: every
     this many look-ahead steps draft all `most` branches."""
 
-    most: int = 6
+    most: int = 12
     min_share: float = 0.02
     weight: float = 1 / 32
     warmup: int = 16

@@ -92,3 +92,41 @@ def test_acceptance_varies_from_stretch_to_stretch():
     easy, hard = per_stretch[per_stretch >= 0.6], per_stretch[per_stretch < 0.6]
     assert 0.3 < len(easy) / len(per_stretch) < 0.7  # half the stretches easy, half hard
     assert float(easy.mean()) > 0.85 and float(hard.mean()) < 0.35  # α ± 0.4 (spread 1)
+
+
+def test_where_the_draft_misses_it_still_ranks_the_targets_token_high():
+    spec = LanguageSpec(acceptance=0.5, miss_ranks=(0.42, 0.16, 0.09))
+    histories = random_histories(rows=200)
+    p_logits = logits_over(spec, "target", histories).flatten(0, 1)  # [N, V]
+    q_logits = logits_over(spec, "draft", histories).flatten(0, 1)  # [N, V]
+    wanted = p_logits.argmax(dim=-1)  # [N]
+    missed = q_logits.argmax(dim=-1) != wanted  # [N]
+    above = (q_logits > q_logits.gather(1, wanted[:, None])).sum(dim=-1)[missed]  # draft tokens ranked above it
+    assert 0.4 < float(missed.float().mean()) < 0.6
+    for rank, share in ((2, 0.42), (3, 0.16), (4, 0.09)):
+        assert abs(float((above == rank - 1).float().mean()) - share) <= 0.03, rank
+    assert float((above > 3).float().mean()) > 0.25  # the rest: ranked nowhere near the top
+
+
+def test_the_overlap_of_misses_is_split_between_greedy_and_sampled_acceptance():
+    """Sampled drafts are accepted on misses too (the ranked target token carries some of q):
+    the draft knows contexts at the rate that puts α halfway between greedy and sampled."""
+    spec = LanguageSpec(acceptance=0.3, acceptance_spread=0.0)
+    language = SyntheticLanguage(spec)
+    histories = random_histories()
+    greedy = float(measured_acceptance(spec, SamplingParams(), histories).float().mean())
+    sampled = float(measured_acceptance(spec, SamplingParams(temperature=1.0, seed=5), histories).float().mean())
+    known = language.known_share(0.3)
+    assert 0.02 < language.miss_overlap < 0.15
+    assert abs(greedy - known) <= 0.01  # a missed context accepts nothing greedily
+    assert abs(sampled - greedy - (1 - known) * language.miss_overlap) <= 0.015
+    assert abs((greedy + sampled) / 2 - 0.3) <= 0.01
+
+
+def test_without_ranked_misses_greedy_and_sampled_acceptance_agree():
+    spec = LanguageSpec(acceptance=0.7, miss_ranks=())
+    assert SyntheticLanguage(spec).miss_overlap == 0.0
+    histories = random_histories(rows=200)
+    greedy = measured_acceptance(spec, SamplingParams(), histories)
+    sampled = measured_acceptance(spec, SamplingParams(temperature=1.0, seed=3), histories)
+    assert torch.equal(greedy, sampled)  # a context is known (accepted) or guessed elsewhere (rejected)

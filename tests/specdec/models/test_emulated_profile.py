@@ -7,6 +7,7 @@ import pytest
 from specdec.models.emulated_profile import (
     DEVICES_DIR,
     DeviceProfile,
+    LanguageSpec,
     LatencyModel,
     load_profile,
     parse_emulated_name,
@@ -79,3 +80,9 @@ def test_written_profiles_read_back_equal(tmp_path):
     write_profile(profile, tmp_path / "copy.yaml", header="measured\non nothing")
     assert (tmp_path / "copy.yaml").read_text().startswith("# measured\n# on nothing\n")
     assert load_profile(str(tmp_path / "copy.yaml")) == profile
+
+
+@pytest.mark.parametrize("ranks", [(0.7, 0.4), (-0.1,), (0.1,) * 8 + (0.0,)])
+def test_miss_ranks_must_be_shares_of_the_misses(ranks):
+    with pytest.raises(ValueError):
+        LanguageSpec(miss_ranks=ranks)

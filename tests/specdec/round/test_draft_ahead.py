@@ -9,13 +9,14 @@ k + 1's drafts, the others are thrown away (rolled back).
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
-from specdec.round.draft_ahead import DraftAhead
+from specdec.round.draft_ahead import BATCH_BRANCHES, DraftAhead
 from specdec.round.look_ahead_depth import LookAheadDepth
 from specdec.round.look_ahead_hits import LookAheadHits
 from specdec.round.engine import SpeculativeEngine
@@ -360,3 +361,21 @@ def test_admission_counts_rows_not_verified_yet_as_holding_their_target_slot(pro
     results = engine.generate([GenerationRequest(p, 12) for p in prompt_ids[:7]])
     assert [r.token_ids for r in results] == [hf_greedy(p, 12) for p in prompt_ids[:7]]
     assert engine.draft_ahead.stored > 0
+
+
+def test_a_lone_row_drafts_every_branch_and_several_rows_at_most_batch_branches_each():
+    """A lone row's look-ahead branches on the draft's 2nd and 3rd choices; when several rows
+    look ahead together, each branch is one more row of the draft's forward."""
+    def rows(n):
+        return [SimpleNamespace(seq_id=str(i), token_ids=[5, 6, 7], num_prompt_tokens=2, reserve_tokens=0,
+                                request=SimpleNamespace(sampling=SamplingParams(), proposer=None),
+                                stats=SimpleNamespace(drafted=0, accepted=0, rounds=1)) for i in range(n)]
+
+    for n, expected in ((1, 12), (3, BATCH_BRANCHES)):
+        ahead = DraftAhead(way=LOOK_AHEAD, hits=LookAheadHits(most=12))
+        batch = rows(n)
+        gammas = {seq.seq_id: 4 for seq in batch}
+        now, later = ahead.split(batch, gammas)
+        requests = [SimpleNamespace(token_ids=seq.token_ids, draft_token_ids=[8, 9]) for seq in now]
+        asks = ahead.asks(now, later, requests, gammas)
+        assert [ask.gamma for ask in asks] == [4] * n and ahead.branches == expected

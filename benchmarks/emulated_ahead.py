@@ -1,0 +1,148 @@
+"""Drafting ahead on emulated devices, in-process: sequential rounds beside drafting ahead.
+
+The in-process engine verifies in the round's own thread, so it never drafts ahead; on
+emulated devices, whose forwards wait instead of computing, the target can verify on a
+thread of its own while the draft drafts (`ConcurrentVerifier`), as a target on its own
+device does. So this runs the production engine with `DraftAhead` (the served default: each
+kind of step measures its ways and keeps the fastest; or one fixed way) against the plain
+engine's sequential rounds at a fixed γ, without the served path's hops: what drafting ahead
+itself gains on the profile (docs/drafting_ahead.md compares it with a model of the gain).
+
+Every setup runs `--runs` times, interleaved (sequential, then each drafting-ahead setup, per
+stream count and run), after one unmeasured warm-up pass per setup and stream count (the
+measured choices settle there). Reported: tokens/s, rounds, mean accepted length, the
+look-ahead hit rate and the share of rounds run each way, and each setup's tokens/s over the
+sequential run just before it (median and range over the runs).
+
+    python benchmarks/emulated_ahead.py --profile h100-llama-8b-1b [--streams 1,8,32] [--runs 2] [--gamma 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from emulated_core import emulated_engine
+from specdec.models.model_paths import bundled_prompts
+from specdec.requests.request import GenerationRequest
+from specdec.round.draft_ahead import DraftAhead
+from specdec.round.overlap_choice import LOOK_AHEAD
+from specdec.verifiers.verifier import Verifier, VerifyRequest, VerifyResult
+
+SETUPS = {"drafting ahead": None, "look-ahead only": LOOK_AHEAD}  # label -> DraftAhead's fixed way (None: measured)
+
+
+class ConcurrentVerifier(Verifier):
+    """A verifier whose verify_async runs on a thread of its own (the target's device)."""
+
+    runs_concurrently = True
+
+    def __init__(self, inner: Verifier) -> None:
+        self.inner = inner
+        self.vocab_size, self.max_seq_len = inner.vocab_size, inner.max_seq_len
+        self.runner = getattr(inner, "runner", None)  # the target model (its emulated device)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="target")
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.inner.num_free_slots
+
+    def admits(self, reserve_tokens: list[int]) -> int:
+        return self.inner.admits(reserve_tokens)
+
+    def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
+        return self.inner.verify(requests)
+
+    def verify_async(self, requests: list[VerifyRequest]):
+        return self._thread.submit(self.inner.verify, requests)  # a Future: .result() waits
+
+    def release(self, seq_id: str) -> None:
+        self.inner.release(seq_id)
+
+
+def engines(args: argparse.Namespace, slots: int) -> dict:
+    """label -> engine: the plain one (sequential rounds) and one per drafting-ahead setup."""
+    found = {"sequential": emulated_engine(args.profile, args.gamma, args.time_scale, slots)}
+    for label, way in SETUPS.items():
+        built = emulated_engine(args.profile, args.gamma, args.time_scale, slots)
+        built.engine.verifier = ConcurrentVerifier(built.engine.verifier)
+        built.engine.draft_ahead = DraftAhead(way=way)
+        found[label] = built
+    return found
+
+
+def run(built, prompts: list[list[int]], streams: int, max_new: int) -> dict:
+    """Decode `streams` requests together once: tokens/s, rounds, accepted length, hit rate."""
+    engine, ahead = built.engine, built.engine.draft_ahead
+    before = engine.stats.to_dict()
+    looked, hits = (ahead.rows_ahead, ahead.hits) if ahead else (0, 0)
+    ids = [engine.add_request(GenerationRequest(prompts[i % len(prompts)], max_new)) for i in range(streams)]
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    wall = time.perf_counter() - start
+    tokens = sum(len(engine.result(i).token_ids) for i in ids)
+    rounds = engine.stats.rounds - before["rounds"]
+    accepted = engine.stats.accepted - before["accepted"]
+    looked, hits = (ahead.rows_ahead - looked, ahead.hits - hits) if ahead else (0, 0)
+    return {"tokens_per_s": tokens / wall, "rounds": rounds, "mean_accepted_length": (accepted + rounds) / rounds,
+            "hit_rate": hits / looked if looked else None, "rows_ahead": looked}
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    """Interleaved runs of every setup at every stream count (after a warm-up pass each)."""
+    torch.set_num_threads(1)
+    built = engines(args, max(args.streams) + 8)
+    prompts = [built["sequential"].encode(p) for p in bundled_prompts()[: max(1, args.prompts)]]
+    rows = []
+    for streams in args.streams:
+        for engine in built.values():
+            run(engine, prompts, streams, args.max_new_tokens // 2)  # warm-up: the measured choices settle
+        for number in range(1, args.runs + 1):
+            for label, engine in built.items():
+                row = {"setup": label, "streams": streams, "run": number,
+                       **run(engine, prompts, streams, args.max_new_tokens)}
+                rows.append(row)
+                print(f"  run {number}: {label} x{streams}: {row['tokens_per_s']:.1f} tokens/s", flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """Median per setup and stream count, and the ratio over the sequential run before each."""
+    lines = ["| streams | setup | tokens/s (median) | over sequential (median, range) | mean accepted length "
+             "| look-ahead hit rate |", "|---:|---|---:|---|---:|---:|"]
+    last, groups = {}, {}
+    for row in rows:
+        if row["setup"] == "sequential":
+            last[row["streams"]] = row
+        ratio = row["tokens_per_s"] / last[row["streams"]]["tokens_per_s"]
+        groups.setdefault((row["streams"], row["setup"]), []).append((row, ratio))
+    for (streams, setup), group in groups.items():
+        ratios = [ratio for _, ratio in group]
+        hits = [r["hit_rate"] for r, _ in group if r["hit_rate"] is not None]
+        lines.append(f"| {streams} | {setup} | {statistics.median(r['tokens_per_s'] for r, _ in group):.1f} | "
+                     f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
+                     f"{statistics.median(r['mean_accepted_length'] for r, _ in group):.2f} | "
+                     f"{'–' if not hits else f'{statistics.median(hits):.0%}'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="h100-llama-8b-1b")
+    ap.add_argument("--streams", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1, 8, 32))
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    args = ap.parse_args()
+    print(table(measure(args)))
+
+
+if __name__ == "__main__":
+    main()
