@@ -25,7 +25,8 @@ def test_unknown_model_type_gets_the_fallback_and_start_up_says_so(tiny_checkpoi
     assert "model_type=gpt2): transformers runner (the own runtime cannot serve it" in caplog.text
     [choice] = [r for r in caplog.records if r.name == "specdec.models.runners"]
     assert choice.levelno == logging.WARNING  # slower: shown at the CLI's default log level
-    assert "not paged: each of its 2 slots may grow to max_seq_len=16, admission counts slots" in choice.getMessage()
+    assert "not paged: each of its 2 slots may grow to max_seq_len=16 as tokens arrive, admission counts slots" in (
+        choice.getMessage())
     with caplog.at_level(logging.INFO, logger="specdec.models.runners"):
         own = open_runner(str(tiny_checkpoint("qwen3")), num_slots=2, max_seq_len=16)
     assert own.runner_kind == "specdec"
