@@ -161,6 +161,11 @@ class KVCache:
         return max(0, min(len(self._free_heap), self._headroom() // self.blocks_per_seq))
 
     @property
+    def num_live(self) -> int:
+        """Sequences (and forks) allocated now."""
+        return len(self._live)
+
+    @property
     def usage(self) -> float:
         """Share of the blocks taken or owed to live sequences' reserves (what admission cannot give)."""
         return 1.0 - max(0, self._headroom()) / self.num_blocks

@@ -95,3 +95,15 @@ def test_the_fallback_admits_by_slots_whatever_the_reserve_and_caches_no_prefix(
     slot = runner.allocate_slot(reserve_tokens=4)
     runner.forward([slot], [[1, 2, 3]], last_only=True)
     assert runner.cached_tokens(slot) == 0 and runner.admits([16, 16]) == 1
+
+
+def test_with_a_budget_the_fallback_admits_on_reserves_as_its_caches_grow(tiny_checkpoint):
+    runner = open_runner(str(tiny_checkpoint("gpt2")), num_slots=8, max_seq_len=None, kv_tokens=40)
+    assert runner.max_seq_len == 40 and runner.block_capacity == (40, 1), "the context, at most the budget"
+    runner = open_runner(str(tiny_checkpoint("gpt2")), num_slots=8, max_seq_len=16, kv_tokens=40)
+    assert runner.admits([8, 8, 8, 8, 8, 8]) == 5 and runner.num_free_slots == 2
+    first = runner.allocate_slot(reserve_tokens=16)
+    assert runner.cache_usage == 16 / 40 and runner.admits([16, 16]) == 1
+    runner.fork_slot(first, 0)  # a fork reserves what its source may grow to
+    with pytest.raises(CacheFullError):
+        runner.allocate_slot(reserve_tokens=16)
