@@ -63,7 +63,8 @@ def open_runner(
     checkpoint_dir = resolve_checkpoint_dir(name_or_path)
     kind, reason = choose_runner(checkpoint_dir, choice)
     if kind == TRANSFORMERS:
-        runner = TransformersRunner.from_pretrained(str(checkpoint_dir), num_slots, max_seq_len, dtype, device, **budget)
+        runner = TransformersRunner.from_pretrained(str(checkpoint_dir), num_slots, max_seq_len, dtype, device,
+                                                    **budget)
     else:
         runner = ModelRunner(load_model(str(checkpoint_dir), dtype=dtype, device=device), num_slots, max_seq_len,
                              **paging)

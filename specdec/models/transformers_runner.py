@@ -166,15 +166,15 @@ class TransformersRunner:
         return self.cache.admits(reserve_tokens)
 
     @property
-    def cache_usage(self) -> float:
-        """Share of the token budget reserved by live slots (without one: of the slots)."""
-        return self.cache.usage
-
-    @property
     def block_capacity(self) -> tuple[int, int]:
         """(budget in tokens, 1): a remote router counts reserves in tokens; (0, 0) without a budget (slots)."""
         budget = self.cache.budget_tokens
         return (0, 0) if budget is None else (budget, 1)
+
+    @property
+    def cache_usage(self) -> float:
+        """Share of the token budget reserved by live slots (without one: of the slots)."""
+        return self.cache.usage
 
     def cached_tokens(self, slot: int) -> int:
         """Always 0: this runner has no prefix cache."""
