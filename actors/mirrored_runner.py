@@ -52,6 +52,10 @@ class MirroredRunner:
         return self.runner.admits(reserve_tokens)  # every rank's cache holds the same blocks
 
     @property
+    def cache_usage(self) -> float:
+        return self.runner.cache_usage
+
+    @property
     def block_capacity(self) -> tuple[int, int]:
         return self.runner.block_capacity
 

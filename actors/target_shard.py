@@ -74,13 +74,13 @@ class _Shard:
             self.runner = open_runner(path, cache.num_slots, cache.max_seq_len, models.dtype, models.device,
                                       models.runner, time_scale=models.device_time_scale,
                                       block_size=cache.block_size, memory_budget=cache.memory_budget,
-                                      prefix_caching=cache.prefix_caching)
+                                      prefix_caching=cache.prefix_caching, kv_tokens=cache.kv_tokens)
             return
         model = load_model(path, dtype=models.dtype, device=models.device, time_scale=models.device_time_scale)
         # every rank holds the same number of K/V heads, so a budget gives every rank the same block pool
         self.runner = ModelRunner(shard_model(model, rank=rank, world_size=world_size), cache.num_slots,
                                   cache.max_seq_len, cache.block_size, memory_budget=cache.memory_budget,
-                                  prefix_caching=cache.prefix_caching)
+                                  prefix_caching=cache.prefix_caching, kv_tokens=cache.kv_tokens)
 
 
 @ray.remote

@@ -1,17 +1,23 @@
-"""Paged KV cache benchmark: the three ratios of issue 40 on the bundled target (prints Markdown).
+"""Paged KV cache benchmark: the ratios of issue 40 on the bundled pair at the default config (prints Markdown).
 
-1. Concurrency at one memory budget: the slot cache holds ``--slots`` sequences of
-   ``max_seq_len`` (room for the longest request); the paged cache, with the same bytes, admits
-   each request with a reserve of its prompt + max_new_tokens blocks (`KVCache.allocate`'s
-   ``reserve_tokens``), so no admitted sequence can run out of blocks. Block bookkeeping only (no
-   forwards): the count is exact for the rule, whatever the model. Prompts 16-2,000 tokens, drawn
-   uniformly and log-uniformly (many short, few long), seeded.
+1. Concurrency at the default memory budget: the engine built from the default config (no
+   overrides: `cache.memory_budget` null, `cache.num_slots` its cap, `cache.max_seq_len` the
+   model's context) serves ``--requests`` greedy requests at once, prompts of 16-2,000 tokens
+   drawn uniformly and log-uniformly (many short, few long), seeded, each asking for up to
+   ``--max-new-tokens`` (fewer where the prompt leaves less of the context). Counted each round:
+   the sequences running on the target (admitted, each holding its reserve of blocks) and those
+   the draft's cache holds (both models have a pool of the same budget); reported are the most at
+   once and the mean over the rounds in which requests still waited for blocks, and the failed
+   requests (must be 0); and, from block bookkeeping alone, how many a full queue's first
+   admission takes (mean of 20 seeded draws: one draw varies with its first long prompts). The
+   slot cache at the same memory holds pool tokens / max_seq_len sequences: it must size every
+   slot for the longest request the context allows.
 2. TTFT of a prompt whose first 512 tokens are cached (another request sent them) vs the same
    prompt uncached: one prefill forward each (``last_only``), median of ``--repeats``.
-3. Single-stream decode tokens/s with 16-token blocks vs one block per sequence (the slot
-   cache's layout: every sequence contiguous), best of ``--repeats``.
+3. Single-stream decode tokens/s with the default blocks vs one block per sequence (the slot
+   cache's layout: every sequence contiguous), best of ``--repeats``, taking turns.
 
-Usage: python benchmarks/bench_memory.py [--repeats 3] [--decode-tokens 200]
+Usage: python benchmarks/bench_memory.py [--requests 200] [--max-new-tokens 128] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -24,35 +30,62 @@ import time
 
 import torch
 
+from specdec.config.config import load_config
+from specdec.models.kv_cache import KVCache
 from specdec.models.model_paths import resolve_model_path
-from specdec.models.kv_cache import CacheFullError, KVCache
 from specdec.models.model_runner import ModelRunner
+from specdec.requests.request import GenerationRequest
+from specdec.wiring.engine_builder import build_engine
 
-MAX_NEW_TOKENS = 128
-MAX_PROMPT = 2000
+MIN_PROMPT, MAX_PROMPT = 16, 2000
 
 
 def prompt_lengths(count: int, log_uniform: bool, seed: int = 0) -> list[int]:
     rng = random.Random(seed)
     if log_uniform:
-        return [int(math.exp(rng.uniform(math.log(16), math.log(MAX_PROMPT)))) for _ in range(count)]
-    return [rng.randint(16, MAX_PROMPT) for _ in range(count)]
+        return [int(math.exp(rng.uniform(math.log(MIN_PROMPT), math.log(MAX_PROMPT)))) for _ in range(count)]
+    return [rng.randint(MIN_PROMPT, MAX_PROMPT) for _ in range(count)]
 
 
-def concurrent_sequences(slots: int, block_size: int, lengths: list[int]) -> tuple[int, int]:
-    """(slot cache, paged cache) sequences admitted at once, in arrival order, at the slot cache's memory."""
-    max_seq_len = MAX_PROMPT + MAX_NEW_TOKENS
-    blocks = slots * -(-max_seq_len // block_size)  # the slot cache's bytes, in blocks
-    cache = KVCache(num_layers=1, num_slots=len(lengths), max_seq_len=max_seq_len, num_kv_heads=1, head_dim=1,
-                    block_size=block_size, num_blocks=blocks)
-    admitted = 0
-    for length in lengths:
+def live_sequences(runner: ModelRunner) -> int:
+    return runner.cache.num_live
+
+
+def draft_runner(engine) -> ModelRunner:
+    proposer = engine.proposer
+    return getattr(proposer, "proposers", {}).get("draft", proposer).runner  # inside the CompositeProposer
+
+
+def serve_at_once(engine, lengths: list[int], max_new: int, seed: int) -> dict:
+    """Submit every request, step the engine to the end; concurrency per round in both models: the
+    target's running sequences (admitted, each with its reserve of blocks) and the sequences the
+    draft's cache holds (it takes a row when its own blocks can reserve it)."""
+    rng, context = random.Random(seed), engine.verifier.max_seq_len
+    draft = draft_runner(engine)
+    ids = [engine.add_request(GenerationRequest([rng.randrange(1, 4000) for _ in range(n)],
+                                                min(max_new, context - n), ignore_eos=True)) for n in lengths]
+    peak, queued = [0, 0], [[], []]
+    failed, start = 0, time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+        counts = (engine.num_running, live_sequences(draft))
+        peak = [max(p, c) for p, c in zip(peak, counts)]
+        if engine.num_waiting:
+            for kept, count in zip(queued, counts):
+                kept.append(count)
+    for seq_id in ids:
         try:
-            cache.allocate(reserve_tokens=length + MAX_NEW_TOKENS)
-        except CacheFullError:
-            break
-        admitted += 1
-    return min(slots, len(lengths)), admitted
+            engine.result(seq_id)
+        except Exception:  # noqa: BLE001 - a failed request is what this counts
+            failed += 1
+    return {"peak": peak, "queued_mean": [statistics.mean(q) if q else 0.0 for q in queued], "failed": failed,
+            "seconds": time.perf_counter() - start}
+
+
+def slot_cache_sequences(runner: ModelRunner) -> int:
+    """Sequences a slot cache of the same memory holds: one max_seq_len slot each."""
+    blocks, size = runner.block_capacity
+    return blocks * size // runner.max_seq_len
 
 
 def ttft_ratio(runner: ModelRunner, repeats: int, prefix_len: int = 512, suffix_len: int = 32) -> tuple[float, float]:
@@ -62,7 +95,7 @@ def ttft_ratio(runner: ModelRunner, repeats: int, prefix_len: int = 512, suffix_
     for _ in range(repeats):
         prefix = [rng.randrange(1, runner.vocab_size) for _ in range(prefix_len)]
         for times in (uncached, cached):  # the first request fills the prefix cache for the second
-            slot = runner.allocate_slot()
+            slot = runner.allocate_slot(prefix_len + suffix_len)
             suffix = [rng.randrange(1, runner.vocab_size) for _ in range(suffix_len)]
             start = time.perf_counter()
             runner.forward([slot], [prefix + suffix], last_only=True)
@@ -76,7 +109,7 @@ def decode_tokens_per_s(runners: list[ModelRunner], tokens: int, repeats: int) -
     best = [0.0] * len(runners)
     for _ in range(repeats):
         for i, runner in enumerate(runners):
-            slot = runner.allocate_slot()
+            slot = runner.allocate_slot(64 + tokens)
             runner.forward([slot], [list(range(1, 65))], last_only=True)
             start = time.perf_counter()
             for step in range(tokens):
@@ -86,26 +119,56 @@ def decode_tokens_per_s(runners: list[ModelRunner], tokens: int, repeats: int) -
     return best
 
 
+def admitted_at_once(runner: ModelRunner, log_uniform: bool, max_new: int, draws: int = 20) -> float:
+    """Mean over ``draws`` seeded queues of how many requests, in arrival order, an empty pool of
+    ``runner``'s size admits at once (block bookkeeping, no forwards)."""
+    counts = []
+    for seed in range(draws):
+        cache = KVCache(1, runner.cache.num_slots, runner.max_seq_len, 1, 1, block_size=runner.cache.block_size,
+                        num_blocks=runner.cache.num_blocks)
+        lengths = prompt_lengths(4 * runner.cache.num_blocks // runner.cache.block_size, log_uniform, seed)
+        counts.append(cache.admits([min(n + max_new, runner.max_seq_len) for n in lengths]))
+    return statistics.mean(counts)
+
+
+def concurrency_rows(args: argparse.Namespace) -> None:
+    for name, log_uniform in (("uniform", False), ("log-uniform", True)):
+        built = build_engine(load_config())  # the default config, no overrides: a fresh engine per workload
+        engine = built.engine
+        run = serve_at_once(engine, prompt_lengths(args.requests, log_uniform), args.max_new_tokens, seed=2)
+        for k, (model, runner) in enumerate((("target", engine.verifier.runner), ("draft", draft_runner(engine)))):
+            slots = slot_cache_sequences(runner)
+            print(f"| concurrent sequences, prompts 16-2,000 {name}, {model} (peak; mean while queued) | {slots} "
+                  f"| {run['peak'][k]}; {run['queued_mean'][k]:.1f} | {run['peak'][k] / slots:.2f}x; "
+                  f"{run['queued_mean'][k] / slots:.2f}x |")
+        print(f"| failed requests of {args.requests} ({name}; {run['seconds']:.0f} s) | | {run['failed']} | |")
+        target = engine.verifier.runner
+        at_once, slots = admitted_at_once(target, log_uniform, args.max_new_tokens), slot_cache_sequences(target)
+        print(f"| admitted at once from a full queue, {name} (bookkeeping, mean of 20 draws) | {slots} "
+              f"| {at_once:.1f} | {at_once / slots:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decode-tokens", type=int, default=200)
-    parser.add_argument("--slots", type=int, default=16, help="the slot cache's num_slots (config default)")
-    parser.add_argument("--block-size", type=int, default=16)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print("| measure | slot cache | paged | ratio |\n|---|---|---|---|")
-    for name, log_uniform in (("uniform", False), ("log-uniform", True)):
-        slot, paged = concurrent_sequences(args.slots, args.block_size, prompt_lengths(500, log_uniform))
-        print(f"| concurrent sequences, prompts 16-2,000 {name} | {slot} | {paged} | {paged / slot:.2f}x |")
-    path = resolve_model_path("bundled:target")
-    runner = ModelRunner.from_pretrained(path, num_slots=2, max_seq_len=1024, block_size=args.block_size)
+    cache = load_config().cache
+    print(f"Default config: cache.memory_budget {cache.memory_budget} ({cache.kv_tokens} tokens per model), "
+          f"num_slots {cache.num_slots}, max_seq_len {cache.max_seq_len}, block_size {cache.block_size}.\n")
+    print("| measure | slot cache, same memory | paged (default config) | ratio |\n|---|---|---|---|")
+    concurrency_rows(args)
+    runner = build_engine(load_config()).engine.verifier.runner
     uncached, cached = ttft_ratio(runner, args.repeats)
     print(f"| TTFT, 512-token prefix (uncached / cached), ms | {uncached * 1e3:.1f} | {cached * 1e3:.1f} "
           f"| {cached / uncached:.2f}x |")
-    contiguous = ModelRunner.from_pretrained(path, num_slots=2, max_seq_len=1024, block_size=1024)
+    path, context = resolve_model_path("bundled:target"), runner.max_seq_len
+    contiguous = ModelRunner.from_pretrained(path, num_slots=2, max_seq_len=context, block_size=context)
     slot_tps, paged_tps = decode_tokens_per_s([contiguous, runner], args.decode_tokens, args.repeats)
-    print(f"| single-stream decode tokens/s (one block per sequence / {args.block_size}-token blocks) "
+    print(f"| single-stream decode tokens/s (one block per sequence / {cache.block_size}-token blocks) "
           f"| {slot_tps:.1f} | {paged_tps:.1f} | {paged_tps / slot_tps:.2f}x |")
 
 

@@ -29,7 +29,7 @@ Names follow vLLM's speculative-decoding metrics (Ray adds the `ray_` prefix on 
                                                             cancelled, deadline)
   specdec_draft_time_seconds                      histogram the proposer call of each round that drafted
   specdec_verify_time_seconds                     histogram the verify call of each round
-  specdec_kv_cache_usage_ratio                    gauge     target cache slots in use / slots this replica may use
+  specdec_kv_cache_usage_ratio                    gauge     target cache in use (blocks taken or reserved)
 Every metric carries a "model" tag (the served target model).
 """
 
@@ -109,7 +109,7 @@ class RouterMetrics:
                                     boundaries=LATENCY_BUCKETS)
         self.verify_time = histogram("specdec_verify_time_seconds", description="Verify call of a round",
                                      boundaries=LATENCY_BUCKETS)
-        self.cache_usage = gauge("specdec_kv_cache_usage_ratio", description="Target cache slots in use (fraction)")
+        self.cache_usage = gauge("specdec_kv_cache_usage_ratio", description="Target KV cache in use (fraction)")
         self._seen = {"rounds_with_drafts": 0, "drafted": 0, "accepted": 0, "per_pos": [], "drafted_per_pos": []}
 
     def update(self, engine: Any, policy: PolicyStatus | dict[str, Any] | None) -> None:
@@ -154,9 +154,13 @@ class RouterMetrics:
             if propose_s is not None:
                 self.draft_time.observe(propose_s)
             self.verify_time.observe(verify_s)
-        slots = getattr(getattr(engine, "verifier", None), "num_slots", None)
-        if slots:
-            self.cache_usage.set(1.0 - engine.verifier.num_free_slots / slots)
+        verifier = getattr(engine, "verifier", None)
+        usage = getattr(verifier, "cache_usage", None)  # blocks taken or reserved, where the cache counts them
+        slots = getattr(verifier, "num_slots", None)
+        if usage is None and slots:
+            usage = 1.0 - verifier.num_free_slots / slots
+        if usage is not None:
+            self.cache_usage.set(usage)
 
     def observe_finished(self, requests: list[FinishedRequest]) -> None:
         """Requests that ended since the last call (the frontend's RequestLog)."""

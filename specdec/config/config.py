@@ -13,8 +13,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from specdec.config.config_rules import check_generation, check_load_monitor, check_serving
+from specdec.config.config_rules import check_cache, check_generation, check_load_monitor, check_serving
 from specdec.proposers.proposer_registry import DRAFT, ProposerName
+
+
+# K/V tokens per model without a cache.memory_budget: the memory of the slot cache's former default
+# (16 slots of 1,024 tokens), now shared by as many sequences as their lengths allow
+DEFAULT_KV_TOKENS = 16 * 1024
 
 
 class StrictModel(BaseModel):
@@ -44,18 +49,33 @@ class ModelsConfig(StrictModel):
 
 
 class CacheConfig(StrictModel):
-    num_slots: int = Field(16, ge=1, le=4096, description="Most sequences (with look-ahead forks) decoded at once.")
-    max_seq_len: int = Field(
-        1024, ge=2, description="Tokens per sequence (prompt + generated); must not exceed the model's context."
+    num_slots: int = Field(
+        256, ge=1, le=4096, description="Cap on the sequences (with look-ahead forks) decoded at once per model; "
+        "below it the blocks memory_budget holds decide, each sequence admitted on its prompt + max_new_tokens.",
+    )
+    max_seq_len: int | None = Field(
+        None, ge=2, description="Tokens per sequence (prompt + generated); must not exceed the model's context. "
+        "None: the model's context (max_position_embeddings), at most the tokens memory_budget holds.",
     )
     block_size: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block (the paged cache's unit).")
     memory_budget: float | None = Field(
         None, gt=0, description="KV-cache memory per model: bytes when > 1, else a fraction of the device's "
-        "memory; at most num_slots x max_seq_len tokens are kept. None: exactly that much (no budget).",
+        f"memory; at most num_slots x max_seq_len tokens are kept. None: the K/V of {DEFAULT_KV_TOKENS} tokens "
+        "(what 16 sequences of 1,024 tokens took before the cache was paged).",
     )
     prefix_caching: bool = Field(
         True, description="Reuse the KV blocks of prompt prefixes seen before (content-addressed, LRU-evicted).",
     )
+
+    @property
+    def kv_tokens(self) -> int | None:
+        """Tokens of K/V each model's pool holds when no memory_budget is set (None when one is)."""
+        return DEFAULT_KV_TOKENS if self.memory_budget is None else None
+
+    @model_validator(mode="after")
+    def _one_sequence_fits(self) -> "CacheConfig":
+        check_cache(self, DEFAULT_KV_TOKENS)
+        return self
 
 
 class SchedulingConfig(StrictModel):

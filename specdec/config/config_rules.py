@@ -59,3 +59,12 @@ def check_generation(generation: Any) -> None:
     _need(generation.max_new_tokens <= generation.max_new_tokens_limit,
           f"generation.max_new_tokens ({generation.max_new_tokens}) must be <= "
           f"generation.max_new_tokens_limit ({generation.max_new_tokens_limit})")
+
+
+def check_cache(cache: Any, default_kv_tokens: int) -> None:
+    """CacheConfig: without a memory budget the pool holds ``default_kv_tokens`` tokens, and one
+    sequence of max_seq_len must fit it (the runner refuses a pool that cannot hold one)."""
+    if cache.memory_budget is None and cache.max_seq_len is not None:
+        _need(cache.max_seq_len <= default_kv_tokens,
+              f"cache.max_seq_len ({cache.max_seq_len}) is more than the {default_kv_tokens} tokens the default "
+              "cache.memory_budget holds: set cache.memory_budget (bytes, or a fraction of device memory)")

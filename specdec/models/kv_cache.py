@@ -32,7 +32,7 @@ import torch
 from specdec.models.block_pool import BlockPool, CacheFullError
 from specdec.models.prefix_index import ROOT, PrefixIndex, block_key
 
-__all__ = ["CacheFullError", "InvalidSlotError", "KVCache", "DEFAULT_BLOCK_SIZE", "blocks_in_budget"]
+__all__ = ["CacheFullError", "InvalidSlotError", "KVCache", "DEFAULT_BLOCK_SIZE", "blocks_in_budget", "size_pool"]
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per block
 
@@ -78,6 +78,29 @@ def blocks_in_budget(memory_budget: float, block_bytes: int, device: torch.devic
     return int(budget // block_bytes)
 
 
+def size_pool(context: int, num_slots: int, max_seq_len: int | None, block_size: int, block_bytes: int,
+              device: torch.device | str, memory_budget: float | None = None,
+              kv_tokens: int | None = None) -> tuple[int, int | None]:
+    """(max_seq_len, num_blocks) of a model's paged cache. The blocks ``memory_budget`` (bytes, or a
+    fraction of the device's memory) or else ``kv_tokens`` hold, at most ``num_slots`` sequences of
+    max_seq_len (more could never be used); neither given: None (KVCache's own default, exactly
+    ``num_slots`` such sequences). ``max_seq_len`` None: the model's ``context``, at most what the
+    blocks hold. ValueError when they cannot hold one sequence of max_seq_len."""
+    if memory_budget is not None:
+        blocks, source = blocks_in_budget(memory_budget, block_bytes, device), f"cache.memory_budget={memory_budget:g}"
+    elif kv_tokens is not None:
+        blocks, source = _blocks_for(kv_tokens, block_size), f"the default cache.memory_budget ({kv_tokens} tokens)"
+    else:
+        return (context if max_seq_len is None else max_seq_len), None
+    if max_seq_len is None:
+        max_seq_len = min(context, blocks * block_size)
+    per_seq = _blocks_for(max(max_seq_len, 1), block_size)
+    if blocks < per_seq:
+        raise ValueError(f"{source} holds {blocks} blocks of {block_size} tokens ({block_bytes} bytes each); one "
+                         f"sequence of max_seq_len={max_seq_len} needs {per_seq}: raise cache.memory_budget")
+    return max_seq_len, min(blocks, num_slots * per_seq)
+
+
 class KVCache:
     """Block pools per layer, block tables and lengths per slot (see the module docstring)."""
 
@@ -116,6 +139,7 @@ class KVCache:
         self._lengths = [0] * num_slots
         self._reserve = [0] * num_slots  # blocks each live slot may grow to
         self._allocated = [False] * num_slots
+        self._live: set[int] = set()  # allocated slots: what admission walks, whatever num_slots is
         self._tokens: list[list[int] | None] = [None] * num_slots  # token ids, while every write came with them
         self._keys: list[list[bytes]] = [[] for _ in range(num_slots)]  # prefix key of each full block
         self._cached_tokens = [0] * num_slots  # tokens taken from the prefix cache
@@ -136,14 +160,24 @@ class KVCache:
         """Sequences of up to ``max_seq_len`` tokens that can still be allocated, each sure to fit."""
         return max(0, min(len(self._free_heap), self._headroom() // self.blocks_per_seq))
 
+    @property
+    def num_live(self) -> int:
+        """Sequences (and forks) allocated now."""
+        return len(self._live)
+
+    @property
+    def usage(self) -> float:
+        """Share of the blocks taken or owed to live sequences' reserves (what admission cannot give)."""
+        return 1.0 - max(0, self._headroom()) / self.num_blocks
+
     def _headroom(self) -> int:
         """Free blocks not owed to live slots growing to their reserves (may be negative only when a
         slot grew past its reserve)."""
-        live = [s for s in range(self.num_slots) if self._allocated[s]]
+        live = list(self._live)  # a copy: num_free may be read from another thread
         owed = sum(max(0, self._reserve[s] - len(self._tables[s])) for s in live)
         writers: dict[int, int] = {}  # shared, partly filled last block -> tables that will write into it
         for slot in live:
-            table = self._tables[slot][-1:]  # a copy: num_free may be read from another thread
+            table = self._tables[slot][-1:]  # a copy, for the same reason
             if table and self._lengths[slot] % self.block_size and self.pool.refcount(table[0]) > 1:
                 writers[table[0]] = writers.get(table[0], 0) + 1
         # each writer copies the block first, except the last one when no other table reads it then
@@ -178,6 +212,7 @@ class KVCache:
                                  f"{self.num_blocks} not owed to running sequences")
         slot = heapq.heappop(self._free_heap)
         self._allocated[slot], self._lengths[slot], self._reserve[slot] = True, 0, reserve
+        self._live.add(slot)
         self._tokens[slot], self._keys[slot], self._cached_tokens[slot] = [], [], 0
         return slot
 
@@ -187,6 +222,7 @@ class KVCache:
         slot = operator.index(slot)
         self._drop_blocks(slot, 0)
         self._allocated[slot], self._lengths[slot], self._reserve[slot] = False, 0, 0
+        self._live.discard(slot)
         self._tokens[slot], self._keys[slot] = None, []
         heapq.heappush(self._free_heap, slot)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, blocks_in_budget
+from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, size_pool
 from specdec.models.llama import LlamaForServing
 from specdec.models.loader import load_model
 from specdec.models.padding_groups import padding_groups
@@ -24,15 +24,23 @@ class ModelRunner:
 
     runner_kind = "specdec"  # the own runtime (the fallback on transformers' code is "transformers")
 
-    def __init__(self, model: LlamaForServing, num_slots: int, max_seq_len: int,
+    def __init__(self, model: LlamaForServing, num_slots: int, max_seq_len: int | None,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
-                 memory_budget: float | None = None, prefix_caching: bool = True) -> None:
+                 memory_budget: float | None = None, prefix_caching: bool = True,
+                 kv_tokens: int | None = None) -> None:
         """``num_slots``: most sequences (and forks) at once. The block pool: ``num_blocks``, else what
-        ``memory_budget`` (bytes, or a fraction of device memory) holds, at most ``num_slots`` sequences
-        of ``max_seq_len``; by default exactly that (the memory of a slot cache). ``prefix_caching``: reuse
-        the full blocks of earlier sequences' tokens (`KVCache.attach_prefix`)."""
+        ``memory_budget`` (bytes, or a fraction of device memory) or else ``kv_tokens`` holds, at most
+        ``num_slots`` sequences of ``max_seq_len``; by default exactly that (the memory of a slot cache).
+        ``max_seq_len`` None: the model's context, at most what the pool holds (`size_pool`).
+        ``prefix_caching``: reuse the full blocks of earlier sequences' tokens (`KVCache.attach_prefix`)."""
         self.model = model
         self.max_position_embeddings = model.config.max_position_embeddings
+        layers, heads, head_dim = model.config.num_hidden_layers, model.num_local_kv_heads, model.config.head_dim
+        if num_blocks is None:
+            block_bytes = KVCache.block_bytes(layers, block_size, heads, head_dim, model.dtype)
+            max_seq_len, num_blocks = size_pool(self.max_position_embeddings, num_slots, max_seq_len, block_size,
+                                                block_bytes, model.device, memory_budget, kv_tokens)
+        max_seq_len = self.max_position_embeddings if max_seq_len is None else max_seq_len
         if not 1 <= max_seq_len <= self.max_position_embeddings:
             raise ValueError(
                 f"max_seq_len={max_seq_len} must be in [1, max_position_embeddings="
@@ -40,15 +48,6 @@ class ModelRunner:
             )
         self.max_seq_len = max_seq_len
         self.vocab_size = model.vocab_size
-        layers, heads, head_dim = model.config.num_hidden_layers, model.num_local_kv_heads, model.config.head_dim
-        if num_blocks is None and memory_budget is not None:
-            block_bytes = KVCache.block_bytes(layers, block_size, heads, head_dim, model.dtype)
-            per_seq = -(-max_seq_len // block_size)
-            num_blocks = min(num_slots * per_seq, blocks_in_budget(memory_budget, block_bytes, model.device))
-            if num_blocks < per_seq:
-                raise ValueError(f"cache.memory_budget={memory_budget:g} holds {num_blocks} blocks of {block_size} "
-                                 f"tokens ({block_bytes} bytes each); one sequence of max_seq_len={max_seq_len} "
-                                 f"needs {per_seq}")
         self.cache = KVCache(
             num_layers=layers,
             num_slots=num_slots,
@@ -75,10 +74,11 @@ class ModelRunner:
         num_blocks: int | None = None,
         memory_budget: float | None = None,
         prefix_caching: bool = True,
+        kv_tokens: int | None = None,
     ) -> ModelRunner:
         """Load a HF-format checkpoint (local directory or hub id), or an emulated model, and wrap it."""
         return cls(load_model(name_or_path, dtype=dtype, device=device, time_scale=time_scale),
-                   num_slots, max_seq_len, block_size, num_blocks, memory_budget, prefix_caching)
+                   num_slots, max_seq_len, block_size, num_blocks, memory_budget, prefix_caching, kv_tokens)
 
     @property
     def num_free_slots(self) -> int:
@@ -93,6 +93,11 @@ class ModelRunner:
     def admits(self, reserve_tokens: list[int | None]) -> int:
         """How many of these new sequences (their reserves, in order) `allocate_slot` would take now."""
         return self.cache.admits(reserve_tokens)
+
+    @property
+    def cache_usage(self) -> float:
+        """Share of the cache's blocks taken or reserved by live sequences (0 idle, 1 full)."""
+        return self.cache.usage
 
     @property
     def block_capacity(self) -> tuple[int, int]:

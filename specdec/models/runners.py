@@ -41,7 +41,7 @@ def choose_runner(checkpoint_dir: Path, choice: RunnerChoice = "auto") -> tuple[
 def open_runner(
     name_or_path: str,
     num_slots: int,
-    max_seq_len: int,
+    max_seq_len: int | None,
     dtype: str | torch.dtype = "float32",
     device: torch.device | str = "cpu",
     choice: RunnerChoice = "auto",
@@ -49,27 +49,41 @@ def open_runner(
     block_size: int = DEFAULT_BLOCK_SIZE,
     memory_budget: float | None = None,
     prefix_caching: bool = True,
+    kv_tokens: int | None = None,
 ) -> ModelRunner | TransformersRunner:
     """Load ``name_or_path`` (local directory or hub id) into the runner ``choose_runner`` picks; an
     'emulated:<profile>:<role>' name runs on the own runtime (time_scale multiplies its device times).
-    block_size, memory_budget and prefix_caching set up the own runtime's paged cache (the fallback keeps
-    per-slot caches)."""
-    paging = {"block_size": block_size, "memory_budget": memory_budget, "prefix_caching": prefix_caching}
+    block_size, memory_budget (else kv_tokens) and prefix_caching set up the own runtime's paged cache; the
+    fallback keeps per-slot caches whose reserves the budget bounds (no blocks, no prefix cache)."""
+    budget = {"memory_budget": memory_budget, "kv_tokens": kv_tokens}
+    paging = {"block_size": block_size, "prefix_caching": prefix_caching, **budget}
     if is_emulated(name_or_path):
         logger.info("model %s: %s runner (emulated device)", name_or_path, SPECDEC)
         return ModelRunner(load_model(name_or_path, time_scale=time_scale), num_slots, max_seq_len, **paging)
     checkpoint_dir = resolve_checkpoint_dir(name_or_path)
     kind, reason = choose_runner(checkpoint_dir, choice)
+    if kind == TRANSFORMERS:
+        runner = TransformersRunner.from_pretrained(str(checkpoint_dir), num_slots, max_seq_len, dtype, device,
+                                                    **budget)
+    else:
+        runner = ModelRunner(load_model(str(checkpoint_dir), dtype=dtype, device=device), num_slots, max_seq_len,
+                             **paging)
     # the fallback is slower, so an automatic fall back is a warning: visible at the CLI's default log level
     level = logging.WARNING if kind == TRANSFORMERS and choice == "auto" else logging.INFO
-    unpaged = "" if kind != TRANSFORMERS else (
-        f"; not paged: each of its {num_slots} slots may grow to max_seq_len={max_seq_len}, admission counts "
-        "slots (cache.memory_budget, block_size and prefix_caching do not apply)")
-    logger.log(level, "model %s (model_type=%s): %s runner (%s)%s", name_or_path, model_type(checkpoint_dir), kind,
-               reason, unpaged)
-    if kind == TRANSFORMERS:
-        return TransformersRunner.from_pretrained(str(checkpoint_dir), num_slots, max_seq_len, dtype, device)
-    return ModelRunner(load_model(str(checkpoint_dir), dtype=dtype, device=device), num_slots, max_seq_len, **paging)
+    logger.log(level, "model %s (model_type=%s): %s runner (%s); %s", name_or_path, model_type(checkpoint_dir), kind,
+               reason, cache_summary(runner))
+    return runner
+
+
+def cache_summary(runner: ModelRunner | TransformersRunner) -> str:
+    """What start-up says about a runner's cache: its sizing, and for the fallback that it is not paged."""
+    blocks, size = runner.block_capacity
+    if runner.runner_kind == TRANSFORMERS:
+        counted = f"reserves against {blocks} tokens" if blocks else "slots"
+        return (f"not paged: each of its {runner.cache.num_slots} slots may grow to max_seq_len={runner.max_seq_len} "
+                f"as tokens arrive, admission counts {counted} (block_size and prefix_caching do not apply)")
+    return (f"paged KV cache: {blocks} blocks of {size} tokens ({blocks * size} tokens), "
+            f"max_seq_len={runner.max_seq_len}, at most {runner.cache.num_slots} sequences at once")
 
 
 def _raw_config(checkpoint_dir: Path) -> dict:

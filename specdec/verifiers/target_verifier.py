@@ -57,6 +57,11 @@ class TargetVerifier(Verifier):
         return self.runner.admits(reserve_tokens)
 
     @property
+    def cache_usage(self) -> float:
+        """Share of the target's cache taken or reserved by live sequences (blocks, not slots)."""
+        return self.runner.cache_usage
+
+    @property
     def block_capacity(self) -> tuple[int, int]:
         """(blocks, tokens per block) of the target's paged cache; (0, 0) when it counts slots."""
         return self.runner.block_capacity

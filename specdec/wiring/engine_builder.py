@@ -112,7 +112,8 @@ def load_runner(name: str, models: ModelsConfig, cache: CacheConfig) -> ModelRun
     """The model's runner (own runtime, transformers fallback or emulated: `open_runner` logs which)."""
     return open_runner(resolve_model_path(name), cache.num_slots, cache.max_seq_len, models.dtype, models.device,
                        models.runner, time_scale=models.device_time_scale, block_size=cache.block_size,
-                       memory_budget=cache.memory_budget, prefix_caching=cache.prefix_caching)
+                       memory_budget=cache.memory_budget, prefix_caching=cache.prefix_caching,
+                       kv_tokens=cache.kv_tokens)
 
 
 def build_proposer(

@@ -117,6 +117,13 @@ class RemoteVerifier(WorkerClient, Verifier):
     def num_free_slots(self) -> int:
         return self.num_slots - len(self._held)
 
+    @property
+    def cache_usage(self) -> float:
+        """Share of this client's cache share its held sequences reserved (blocks; slots when unpaged)."""
+        if not self.num_blocks:
+            return len(self._held) / max(1, self.num_slots)
+        return min(1.0, sum(list(self._held.values())) / self.num_blocks)
+
     num_blocks = 0  # set by __init__ for a paged target; class defaults keep partly built clients (tests) usable
 
     def admits(self, reserve_tokens: list[int]) -> int:

@@ -92,6 +92,7 @@ def test_later_overrides_win_and_nested_keys_merge():
         ({"load_monitor": {"max_round_ratio": -1}}, "max_round_ratio"),
         ({"models": {"runner": "vllm"}}, "runner"),
         ({"models": {"runner": "transformers"}, "serving": {"tensor_parallel_size": 2}}, "tensor_parallel_size"),
+        ({"cache": {"max_seq_len": 32768}}, "cache.max_seq_len .* default cache.memory_budget"),
     ],
 )
 def test_bad_values_are_rejected_naming_the_field(overrides, field):
@@ -109,3 +110,13 @@ def test_bad_values_are_rejected_naming_the_field(overrides, field):
 def test_a_retired_speculation_key_is_refused_naming_what_replaces_it(key, replacement):
     with pytest.raises(ConfigError, match=f"speculation.{key}: .*{replacement}"):
         load_config(overrides={"speculation": {key: 1}})
+
+
+def test_the_default_cache_is_a_memory_budget_and_the_slot_count_only_a_cap():
+    """The memory of the former 16 x 1,024-token slot cache, shared by as many sequences as their
+    lengths allow; max_seq_len follows the model; a budget the operator sets replaces the default."""
+    cache = load_config().cache
+    assert (cache.memory_budget, cache.max_seq_len, cache.kv_tokens) == (None, None, 16 * 1024)
+    assert cache.num_slots >= 16 * 8, "the cap is far above what the budget holds of short sequences"
+    budgeted = load_config(overrides={"cache": {"memory_budget": 0.25, "max_seq_len": 32768}}).cache
+    assert budgeted.kv_tokens is None and budgeted.max_seq_len == 32768

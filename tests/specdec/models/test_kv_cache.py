@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from specdec.models.kv_cache import CacheFullError, InvalidSlotError, KVCache
+from specdec.config.config import load_config
+from specdec.models.kv_cache import CacheFullError, InvalidSlotError, KVCache, size_pool
 
 
 def _cache(num_slots: int = 3, max_seq_len: int = 8, **kwargs) -> KVCache:
@@ -257,3 +258,47 @@ def test_fork_refuses_a_length_past_the_source_or_a_free_target():
     cache.free(fork)
     with pytest.raises(InvalidSlotError):
         cache.fork(source, fork, 1)
+
+
+def test_a_pool_is_sized_by_its_budget_and_max_seq_len_defaults_to_the_context_it_holds():
+    block_bytes = KVCache.block_bytes(2, 16, 2, 4, torch.float32)
+    assert size_pool(2048, 256, None, 16, block_bytes, "cpu", kv_tokens=16384) == (2048, 1024)
+    assert size_pool(131072, 256, None, 16, block_bytes, "cpu", kv_tokens=16384) == (16384, 1024)
+    assert size_pool(2048, 2, 64, 16, block_bytes, "cpu", kv_tokens=16384) == (64, 8), "at most num_slots sequences"
+    assert size_pool(2048, 256, None, 16, block_bytes, "cpu", memory_budget=10 * block_bytes) == (160, 10)
+    assert size_pool(2048, 4, 100, 16, block_bytes, "cpu") == (100, None), "no budget: num_slots x max_seq_len"
+    with pytest.raises(ValueError, match="default cache.memory_budget .16 tokens. holds 1 blocks .* needs 4"):
+        size_pool(2048, 4, 64, 16, block_bytes, "cpu", kv_tokens=16)
+
+
+def test_the_default_budget_runs_3x_the_slot_caches_sequences_of_mixed_prompts():
+    """Issue 40's goal in block bookkeeping: at the default config, prompts of 16-2,000 tokens drawn
+    log-uniformly, each admitted in arrival order on prompt + up to 128 new tokens, vs a slot cache
+    of the same memory (every slot sized for the longest request the bundled target's 2,048-token
+    context allows). One draw's count varies with its first long prompts: the mean of 20 is the figure."""
+    config = load_config().cache
+    max_seq_len, blocks = size_pool(2048, config.num_slots, config.max_seq_len, config.block_size, 1, "cpu",
+                                    config.memory_budget, config.kv_tokens)
+    slot_cache = blocks * config.block_size // max_seq_len
+    admitted = []
+    for seed in range(20):
+        cache = KVCache(1, config.num_slots, max_seq_len, 1, 1, block_size=config.block_size, num_blocks=blocks)
+        rng = random.Random(seed)
+        reserves = [min(int(16 * 125 ** rng.random()) + 128, max_seq_len) for _ in range(100)]  # log-uniform
+        admitted.append(cache.admits(reserves))
+        for reserve in reserves[:admitted[-1]]:
+            cache.allocate(reserve)
+        # the next one did not fit: less than one longest sequence's blocks was left
+        assert cache.num_live == admitted[-1] and cache.usage > 1 - cache.blocks_per_seq / blocks
+    assert slot_cache == 8 and sum(admitted) / len(admitted) >= 3 * slot_cache
+
+
+def test_usage_counts_the_blocks_live_sequences_took_or_reserved():
+    cache = _cache(num_slots=4, num_blocks=8)
+    assert cache.usage == 0.0 and cache.num_live == 0
+    slot = cache.allocate(reserve_tokens=8)  # 2 blocks owed
+    assert cache.usage == 2 / 8 and cache.num_live == 1
+    _append(cache, slot, torch.ones(5, 2, 4))  # 2 blocks taken, none owed
+    assert cache.usage == 2 / 8
+    cache.free(slot)
+    assert cache.usage == 0.0 and cache.num_live == 0

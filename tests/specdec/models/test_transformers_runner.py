@@ -25,7 +25,8 @@ def test_unknown_model_type_gets_the_fallback_and_start_up_says_so(tiny_checkpoi
     assert "model_type=gpt2): transformers runner (the own runtime cannot serve it" in caplog.text
     [choice] = [r for r in caplog.records if r.name == "specdec.models.runners"]
     assert choice.levelno == logging.WARNING  # slower: shown at the CLI's default log level
-    assert "not paged: each of its 2 slots may grow to max_seq_len=16, admission counts slots" in choice.getMessage()
+    assert "not paged: each of its 2 slots may grow to max_seq_len=16 as tokens arrive, admission counts slots" in (
+        choice.getMessage())
     with caplog.at_level(logging.INFO, logger="specdec.models.runners"):
         own = open_runner(str(tiny_checkpoint("qwen3")), num_slots=2, max_seq_len=16)
     assert own.runner_kind == "specdec"
@@ -94,3 +95,15 @@ def test_the_fallback_admits_by_slots_whatever_the_reserve_and_caches_no_prefix(
     slot = runner.allocate_slot(reserve_tokens=4)
     runner.forward([slot], [[1, 2, 3]], last_only=True)
     assert runner.cached_tokens(slot) == 0 and runner.admits([16, 16]) == 1
+
+
+def test_with_a_budget_the_fallback_admits_on_reserves_as_its_caches_grow(tiny_checkpoint):
+    runner = open_runner(str(tiny_checkpoint("gpt2")), num_slots=8, max_seq_len=None, kv_tokens=40)
+    assert runner.max_seq_len == 40 and runner.block_capacity == (40, 1), "the context, at most the budget"
+    runner = open_runner(str(tiny_checkpoint("gpt2")), num_slots=8, max_seq_len=16, kv_tokens=40)
+    assert runner.admits([8, 8, 8, 8, 8, 8]) == 5 and runner.num_free_slots == 2
+    first = runner.allocate_slot(reserve_tokens=16)
+    assert runner.cache_usage == 16 / 40 and runner.admits([16, 16]) == 1
+    runner.fork_slot(first, 0)  # a fork reserves what its source may grow to
+    with pytest.raises(CacheFullError):
+        runner.allocate_slot(reserve_tokens=16)

@@ -58,7 +58,7 @@ def test_seeded_sampling_is_reproducible(capsys):
         (["--prompt", "x", "--top-p", "1.5"], "top_p"),
         (["--prompt", "x", "--top-k", "-2"], "top_k"),
         (["--prompt", "x", "--gamma", "-1"], "gamma"),
-        (["--prompt", "x " * 1500], "prompt"),
+        (["--prompt", "x " * 3000], "prompt"),  # past the bundled target's context of 2,048 tokens
     ],
 )
 def test_bad_input_exits_2_naming_the_field(capsys, args, field):
