@@ -186,7 +186,6 @@ def served_run(profile: str, workers: dict, prompts: list, max_new: int) -> dict
     from specdec.wiring.engine_builder import build_engine
     from specdec_rpc.worker.remote_proposer import RemoteProposer
     from specdec_rpc.worker.remote_verifier import RemoteVerifier
-    from specdec.requests.request import GenerationRequest
 
     verifier = RemoteVerifier(workers["target"].address)
     draft = RemoteProposer(workers["draft"].address)
