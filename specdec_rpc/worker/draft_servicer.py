@@ -79,6 +79,10 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
             return await run_locked(self._work, context, "Propose", self._propose, request, context,
                                     calls=self.metrics)
 
+    async def ProposeStream(self, requests, context: grpc.aio.ServicerContext):
+        async for response in self._serve_stream(requests, context, self.Propose):
+            yield response
+
     async def _propose(self, request: worker_pb2.ProposeRequest,
                        context: grpc.aio.ServicerContext) -> worker_pb2.ProposeResponse:
         """Under the worker's lock. A call whose router stopped waiting for it (its deadline

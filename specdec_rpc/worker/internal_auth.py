@@ -54,12 +54,15 @@ class SecretInterceptor(grpc.aio.ServerInterceptor):
         self._secret = secret.encode("utf-8")
         self._refuse = grpc.unary_unary_rpc_method_handler(self._abort)
         self._refuse_stream = grpc.unary_stream_rpc_method_handler(self._abort_stream)
+        self._refuse_streams = grpc.stream_stream_rpc_method_handler(self._abort_stream)
 
     async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(details)
         presented = _presented(details.invocation_metadata).encode("utf-8")
         if handler is None or hmac.compare_digest(presented, self._secret):
             return handler
+        if handler.stream_stream is not None:
+            return self._refuse_streams
         return self._refuse_stream if handler.unary_stream is not None else self._refuse
 
     @staticmethod
@@ -71,7 +74,8 @@ class SecretInterceptor(grpc.aio.ServerInterceptor):
         yield  # pragma: no cover - never reached: abort raises
 
 
-class _SecretMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _SecretMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                      grpc.StreamStreamClientInterceptor):
     """Adds the secret to every call's metadata (a synchronous channel's interceptor)."""
 
     def __init__(self, secret: str) -> None:
@@ -85,6 +89,9 @@ class _SecretMetadata(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIn
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._with_secret(details), request)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with_secret(details), requests)
 
 
 class _Details(grpc.ClientCallDetails):

@@ -57,7 +57,7 @@ class DraftLate(Exception):
 class LateCall:
     """A call that missed its deadline and has not ended yet; `ended` is set when it ends."""
 
-    future: grpc.Future
+    future: grpc.Future  # a StreamCall (round_stream.py): the part of a grpc.Future used here
     started: float
     ended: float | None = None
 
@@ -75,6 +75,7 @@ class RemoteProposer(WorkerClient, Proposer):
     has_probs = True
     names = ("draft",)
     stub_class = worker_pb2_grpc.DraftWorkerStub
+    stream_method = "ProposeStream"
 
     def __init__(
         self,
@@ -232,7 +233,7 @@ class RemoteProposer(WorkerClient, Proposer):
               branches: int = 1) -> worker_pb2.ProposeResponse:
         self.lease.touch()
         started = time.monotonic()
-        future = self._stub.Propose.future(self._request(requests, unverified, branches), timeout=self.timeout_s)
+        future = self._rounds.send(self._request(requests, unverified, branches))
         try:
             response = future.result(timeout=max(0.0, self._due - started))
         except grpc.FutureTimeoutError:

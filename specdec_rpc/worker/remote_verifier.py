@@ -27,7 +27,6 @@ Not thread-safe: one engine drives it.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable
@@ -68,6 +67,7 @@ class RemoteVerifier(WorkerClient, Verifier):
     """
 
     stub_class = worker_pb2_grpc.TargetWorkerStub
+    stream_method = "VerifyStream"
     probe_timeout_s = PROBE_TIMEOUT_S  # one GetInfo while looking for the target again
 
     def __init__(
@@ -144,23 +144,16 @@ class RemoteVerifier(WorkerClient, Verifier):
     recoveries = 0
 
     def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
-        """verify_async(...).result(), the call made blocking in this thread: a future's answer
-        would reach the waiting thread through gRPC's polling thread, one hand-off more on the
-        round's critical path (benchmarks/bench_serving.py --profile shows the target hop)."""
-        return self._start(requests, blocking=True).result()
+        return self.verify_async(requests).result()
 
     def verify_async(self, requests: list[VerifyRequest]) -> "_PendingVerify":
-        """Send the Verify call and return at once; result() waits for the outcomes."""
-        return self._start(requests, blocking=False)
-
-    def _start(self, requests: list[VerifyRequest], blocking: bool) -> "_PendingVerify":
+        """Send the Verify call (on the round stream) and return at once; result() waits for the outcomes."""
         self.flush()
         self.last_compute_s = 0.0  # the target's compute in this call (RoundProfile)
         for r in requests:
             self._held.setdefault(r.seq_id, self._reserved_blocks(r.reserve_tokens) if self.num_blocks else 0)
         items = [self._item(r) for r in requests]
-        future = (_BlockingCall(self, items) if blocking else self._send(items)) if requests else None
-        return _PendingVerify(self, requests, items, future)
+        return _PendingVerify(self, requests, items, self._send(items) if requests else None)
 
     def _finish(self, requests: list[VerifyRequest], items, future) -> list[VerifyResult]:
         """The outcomes of a sent call (resyncing sequences the target did not know)."""
@@ -219,9 +212,9 @@ class RemoteVerifier(WorkerClient, Verifier):
         return item
 
     def _send(self, items: list[worker_pb2.VerifyItem]) -> grpc.Future:
+        """The Verify request on the round stream (a StreamCall: the part of a grpc.Future used here)."""
         self.lease.touch()
-        request = worker_pb2.VerifyRequest(items=items, lease_id=self.lease.lease_id)
-        return self._stub.Verify.future(request, timeout=self.timeout_s)
+        return self._rounds.send(worker_pb2.VerifyRequest(items=items, lease_id=self.lease.lease_id))
 
     def _call(self, requests: list[VerifyRequest], items: list[worker_pb2.VerifyItem]) -> worker_pb2.VerifyResponse:
         return self._receive(requests, items, self._send(items))
@@ -296,19 +289,6 @@ class RemoteVerifier(WorkerClient, Verifier):
             raise
         self.unavailable_reason = None
         return ttl_s
-
-
-class _BlockingCall:
-    """A Verify call made when its result() is asked for, blocking the asking thread (the
-    future interface _receive expects)."""
-
-    def __init__(self, owner: RemoteVerifier, items: list[worker_pb2.VerifyItem]) -> None:
-        owner.lease.touch()
-        self._call = functools.partial(owner._stub.Verify, worker_pb2.VerifyRequest(
-            items=items, lease_id=owner.lease.lease_id), timeout=owner.timeout_s)
-
-    def result(self) -> worker_pb2.VerifyResponse:
-        return self._call()
 
 
 class _PendingVerify:

@@ -53,6 +53,10 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         with self.leases.call(request.lease_id):
             return await run_locked(self._work, context, "Verify", self._verify, request, calls=self.metrics)
 
+    async def VerifyStream(self, requests, context: grpc.aio.ServicerContext):
+        async for response in self._serve_stream(requests, context, self.Verify):
+            yield response
+
     async def _verify(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         start = time.perf_counter()
         deltas = [item.history for item in request.items]

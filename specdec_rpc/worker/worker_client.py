@@ -8,6 +8,8 @@ One client talks to one worker (a DraftWorker or the target group's leader) for 
 * the HistorySender, whose sequence ids travel in the lease's namespace (its id is their
   prefix), so routers that number their sequences alike never share worker state;
 * the release buffer: `release()` is buffered, sent before the next call or by `flush()`;
+* the round stream: every round's call (Propose, Verify) travels on one persistent stream
+  (RoundStream), opened again on the current channel after it ended;
 * the WorkerReconnector that looks for the worker again after it went down: `_probe` opens a
   channel to an address and asks GetInfo, `_switch_to` makes the client use it.
 
@@ -26,6 +28,7 @@ import grpc
 from specdec_rpc.worker.history_sync import HistorySender
 from specdec_rpc.worker.internal_auth import secret_channel
 from specdec_rpc.worker.lease_renewer import LeaseRenewer, new_lease_id
+from specdec_rpc.worker.round_stream import RoundStream
 from specdec_rpc.v1 import worker_pb2
 from specdec_rpc.worker.worker_reconnector import WorkerReconnector
 from specdec_rpc.worker.worker_server import CHANNEL_OPTIONS
@@ -35,6 +38,7 @@ class WorkerClient:
     """The channel, lease, history sender, release buffer and reconnector of one worker client."""
 
     stub_class: type  # worker_pb2_grpc.DraftWorkerStub or TargetWorkerStub
+    stream_method: str  # the stub's round stream: "ProposeStream" or "VerifyStream"
 
     def __init__(
         self,
@@ -60,6 +64,7 @@ class WorkerClient:
         self._sender = HistorySender(namespace=f"{self._lease_id}/")
         self._released: list[str] = []  # wire ids whose Release is not sent yet
         self.last_compute_s = 0.0  # the worker's compute in the last round's call (RoundProfile)
+        self._rounds = RoundStream(lambda requests: getattr(self._stub, self.stream_method)(requests), timeout_s)
 
     def _renew_lease(self, ttl_s: float) -> None:
         """Start keeping the lease alive; ttl_s is assumed until the worker states its own."""
@@ -93,6 +98,7 @@ class WorkerClient:
             self.address = address
             self._switched_to(address)
         if old is not self._channel:
+            self._rounds.reset()  # the next round opens its stream on the new channel
             old.close()
 
     def _switched_to(self, address: str) -> None:
@@ -147,4 +153,5 @@ class WorkerClient:
         except grpc.RpcError:
             pass
         self.lease.close()
+        self._rounds.close()
         self._channel.close()

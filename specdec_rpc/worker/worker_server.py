@@ -43,7 +43,11 @@ class WorkerServer:
     servicer: object
 
     async def stop(self, grace_s: float | None = 5.0) -> None:
-        """Stop accepting calls, let running ones finish for up to grace_s, then close the servicer."""
+        """Stop accepting calls, end the round streams, let running calls finish for up to
+        grace_s, then close the servicer."""
+        end_streams = getattr(self.servicer, "end_streams", None)  # a WorkerServicer's round streams
+        if end_streams is not None:
+            end_streams()
         await self.server.stop(grace_s)
         self.servicer.close()
 

@@ -7,10 +7,15 @@ stops renewing it loses its slots. This base holds that lifecycle once: start/cl
 Release, GetInfo and KeepAlive calls, and the gauges of its WorkerMetrics (none recorded
 unless the actor passes real ones). A subclass adds its round call (Propose or Verify), frees
 its model's state of one sequence (`_free`), and says what it serves (`info`) and how full
-it is (`state`).
+it is (`state`). Its round call is served as a unary call and over a router's persistent
+stream (`_serve_stream`: each request as the unary call would be, in order).
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -34,6 +39,7 @@ class WorkerServicer:
         self.leases = LeaseReaper(lease_ttl_s, self._work, self._release)
         self.metrics = metrics
         self._metrics_task = None
+        self._streams: set[asyncio.Task] = set()  # the handlers of open round streams
 
     def start(self) -> None:
         """On the server's event loop: start freeing the slots of lapsed leases and updating the
@@ -84,6 +90,25 @@ class WorkerServicer:
         held = self.leases.keep_alive(request.lease_id)
         self.metrics.observe_call("KeepAlive")
         return worker_pb2.KeepAliveResponse(lease_ttl_s=self.leases.ttl_s, held_sequences=held)
+
+    async def _serve_stream(self, requests: AsyncIterator, context: grpc.aio.ServicerContext,
+                            call: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> AsyncIterator:
+        """A round stream (ProposeStream, VerifyStream): each request answered by `call` (the
+        unary handler) in order; a request that fails ends the stream with its status."""
+        task = asyncio.current_task()
+        self._streams.add(task)
+        try:
+            async for request in requests:
+                yield await call(request, context)
+        finally:
+            self._streams.discard(task)
+
+    def end_streams(self) -> None:
+        """On the server's event loop, when it stops: end the open round streams (their routers
+        see the worker gone and open new streams to wherever it serves next), so that no stream
+        holds the server's stop for its whole grace period."""
+        for task in list(self._streams):
+            task.cancel()
 
     def close(self) -> None:
         """Stop the gauges and the lease reaper, then the worker thread."""

@@ -30,6 +30,7 @@ from specdec_rpc.worker.lease_renewer import LeaseRenewer
 from specdec_rpc.public.public_api import to_stats
 from specdec_rpc.worker.remote_proposer import RemoteProposer
 from specdec_rpc.worker.remote_verifier import RemoteVerifier
+from specdec_rpc.worker.round_stream import RoundStream
 from specdec_rpc.worker.target_servicer import TargetServicer
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker.worker_server import ServerThread
@@ -295,6 +296,7 @@ def test_an_unreachable_target_is_a_worker_error(prompt_ids):
     verifier.address, verifier.timeout_s = "127.0.0.1:1", 2.0
     verifier._channel = grpc.insecure_channel(verifier.address)
     verifier._stub = worker_pb2_grpc.TargetWorkerStub(verifier._channel)
+    verifier._rounds = RoundStream(lambda requests: verifier._stub.VerifyStream(requests), verifier.timeout_s)
     verifier._sender, verifier._held, verifier._released = HistorySender(), {}, []
     verifier.lease = LeaseRenewer("test-lease", lambda lease_id: 0.0, ttl_s=5.0)  # not started
     with pytest.raises(WorkerError, match="unavailable"):
