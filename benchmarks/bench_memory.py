@@ -38,6 +38,7 @@ from specdec.requests.request import GenerationRequest
 from specdec.wiring.engine_builder import build_engine
 
 MIN_PROMPT, MAX_PROMPT = 16, 2000
+LONG_PROMPT = 1000  # the prompts whose TTFT is reported
 
 
 def prompt_lengths(count: int, log_uniform: bool, seed: int = 0) -> list[int]:
@@ -59,15 +60,20 @@ def draft_runner(engine) -> ModelRunner:
 def serve_at_once(engine, lengths: list[int], max_new: int, seed: int) -> dict:
     """Submit every request, step the engine to the end; concurrency per round in both models: the
     target's running sequences (admitted, each with its reserve of blocks) and the sequences the
-    draft's cache holds (it takes a row when its own blocks can reserve it)."""
+    draft's cache holds (it takes a row when its own blocks can reserve it); and the TTFT (from the
+    common submission to the first token) of the long prompts (>= LONG_PROMPT tokens), which
+    admission past a blocked head must not starve."""
     rng, context = random.Random(seed), engine.verifier.max_seq_len
     draft = draft_runner(engine)
     ids = [engine.add_request(GenerationRequest([rng.randrange(1, 4000) for _ in range(n)],
                                                 min(max_new, context - n), ignore_eos=True)) for n in lengths]
-    peak, queued = [0, 0], [[], []]
+    long_ids = {seq_id for seq_id, n in zip(ids, lengths) if n >= LONG_PROMPT}
+    peak, queued, ttft = [0, 0], [[], []], {}
     failed, start = 0, time.perf_counter()
     while engine.has_unfinished():
-        engine.step()
+        for output in engine.step():
+            if output.seq_id in long_ids and output.new_token_ids:
+                ttft.setdefault(output.seq_id, time.perf_counter() - start)
         counts = (engine.num_running, live_sequences(draft))
         peak = [max(p, c) for p, c in zip(peak, counts)]
         if engine.num_waiting:
@@ -78,8 +84,10 @@ def serve_at_once(engine, lengths: list[int], max_new: int, seed: int) -> dict:
             engine.result(seq_id)
         except Exception:  # noqa: BLE001 - a failed request is what this counts
             failed += 1
+    long_ttft = sorted(ttft.values()) or [0.0]
     return {"peak": peak, "queued_mean": [statistics.mean(q) if q else 0.0 for q in queued], "failed": failed,
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start, "long": len(long_ids),
+            "long_ttft": (statistics.median(long_ttft), long_ttft[min(len(long_ttft) - 1, int(0.99 * len(long_ttft)))])}
 
 
 def slot_cache_sequences(runner: ModelRunner) -> int:
@@ -142,6 +150,9 @@ def concurrency_rows(args: argparse.Namespace) -> None:
                   f"| {run['peak'][k]}; {run['queued_mean'][k]:.1f} | {run['peak'][k] / slots:.2f}x; "
                   f"{run['queued_mean'][k] / slots:.2f}x |")
         print(f"| failed requests of {args.requests} ({name}; {run['seconds']:.0f} s) | | {run['failed']} | |")
+        median, p99 = run["long_ttft"]
+        print(f"| TTFT of the {run['long']} prompts >= {LONG_PROMPT} tokens, {name} (median; p99), s, all sent "
+              f"at once | | {median:.1f}; {p99:.1f} | |")
         target = engine.verifier.runner
         at_once, slots = admitted_at_once(target, log_uniform, args.max_new_tokens), slot_cache_sequences(target)
         print(f"| admitted at once from a full queue, {name} (bookkeeping, mean of 20 draws) | {slots} "

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence as Seq
 
+from specdec.round.admission import Admission
 from specdec.round.draft_ahead import DraftAhead
 from specdec.requests.errors import InvalidRequestError, WorkerError
 from specdec.sampling.grammar_matcher import GrammarBackend
@@ -98,6 +99,7 @@ class SpeculativeEngine:
         self.grammars = grammars
         self.chunks = PrefillChunks(prefill_chunk_tokens,
                                     PrefillPace(prefill_slowdown) if prefill_slowdown > 0 else None)
+        self.admission = Admission()  # which waiting requests join each step
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._finished: dict[str, Sequence] = {}
@@ -382,17 +384,21 @@ class SpeculativeEngine:
                                                      self._proposer_view.read, planned_s))
 
     def _admit(self) -> None:
-        """Waiting requests join, in order, while the verifier's cache can reserve their prompt +
-        max_new_tokens (blocks of a paged target, else slots). A running request takes its
-        cache at its first verification, which may come a step later (micro-batches): those
-        are counted as taken already."""
-        unseen = [seq for seq in self._running if seq.stats.rounds == 0 and seq.prefilled == 0]
-        free = self.verifier.admits([seq.reserve_tokens for seq in (*unseen, *self._waiting)]) - len(unseen)
-        while self._waiting and free > 0:
-            seq = self._waiting.popleft()
-            seq.started_at = time.monotonic()
-            self._running.append(seq)
-            free -= 1
+        """Waiting requests join while the verifier's cache can reserve their prompt +
+        max_new_tokens (blocks of a paged target, else slots): in arrival order, except that
+        one that fits may pass one that does not, a bounded amount (`Admission`). A running
+        request takes its cache at its first verification, which may come a step later
+        (micro-batches): those are counted as taken already."""
+        unseen = [seq.reserve_tokens for seq in self._running if seq.stats.rounds == 0 and seq.prefilled == 0]
+        waiting = list(self._waiting)
+        chosen = self.admission.choose(self.verifier.admits, unseen, [(s.seq_id, s.reserve_tokens) for s in waiting])
+        if not chosen:
+            return
+        for i in chosen:
+            waiting[i].started_at = time.monotonic()
+            self._running.append(waiting[i])
+        admitted = set(chosen)
+        self._waiting = deque(seq for i, seq in enumerate(waiting) if i not in admitted)
 
     def _active(self) -> list[Sequence]:
         return [*self._waiting, *self._running]

@@ -44,6 +44,26 @@ def test_requests_reserving_max_seq_len_wait_for_blocks(small_budget, prompt_ids
     assert engine.verifier.runner.cache.admits([MAX_SEQ_LEN] * 2) == 2, "aborting freed their blocks"
 
 
+def test_a_short_request_passes_a_long_one_that_waits_for_blocks_with_the_same_tokens(small_budget, prompt_ids,
+                                                                                      hf_greedy):
+    """Two max_seq_len reserves fill the blocks; a third waits, and a short request behind it that
+    fits the blocks left starts first, decoding what the target alone decodes."""
+    engine = small_budget.engine
+    long_ids = [engine.add_request(GenerationRequest(p, MAX_SEQ_LEN - len(p) - 64)) for p in prompt_ids[:3]]
+    short = prompt_ids[3][:20]
+    short_id = engine.add_request(GenerationRequest(short, 8, ignore_eos=True))
+    engine.step()
+    assert engine.num_waiting == 1 and short_id in engine.running_ids()
+    for seq_id in long_ids:
+        if seq_id not in engine.running_ids():
+            engine.abort(seq_id)
+    while short_id in engine.running_ids():
+        engine.step()
+    assert engine.result(short_id).token_ids == hf_greedy(short, 8)
+    for seq_id in engine.running_ids():
+        engine.abort(seq_id)
+
+
 def test_a_repeated_long_prefix_reports_cached_prompt_tokens_and_the_same_tokens(make_engine, prompt_ids):
     engine = make_engine("draft", 4).engine
     prompt = [t for p in prompt_ids for t in p][:70]
