@@ -18,13 +18,13 @@ import ray
 import torch.distributed as dist
 
 from actors.mirrored_runner import MirroredRunner
+from specdec.wiring.engine_builder import load_runner
 from specdec.wiring.ports import free_port
 from actors.served_actor import ServedActor, own_cores
 from specdec.config.config import SpecdecConfig
 from specdec.models.model_paths import resolve_model_path
 from specdec.models.loader import load_model, model_config
 from specdec.models.model_runner import ModelRunner
-from specdec.models.runners import open_runner
 from specdec.models.tensor_parallel import check_divisible, shard_model
 from specdec.verifiers.target_verifier import TargetVerifier
 from specdec_metrics.worker_metrics import WorkerMetrics
@@ -69,13 +69,11 @@ class _Shard:
                 world_size=world_size,
                 timeout=DIST_TIMEOUT,
             )
-        path, models, cache = resolve_model_path(config.models.target), config.models, config.cache
+        models, cache = config.models, config.cache
         if world_size == 1:  # the own runtime, the transformers fallback or an emulated model (logged)
-            self.runner = open_runner(path, cache.num_slots, cache.max_seq_len, models.dtype, models.device,
-                                      models.runner, time_scale=models.device_time_scale,
-                                      block_size=cache.block_size, memory_budget=cache.memory_budget,
-                                      prefix_caching=cache.prefix_caching, kv_tokens=cache.kv_tokens)
+            self.runner = load_runner(models.target, models, cache)
             return
+        path = resolve_model_path(models.target)
         model = load_model(path, dtype=models.dtype, device=models.device, time_scale=models.device_time_scale)
         # every rank holds the same number of K/V heads, so a budget gives every rank the same block pool
         self.runner = ModelRunner(shard_model(model, rank=rank, world_size=world_size), cache.num_slots,
