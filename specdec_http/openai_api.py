@@ -123,9 +123,10 @@ def _tool_use(request: ChatCompletionRequest) -> ToolUse | None:
         return None
     tools = tuple(Tool.of(t.function.name, t.function.description, t.function.parameters, f"tools[{i}]")
                   for i, t in enumerate(request.tools))
+    parallel = request.parallel_tool_calls is not False
     if isinstance(choice, NamedToolChoice):
-        return ToolUse(tools, "named", choice.function.name)
-    return ToolUse(tools, choice or "auto")
+        return ToolUse(tools, "named", choice.function.name, parallel)
+    return ToolUse(tools, choice or "auto", parallel=parallel)
 
 
 def parse(kind: type[SamplingRequest], body: Any, model: str) -> Any:

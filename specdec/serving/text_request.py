@@ -30,6 +30,7 @@ from specdec.requests.speculation_mode import SpeculationMode
 from specdec.serving.served_engine import ServerDefaults
 from specdec.serving.serving_errors import InvalidRequestError
 from specdec.serving.tool_grammar import tool_grammar
+from specdec.serving.tool_parser_hermes import END
 from specdec.serving.tool_spec import ToolUse
 
 
@@ -97,7 +98,7 @@ def to_generation_request(
         prompt_token_ids=prompt_ids,
         max_new_tokens=_budget(request, defaults),
         sampling=request.sampling,
-        stop=tuple(request.stop),
+        stop=tuple(request.stop) + _call_end(request.tools, forced),
         stop_token_ids=tuple(request.stop_token_ids),
         gamma=request.gamma,
         proposer=request.proposer,
@@ -112,6 +113,12 @@ def to_generation_request(
         check_grammar(request.grammar)  # a grammar that does not parse fails here, naming grammar.text
     core.check_proposer(defaults.proposers)
     return core
+
+
+def _call_end(tools: ToolUse | None, forced: GrammarSpec | None) -> tuple[str, ...]:
+    """The stop string that ends an unforced output at its first call's end, when the request
+    allows one call only (a forced output's grammar already ends it there)."""
+    return (END,) if forced is None and tools is not None and tools.single_call else ()
 
 
 def _budget(request: TextRequest, defaults: ServerDefaults) -> int:

@@ -1,5 +1,6 @@
-"""The grammar that forces tool calls: `tool_choice` "required" (one or more calls) or a named
-tool (exactly one call of it), as a `GrammarSpec` the grammar engine enforces on the output.
+"""The grammar that forces tool calls: `tool_choice` "required" (one or more calls; exactly one
+with `parallel_tool_calls: false`) or a named tool (exactly one call of it), as a `GrammarSpec`
+the grammar engine enforces on the output.
 
 The output must be Hermes `<tool_call>` blocks (`specdec.serving.tool_parser_hermes`), one
 per line, each holding `{"name": <an allowed tool>, "arguments": <an object its JSON schema
@@ -37,7 +38,7 @@ def tool_grammar(tools: ToolUse | None) -> GrammarSpec | None:
     if tools is None or not tools.forced:
         return None
     block = f'"{_literal(START + chr(10))}" {CALL_RULE} "{_literal(chr(10) + END)}"'
-    repeat = f' ("\\n" {block})*' if tools.choice == "required" else ""
+    repeat = "" if tools.single_call else f' ("\\n" {block})*'
     return GrammarSpec("ebnf", f"root ::= {block}{repeat}\n{_call_rules(tools)}")
 
 

@@ -7,7 +7,9 @@ schema when the `jsonschema` package is there). `ToolUse` holds the offered tool
 choice: "none" (the model answers in text: the tools are not rendered and its output is not
 parsed for calls), "auto" (it may call tools: the output is parsed for calls), "required"
 (it must call one or more) or a named tool (it must call that one). The last two are
-enforced by a grammar over the output (`specdec.serving.tool_grammar`).
+enforced by a grammar over the output (`specdec.serving.tool_grammar`). `parallel` false
+(OpenAI's `parallel_tool_calls: false`) allows at most one call: the grammar takes one block,
+and an unforced output ends where its first call does.
 Every refusal is an InvalidRequestError naming the field as the client sent it
 (`tools[1].function.name`, `tool_choice`).
 """
@@ -59,11 +61,13 @@ class Tool:
 @dataclass(frozen=True)
 class ToolUse:
     """The tools offered and the choice: "none", "auto", "required" or "named" (`name`: the
-    tool the model must call)."""
+    tool the model must call). parallel: the output may make several calls (OpenAI's
+    `parallel_tool_calls`; false: at most one)."""
 
     tools: tuple[Tool, ...]
     choice: str = "auto"
     name: str | None = None
+    parallel: bool = True
 
     def __post_init__(self) -> None:
         if not self.tools:
@@ -90,6 +94,11 @@ class ToolUse:
     def forced(self) -> bool:
         """The output must be tool calls (a grammar enforces it)."""
         return self.choice in ("required", "named")
+
+    @property
+    def single_call(self) -> bool:
+        """The output may make at most one call (the first call's end ends the output)."""
+        return self.calls_allowed and (self.choice == "named" or not self.parallel)
 
     @property
     def callable(self) -> tuple[Tool, ...]:

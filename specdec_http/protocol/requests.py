@@ -107,11 +107,10 @@ class SamplingRequest(BaseModel):
     service_tier: ignored({"type": "string"}) = None
     prompt_cache_key: ignored({"type": "string"}) = None
     safety_identifier: ignored({"type": "string"}) = None
-    parallel_tool_calls: ignored(BOOLEAN) = None
 
     #: the fields accepted and ignored (logged once each)
     IGNORED: ClassVar[tuple[str, ...]] = ("metadata", "store", "service_tier", "prompt_cache_key",
-                                          "safety_identifier", "parallel_tool_calls")
+                                          "safety_identifier")
 
 
 class CompletionRequest(SamplingRequest):
@@ -138,6 +137,8 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: ToolChoice | None = Field(
         None, description="none, auto (the default with tools), required (one or more calls) or "
                           "{type: function, function: {name}} (that call); required and named force it with a grammar")
+    parallel_tool_calls: Bool | None = Field(
+        None, description="false: at most one call per answer (true, the default: one or more)")
     max_completion_tokens: Annotated[Int, Field(ge=1)] | None = Field(None, description="the newer name of max_tokens")
     logprobs: Bool | None = Field(None, description="report each generated token's logprob")
     top_logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(

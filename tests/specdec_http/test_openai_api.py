@@ -137,7 +137,7 @@ def test_min_p_penalties_and_logit_bias_map_into_the_sampling_params():
 
 
 @pytest.mark.parametrize("name, value", [("metadata", {"team": "a"}), ("store", False), ("service_tier", "auto"),
-                                         ("prompt_cache_key", "k"), ("parallel_tool_calls", True)])
+                                         ("prompt_cache_key", "k"), ("safety_identifier", "u")])
 def test_openai_fields_that_change_nothing_returned_are_ignored(name, value):
     plain, _ = completion_request({"prompt": "x"}, MODEL)
     assert completion_request({"prompt": "x", name: value}, MODEL)[0] == plain

@@ -173,3 +173,14 @@ def test_tool_choice_required_streams_calls_with_speculation_on(client):
     whole = list(calls.values()) if finish == "tool_calls" else list(calls.values())[:1]
     for c in whole:
         assert json.loads(c["arguments"])["unit"] in ("celsius", "fahrenheit")
+
+
+@needs_grammar
+def test_required_with_parallel_tool_calls_false_answers_exactly_one_whole_call(client):
+    answer = client.chat.completions.create(model=MODEL, messages=HISTORY[:1], tools=[WEATHER],
+                                            tool_choice="required", parallel_tool_calls=False, max_tokens=128,
+                                            temperature=0, extra_body={"speculation": {"mode": "on"}})
+    choice = answer.choices[0]
+    [call] = choice.message.tool_calls  # the grammar ends the output after one block (~80 tokens)
+    assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["unit"] in ("celsius", "fahrenheit")

@@ -7,6 +7,8 @@ import pytest
 from specdec.serving.served_engine import ServerDefaults
 from specdec.serving.serving_errors import InvalidRequestError
 from specdec.serving.text_request import TextRequest, to_generation_request
+from specdec.serving.tool_parser_hermes import END
+from specdec.serving.tool_spec import Tool, ToolUse
 
 DEFAULTS = ServerDefaults(max_new_tokens=8, gamma=4)
 
@@ -38,3 +40,18 @@ def test_valid_unicode_everywhere_passes():
     request = TextRequest(messages=({"role": "user", "content": "h\u00e9llo \U0001f600"},), stop=("\u00e9",))
     generation = to_generation_request(request, encode, DEFAULTS, ChatTokenizer())
     assert bytes(generation.prompt_token_ids).decode("utf-8") == "h\u00e9llo \U0001f600"
+
+
+@pytest.mark.parametrize("choice, parallel, call_end", [
+    ("auto", False, True),  # one call at most: the output ends where its first call does
+    ("auto", True, False),
+    ("required", False, False),  # forced: the grammar takes one block and ends there itself
+    ("none", False, False),  # no calls are read at all
+])
+def test_parallel_tool_calls_false_ends_an_unforced_output_at_its_first_call(choice, parallel, call_end):
+    tools = ToolUse((Tool.of("f", "", None, "tools[0]"),), choice, parallel=parallel)
+    if choice == "required":
+        pytest.importorskip("xgrammar")
+    request = TextRequest(messages=({"role": "user", "content": "hi"},), tools=tools, stop=("bye",))
+    generation = to_generation_request(request, encode, DEFAULTS, ChatTokenizer())
+    assert generation.stop == (("bye", END) if call_end else ("bye",))

@@ -22,8 +22,8 @@ WEATHER = call_block("get_weather", '{"unit": "celsius"}')
 ADD = call_block("add", '{"a": 1, "b": -2}')
 
 
-def grammar(choice, name=None):
-    spec = tool_grammar(ToolUse(TOOLS, choice, name))
+def grammar(choice, name=None, parallel=True):
+    spec = tool_grammar(ToolUse(TOOLS, choice, name, parallel))
     assert isinstance(spec, GrammarSpec) and spec.kind == "ebnf" and spec.text.startswith("root ::= ")
     return xgrammar.Grammar.from_ebnf(spec.text)
 
@@ -46,6 +46,12 @@ def test_a_named_tool_takes_exactly_one_call_of_that_tool():
     named = grammar("named", "get_weather")
     assert accepts(named, WEATHER)
     assert not accepts(named, ADD) and not accepts(named, f"{WEATHER}\n{WEATHER}")
+
+
+def test_required_without_parallel_calls_takes_exactly_one_call_of_any_tool():
+    one = grammar("required", parallel=False)
+    assert accepts(one, WEATHER) and accepts(one, ADD)
+    assert not accepts(one, f"{ADD}\n{WEATHER}") and not accepts(one, "")
 
 
 def test_what_the_grammar_accepts_reads_back_as_the_calls():
