@@ -54,12 +54,16 @@ def build_request(
     stop_token_ids: Sequence[int] = (),
     tpot_target_ms: float | None = None,
     grammar: tuple[str, str] | None = None,
+    prompt_logprobs: int | None = None,
+    score_only: bool = False,
 ) -> specdec_pb2.GenerateRequest:
     """A GenerateRequest from keyword arguments (0 / None = the server's default).
 
     mode: "auto" (the server decides), "on" or "off"; proposer: "draft", "ngram" or None;
     tpot_target_ms: the request's time-per-output-token target (None = the server's);
-    grammar: (kind, text) the output must match (structured output; None = free text).
+    grammar: (kind, text) the output must match (structured output; None = free text);
+    prompt_logprobs: report each prompt token's logprob and this many alternatives;
+    score_only: with prompt_logprobs, score the prompt and generate nothing.
     The server validates the values; only unknown mode / proposer names fail here.
     """
     if mode not in MODES:
@@ -83,6 +87,8 @@ def build_request(
         stop=list(stop),
         stop_token_ids=list(stop_token_ids),
         grammar=None if grammar is None else specdec_pb2.Grammar(kind=grammar[0], text=grammar[1]),
+        prompt_logprobs=prompt_logprobs,
+        score_only=score_only,
     )
 
 

@@ -54,7 +54,7 @@ def to_text_request(message: specdec_pb2.GenerateRequest) -> TextRequest:
     return TextRequest(
         prompt=message.prompt,
         prompt_token_ids=tuple(message.prompt_token_ids),
-        max_new_tokens=message.max_new_tokens or None,
+        max_new_tokens=_budget(message),
         sampling=_sampling(message.sampling),
         stop=tuple(message.stop),
         stop_token_ids=tuple(message.stop_token_ids),
@@ -73,6 +73,17 @@ def to_generation_request(
 ) -> GenerationRequest:
     """The engine's request for a GenerateRequest (runs the tokenizer: call it off the event loop)."""
     return _core_request(to_text_request(message), encode, defaults)
+
+
+def _budget(message: specdec_pb2.GenerateRequest) -> int | None:
+    """The frontend's max_new_tokens: 0 scores the prompt only (score_only), None is the server's."""
+    if not message.score_only:
+        return message.max_new_tokens or None
+    if not message.HasField("prompt_logprobs"):
+        raise ValueError("score_only: needs prompt_logprobs (the scores it returns)")
+    if message.max_new_tokens:
+        raise ValueError(f"score_only: generates nothing, but max_new_tokens is {message.max_new_tokens}")
+    return 0
 
 
 def _sampling(message: specdec_pb2.SamplingParams) -> SamplingParams:

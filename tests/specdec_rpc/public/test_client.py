@@ -83,8 +83,11 @@ def test_build_request_fills_every_field():
     assert request.sampling.HasField("top_p") and request.sampling.seed == 4 and request.sampling.top_k == 3
     assert (request.speculation.mode, request.speculation.gamma, request.speculation.proposer) == (
         pb.SPECULATION_MODE_ON, 6, pb.PROPOSER_KIND_NGRAM)
-    unset = build_request(prompt_token_ids=[1, 2]).sampling
-    assert not unset.HasField("top_p") and not unset.HasField("seed")
+    unset = build_request(prompt_token_ids=[1, 2])
+    assert not unset.sampling.HasField("top_p") and not unset.sampling.HasField("seed")
+    assert not unset.HasField("prompt_logprobs") and not unset.score_only
+    scoring = build_request("p", prompt_logprobs=2, score_only=True)
+    assert scoring.prompt_logprobs == 2 and scoring.score_only
     with pytest.raises(ValueError, match="mode"):
         build_request("p", mode="sometimes")
 

@@ -141,3 +141,21 @@ def test_stats_carry_each_round_cost_coefficient_under_its_own_name():
     line = _round_cost(response)
     assert "10.00 + 1.50/row + 0.40/drafted token + 0.200/prompt token (mean prompt 64) + 7.00 when verifying" in line
     assert "drafting rounds x0.80, plain rounds x1.25" in line
+
+
+def test_score_only_returns_the_prompts_logprobs_and_no_tokens(service, prompt_ids):
+    prompt = prompt_ids[0]
+    scored = asyncio.run(service.generate(pb.GenerateRequest(prompt_token_ids=prompt, prompt_logprobs=1,
+                                                             score_only=True)))
+    generated = asyncio.run(service.generate(pb.GenerateRequest(prompt_token_ids=prompt, prompt_logprobs=1,
+                                                                max_new_tokens=2)))
+    assert not scored.token_ids and scored.finish_reason == "length" and len(generated.token_ids) == 2
+    assert [t.token_id for t in scored.prompt_logprobs] == list(prompt[1:])  # the first token has none
+    assert [t.logprob for t in scored.prompt_logprobs] == pytest.approx([t.logprob for t in generated.prompt_logprobs])
+
+
+@pytest.mark.parametrize("fields, reason", [({}, "needs prompt_logprobs"),
+                                            ({"prompt_logprobs": 1, "max_new_tokens": 4}, "generates nothing")])
+def test_score_only_without_scores_or_with_a_budget_names_score_only(service, fields, reason):
+    with pytest.raises(ValueError, match=f"score_only: {reason}"):
+        asyncio.run(service.generate(pb.GenerateRequest(prompt="x", score_only=True, **fields)))
