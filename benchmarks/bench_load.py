@@ -80,7 +80,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_report import POLICIES, RequestResult, closeness, fmt, markdown, plot, plot_timeline, summarize  # noqa: E402
 from progress import Progress  # noqa: E402
-from slo_report import slo_table  # noqa: E402
+from slo_report import slo_spread, slo_table  # noqa: E402
 
 from specdec.config.config import SpecdecConfig, load_config  # noqa: E402
 from specdec.models.model_paths import bundled_prompts  # noqa: E402
@@ -88,7 +88,7 @@ from specdec.models.model_paths import bundled_prompts  # noqa: E402
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def poisson_schedule(qps: float, seconds: float, n_prompts: int, seed: int) -> list[tuple[float, int]]:
+def poisson_schedule(qps: float, seconds: float, n_prompts: int, seed: int | str) -> list[tuple[float, int]]:
     """(arrival time, prompt index) of an open-loop Poisson process; the same for every policy."""
     rng = random.Random(seed)
     arrivals, t = [], rng.expovariate(qps)
@@ -146,6 +146,13 @@ async def poll_switch(client, start: float, samples: list[tuple[float, bool, int
             if not samples:
                 return
         await asyncio.sleep(0.25)
+
+
+def schedule_seed(seed: int, qps: float, repeat: int) -> str:
+    """The seed of one (load, repeat)'s arrivals and prompt choice: the same whichever other
+    loads the sweep runs and in which order, so a point can be rerun alone (Python seeds
+    `random.Random` from a string deterministically)."""
+    return f"{seed}:{qps:g}:{repeat}"
 
 
 def measured_s(args: argparse.Namespace, qps: float) -> float:
@@ -235,10 +242,10 @@ async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> t
         await asyncio.gather(*(one_request(client, prompts[i], m, 8, time.perf_counter(), RequestResult(0, False), 60)
                                for i, m in enumerate(("on", "off"))))
         with Progress(len(args.qps) * len(args.policies) * args.repeats, "bench_load") as progress:
-            for k, qps in enumerate(args.qps):
+            for qps in args.qps:
                 for rep in range(args.repeats):
                     schedule = poisson_schedule(qps, args.warmup + measured_s(args, qps), len(prompts),
-                                                args.seed * 1000 + k + 100 * rep)
+                                                schedule_seed(args.seed, qps, rep))
                     order = run_order(args.policies, rep)
                     for policy in order:
                         progress.step(f"{qps:g} requests/s, repeat {rep + 1}, policy {policy}")
@@ -377,12 +384,18 @@ def report(args: argparse.Namespace, config: SpecdecConfig, rows: list[dict], re
         print()
         print(table)
     goodput, slo_close = slo_table(rows)
+    slo_noise: list[dict] = []
     if slo_close:
         targets = [f"{name} <= {ms:g} ms" for name, ms in (("TPOT", args.tpot_target_ms), ("TTFT", args.ttft_target_ms))
                    if ms is not None]
         print(f"\nSLO attainment ({', '.join(targets)}) and AUTO vs the better fixed policy by it "
               "(goal: tokens/s >= 0.95x, attainment >= its):\n")
         print(goodput)
+        spread, slo_noise = slo_spread(rows, repeats)
+        if spread:
+            print(f"\nHow far it can be trusted: attainment over the {args.repeats} repeats, and AUTO's gap to the "
+                  "better fixed policy paired within each repeat (verdict: met / within noise / missed):\n")
+            print(spread)
     lm = config.load_monitor
     override = f"; operator override off above {lm.disable_qps:g} req/s" if lm.disable_qps is not None else ""
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"
@@ -399,6 +412,7 @@ def report(args: argparse.Namespace, config: SpecdecConfig, rows: list[dict], re
         args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v)
                                                   for k, v in vars(args).items()},
                                          "rows": rows, "auto_vs_best": close, "slo_vs_best": slo_close,
+                                         "slo_spread": slo_noise,
                                          "repeats": [[{k: v for k, v in r.items() if k != "switch_timeline"}
                                                       for r in rep]
                                                      for rep in repeats]}, indent=2))

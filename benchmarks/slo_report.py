@@ -16,6 +16,7 @@ Pure (no server, no gRPC): `bench_load.py` plays the schedules and hands the req
 from __future__ import annotations
 
 import math
+import statistics
 
 from bench_serving import percentile  # same percentile rule as the serving benchmark
 
@@ -92,4 +93,53 @@ def slo_table(rows: list[dict]) -> tuple[str, list[dict]]:
                      f"| {_each(point, 'slo_attainment', '{:.0%}')} | {v['better']} "
                      f"| {v['auto_tokens_per_s_ratio']:.2f} | {100 * v['auto_minus_better_slo_attainment']:+.0f} pp "
                      f"| {'yes' if v['goal_met'] else 'no'} |")
+    return ("\n".join(lines), out) if out else ("", [])
+
+
+def _range(values: list[float]) -> tuple[float, float]:
+    return (min(values), max(values)) if values else (math.nan, math.nan)
+
+
+def slo_spread(rows: list[dict], repeats: list[list[dict]]) -> tuple[str, list[dict]]:
+    """Per QPS, how far the verdict can be trusted: each policy's attainment range over the
+    repeats (the machine's noise: one policy's runs alike but for when they ran), and AUTO's
+    paired gap, AUTO − the better fixed policy (chosen on the pooled runs, `better_by_slo`)
+    within each repeat, where the two ran minutes apart on the same schedule: its mean, ±2
+    standard errors and range, and AUTO's tokens/s ratio per repeat. The verdict: "met"
+    (pooled: tokens/s ≥ 0.95× and attainment ≥ the better's), "missed" (the pooled gap is
+    below 0 and the paired gaps' mean + 2 standard errors too: beyond the noise; or tokens/s
+    short), else "within noise". ("", []) without targets or repeats."""
+    by = {(r["qps"], r["policy"]): r for r in rows}
+    each = [{(r["qps"], r["policy"]): r for r in rep} for rep in repeats]
+    lines = ["| QPS | attainment ON / OFF / AUTO (pooled) | its range over the repeats ON; OFF; AUTO | better "
+             "| AUTO / better tokens/s (repeats) | AUTO − better attainment pooled | paired per repeat: "
+             "mean ± 2 SE (range) | verdict |",
+             "|---:|---|---|---|---|---:|---|---|"]
+    out = []
+    for qps in sorted({r["qps"] for r in rows}):
+        point = [by.get((qps, p)) for p in ("on", "off", "auto")]
+        if not all(point) or any(r.get("slo_attainment") is None for r in point):
+            continue
+        v = slo_verdict(*point)
+        better = v["better"]
+        reps = [rep for rep in each if all((qps, p) in rep for p in ("on", "off", "auto"))]
+        spans = {p: _range([rep[(qps, p)]["slo_attainment"] for rep in reps]) for p in ("on", "off", "auto")}
+        gaps = [rep[(qps, "auto")]["slo_attainment"] - rep[(qps, better)]["slo_attainment"] for rep in reps]
+        ratios = [rep[(qps, "auto")]["tokens_per_s"] / rep[(qps, better)]["tokens_per_s"] for rep in reps
+                  if rep[(qps, better)]["tokens_per_s"]]
+        mean = statistics.mean(gaps) if gaps else math.nan
+        se = statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else math.nan
+        beyond = v["auto_minus_better_slo_attainment"] < 0 and mean + 2 * se < 0
+        verdict = "met" if v["goal_met"] else (
+            "missed" if v["auto_tokens_per_s_ratio"] < TOKENS_GOAL or beyond else "within noise")
+        c = {**v, "verdict": verdict, "attainment_range": spans, "paired_gaps": gaps, "paired_gap_mean": mean,
+             "paired_gap_se": se, "tokens_per_s_ratios": ratios}
+        out.append(c)
+        pooled = " / ".join(f"{r['slo_attainment']:.0%}" for r in point)
+        span = "; ".join(f"{100 * lo:.0f}–{100 * hi:.0f}%" for lo, hi in spans.values())
+        ratio_span = f"{v['auto_tokens_per_s_ratio']:.2f} ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else "–"
+        paired = (f"{100 * mean:+.0f} ± {200 * se:.0f} pp ({100 * min(gaps):+.0f} to {100 * max(gaps):+.0f})"
+                  if len(gaps) > 1 else "–")
+        lines.append(f"| {qps:g} | {pooled} | {span} | {better} | {ratio_span} "
+                     f"| {100 * v['auto_minus_better_slo_attainment']:+.0f} pp | {paired} | {verdict} |")
     return ("\n".join(lines), out) if out else ("", [])
