@@ -49,6 +49,13 @@ time-per-output-token target (speculation.tpot_target_ms: AUTO plans within it, 
 ignore it), and each point reports its TPOT p50 and the share of requests that met the
 target (and `--ttft-target-ms`, when given); a second verdict then asks AUTO for ≥ 0.95 × the
 better fixed policy's tokens/s and ≥ its attainment (the better: the higher attainment).
+Attainment against a target in the middle of the TPOT distribution swings with the
+machine's speed far more than with the policy, so a third table says how far that verdict
+can be trusted (`slo_report.slo_spread`): each policy's attainment range over the repeats,
+and AUTO's gap to the better policy paired within each repeat (the same schedule, minutes
+apart), its mean ± 2 standard errors; a shortfall is "missed" only beyond that noise.
+Every (load, repeat) has its own seeded schedule (`schedule_seed`: arrivals and prompt
+choice), the same whichever other loads the sweep runs, so a point can be rerun alone.
 
 Emulated devices (`--profile NAME`, configs/devices/NAME.yaml; docs/emulated_devices.md):
 the same server on an emulated target and draft whose forwards take the profile's times

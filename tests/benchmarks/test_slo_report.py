@@ -70,3 +70,10 @@ def test_the_spread_table_pairs_auto_with_the_better_policy_within_each_repeat()
     assert slo_spread(short, steady)[1][0]["verdict"] == "missed"
     assert "| 16 | 45% / 50% / 40% |" in slo_spread(short, steady)[0]
     assert slo_spread(pooled, [])[1][0]["paired_gaps"] == []
+
+
+def test_a_shortfall_with_one_repeat_is_a_miss_no_noise_was_measured():
+    from slo_report import slo_spread
+
+    one = [point("on", 900, 0.9, 16.0), point("off", 900, 0.5, 16.0), point("auto", 900, 0.8, 16.0)]
+    assert slo_spread(one, [one])[1][0]["verdict"] == "missed"
