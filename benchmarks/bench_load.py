@@ -87,7 +87,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_report import POLICIES, RequestResult, closeness, fmt, markdown, plot, plot_timeline, summarize  # noqa: E402
 from progress import Progress  # noqa: E402
-from slo_report import slo_spread, slo_table  # noqa: E402
+from slo_report import slo_spread, slo_table, target_effect  # noqa: E402
 
 from specdec.config.config import SpecdecConfig, load_config  # noqa: E402
 from specdec.models.model_paths import bundled_prompts  # noqa: E402
@@ -184,8 +184,9 @@ async def run_point(client, prompts: list[str], schedule: list[tuple[float, int]
                 await asyncio.sleep(delay)
             res = RequestResult(arrival=arrival, measured=arrival >= warmup)
             results.append(res)
-            tasks.append(asyncio.create_task(one_request(client, prompts[idx], mode, args.max_new_tokens, start, res,
-                                                         timeout_s, gamma, args.temperature, args.tpot_target_ms)))
+            tasks.append(asyncio.create_task(one_request(client, prompts[idx], "auto" if mode == UNTARGETED else mode,
+                                                         args.max_new_tokens, start, res, timeout_s, gamma,
+                                                         args.temperature, sent_target_ms(args, mode))))
         end_of_arrivals = start + warmup + duration
         await asyncio.sleep(max(0.0, end_of_arrivals - time.perf_counter()))
         if tasks:
@@ -199,6 +200,16 @@ async def run_point(client, prompts: list[str], schedule: list[tuple[float, int]
         poller.cancel()
         await asyncio.gather(poller, return_exceptions=True)
     return results, switch, start
+
+
+UNTARGETED = "auto-free"  # a fourth policy: mode AUTO with no TPOT target sent, judged at the target all the same
+
+
+def sent_target_ms(args: argparse.Namespace, policy: str = "") -> float | None:
+    """The TPOT target a request carries: --tpot-target-ms, or none with --judge-only and
+    for the policy auto-free (AUTO planning for tokens/s alone, judged at the target: the
+    target's own effect on AUTO, in the same sweep)."""
+    return None if args.judge_only or policy == UNTARGETED else args.tpot_target_ms
 
 
 def server_config(args: argparse.Namespace) -> SpecdecConfig:
@@ -221,7 +232,8 @@ def server_config(args: argparse.Namespace) -> SpecdecConfig:
             "disable_qps": args.disable_qps,  # the operator's override: None = the goodput plan alone
             "enable_qps": args.enable_qps,
             "min_dwell_s": args.min_dwell_s,
-            "tpot_target_ms": args.tpot_target_ms,  # the server's default too: the on/off state is judged with it
+            # the server's default too (the on/off state is judged with it); none where some requests go without
+            "tpot_target_ms": None if UNTARGETED in args.policies else sent_target_ms(args),
         },
     })
 
@@ -317,7 +329,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--on-gamma", type=int, default=None,
                         help="γ of the ON policy (default: the config's speculation.gamma; 0 = the server's policy)")
-    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--policies", nargs="+", choices=(*POLICIES, UNTARGETED), default=list(POLICIES),
+                        help=f"{UNTARGETED}: mode AUTO without the TPOT target (shown beside AUTO, not judged)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the arrival schedules and prompt choice")
     parser.add_argument("--num-slots", type=int, default=32, help="cache.num_slots (sequences decoded at once)")
     parser.add_argument("--max-concurrent", type=int, default=64, help="serving.max_concurrent_requests")
@@ -335,6 +348,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tpot-target-ms", type=float, default=None,
                         help="every request's time-per-output-token target (speculation.tpot_target_ms); "
                              "reports SLO attainment")
+    parser.add_argument("--judge-only", action="store_true",
+                        help="judge attainment at --tpot-target-ms without sending it: AUTO plans for tokens/s alone")
     parser.add_argument("--ttft-target-ms", type=float, default=None,
                         help="time-to-first-token target of the SLO attainment (reported only; not sent)")
     parser.add_argument("--config", action="append", default=[], help="YAML override file(s) under the above")
@@ -403,6 +418,10 @@ def report(args: argparse.Namespace, config: SpecdecConfig, rows: list[dict], re
             print(f"\nHow far it can be trusted: attainment over the {args.repeats} repeats, and AUTO's gap to the "
                   "better fixed policy paired within each repeat (verdict: met / within noise / missed):\n")
             print(spread)
+        effect = target_effect(rows, repeats, UNTARGETED)
+        if effect:
+            print("\nAUTO with the TPOT target against AUTO without it (judged at the same target):\n")
+            print(effect)
     lm = config.load_monitor
     override = f"; operator override off above {lm.disable_qps:g} req/s" if lm.disable_qps is not None else ""
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"

@@ -150,3 +150,25 @@ def slo_spread(rows: list[dict], repeats: list[list[dict]]) -> tuple[str, list[d
         lines.append(f"| {qps:g} | {_each(point, 'slo_attainment', '{:.0%}')} | {span} | {v['better']} | {ratio_span} "
                      f"| {100 * v['auto_minus_better_slo_attainment']:+.0f} pp | {paired} | {c['verdict']} |")
     return ("\n".join(lines), out) if out else ("", [])
+
+
+def target_effect(rows: list[dict], repeats: list[list[dict]], untargeted: str = "auto-free") -> str:
+    """Per QPS where the sweep ran both: AUTO with the TPOT target against AUTO without it
+    (`untargeted`, judged at the same target), pooled and paired within each repeat; "" otherwise."""
+    by = {(r["qps"], r["policy"]): r for r in rows}
+    lines = []
+    for qps in sorted({r["qps"] for r in rows}):
+        with_t, without = by.get((qps, "auto")), by.get((qps, untargeted))
+        if not with_t or not without or with_t.get("slo_attainment") is None:
+            continue
+        gaps = [rep_by[(qps, "auto")]["slo_attainment"] - rep_by[(qps, untargeted)]["slo_attainment"]
+                for rep_by in ({(r["qps"], r["policy"]): r for r in rep} for rep in repeats)
+                if (qps, "auto") in rep_by and (qps, untargeted) in rep_by]
+        paired = f"{100 * min(gaps):+.0f} to {100 * max(gaps):+.0f} pp" if gaps else "–"
+        lines.append(f"| {qps:g} | {with_t['slo_attainment']:.0%} / {without['slo_attainment']:.0%} "
+                     f"| {with_t['tpot_p50_ms']:.1f} / {without['tpot_p50_ms']:.1f} "
+                     f"| {with_t['tokens_per_s']:.0f} / {without['tokens_per_s']:.0f} | {paired} |")
+    if not lines:
+        return ""
+    return "\n".join(["| QPS | attainment AUTO / without target | TPOT p50 ms | tokens/s | paired per repeat |",
+                      "|---:|---|---|---|---|", *lines])

@@ -77,3 +77,12 @@ def test_a_shortfall_with_one_repeat_is_a_miss_no_noise_was_measured():
 
     one = [point("on", 900, 0.9, 16.0), point("off", 900, 0.5, 16.0), point("auto", 900, 0.8, 16.0)]
     assert slo_spread(one, [one])[1][0]["verdict"] == "missed"
+
+
+def test_auto_with_and_without_its_target_side_by_side():
+    from slo_report import target_effect
+
+    rep = [point("auto", 900, 0.4), point("auto-free", 950, 0.6)]
+    table = target_effect(rep, [rep, rep])
+    assert "| 8 | 40% / 60% |" in table and "-20 to -20 pp" in table
+    assert target_effect([point("auto", 900, 0.4)], []) == ""
