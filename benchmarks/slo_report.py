@@ -117,7 +117,8 @@ def spread_verdict(qps: float, verdict: dict, repeats: list[dict]) -> dict:
     se = statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else math.nan
     short = verdict["auto_minus_better_slo_attainment"] < 0
     beyond = short and (mean + 2 * se < 0 if len(gaps) > 1 else True)  # one repeat: no noise measured
-    judged = "met" if verdict["goal_met"] else (
+    nobody = all(a == 0 for a in verdict["slo_attainment"].values())  # the target out of every policy's reach
+    judged = "void: no policy met the target" if nobody else "met" if verdict["goal_met"] else (
         "missed" if verdict["auto_tokens_per_s_ratio"] < TOKENS_GOAL or beyond else "within noise")
     return {**verdict, "verdict": judged, "attainment_range": spans, "paired_gaps": gaps, "paired_gap_mean": mean,
             "paired_gap_se": se, "tokens_per_s_ratios": ratios}
@@ -132,7 +133,8 @@ def slo_spread(rows: list[dict], repeats: list[list[dict]]) -> tuple[str, list[d
     (pooled: tokens/s ≥ 0.95× and attainment ≥ the better's), "missed" (tokens/s short, or
     the pooled gap below 0 and the paired gaps' mean + 2 standard errors too: beyond the
     noise; with a single repeat no noise is measured and a shortfall is a miss), else
-    "within noise". ("", []) without targets."""
+    "within noise"; "void" where no policy met the target at all (0 % ≥ 0 % says nothing).
+    ("", []) without targets."""
     each = [{(r["qps"], r["policy"]): r for r in rep} for rep in repeats]
     lines = ["| QPS | attainment ON / OFF / AUTO (pooled) | its range over the repeats ON; OFF; AUTO | better "
              "| AUTO / better tokens/s (repeats) | AUTO − better attainment pooled | paired per repeat: "

@@ -86,3 +86,10 @@ def test_auto_with_and_without_its_target_side_by_side():
     table = target_effect(rep, [rep, rep])
     assert "| 8 | 40% / 60% |" in table and "-20 to -20 pp" in table
     assert target_effect([point("auto", 900, 0.4)], []) == ""
+
+
+def test_a_load_where_no_policy_meets_the_target_is_void_not_met():
+    from slo_report import slo_spread
+
+    none = [point("on", 900, 0.0, 24.0), point("off", 900, 0.0, 24.0), point("auto", 700, 0.0, 24.0)]
+    assert slo_spread(none, [none, none])[1][0]["verdict"].startswith("void")
