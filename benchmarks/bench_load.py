@@ -49,6 +49,13 @@ time-per-output-token target (speculation.tpot_target_ms: AUTO plans within it, 
 ignore it), and each point reports its TPOT p50 and the share of requests that met the
 target (and `--ttft-target-ms`, when given); a second verdict then asks AUTO for ≥ 0.95 × the
 better fixed policy's tokens/s and ≥ its attainment (the better: the higher attainment).
+Attainment against a target in the middle of the TPOT distribution swings with the
+machine's speed far more than with the policy, so a third table says how far that verdict
+can be trusted (`slo_report.slo_spread`): each policy's attainment range over the repeats,
+and AUTO's gap to the better policy paired within each repeat (the same schedule, minutes
+apart), its mean ± 2 standard errors; a shortfall is "missed" only beyond that noise.
+Every (load, repeat) has its own seeded schedule (`schedule_seed`: arrivals and prompt
+choice), the same whichever other loads the sweep runs, so a point can be rerun alone.
 
 Emulated devices (`--profile NAME`, configs/devices/NAME.yaml; docs/emulated_devices.md):
 the same server on an emulated target and draft whose forwards take the profile's times
@@ -80,7 +87,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_report import POLICIES, RequestResult, closeness, fmt, markdown, plot, plot_timeline, summarize  # noqa: E402
 from progress import Progress  # noqa: E402
-from slo_report import slo_table  # noqa: E402
+from slo_report import slo_spread, slo_table, target_effect  # noqa: E402
 
 from specdec.config.config import SpecdecConfig, load_config  # noqa: E402
 from specdec.models.model_paths import bundled_prompts  # noqa: E402
@@ -88,7 +95,7 @@ from specdec.models.model_paths import bundled_prompts  # noqa: E402
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def poisson_schedule(qps: float, seconds: float, n_prompts: int, seed: int) -> list[tuple[float, int]]:
+def poisson_schedule(qps: float, seconds: float, n_prompts: int, seed: int | str) -> list[tuple[float, int]]:
     """(arrival time, prompt index) of an open-loop Poisson process; the same for every policy."""
     rng = random.Random(seed)
     arrivals, t = [], rng.expovariate(qps)
@@ -148,6 +155,13 @@ async def poll_switch(client, start: float, samples: list[tuple[float, bool, int
         await asyncio.sleep(0.25)
 
 
+def schedule_seed(seed: int, qps: float, repeat: int) -> str:
+    """The seed of one (load, repeat)'s arrivals and prompt choice: the same whichever other
+    loads the sweep runs and in which order, so a point can be rerun alone (Python seeds
+    `random.Random` from a string deterministically)."""
+    return f"{seed}:{qps:g}:{repeat}"
+
+
 def measured_s(args: argparse.Namespace, qps: float) -> float:
     """The measured seconds of arrivals of a run at `qps`: --duration, or long enough for
     --min-requests requests on average, whichever is longer."""
@@ -170,8 +184,9 @@ async def run_point(client, prompts: list[str], schedule: list[tuple[float, int]
                 await asyncio.sleep(delay)
             res = RequestResult(arrival=arrival, measured=arrival >= warmup)
             results.append(res)
-            tasks.append(asyncio.create_task(one_request(client, prompts[idx], mode, args.max_new_tokens, start, res,
-                                                         timeout_s, gamma, args.temperature, args.tpot_target_ms)))
+            tasks.append(asyncio.create_task(one_request(client, prompts[idx], "auto" if mode == UNTARGETED else mode,
+                                                         args.max_new_tokens, start, res, timeout_s, gamma,
+                                                         args.temperature, sent_target_ms(args, mode))))
         end_of_arrivals = start + warmup + duration
         await asyncio.sleep(max(0.0, end_of_arrivals - time.perf_counter()))
         if tasks:
@@ -185,6 +200,16 @@ async def run_point(client, prompts: list[str], schedule: list[tuple[float, int]
         poller.cancel()
         await asyncio.gather(poller, return_exceptions=True)
     return results, switch, start
+
+
+UNTARGETED = "auto-free"  # a fourth policy: mode AUTO with no TPOT target sent, judged at the target all the same
+
+
+def sent_target_ms(args: argparse.Namespace, policy: str = "") -> float | None:
+    """The TPOT target a request carries: --tpot-target-ms, or none with --judge-only and
+    for the policy auto-free (AUTO planning for tokens/s alone, judged at the target: the
+    target's own effect on AUTO, in the same sweep)."""
+    return None if args.judge_only or policy == UNTARGETED else args.tpot_target_ms
 
 
 def server_config(args: argparse.Namespace) -> SpecdecConfig:
@@ -207,7 +232,8 @@ def server_config(args: argparse.Namespace) -> SpecdecConfig:
             "disable_qps": args.disable_qps,  # the operator's override: None = the goodput plan alone
             "enable_qps": args.enable_qps,
             "min_dwell_s": args.min_dwell_s,
-            "tpot_target_ms": args.tpot_target_ms,  # the server's default too: the on/off state is judged with it
+            # the server's default too (the on/off state is judged with it); none where some requests go without
+            "tpot_target_ms": None if UNTARGETED in args.policies else sent_target_ms(args),
         },
     })
 
@@ -235,10 +261,10 @@ async def sweep(address: str, args: argparse.Namespace, prompts: list[str]) -> t
         await asyncio.gather(*(one_request(client, prompts[i], m, 8, time.perf_counter(), RequestResult(0, False), 60)
                                for i, m in enumerate(("on", "off"))))
         with Progress(len(args.qps) * len(args.policies) * args.repeats, "bench_load") as progress:
-            for k, qps in enumerate(args.qps):
+            for qps in args.qps:
                 for rep in range(args.repeats):
                     schedule = poisson_schedule(qps, args.warmup + measured_s(args, qps), len(prompts),
-                                                args.seed * 1000 + k + 100 * rep)
+                                                schedule_seed(args.seed, qps, rep))
                     order = run_order(args.policies, rep)
                     for policy in order:
                         progress.step(f"{qps:g} requests/s, repeat {rep + 1}, policy {policy}")
@@ -303,7 +329,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--on-gamma", type=int, default=None,
                         help="γ of the ON policy (default: the config's speculation.gamma; 0 = the server's policy)")
-    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--policies", nargs="+", choices=(*POLICIES, UNTARGETED), default=list(POLICIES),
+                        help=f"{UNTARGETED}: mode AUTO without the TPOT target (shown beside AUTO, not judged)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the arrival schedules and prompt choice")
     parser.add_argument("--num-slots", type=int, default=32, help="cache.num_slots (sequences decoded at once)")
     parser.add_argument("--max-concurrent", type=int, default=64, help="serving.max_concurrent_requests")
@@ -321,6 +348,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tpot-target-ms", type=float, default=None,
                         help="every request's time-per-output-token target (speculation.tpot_target_ms); "
                              "reports SLO attainment")
+    parser.add_argument("--judge-only", action="store_true",
+                        help="judge attainment at --tpot-target-ms without sending it: AUTO plans for tokens/s alone")
     parser.add_argument("--ttft-target-ms", type=float, default=None,
                         help="time-to-first-token target of the SLO attainment (reported only; not sent)")
     parser.add_argument("--config", action="append", default=[], help="YAML override file(s) under the above")
@@ -377,12 +406,22 @@ def report(args: argparse.Namespace, config: SpecdecConfig, rows: list[dict], re
         print()
         print(table)
     goodput, slo_close = slo_table(rows)
+    slo_noise: list[dict] = []
     if slo_close:
         targets = [f"{name} <= {ms:g} ms" for name, ms in (("TPOT", args.tpot_target_ms), ("TTFT", args.ttft_target_ms))
                    if ms is not None]
         print(f"\nSLO attainment ({', '.join(targets)}) and AUTO vs the better fixed policy by it "
               "(goal: tokens/s >= 0.95x, attainment >= its):\n")
         print(goodput)
+        spread, slo_noise = slo_spread(rows, repeats)
+        if spread:
+            print(f"\nHow far it can be trusted: attainment over the {args.repeats} repeats, and AUTO's gap to the "
+                  "better fixed policy paired within each repeat (verdict: met / within noise / missed):\n")
+            print(spread)
+        effect = target_effect(rows, repeats, UNTARGETED)
+        if effect:
+            print("\nAUTO with the TPOT target against AUTO without it (judged at the same target):\n")
+            print(effect)
     lm = config.load_monitor
     override = f"; operator override off above {lm.disable_qps:g} req/s" if lm.disable_qps is not None else ""
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}"
@@ -399,6 +438,7 @@ def report(args: argparse.Namespace, config: SpecdecConfig, rows: list[dict], re
         args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v)
                                                   for k, v in vars(args).items()},
                                          "rows": rows, "auto_vs_best": close, "slo_vs_best": slo_close,
+                                         "slo_spread": slo_noise,
                                          "repeats": [[{k: v for k, v in r.items() if k != "switch_timeline"}
                                                       for r in rep]
                                                      for rep in repeats]}, indent=2))

@@ -18,7 +18,8 @@ On top of the plan:
   (`LoadThresholds`: QPS and requests in flight). While it is off, requests the policy
   chooses for decode plainly. While it is on, the state decides within the cost model's
   error: a round of no more rows than the state was judged at (`judged_rows`, while
-  nothing queues) speculates unless plain decoding is predicted `min_gain` faster; a
+  nothing queues) speculates unless plain decoding is predicted `min_gain` faster (with
+  TPOT targets: the plan with the most tokens/s, i.e. the lowest TPOT for rows alike); a
   burst of more rows, or any round while requests queue, only for a gain of `min_gain`;
 * acceptance and the draft's cost, once measured, are remembered: while speculation is
   off the window holds few drafts, and the on/off state and the crossover then use the
@@ -238,18 +239,34 @@ class SpeculationPolicy:
                 reason = f"off: speculating does not pay at {len(rows)} rows"
             return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore)
         curves = self._curves(snapshot, rows)
-        margin = -s.min_gain if len(rows) <= self.judged_rows else s.min_gain  # the state decides within the error
+        targets = self._targets(rows)
+        margin = self._margin(len(rows), targets)
         # a request's own γ may exceed gamma_max (up to speculation.gamma_max): the plan prices
         # that row at gamma_max and the row keeps its γ (its neighbours are still planned)
         plan = plan_gammas(curves, [min(x, s.gamma_max) for x in lo], [min(x, s.gamma_max) for x in hi],
                            snapshot.round_cost, margin, max_round_ratio=s.max_round_ratio,
                            prompt_tokens=sum(r.prompt_tokens for r in rows),
-                           catch_up=amortised_catch_up(curves, rows, hi), tpot_targets_s=self._targets(rows))
+                           catch_up=amortised_catch_up(curves, rows, hi), tpot_targets_s=targets)
         gammas = [g if f is None else own for g, f, own in zip(plan.gammas, fixed, lo)]
         missed = f", TPOT targets missed by {plan.tpot_excess:.2f}x (worst row)" if plan.tpot_excess > 1 else ""
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows{missed})")
         return self._priced(self._decision(gammas, free, rows, True, reason, explore), snapshot, rows, explore)
+
+    def _margin(self, rows: int, targets: list[float] | None) -> float:
+        """What a speculating plan must gain over plain decoding this round (`plan_gammas`):
+        min_gain, except in a round of no more rows than the on/off state was judged at.
+        There, without targets, the state decides within the cost model's error (−min_gain:
+        speculation stays on unless plain decoding is predicted min_gain faster); with TPOT
+        targets the objective decides alone (0): for rows alike the plan with the most
+        tokens/s is the one with the lowest TPOT, and leaning either way lengthens every
+        row's time per token by up to min_gain, which moves a target in the middle of the
+        TPOT distribution by far more in attainment. The on/off state keeps its hysteresis
+        (`update_switch`); a row that resumes drafting pays its catch-up (`plan_gammas`),
+        so rounds do not flap between the two for nothing."""
+        if rows > self.judged_rows:
+            return self.settings.min_gain
+        return 0.0 if targets is not None else -self.settings.min_gain
 
     @staticmethod
     def _priced(decision: Decision, snapshot: LoadSnapshot, rows: list[RowState], explore: bool) -> Decision:

@@ -51,3 +51,45 @@ def test_auto_is_judged_against_the_fixed_policy_with_the_higher_attainment():
 def test_without_targets_there_is_no_slo_verdict():
     rows = [point("on", 900, None), point("off", 1000, None), point("auto", 880, None)]
     assert slo_table(rows) == ("", [])
+
+
+def test_the_spread_table_pairs_auto_with_the_better_policy_within_each_repeat():
+    from slo_report import slo_spread
+
+    def repeat(on, off, auto):
+        return [point("on", 900, on, 16.0), point("off", 900, off, 16.0), point("auto", 900, auto, 16.0)]
+
+    noisy = [repeat(0.5, 0.9, 0.8), repeat(0.4, 0.1, 0.2)]  # OFF 90 % then 10 %: AUTO tracks the machine
+    pooled = repeat(0.45, 0.5, 0.5)
+    table, (v,) = slo_spread(pooled, noisy)
+    assert v["better"] == "off" and v["paired_gaps"] == pytest.approx([-0.1, 0.1])
+    assert v["attainment_range"]["off"] == pytest.approx((0.1, 0.9)) and v["verdict"] == "met"
+    short = repeat(0.45, 0.5, 0.4)  # pooled 10 points short, the repeats disagree: not beyond the noise
+    assert slo_spread(short, noisy)[1][0]["verdict"] == "within noise"
+    steady = [repeat(0.5, 0.9, 0.7), repeat(0.4, 0.8, 0.62)]  # 20 points short in both repeats
+    assert slo_spread(short, steady)[1][0]["verdict"] == "missed"
+    assert "| 16 | 45% / 50% / 40% |" in slo_spread(short, steady)[0]
+    assert slo_spread(pooled, [])[1][0]["paired_gaps"] == []
+
+
+def test_a_shortfall_with_one_repeat_is_a_miss_no_noise_was_measured():
+    from slo_report import slo_spread
+
+    one = [point("on", 900, 0.9, 16.0), point("off", 900, 0.5, 16.0), point("auto", 900, 0.8, 16.0)]
+    assert slo_spread(one, [one])[1][0]["verdict"] == "missed"
+
+
+def test_auto_with_and_without_its_target_side_by_side():
+    from slo_report import target_effect
+
+    rep = [point("auto", 900, 0.4), point("auto-free", 950, 0.6)]
+    table = target_effect(rep, [rep, rep])
+    assert "| 8 | 40% / 60% |" in table and "-20 to -20 pp" in table
+    assert target_effect([point("auto", 900, 0.4)], []) == ""
+
+
+def test_a_load_where_no_policy_meets_the_target_is_void_not_met():
+    from slo_report import slo_spread
+
+    none = [point("on", 900, 0.0, 24.0), point("off", 900, 0.0, 24.0), point("auto", 700, 0.0, 24.0)]
+    assert slo_spread(none, [none, none])[1][0]["verdict"].startswith("void")

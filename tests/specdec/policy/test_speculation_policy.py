@@ -116,6 +116,23 @@ def test_within_the_cost_models_error_the_on_off_state_decides_for_rounds_of_its
     assert policy.update_switch(queued, 1, 100.0) and policy.plan(queued, [weaker], 100.0, 4).gammas == (0,)
 
 
+def test_under_a_tpot_target_a_round_of_the_judged_batch_takes_the_plan_with_the_most_tokens_per_s():
+    """The same row as above, drafting 3 % slower than plain decoding: without a target the
+    judged batch's round drafts for it (the state decides within the error band); under a
+    target that both plans meet, the objective decides: plain decoding, the lower TPOT. A
+    row that gains from drafting still drafts under the same target (no bias against it)."""
+    cost = RoundCostModel(verify=(0.010, 0.001), draft=(0.001, 0.003, 0.0))
+    snap = LoadSnapshot(qps=1.0, in_flight=1.0, queued=0.0, alpha=0.5, alpha_per_position=(),
+                        mean_accepted_length=None, round_cost=cost, measured_at=100.0, drafted=1000, draft_calls=100)
+    weaker = RowState("auto", None, 8, drafted=400, accepted=146, seq_id="weaker", tpot_target_s=1.0)
+    policy = SpeculationPolicy(settings(min_gain=0.05))
+    assert policy.update_switch(snap, 1, 100.0) and policy.judged_rows == 1
+    assert policy.plan(snap, [replace(weaker, tpot_target_s=None)], 100.0, 4).gammas == (1,)
+    assert policy.plan(snap, [weaker], 100.0, 4).gammas == (0,)
+    stronger = replace(weaker, accepted=300, seq_id="stronger")
+    assert policy.plan(snap, [stronger], 100.0, 4).gammas[0] > 0
+
+
 def test_a_row_uses_its_own_acceptance_shrunk_towards_the_clusters():
     snap = snapshot(alpha=0.5)
     rows = [RowState("auto", None, 8, drafted=400, accepted=390, seq_id="easy"),
