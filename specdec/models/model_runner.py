@@ -143,7 +143,7 @@ class ModelRunner:
         ``last_only``, leading full blocks the prefix cache holds are attached, not recomputed.
         """
         lengths = check_forward_request(slot_ids, token_ids, self.cache.length, self.vocab_size, self.max_seq_len)
-        if last_only:
+        if last_only and max(len(row) for row in token_ids) > self.cache.block_size:  # else no block to attach
             token_ids, lengths = self._attach_cached_prefixes(slot_ids, token_ids, lengths)
         groups = padding_groups([len(row) for row in token_ids])
         if len(groups) == 1:
