@@ -202,8 +202,10 @@ class TargetVerifier(Verifier):
     def _check_mask(self, request: VerifyRequest) -> None:
         """A grammar mask must cover every position verified ([num_drafted + 1, W] int32)."""
         mask, n = request.token_mask, len(request.draft_token_ids)
+        if mask is None:
+            return
         want = (n + 1, mask_width(self.vocab_size))
-        if mask is not None and (tuple(mask.shape) != want or mask.dtype != torch.int32):
+        if tuple(mask.shape) != want or mask.dtype != torch.int32:
             raise ValueError(f"sequence {request.seq_id}: token_mask must be int32 {list(want)}, "
                              f"got {mask.dtype} {list(mask.shape)}")
 
