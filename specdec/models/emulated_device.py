@@ -80,13 +80,14 @@ class EmulatedDevice:
         self.forwards = 0
         _DEVICES.add(self)
 
-    def run(self, seconds: float, work: Callable[[], T]) -> T:
+    def run(self, seconds: float | Callable[[], float], work: Callable[[], T]) -> T:
         """Wait for the device, run `work` on the host, and return its result once
         `seconds` * time_scale have passed since the forward began (sleeping, but for the
-        last SPIN_S)."""
-        duration = max(0.0, seconds) * self.time_scale
+        last SPIN_S). `seconds` may be a function, called once the forward began (so that
+        working out its time is host work within the device time too)."""
         with self._lock:
             start = time.perf_counter()
+            duration = max(0.0, seconds() if callable(seconds) else seconds) * self.time_scale
             result = work()
             wait_until(start + duration)
             self.late_s += max(0.0, time.perf_counter() - start - duration)

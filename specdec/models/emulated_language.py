@@ -122,12 +122,16 @@ class SyntheticLanguage:
 
     def target(self, buckets: torch.Tensor) -> torch.Tensor:
         """Table rows [...] -> the target's logits [..., V]."""
-        return self._rows(buckets)
+        return self.rows(buckets)
 
     def draft(self, buckets: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
         """Table rows [...] and the draft's kind for each context [...] -> the draft's logits [..., V]."""
-        return self._rows(buckets + kinds * self.buckets)
+        return self.rows(self.draft_rows(buckets, kinds))
 
-    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def draft_rows(self, buckets: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
+        """The table rows [...] of the draft's logits for context rows `buckets` and kinds `kinds`."""
+        return buckets + kinds * self.buckets
+
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Rows [...] of the tables -> [..., V] (index_select: far cheaper than advanced indexing here)."""
         return self.tables.index_select(0, rows.flatten()).view(*rows.shape, self.vocab_size)

@@ -64,15 +64,28 @@ class EmulatedModel:
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                        slot_ids: torch.Tensor, num_tokens: torch.Tensor | None = None,
                        kv_len: int | None = None) -> torch.Tensor:
-        """LlamaForServing.forward_hidden's contract; returns [batch, seq, 2]: (context row, the draft's kind)."""
-        counts = num_tokens if num_tokens is not None else torch.full_like(slot_ids, input_ids.shape[1])  # [batch]
-        context = int((positions[:, 0] + counts).sum())
-        seconds = self.latency.forward_ms(len(slot_ids), int(counts.sum()), context) / 1000.0
+        """LlamaForServing.forward_hidden's contract; returns the logits [batch, seq, vocab]
+        (the "hidden state" of a model whose lm_head is the identity: all the host work of a
+        forward, logits included, runs within its device time, as a GPU's would)."""
         return self.emulated_device.run(
-            seconds, lambda: self._contexts(input_ids, positions, cache, slot_ids, num_tokens))
+            lambda: self._seconds(input_ids, positions, slot_ids, num_tokens),
+            lambda: self._logits(self._contexts(input_ids, positions, cache, slot_ids, num_tokens)))
+
+    def _seconds(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor,
+                 num_tokens: torch.Tensor | None) -> float:
+        """The forward's device time from the profile: rows, tokens and attended context."""
+        b, t = input_ids.shape
+        if num_tokens is None:  # equal rows (decode steps, verifies): no tensor arithmetic
+            tokens, context = b * t, int(positions[:, 0].sum()) + b * t
+        else:
+            tokens = int(num_tokens.sum())
+            context = int(positions[:, 0].sum()) + tokens
+        return self.latency.forward_ms(len(slot_ids), tokens, context) / 1000.0
 
     def _contexts(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                   slot_ids: torch.Tensor, num_tokens: torch.Tensor | None) -> torch.Tensor:
+        """[batch, seq] table rows of the positions' logits (the language's context buckets;
+        the draft's rows also say what it makes of each context)."""
         b, t = input_ids.shape
         write_slots = slot_ids[:, None].expand(b, t)  # [batch, seq]
         if num_tokens is not None:  # padding goes to the scratch slot, as in LlamaForServing
@@ -89,19 +102,20 @@ class EmulatedModel:
         keys = self.language.context_keys(history)  # [batch, seq]
         buckets = self.language.buckets_of(keys)  # [batch, seq]
         if self.role == "target":
-            return torch.stack([buckets.float(), torch.ones_like(buckets, dtype=torch.float32)], dim=-1)
+            return buckets
         length = self.language.spec.stretch_tokens
         starts = positions // length * length  # [batch, seq]: where each position's stretch begins
         anchors = tokens[cache.flat_index(slot_ids[:, None], starts)].long()  # [batch, seq]
         kinds = self.language.draft_kinds(keys, anchors, positions // length)  # [batch, seq]
-        return torch.stack([buckets.float(), kinds.float()], dim=-1)  # [batch, seq, 2]
+        return self.language.draft_rows(buckets, kinds)  # [batch, seq]
+
+    def _logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """Table rows [batch, seq] -> logits [batch, seq, vocab] (float32)."""
+        return self.language.rows(rows)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., 2] -> logits [..., vocab] (float32)."""
-        buckets = hidden[..., 0].long()
-        if self.role == "target":
-            return self.language.target(buckets)
-        return self.language.draft(buckets, hidden[..., 1].round().long())
+        """hidden (already the logits) [..., vocab] -> logits [..., vocab] (float32)."""
+        return hidden
 
 
 def load_emulated_model(name: str, time_scale: float = 1.0, profile: DeviceProfile | None = None) -> EmulatedModel:

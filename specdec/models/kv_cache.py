@@ -359,6 +359,8 @@ class KVCache:
             self.block_table[slot, len(table)] = self.scratch_block
 
     def _check_allocated(self, slot: int) -> None:
+        if type(slot) is int and 0 <= slot < self.num_slots and self._allocated[slot]:  # the usual case, fast
+            return
         if not self.is_allocated(slot):
             index = _as_index(slot)
             in_range = index is not None and 0 <= index < self.num_slots

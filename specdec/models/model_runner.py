@@ -143,7 +143,7 @@ class ModelRunner:
         ``last_only``, leading full blocks the prefix cache holds are attached, not recomputed.
         """
         lengths = check_forward_request(slot_ids, token_ids, self.cache.length, self.vocab_size, self.max_seq_len)
-        if last_only:
+        if last_only and max(len(row) for row in token_ids) > self.cache.block_size:  # else no block to attach
             token_ids, lengths = self._attach_cached_prefixes(slot_ids, token_ids, lengths)
         groups = padding_groups([len(row) for row in token_ids])
         if len(groups) == 1:
@@ -178,10 +178,9 @@ class ModelRunner:
         counts = [len(row) for row in token_ids]
         width = max(counts)
         device = self.model.device
-        padded = [row + [0] * (width - len(row)) for row in token_ids]
+        padded = [row + [0] * (width - len(row)) for row in token_ids] if min(counts) < width else token_ids
         input_ids = torch.tensor(padded, dtype=torch.long, device=device)  # [B, T]
-        starts = torch.tensor(lengths, dtype=torch.long, device=device)  # [B]
-        positions = starts[:, None] + torch.arange(width, device=device)  # [B, T]
+        positions = _positions(lengths, width, device)  # [B, T]
         slots = torch.tensor(slot_ids, dtype=torch.long, device=device)  # [B]
         num_tokens = torch.tensor(counts, dtype=torch.long, device=device) if min(counts) < width else None
         kv_len = max(start + n for start, n in zip(lengths, counts))
@@ -197,6 +196,14 @@ class ModelRunner:
         for slot, row in zip(slot_ids, token_ids):
             self.cache.advance(slot, len(row), row)  # full blocks join the prefix cache
         return logits
+
+
+def _positions(starts: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """[B, width] int64: row b's positions starts[b] … starts[b] + width - 1. Small batches
+    (decode steps, verifies) are listed in Python: one tensor made, not three."""
+    if len(starts) * width <= 256:
+        return torch.tensor([list(range(start, start + width)) for start in starts], dtype=torch.long, device=device)
+    return torch.tensor(starts, dtype=torch.long, device=device)[:, None] + torch.arange(width, device=device)
 
 
 def check_forward_request(slot_ids: list[int], token_ids: list[list[int]], length_of: Callable[[int], int],

@@ -22,6 +22,8 @@ def padding_groups(counts: list[int], overhead_tokens: int = FORWARD_OVERHEAD_TO
     (ties keep one forward, so equal-length batches never split)."""
     if not counts or min(counts) < 1:
         raise ValueError(f"every row needs >= 1 token, got {counts}")
+    if min(counts) == max(counts):  # nothing to pad (decode steps): one forward, without the O(n²) search
+        return [list(range(len(counts)))]
     order = sorted(range(len(counts)), key=lambda i: -counts[i])
     n = len(order)
     best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of the j longest rows

@@ -73,7 +73,9 @@ class DraftModelProposer(Proposer):
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         # [batch, draft_vocab] -> [batch, vocab_size]
         extra = self.vocab_size - logits.shape[-1]
-        if extra <= 0:
+        if extra == 0:  # the same vocabulary (the usual pair): no copy
+            return logits
+        if extra < 0:
             return logits[:, : self.vocab_size]
         return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
 
@@ -112,12 +114,12 @@ class DraftModelProposer(Proposer):
         return proposal
 
     @staticmethod
-    def _drafts(tokens: torch.Tensor, probs: torch.Tensor | None, j: int, n: int,
+    def _drafts(tokens: list[int], probs: torch.Tensor | None, j: int, n: int,
                 request: ProposalRequest) -> Drafts:
-        """Row j of a _draft call, n tokens long; greedy rows carry no q (a one-hot q is
-        what the verifier assumes without one)."""
+        """Row j of a _draft call (its tokens), n tokens long; greedy rows carry no q (a
+        one-hot q is what the verifier assumes without one)."""
         q = None if probs is None or request.sampling.is_greedy else probs[j, :n]  # [n, vocab]
-        return Drafts(tokens[:n].tolist(), q)
+        return Drafts(tokens[:n], q)
 
     def look_ahead(self, requests: list[ProposalRequest], unverified: list[int],
                    branches: int = 1) -> list[list[Branch]]:
@@ -227,35 +229,39 @@ class DraftModelProposer(Proposer):
 
     def _draft(self, requests: list[ProposalRequest], gammas: list[int], states: list[_DraftState] | None = None):
         """Draft gammas[j] tokens for row j (on the given cache states; default: each
-        sequence's own). Returns tokens [n, max γ] (-1 padded) and q weights [n, max γ,
-        vocab] (zeros past a row's γ), or None when every row is greedy."""
+        sequence's own). Returns the tokens, one list per row (gammas[j] long), and q weights
+        [n, max γ, vocab] (zeros past a row's γ), or None when every row is greedy."""
         states = states if states is not None else [self._claim(r) for r in requests]
         batch = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests],
                                           histories=[r.token_ids for r in requests],
                                           num_prompt_tokens=[r.num_prompt_tokens for r in requests])
         logits = self._catch_up(requests, states)  # [n, vocab]
-        tokens = torch.full((len(requests), max(gammas)), -1, dtype=torch.long)  # [n, max γ]
+        guessed: list[list[int]] = [[] for _ in requests]  # each row's guesses so far
         probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)
         active = list(range(len(requests)))
         for i in range(max(gammas)):
-            # every row still drafting (the usual case): the whole batch, no sub-batch to build
-            rows = slice(None) if len(active) == len(requests) else torch.tensor(active, dtype=torch.long)
+            # every row still drafting (the usual case), or greedy rows without processing, which
+            # read nothing of the batch but its processing: the whole batch, no sub-batch to build
+            whole = len(active) == len(requests) or (probs is None and batch.processing is None)
+            rows = slice(None) if whole else torch.tensor(active, dtype=torch.long)
             sub = batch.select(rows)
-            logits = sub.processed_after(logits, tokens[rows, :i])  # the guesses before i seen, as the target will
+            if sub.processing is not None:  # the guesses before i seen, as the target will
+                logits = sub.processed_after(logits, torch.tensor([guessed[row] for row in active], dtype=torch.long))
             token, weights = self._sample(logits, sub, i, probs is not None)  # [a], [a, vocab]
-            tokens[rows, i] = token
             if probs is not None:
                 probs[rows, i] = weights
+            guesses = token.tolist()  # [a]: one read of the step's tokens, not one per row
+            for row, guess in zip(active, guesses):
+                guessed[row].append(guess)
             fed = [k for k, row in enumerate(active) if gammas[row] > i + 1]
             if fed:
                 active = [active[k] for k in fed]
                 slots = [states[row].slot for row in active]
-                guesses = token.tolist()  # [a]: one read of the step's tokens, not one per row
                 chunks = [[guesses[k]] for k in fed]
                 logits = self._fit_vocab(self.runner.forward(slots, chunks, last_only=True))
                 for row, chunk in zip(active, chunks):
                     states[row].cached.extend(chunk)
-        return tokens, probs
+        return guessed, probs
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch, offset: int, need_q: bool):
         """The guesses at history position positions + offset: logits [a, vocab] -> tokens

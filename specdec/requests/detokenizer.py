@@ -25,11 +25,23 @@ This keeps the window, and so the cost of each push, bounded.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder writes for incomplete / invalid UTF-8 bytes
 MAX_PENDING = 4  # held-back tokens before looking for a final boundary among them
 MAX_HELD = 32  # held-back tokens before returning the text whatever it ends in
+
+
+_TOKEN_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decode -> {token id: decode([id])}
+
+
+def _token_texts(decode: Callable[[list[int]], str]) -> dict[int, str]:
+    """The single-token texts of `decode` seen so far, shared by every detokenizer using it."""
+    try:
+        return _TOKEN_TEXTS.setdefault(decode, {})
+    except TypeError:  # a decode that takes no weak reference: a table of this detokenizer's own
+        return {}
 
 
 class TextPieces:
@@ -59,6 +71,7 @@ class IncrementalDetokenizer:
         self._prefix_text = ""  # decode(window[:read]): text already returned, kept as context
         self._pending = ""  # text of window[read:] that is held back (what flush() would return)
         self._returned = TextPieces()  # every piece of text returned so far
+        self._token_texts = _token_texts(decode)  # decode([id]) by id: most windows hold one token
 
     @property
     def text(self) -> str:
@@ -96,13 +109,24 @@ class IncrementalDetokenizer:
         new_text = decoded[len(self._prefix_text) :]
         del self._window[: self._read]
         self._read = read - self._read
-        self._prefix_text = self._decode(self._window[: self._read])
+        self._prefix_text = self._decode_prefix()
         if self._read < len(self._window):
             self._pending = self._decode(self._window)[len(self._prefix_text) :]
         else:
             self._pending = ""
         self._returned.append(new_text)
         return new_text
+
+    def _decode_prefix(self) -> str:
+        """decode(window[:read]); a single token's text from the shared table (decode is a
+        function of the ids: the table saves one tokenizer call per token)."""
+        if self._read != 1:
+            return self._decode(self._window[: self._read])
+        token = self._window[0]
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self._decode([token])
+        return text
 
     def _split(self, decoded: str, force: bool) -> str:
         """Many tokens held back and the text still ends in U+FFFD: return the text up to the

@@ -104,6 +104,10 @@ class StopChecker:
         if self._detok is None:
             return None
         stable = self._detok.push(token_id)
+        if not self._stop_set:  # nothing to search for: no window to build
+            self._unreleased += stable
+            self._stable_len += len(stable)
+            return None
         # The output text is now (stable text before) + stable + pending. A new stop string match
         # ends in stable + pending and is at most `_context + 1` chars long.
         window_start = self._stable_len - len(self._tail)  # absolute offset of window[0]

@@ -118,6 +118,25 @@ def rejection_sample(
     return RejectionOutput(output_token_ids=out_tokens, num_accepted=num_accepted)
 
 
+def greedy_verdicts(target_logits: Tensor, drafts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """rejection_sample's greedy rule for a batch of greedy rows without processing or
+    grammar masks, on lists: accept while the drafted token equals the target's argmax,
+    then emit the argmax (the same verdicts, in one tensor op and one read instead of the
+    batched path's dozens of small tensor ops, each of which costs host time every round).
+
+    target_logits: [B, gamma + 1, V] (row b's positions past len(drafts[b]) are ignored).
+    Returns (emitted tokens per row, num_accepted per row)."""
+    choices = target_logits.argmax(dim=-1).tolist()  # [B, gamma + 1]
+    emitted, accepted = [], []
+    for choice, drafted in zip(choices, drafts, strict=True):
+        n = 0
+        while n < len(drafted) and drafted[n] == choice[n]:
+            n += 1
+        emitted.append([*drafted[:n], choice[n]])
+        accepted.append(n)
+    return emitted, accepted
+
+
 def _check_inputs(
     target_logits: Tensor,
     draft_token_ids: Tensor,

@@ -23,7 +23,7 @@ request's output independent of what was drafted (see `specdec.sampling.rejectio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -63,8 +63,8 @@ class SamplingBatch:
     greedy: Tensor
     seeds: np.ndarray
     positions: Tensor
-    coupled: Tensor | None = None
-    min_p: Tensor | None = None
+    coupled: Tensor | None = field(default_factory=lambda: None)  # no class attribute: from_params's
+    min_p: Tensor | None = field(default_factory=lambda: None)  # batches make it when first read
     processing: list[RowProcessing | None] | None = None
     token_masks: Tensor | None = None
 
@@ -107,27 +107,43 @@ class SamplingBatch:
         histories = [[] for _ in params] if histories is None else histories
         prompts = [0] * len(params) if num_prompt_tokens is None else num_prompt_tokens
         processing = [row_processing(p, h, n) for p, h, n in zip(params, histories, prompts, strict=True)]
-        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float64, device=device)
-        return cls(
-            temperature=temperature,
+        batch = cls.__new__(cls)  # consistent by construction: __post_init__'s checks are not needed
+        batch.__dict__.update(_params=params, _positions=positions, _device=device, token_masks=None,
+                              _all_greedy=all(p.is_greedy for p in params),
+                              processing=processing if any(r is not None for r in processing) else None)
+        return batch
+
+    _LAZY = frozenset({"temperature", "top_k", "top_p", "greedy", "seeds", "positions", "coupled", "min_p"})
+
+    def __getattr__(self, name: str):
+        """A batch from `from_params` makes its tensors when first read: a round of greedy
+        rows without processing reads none of them (the sampler's fast paths), and each
+        tensor costs microseconds of host time per round."""
+        if name not in SamplingBatch._LAZY or "_params" not in self.__dict__:
+            raise AttributeError(name)
+        params, device = self.__dict__.pop("_params"), self._device
+        floats = torch.tensor([[p.temperature for p in params], [p.top_p for p in params],
+                               [p.min_p for p in params]], dtype=torch.float64, device=device)  # [3, B]
+        temperature, top_p, min_p = floats.unbind(0)
+        sampled = not self._all_greedy
+        self.__dict__.update(
+            temperature=temperature, top_p=top_p, min_p=min_p, greedy=temperature == 0,
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float64, device=device),
-            greedy=temperature == 0,
-            seeds=as_seeds([_seed_of(p) for p in params]),
-            positions=torch.tensor(positions, dtype=torch.int64),
-            coupled=torch.tensor([p.seed is not None and not p.is_greedy for p in params], dtype=torch.bool),
-            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float64, device=device),
-            processing=processing if any(r is not None for r in processing) else None,
-        )
+            seeds=as_seeds([_seed_of(p) for p in params]) if sampled else np.zeros(len(params), dtype=np.uint64),
+            positions=torch.tensor(self._positions, dtype=torch.int64),
+            coupled=torch.tensor([p.seed is not None and not p.is_greedy for p in params], dtype=torch.bool)
+            if sampled else torch.zeros(len(params), dtype=torch.bool))
+        return self.__dict__[name]
 
     @property
     def batch_size(self) -> int:
-        return len(self.seeds)
+        return len(self._positions) if "_positions" in self.__dict__ else len(self.seeds)
 
     @property
     def all_greedy(self) -> bool:
         """True when every row is greedy (so no probabilities are needed at all)."""
-        return bool(self.greedy.all())
+        known = self.__dict__.get("_all_greedy")
+        return known if known is not None else bool(self.greedy.all())
 
     def select(self, rows: Tensor | slice) -> "SamplingBatch":
         """The sub-batch of the given row indices ([n] int64, in that order); a slice(None)

@@ -19,7 +19,7 @@ import torch
 from specdec.models.model_runner import ModelRunner
 from specdec.sampling.grammar_mask import batch_masks
 from specdec.sampling.grammar_matcher import mask_width
-from specdec.sampling.rejection_sampler import rejection_sample
+from specdec.sampling.rejection_sampler import greedy_verdicts, rejection_sample
 from specdec.sampling.sampling import SamplingBatch
 from specdec.sampling.token_logprobs import emitted_logprobs, prompt_logprobs
 from specdec.verifiers.verifier import Verifier, VerifyRequest, VerifyResult
@@ -86,20 +86,23 @@ class TargetVerifier(Verifier):
         slots = [s.slot for s in states]
         old_lengths = [len(r.token_ids) - 1 for r in requests]
         logits = self.runner.forward(slots, [[r.token_ids[-1], *r.draft_token_ids] for r in requests])
-        draft_ids, num_drafted, draft_probs = self._pack(requests, logits.shape[1] - 1)
         sampling = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests],
                                              histories=[r.token_ids for r in requests],
                                              num_prompt_tokens=[r.num_prompt_tokens for r in requests])
-        sampling.token_masks = batch_masks([r.token_mask for r in requests], logits.shape[1], self.vocab_size)
-        out = rejection_sample(logits, draft_ids, num_drafted, draft_probs, sampling)
+        if sampling.all_greedy and sampling.processing is None and all(r.token_mask is None for r in requests):
+            emitted, accepted = greedy_verdicts(logits, [r.draft_token_ids for r in requests])  # the fast path
+        else:
+            draft_ids, num_drafted, draft_probs = self._pack(requests, logits.shape[1] - 1)
+            sampling.token_masks = batch_masks([r.token_mask for r in requests], logits.shape[1], self.vocab_size)
+            out = rejection_sample(logits, draft_ids, num_drafted, draft_probs, sampling)
+            emitted, accepted = out.emitted(), out.num_accepted.tolist()
         results = []
-        for i, (request, emitted) in enumerate(zip(requests, out.emitted())):
-            num_accepted = int(out.num_accepted[i])
+        for i, (request, row_emitted, num_accepted) in enumerate(zip(requests, emitted, accepted)):
             self.runner.truncate(slots[i], old_lengths[i] + 1 + num_accepted)
             logprobs = None if request.logprobs is None else \
-                emitted_logprobs(logits[i], request.sampling, emitted, request.logprobs, request.token_ids,
+                emitted_logprobs(logits[i], request.sampling, row_emitted, request.logprobs, request.token_ids,
                                  request.num_prompt_tokens, request.token_mask)
-            results.append(VerifyResult(request.seq_id, emitted, num_accepted, logprobs,
+            results.append(VerifyResult(request.seq_id, row_emitted, num_accepted, logprobs,
                                         self.runner.cached_tokens(slots[i]), prompt_logprobs[i]))
         return results
 
@@ -199,8 +202,10 @@ class TargetVerifier(Verifier):
     def _check_mask(self, request: VerifyRequest) -> None:
         """A grammar mask must cover every position verified ([num_drafted + 1, W] int32)."""
         mask, n = request.token_mask, len(request.draft_token_ids)
+        if mask is None:
+            return
         want = (n + 1, mask_width(self.vocab_size))
-        if mask is not None and (tuple(mask.shape) != want or mask.dtype != torch.int32):
+        if tuple(mask.shape) != want or mask.dtype != torch.int32:
             raise ValueError(f"sequence {request.seq_id}: token_mask must be int32 {list(want)}, "
                              f"got {mask.dtype} {list(mask.shape)}")
 
