@@ -80,6 +80,7 @@ def run(built, prompts: list[list[int]], streams: int, max_new: int) -> dict:
     engine, ahead = built.engine, built.engine.draft_ahead
     before = engine.stats.to_dict()
     looked, hits = (ahead.rows_ahead, ahead.hits) if ahead else (0, 0)
+    ways = dict(ahead.steps_by_way) if ahead else {}
     ids = [engine.add_request(GenerationRequest(prompts[i % len(prompts)], max_new)) for i in range(streams)]
     start = time.perf_counter()
     while engine.has_unfinished():
@@ -89,7 +90,8 @@ def run(built, prompts: list[list[int]], streams: int, max_new: int) -> dict:
     rounds = engine.stats.rounds - before["rounds"]
     accepted = engine.stats.accepted - before["accepted"]
     looked, hits = (ahead.rows_ahead - looked, ahead.hits - hits) if ahead else (0, 0)
-    return {"tokens_per_s": tokens / wall, "rounds": rounds, "mean_accepted_length": (accepted + rounds) / rounds,
+    steps = {way: n - ways.get(way, 0) for way, n in ahead.steps_by_way.items()} if ahead else {}
+    return {"ways": {way: n / sum(steps.values()) for way, n in steps.items() if n} if steps else {},"tokens_per_s": tokens / wall, "rounds": rounds, "mean_accepted_length": (accepted + rounds) / rounds,
             "hit_rate": hits / looked if looked else None, "rows_ahead": looked}
 
 
@@ -107,7 +109,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 row = {"setup": label, "streams": streams, "run": number,
                        **run(engine, prompts, streams, args.max_new_tokens)}
                 rows.append(row)
-                print(f"  run {number}: {label} x{streams}: {row['tokens_per_s']:.1f} tokens/s", flush=True)
+                ways = ", ".join(f"{way} {share:.0%}" for way, share in row["ways"].items())
+                print(f"  run {number}: {label} x{streams}: {row['tokens_per_s']:.1f} tokens/s {ways}", flush=True)
     return rows
 
 

@@ -23,7 +23,9 @@ again).
 
 Nothing here is configured but on/off (`speculation.overlap`): each kind of step (how many
 rows, greedy or sampled) measures sequential rounds, looking ahead and (several rows)
-micro-batches and keeps the fastest (`OverlapChoice`); the look-ahead drafts the branches
+micro-batches and keeps the fastest (`OverlapChoice`; a new number of rows starts from what
+the nearest one measured, so it does not pay again for measuring the ways that lost there);
+the look-ahead drafts the branches
 that have been hitting (`LookAheadHits`), as far as fits in the verify (`LookAheadDepth`).
 
 Losslessness: only the target decides what is emitted. The final token is sampled by the
@@ -36,6 +38,8 @@ follows the target's distribution exactly.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 from specdec.round.look_ahead_depth import LookAheadDepth
@@ -110,11 +114,20 @@ class DraftAhead:
         self.hits = 0  # ... whose look-ahead became the next round's drafts
         self.rejection_hits = 0  # ... of those, through a branch that assumed a rejected draft
         self.stored = 0  # drafts made for the other micro-batch while one was verified
+        self.steps_by_way: dict[str, int] = {}  # way -> steps run that way
+        self.clock = time.perf_counter
+        self._last_done = -math.inf  # when the last step's round ended (clock)
 
     @property
     def hit_rate(self) -> float:
         """Share of look-aheads that were ready and right when the verdict arrived."""
         return self.hits / self.rows_ahead if self.rows_ahead else 0.0
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether the running step drafts while the target verifies (else it verifies in the
+        caller's thread: no hand-over to the verifier's for nothing)."""
+        return self._step[0] != SEQUENTIAL
 
     @property
     def lone_choice(self) -> OverlapChoice | None:
@@ -163,16 +176,37 @@ class DraftAhead:
         """This step's way: the fixed one, or its kind's measured choice. A step with a row in
         its first round (a prefill: not a typical round's time) or none speculating is not
         counted."""
-        choice = None
-        if self.way is None and speculating:
-            kind = step_kind(speculating)
-            if kind not in self.choices:
-                self.choices[kind] = OverlapChoice(LONE_WAYS if kind[0] == 1 else BATCH_WAYS, *self.blocks)
-            choice = self.choices[kind]
+        choice = self._choice_for(step_kind(speculating)) if self.way is None and speculating else None
         way = self.way or (choice.way if choice is not None else SEQUENTIAL)
         counted = choice is not None and not any(seq.stats.rounds == 0 for seq in batch)
+        self.steps_by_way[way] = self.steps_by_way.get(way, 0) + 1
         self._step = (way, choice if counted else None)
         return way
+
+    def _choice_for(self, kind: tuple[int, str]) -> OverlapChoice:
+        """The kind's measured choice; a new kind of several rows starts from what the others measured."""
+        if kind not in self.choices:
+            ways = LONE_WAYS if kind[0] == 1 else BATCH_WAYS
+            self.choices[kind] = OverlapChoice(ways, *self.blocks, presumed=self._presumed(kind, ways))
+        return self.choices[kind]
+
+    def _kind_of(self, choice: OverlapChoice) -> tuple[int, str]:
+        return next(kind for kind, mine in self.choices.items() if mine is choice)
+
+    def _presumed(self, kind: tuple[int, str], ways: tuple[str, ...]) -> dict[str, float]:
+        """Each way's rate over sequential rounds as measured for the nearest number of rows
+        (several rows, the same sampling): a look-ahead's or a half batch's cost against the
+        verify changes with the rows, but slowly, so a short run of a new kind of step does
+        not pay again for measuring the ways that lost next to it. A lone row is its own case."""
+        rows, sampling = kind
+        others = sorted((abs(r.bit_length() - rows.bit_length()), -r, choice)
+                        for (r, s), choice in self.choices.items() if s == sampling and r > 1 and rows > 1)
+        presumed = {}
+        for way in ways:
+            ratio = next((c.ratio(way) for _, _, c in others if c.ratio(way) is not None), None)
+            if ratio is not None:
+                presumed[way] = ratio
+        return presumed
 
     def asks(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas) -> list:
         """What to propose while the target verifies `now`: drafts for `later` from their
@@ -212,9 +246,18 @@ class DraftAhead:
         return self.wants(seq.stats.drafted, seq.stats.accepted, seq.stats.rounds)
 
     def round_done(self, emitted: int, seconds: float) -> None:
-        """The step's round emitted `emitted` tokens in `seconds`: counted by its kind's choice."""
+        """The step's round emitted `emitted` tokens in `seconds`: counted by its kind's choice,
+        with the engine's own work since the previous step ended (a way of more, shorter steps,
+        micro-batches, pays it more often; a gap longer than the round itself is idle time)."""
+        now = self.clock()
+        gap = now - seconds - self._last_done
+        if 0 < gap <= seconds:
+            seconds += gap
+        self._last_done = now
         way, choice = self._step
         if choice is not None:
+            if choice.rounds_left == 1:  # its next block's way follows what the other kinds measured by now
+                choice.presumed = {**choice.presumed, **self._presumed(self._kind_of(choice), choice.ways)}
             choice.record(emitted, seconds)
         self._step = (way, None)
 

@@ -282,7 +282,7 @@ class SpeculativeEngine:
         With draft_ahead the proposer works while the target verifies. -> (results, what was
         drafted meanwhile or None, the seconds it took)."""
         chunks = [with_prompt_logprobs(seq, PrefillChunks.verify_request(seq)) for seq in filling]
-        if ahead is not None:  # the proposer works while the target verifies
+        if ahead is not None and ahead.overlaps:  # the proposer works while the target verifies
             pending = self.verifier.verify_async(requests + chunks)
             meanwhile, ahead_s = self._during_verify(now, later, requests, gammas)
             drafted = time.perf_counter()

@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy import stats
 
-from specdec.round.draft_ahead import BATCH_BRANCHES, DraftAhead
+from specdec.round.draft_ahead import BATCH_BRANCHES, BATCH_WAYS, DraftAhead, step_kind
 from specdec.round.look_ahead_depth import LookAheadDepth
 from specdec.round.look_ahead_hits import LookAheadHits
 from specdec.round.engine import SpeculativeEngine
@@ -25,7 +25,7 @@ from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Branch, Drafts
 from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec.requests.request import GenerationRequest
-from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL
+from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL, OverlapChoice
 from specdec.sampling.sampling_params import SamplingParams
 from specdec.policy.speculation_policy import fixed_plan
 from specdec.verifiers.target_verifier import TargetVerifier
@@ -379,3 +379,41 @@ def test_a_lone_row_drafts_every_branch_and_several_rows_at_most_batch_branches_
         requests = [SimpleNamespace(token_ids=seq.token_ids, draft_token_ids=[8, 9]) for seq in now]
         asks = ahead.asks(now, later, requests, gammas)
         assert [ask.gamma for ask in asks] == [4] * n and ahead.branches == expected
+
+
+def fake_rows(n: int, greedy: bool = True) -> list:
+    """n speculating rows past their first round, for the pure bookkeeping of DraftAhead."""
+    sampling = SamplingParams() if greedy else SamplingParams(temperature=0.8)
+    return [SimpleNamespace(seq_id=str(i), token_ids=[5, 6, 7], num_prompt_tokens=2, reserve_tokens=0,
+                            request=SimpleNamespace(sampling=sampling, proposer=None),
+                            stats=SimpleNamespace(drafted=0, accepted=0, rounds=1)) for i in range(n)]
+
+
+def test_a_new_number_of_rows_starts_from_what_the_nearest_one_measured():
+    """The ways' rates over sequential rounds measured with 8 rows: 16 rows try micro-batches
+    first and do not measure the look-ahead that lost; a lone row and sampled rows are their
+    own cases."""
+    ahead = DraftAhead()
+    ahead.choices[(8, "greedy")] = OverlapChoice(
+        BATCH_WAYS, rates={SEQUENTIAL: 100.0, LOOK_AHEAD: 80.0, MICRO_BATCHES: 120.0})
+    for n, greedy, way, presumed in ((16, True, MICRO_BATCHES, {LOOK_AHEAD: 0.8, MICRO_BATCHES: 1.2}),
+                                     (1, True, LOOK_AHEAD, {}), (16, False, SEQUENTIAL, {})):
+        batch = fake_rows(n, greedy)
+        ahead.split(batch, {seq.seq_id: 4 for seq in batch})
+        choice = ahead.choices[step_kind(batch)]
+        assert choice.way == way
+        assert {w: r for w, r in choice.presumed.items() if r is not None and w != SEQUENTIAL} == pytest.approx(presumed)
+
+
+def test_a_step_is_timed_from_where_the_last_one_ended_unless_the_engine_was_idle():
+    """The engine's own work between two steps belongs to the step (micro-batches run twice
+    as many); a gap longer than the round itself is idle time and is not counted."""
+    ahead = DraftAhead(way=None, block_rounds=3)
+    clock = iter([1.0, 1.015, 5.0])
+    ahead.clock = lambda: next(clock)
+    batch = fake_rows(2)
+    for _ in range(3):
+        ahead.split(batch, {seq.seq_id: 4 for seq in batch})
+        assert not ahead.overlaps, "several rows start with sequential rounds (verified in the caller's thread)"
+        ahead.round_done(3, 0.01)
+    assert ahead.choices[(2, "greedy")].rates[SEQUENTIAL] == pytest.approx(9 / (0.01 + 0.015 + 0.01))

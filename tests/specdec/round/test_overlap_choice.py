@@ -1,6 +1,7 @@
 """OverlapChoice: which way a kind of step runs (sequential, looking ahead, micro-batches)
 follows the measured tokens per second of blocks run each way; slower ways are measured
-again now and then, in turn; one noisy block does not flip the choice."""
+again now and then, in turn and ever more rarely; one noisy block does not flip the choice;
+what other kinds of step measured decides which ways are worth measuring first."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 
 import pytest
 
-from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL, OverlapChoice
+from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, MOST_BACKOFF, SEQUENTIAL, OverlapChoice
 
 LONE = (LOOK_AHEAD, SEQUENTIAL)
 BATCH = (SEQUENTIAL, LOOK_AHEAD, MICRO_BATCHES)
@@ -47,19 +48,48 @@ def test_when_looking_ahead_is_faster_it_is_kept():
     assert choice.looks_ahead
 
 
-def test_the_slower_way_runs_one_block_every_explore_every_blocks():
-    choice = OverlapChoice(LONE, block_rounds=2, explore_every=3)
-    ways = run_blocks(choice, 14, {LOOK_AHEAD: 200.0, SEQUENTIAL: 100.0})
+def test_a_slower_way_is_explored_again_ever_more_rarely_while_it_stays_slower():
+    """Every explore_every blocks at first; each exploration that confirms the kept way doubles
+    the wait, up to MOST_BACKOFF times explore_every."""
+    choice = OverlapChoice(LONE, block_rounds=2, explore_every=2)
+    ways = run_blocks(choice, 120, {LOOK_AHEAD: 200.0, SEQUENTIAL: 100.0})
     explored = [i for i, way in enumerate(ways) if way == SEQUENTIAL]
     assert explored[0] == 1  # the first measurement
-    assert len(explored) >= 3 and all(b - a == 4 for a, b in zip(explored[1:], explored[2:]))
+    gaps = [b - a - 1 for a, b in zip(explored[1:], explored[2:])]  # blocks of the kept way in between
+    assert gaps[:5] == [4, 8, 16, 16, 16] == [min(2 ** (k + 1), MOST_BACKOFF) * 2 for k in range(5)]
+    assert explored[1] - explored[0] - 1 == 2
 
 
 def test_the_slower_ways_are_explored_in_turn():
     choice = OverlapChoice(BATCH, block_rounds=2, explore_every=2)
-    ways = run_blocks(choice, 15, {SEQUENTIAL: 200.0, LOOK_AHEAD: 100.0, MICRO_BATCHES: 100.0})
+    ways = run_blocks(choice, 40, {SEQUENTIAL: 200.0, LOOK_AHEAD: 100.0, MICRO_BATCHES: 100.0})
     explored = [way for way in ways[3:] if way != SEQUENTIAL]
     assert explored[:4] == [LOOK_AHEAD, MICRO_BATCHES, LOOK_AHEAD, MICRO_BATCHES]
+
+
+def test_a_way_that_other_kinds_of_step_measured_slower_is_not_measured_first():
+    """presumed: the ways' rates over sequential rounds elsewhere. Slower by more than the
+    margin: sequential rounds from the start, the slower way only explored later."""
+    choice = OverlapChoice(BATCH, block_rounds=3, explore_every=4, presumed={LOOK_AHEAD: 0.9, MICRO_BATCHES: 0.99})
+    rates = {SEQUENTIAL: 100.0, LOOK_AHEAD: 90.0, MICRO_BATCHES: 95.0}
+    ways = run_blocks(choice, 6, rates)
+    assert ways[:2] == [SEQUENTIAL, MICRO_BATCHES], "within the margin: measured"
+    assert LOOK_AHEAD not in ways and choice.rates[LOOK_AHEAD] is None
+    assert LOOK_AHEAD in run_blocks(choice, 6, rates), "explored in turn, as any slower way"
+
+
+def test_a_way_that_other_kinds_of_step_measured_faster_runs_first():
+    choice = OverlapChoice(BATCH, block_rounds=3, explore_every=100, presumed={MICRO_BATCHES: 1.2})
+    ways = run_blocks(choice, 5, {SEQUENTIAL: 100.0, LOOK_AHEAD: 90.0, MICRO_BATCHES: 120.0})
+    assert ways == [MICRO_BATCHES, SEQUENTIAL, LOOK_AHEAD, MICRO_BATCHES, MICRO_BATCHES]
+    assert choice.ratio(MICRO_BATCHES) == pytest.approx(1.2) and choice.ratio(LOOK_AHEAD) == pytest.approx(0.9)
+
+
+def test_a_way_within_the_margin_of_the_kept_one_does_not_take_over():
+    choice = OverlapChoice(LONE, block_rounds=2, explore_every=100, margin=0.05)
+    assert run_blocks(choice, 4, {LOOK_AHEAD: 100.0, SEQUENTIAL: 104.0}) == [LOOK_AHEAD, SEQUENTIAL] + [LOOK_AHEAD] * 2
+    choice = OverlapChoice(LONE, block_rounds=2, explore_every=100, margin=0.05)
+    assert run_blocks(choice, 4, {LOOK_AHEAD: 100.0, SEQUENTIAL: 106.0}) == [LOOK_AHEAD] + [SEQUENTIAL] * 3
 
 
 def test_the_choice_follows_the_host_when_the_faster_way_changes():
@@ -99,7 +129,7 @@ def test_only_whole_blocks_count_and_a_block_without_time_keeps_the_rate():
 
 
 @pytest.mark.parametrize("bad", [{"block_rounds": 0}, {"explore_every": 0}, {"weight": 0.0}, {"weight": 1.5},
-                                 {"ways": ()}])
+                                 {"ways": ()}, {"margin": -0.1}])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError):
         OverlapChoice(**bad)
