@@ -394,6 +394,41 @@ def test_release_frees_the_slots_on_both_workers(remote_engine, workers, prompt_
     assert verifier.info().free_slots == NUM_SLOTS and draft.info().free_slots == NUM_SLOTS
 
 
+def test_a_release_rides_on_the_next_rounds_calls_which_free_its_slots_first(remote_engine, workers, prompt_ids,
+                                                                             monkeypatch):
+    engine = remote_engine("draft", 4)
+    verifier, draft = engine.verifier, engine.proposer.proposers["draft"]
+    ids = [engine.add_request(GenerationRequest(p, 8)) for p in prompt_ids[:2]]
+    engine.step()
+    servicers = {name: workers[name].servicer for name in ("draft", "target")}
+    free = {"draft": servicers["draft"].proposer.num_free_slots, "target": servicers["target"].verifier.num_free_slots}
+
+    def no_release_call(*_):
+        raise AssertionError("a round sent a Release call of its own")
+
+    for client in (verifier, draft):
+        monkeypatch.setattr(client, "flush", no_release_call)
+    monkeypatch.setattr(draft, "_send_releases", no_release_call)
+    engine.abort(ids[0])
+    engine.step()
+    for name, client in (("draft", draft), ("target", verifier)):
+        assert client._sender.wire_id(ids[0]) not in servicers[name].histories, name
+        assert client._released == [], name
+    assert servicers["draft"].proposer.num_free_slots == free["draft"] + 1
+    assert servicers["target"].verifier.num_free_slots == free["target"] + 1
+
+
+def test_the_releases_a_failed_verify_carried_are_sent_again_with_the_next_call(remote_engine):
+    verifier = remote_engine().verifier
+    verifier.release("gone")
+    with pytest.raises(grpc.RpcError):
+        verifier.verify([VerifyRequest("bad", [verifier.vocab_size + 5], [], SamplingParams())])
+    assert verifier._released == [verifier._sender.wire_id("gone")], "kept: the target may not have freed it"
+    verifier.release("bad")
+    verifier.flush()
+    assert verifier._released == []
+
+
 def test_an_unreachable_draft_worker_only_turns_speculation_off(remote_engine, prompt_ids, hf_greedy):
     engine = remote_engine("draft", 4, draft_address="127.0.0.1:1", timeout_s=2.0)
     [result] = engine.generate([GenerationRequest(prompt_ids[0], 12)])
