@@ -398,9 +398,11 @@ def test_a_release_rides_on_the_next_rounds_calls_which_free_its_slots_first(rem
                                                                              monkeypatch):
     engine = remote_engine("draft", 4)
     verifier, draft = engine.verifier, engine.proposer.proposers["draft"]
-    ids = [engine.add_request(GenerationRequest(p, 8)) for p in prompt_ids[:2]]
-    engine.step()
+    ids = [engine.add_request(GenerationRequest(p, 24)) for p in prompt_ids[:2]]
     servicers = {name: workers[name].servicer for name in ("draft", "target")}
+    while not all(client._sender.wire_id(ids[0]) in servicers[name].histories
+                  for name, client in (("draft", draft), ("target", verifier))):
+        engine.step()  # until both workers hold the sequence
     free = {"draft": servicers["draft"].proposer.num_free_slots, "target": servicers["target"].verifier.num_free_slots}
 
     def no_release_call(*_):
