@@ -112,8 +112,8 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         return worker_pb2.ProposeResponse(drafts=drafts, resync_seq_ids=applied.resync_seq_ids, compute_seconds=seconds)
 
     def _run(self, request: worker_pb2.ProposeRequest, applied: AppliedDeltas, rows: list[ProposalRequest]):
-        """On the worker thread: free the released sequences, draft (the proposer follows any
-        history, diverged ones too), encode."""
+        """The model step (`_step`: on the event loop or the worker thread): free the released
+        sequences, draft (the proposer follows any history, diverged ones too), encode."""
         self._free_released(request.release_seq_ids)
         if request.unverified:
             return self._look_ahead(request, applied.histories, rows)

@@ -151,6 +151,9 @@ class RemoteProposer(WorkerClient, Proposer):
             if isinstance(exc, grpc.RpcError) and exc.code() in WORKER_DOWN:
                 self._went_down(_describe(exc))
             return empty
+        except BaseException:
+            self._keep_releases(self._riding)  # whatever else failed, the releases are not lost
+            raise
 
     def _missed(self, requests: list[ProposalRequest], exc: DraftLate) -> None:
         """The round's call missed its deadline: its rows send whole histories next time (the

@@ -75,8 +75,9 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
                                          compute_seconds=seconds)
 
     def _run(self, request: worker_pb2.VerifyRequest, applied: AppliedDeltas):
-        """On the worker thread: free the released sequences, drop stale state of diverged
-        sequences, verify (decoding q). Returns (outcomes, sequences verified, drafted tokens verified)."""
+        """The model step (`_step`: on the event loop or the worker thread): free the released
+        sequences, drop stale state of diverged sequences, verify (decoding q). Returns
+        (outcomes, sequences verified, drafted tokens verified)."""
         self._free_released(request.release_seq_ids)
         requests = [
             self._to_request(item, history)

@@ -105,8 +105,8 @@ class WorkerServicer:
             self.leases.released(seq_ids)
 
     def _free_released(self, seq_ids) -> None:
-        """On the worker thread, first in a round call's step: free the model state of its
-        `release_seq_ids` (their slots serve the call's new sequences)."""
+        """First in a round call's model step: free the model state of its `release_seq_ids`
+        (their slots serve the call's new sequences)."""
         for seq_id in seq_ids:
             self._free(seq_id)
 
