@@ -77,7 +77,7 @@ class WorkerServicer:
         )
 
     def _free(self, seq_id: str) -> None:
-        """On the worker thread: free the model's state (cache slot) of one sequence."""
+        """Free the model's state (cache slot) of one sequence (on the worker thread, or in a short model step)."""
         raise NotImplementedError
 
     async def Release(self, request: worker_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
