@@ -213,6 +213,8 @@ def test_restarted_workers_are_refilled_by_resync_without_changing_the_output(
         old.stop()
         host, port = old.address.rsplit(":", 1)
         workers[name] = ServerThread(make_servicer(), host, int(port))  # same address, empty state
+    for client in (engine.verifier, engine.proposer.proposers["draft"]):  # past the channels' reconnect backoff:
+        grpc.channel_ready_future(client._channel).result(timeout=10)  # this test is about the resync
     while engine.has_unfinished():
         engine.step()
     assert [engine.result(i).token_ids for i in ids] == [hf_greedy(p, MAX_NEW) for p in prompt_ids[:2]]
