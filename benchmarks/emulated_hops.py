@@ -12,9 +12,10 @@ points on the machine's monotonic clock (shared by all processes):
 
 so that a call's time beyond its device time splits into: build (enter -> sent), in (sent ->
 handler: serialise, transport, deserialise, the event loop's wake-up), to thread (handler ->
-thread: lock, history deltas, the hand-off), step host (done - thread - device: the model's
-host work), from thread (done -> reply: the hand-off back, the reply message), out (reply ->
-back: serialise, transport, the router's wake-up and parsing). The in-process engine runs the
+thread: lock, history deltas, the hand-off), step host (done - thread - device - late: the
+model's host work), late (the device waits' wake-up delays), from thread (done -> reply: the
+hand-off back, the reply message), out (reply -> back: serialise, transport, the router's
+wake-up and parsing). The in-process engine runs the
 same requests on the same profile, interleaved run by run.
 
 Usage: python benchmarks/emulated_hops.py [--profile h100-llama-8b-1b] [--streams 1 8 32]
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import time
 
-SPANS = ("build", "in", "to_thread", "step_host", "from_thread", "out")
+SPANS = ("build", "in", "to_thread", "step_host", "late", "from_thread", "out")
 
 
 def overrides(profile: str, slots: int) -> dict:
@@ -47,18 +48,20 @@ def overrides(profile: str, slots: int) -> dict:
 
 def _timed_worker(servicer, method: str) -> list:
     """Wrap the servicer's round call and its worker-thread step with timestamps; returns the
-    list each call appends (handler, thread, done, reply, device seconds) to."""
+    list each call appends (handler, thread, done, device seconds, late seconds, reply) to."""
     from specdec.models.emulated_device import process_devices
 
     calls, handler, run = [], getattr(servicer, method), servicer._run
 
-    def busy() -> float:
-        return sum(d["busy_s"] for d in process_devices())
+    def busy() -> tuple[float, float]:
+        devices = process_devices()
+        return sum(d["busy_s"] for d in devices), sum(d["late_s"] for d in devices)
 
     def timed_run(*args):
-        start, before = time.monotonic(), busy()
+        start, (busy_before, late_before) = time.monotonic(), busy()
         result = run(*args)
-        timed_run.last = (start, time.monotonic(), busy() - before)
+        busy_after, late_after = busy()
+        timed_run.last = (start, time.monotonic(), busy_after - busy_before, late_after - late_before)
         return result
 
     async def timed_handler(request, context):
@@ -173,9 +176,10 @@ def breakdown(router: list, worker: list) -> dict:
     """Mean ms per call of each span, matched call by call (router and worker in the same order)."""
     spans = {name: [] for name in (*SPANS, "device", "call")}
     pairs = [(r, w) for r, w in zip([c for c in router if c is not None], worker)]
-    for (enter, sent, back), (handler, thread, done, device_s, reply) in pairs:
+    for (enter, sent, back), (handler, thread, done, device_s, late_s, reply) in pairs:
         for name, value in (("build", sent - enter), ("in", handler - sent), ("to_thread", thread - handler),
-                            ("step_host", done - thread - device_s), ("from_thread", reply - done),
+                            ("step_host", done - thread - device_s - late_s), ("late", late_s),
+                            ("from_thread", reply - done),
                             ("out", back - reply), ("device", device_s), ("call", back - enter)):
             spans[name].append(1000 * value)
     return {name: statistics.mean(v) if v else float("nan") for name, v in spans.items()}

@@ -47,7 +47,7 @@ def load_wire_draft_proposer(config: SpecdecConfig) -> DraftModelProposer:
 
 
 class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
-    """Serves one DraftModelProposer; calls run one at a time on a worker thread."""
+    """Serves one DraftModelProposer; calls run one at a time (WorkerServicer._step)."""
 
     def __init__(
         self,
@@ -95,6 +95,7 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
             raise ValueError(f"{len(request.unverified)} unverified counts for {len(request.sequences)} sequences")
         if request.branches > MAX_BRANCHES:
             raise ValueError(f"branches={request.branches} is more than {MAX_BRANCHES}")
+        self._forget_released(request.release_seq_ids)
         applied = self.histories.apply_all(request.sequences)
         self.leases.hold(request.lease_id, applied.applied_seq_ids(request.sequences))
         rows = [
@@ -103,7 +104,7 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
             for delta, history, gamma in zip(request.sequences, applied.histories, request.gammas)
             if history is not None
         ]
-        drafts = await self._work.run(self._run, request, applied, rows)
+        drafts = await self._step(sum(len(r.token_ids) for r in request.sequences), self._run, request, applied, rows)
         self.stats.record(len(rows))
         seconds = time.perf_counter() - start
         drafted = sum(len(draft.token_ids) + sum(len(b.token_ids) for b in draft.branches) for draft in drafts)
@@ -111,7 +112,9 @@ class DraftServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         return worker_pb2.ProposeResponse(drafts=drafts, resync_seq_ids=applied.resync_seq_ids, compute_seconds=seconds)
 
     def _run(self, request: worker_pb2.ProposeRequest, applied: AppliedDeltas, rows: list[ProposalRequest]):
-        """On the worker thread: draft (the proposer follows any history, diverged ones too), encode."""
+        """The model step (`_step`: on the event loop or the worker thread): free the released
+        sequences, draft (the proposer follows any history, diverged ones too), encode."""
+        self._free_released(request.release_seq_ids)
         if request.unverified:
             return self._look_ahead(request, applied.histories, rows)
         proposal = self.proposer.propose(rows) if rows else None

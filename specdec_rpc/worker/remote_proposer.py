@@ -5,7 +5,7 @@ call fails (unavailable, deadline, bad reply) the round goes on with no drafted 
 failure is logged and counted, and the next call sends whole histories again. Sequences
 the worker asks to resync (it restarted) are sent again at once with their whole history.
 The channel, lease, release buffer and reconnector are the WorkerClient base's
-(worker_client.py); releases are sent before the next call without waiting for them.
+(worker_client.py); releases ride on the next call.
 
 A worker that is down (UNAVAILABLE, DEADLINE_EXCEEDED) is not called again every round:
 rounds go on without drafts (`unavailable_reason` says why) while a WorkerReconnector asks
@@ -21,8 +21,9 @@ the worker: its state for them is resynced, never trusted). The late call is lef
 on its own (within `timeout_s`) and its reply is discarded; while it runs, rounds skip the
 worker without waiting (a stopped worker costs one budget, not one per round). A worker
 that keeps missing, or whose late call fails as a down worker's does, is down: the circuit
-is open until a background probe answers within the budget's cap. Releases are sent
-without waiting for their reply.
+is open until a background probe answers within the budget's cap. Buffered releases ride
+on the round's call (`release_seq_ids`, freed before its sequences; buffered again when the
+call fails or is late); `flush()` sends them in a Release call of their own.
 
 Not thread-safe: one engine drives it.
 """
@@ -99,6 +100,7 @@ class RemoteProposer(WorkerClient, Proposer):
         self.deadline = DraftDeadline.within(timeout_s)
         self._due = 0.0  # when the current round stops waiting for its drafts (time.monotonic)
         self._late: LateCall | None = None  # the call that missed its deadline, while it runs
+        self._riding: list[str] = []  # the buffered releases the round's call carries (release_seq_ids)
 
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
         if not any(r.gamma > 0 for r in requests):
@@ -129,15 +131,17 @@ class RemoteProposer(WorkerClient, Proposer):
             self.unavailable_reason = self._late_reason() if self._late is not None else self._down_reason()
             return empty
         self._due = time.monotonic() + self.deadline.budget_s()
+        self._riding = self._take_releases()
         try:
-            self._send_releases()
             result = call()
             self.unavailable_reason = None
             return result
         except DraftLate as exc:
+            self._keep_releases(self._riding)  # sent again (the worker ignores ids it already freed)
             self._missed(requests, exc)
             return empty
         except (grpc.RpcError, ValueError) as exc:
+            self._keep_releases(self._riding)
             self._sender.reset(r.seq_id for r in requests)
             self.failures += 1
             self.unavailable_reason = f"draft worker {self.address} failed: {_describe(exc)}"
@@ -147,6 +151,9 @@ class RemoteProposer(WorkerClient, Proposer):
             if isinstance(exc, grpc.RpcError) and exc.code() in WORKER_DOWN:
                 self._went_down(_describe(exc))
             return empty
+        except BaseException:
+            self._keep_releases(self._riding)  # whatever else failed, the releases are not lost
+            raise
 
     def _missed(self, requests: list[ProposalRequest], exc: DraftLate) -> None:
         """The round's call missed its deadline: its rows send whole histories next time (the
@@ -226,7 +233,7 @@ class RemoteProposer(WorkerClient, Proposer):
                   for r in requests]
         return worker_pb2.ProposeRequest(
             sequences=deltas, gammas=[r.gamma for r in requests], lease_id=self.lease.lease_id,
-            unverified=unverified or [], branches=branches,
+            unverified=unverified or [], branches=branches, release_seq_ids=self._riding,
         )
 
     def _call(self, requests: list[ProposalRequest], unverified: list[int] | None = None,
@@ -240,6 +247,7 @@ class RemoteProposer(WorkerClient, Proposer):
             self._late = LateCall(future, started)
             raise DraftLate(f"Propose missed its deadline of {self.deadline.describe()}") from None
         self.deadline.answered(time.monotonic() - started)
+        self._riding = []  # applied by the worker: a resync call does not carry them again
         self.last_compute_s += response.compute_seconds
         if len(response.drafts) != len(requests):
             raise ValueError(f"{len(response.drafts)} drafts for {len(requests)} sequences")

@@ -8,8 +8,9 @@ costs a prefill, never a wrong token. A target that is unreachable or timed out 
 `WorkerError` (no row caused it: the round fails its batch, UNAVAILABLE); other errors
 propagate as grpc.RpcError, so the engine can isolate the row that caused them. The
 sequences of a failed call send their whole history next time. The channel, lease, release
-buffer and reconnector are the WorkerClient base's (worker_client.py); buffered releases are
-sent (and waited for) before the next call.
+buffer and reconnector are the WorkerClient base's (worker_client.py); buffered releases ride
+on the next Verify call (`release_seq_ids`, freed before its items), so no round waits for a
+Release call.
 
 A target that goes down while a round is in flight need not fail that round: with
 `recovery_s` > 0 the call waits (up to recovery_s) while a WorkerReconnector asks `resolve()`
@@ -147,18 +148,32 @@ class RemoteVerifier(WorkerClient, Verifier):
         return self.verify_async(requests).result()
 
     def verify_async(self, requests: list[VerifyRequest]) -> "_PendingVerify":
-        """Send the Verify call (on the round stream) and return at once; result() waits for the outcomes."""
-        self.flush()
+        """Send the Verify call (on the round stream) and return at once; result() waits for the
+        outcomes. The buffered releases ride on it (`release_seq_ids`: the target frees them
+        before the call's items, and the round waits for no Release call of its own)."""
         self.last_compute_s = 0.0  # the target's compute in this call (RoundProfile)
+        if not requests:
+            self.flush()
+            return _PendingVerify(self, requests, [], None, [])
         for r in requests:
             self._held.setdefault(r.seq_id, self._reserved_blocks(r.reserve_tokens) if self.num_blocks else 0)
         items = [self._item(r) for r in requests]
-        return _PendingVerify(self, requests, items, self._send(items) if requests else None)
+        released = self._take_releases()
+        return _PendingVerify(self, requests, items, self._send(items, released), released)
 
-    def _finish(self, requests: list[VerifyRequest], items, future) -> list[VerifyResult]:
-        """The outcomes of a sent call (resyncing sequences the target did not know)."""
+    def _finish(self, requests: list[VerifyRequest], items, future, released: list[str]) -> list[VerifyResult]:
+        """The outcomes of a sent call (resyncing sequences the target did not know); when it
+        fails, the releases it carried are buffered again (the target may not have applied them;
+        it ignores ids it does not know)."""
         if not requests:
             return []
+        try:
+            return self._outcomes(requests, items, future)
+        except BaseException:
+            self._keep_releases(released)
+            raise
+
+    def _outcomes(self, requests: list[VerifyRequest], items, future) -> list[VerifyResult]:
         deadline = time.monotonic() + self.recovery_s
         while True:
             try:
@@ -211,10 +226,12 @@ class RemoteVerifier(WorkerClient, Verifier):
             item.draft_probs.extend(wire_q(request.draft_probs))  # a remote draft's q as it came
         return item
 
-    def _send(self, items: list[worker_pb2.VerifyItem]) -> grpc.Future:
-        """The Verify request on the round stream (a StreamCall: the part of a grpc.Future used here)."""
+    def _send(self, items: list[worker_pb2.VerifyItem], released: list[str] = ()) -> grpc.Future:
+        """The Verify request on the round stream (a StreamCall: the part of a grpc.Future used
+        here), freeing the `released` wire ids first."""
         self.lease.touch()
-        return self._rounds.send(worker_pb2.VerifyRequest(items=items, lease_id=self.lease.lease_id))
+        return self._rounds.send(worker_pb2.VerifyRequest(items=items, lease_id=self.lease.lease_id,
+                                                          release_seq_ids=released))
 
     def _call(self, requests: list[VerifyRequest], items: list[worker_pb2.VerifyItem]) -> worker_pb2.VerifyResponse:
         return self._receive(requests, items, self._send(items))
@@ -294,11 +311,13 @@ class RemoteVerifier(WorkerClient, Verifier):
 class _PendingVerify:
     """A Verify call in flight (see RemoteVerifier.verify_async)."""
 
-    def __init__(self, owner: RemoteVerifier, requests: list[VerifyRequest], items, future) -> None:
+    def __init__(self, owner: RemoteVerifier, requests: list[VerifyRequest], items, future,
+                 released: list[str]) -> None:
         self._owner, self._requests, self._items, self._future = owner, requests, items, future
+        self._released = released  # the wire ids whose release the call carries
 
     def result(self) -> list[VerifyResult]:
-        return self._owner._finish(self._requests, self._items, self._future)
+        return self._owner._finish(self._requests, self._items, self._future, self._released)
 
 
 def _logprobs(request: VerifyRequest, outcome: worker_pb2.VerifyOutcome,

@@ -28,7 +28,7 @@ from specdec_rpc.worker.worker_servicer import WorkerServicer
 
 
 class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
-    """Serves one TargetVerifier; calls run one at a time on a worker thread."""
+    """Serves one TargetVerifier; calls run one at a time (WorkerServicer._step)."""
 
     def __init__(
         self,
@@ -43,6 +43,8 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
         self.model = model
         self.num_slots = num_slots
         self.tensor_parallel_size = tensor_parallel_size
+        # a tensor-parallel leader waits for its followers through Ray: never on the event loop
+        self.inline_steps = tensor_parallel_size == 1
         super().__init__("target-worker", lease_ttl_s, metrics or WorkerMetrics.off("target", rank=0))
 
     def state(self) -> WorkerState:
@@ -60,9 +62,11 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
     async def _verify(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         start = time.perf_counter()
         deltas = [item.history for item in request.items]
+        self._forget_released(request.release_seq_ids)
         applied = self.histories.apply_all(deltas)
         self.leases.hold(request.lease_id, applied.applied_seq_ids(deltas))
-        outcomes, batch_size, verified_tokens = await self._work.run(self._run, request, applied)
+        new_tokens = sum(len(item.history.token_ids) + len(item.draft_token_ids) for item in request.items)
+        outcomes, batch_size, verified_tokens = await self._step(new_tokens, self._run, request, applied)
         if batch_size:
             self.stats.record(batch_size)
         seconds = time.perf_counter() - start
@@ -71,8 +75,10 @@ class TargetServicer(WorkerServicer, worker_pb2_grpc.TargetWorkerServicer):
                                          compute_seconds=seconds)
 
     def _run(self, request: worker_pb2.VerifyRequest, applied: AppliedDeltas):
-        """On the worker thread: drop stale state of diverged sequences, verify (decoding q).
-        Returns (outcomes, sequences verified, drafted tokens verified)."""
+        """The model step (`_step`: on the event loop or the worker thread): free the released
+        sequences, drop stale state of diverged sequences, verify (decoding q). Returns
+        (outcomes, sequences verified, drafted tokens verified)."""
+        self._free_released(request.release_seq_ids)
         requests = [
             self._to_request(item, history)
             for item, history in zip(request.items, applied.histories)

@@ -126,7 +126,10 @@ class WorkerClient:
         return seq_ids
 
     def _keep_releases(self, seq_ids: list[str]) -> None:
-        """Buffer again the ids of a Release that failed (sent again with the next call)."""
+        """Buffer again the ids of a Release (or a round call carrying them) that failed: sent
+        again with the next call."""
+        if not seq_ids:
+            return
         with self._lock:
             self._released.extend(seq_ids)
 

@@ -2,7 +2,8 @@
 
 A worker holds one model and one slot cache, so its calls run one at a time: a servicer
 takes `SerialExecutor.lock` for the whole call (history bookkeeping included) and runs the
-torch work on the executor's single thread, off the gRPC event loop.
+torch work on the executor's single thread, off the gRPC event loop (a round call's short
+model step runs on the loop itself: WorkerServicer._step).
 """
 
 from __future__ import annotations

@@ -213,6 +213,8 @@ def test_restarted_workers_are_refilled_by_resync_without_changing_the_output(
         old.stop()
         host, port = old.address.rsplit(":", 1)
         workers[name] = ServerThread(make_servicer(), host, int(port))  # same address, empty state
+    for client in (engine.verifier, engine.proposer.proposers["draft"]):  # past the channels' reconnect backoff:
+        grpc.channel_ready_future(client._channel).result(timeout=10)  # this test is about the resync
     while engine.has_unfinished():
         engine.step()
     assert [engine.result(i).token_ids for i in ids] == [hf_greedy(p, MAX_NEW) for p in prompt_ids[:2]]
@@ -394,6 +396,43 @@ def test_release_frees_the_slots_on_both_workers(remote_engine, workers, prompt_
     assert verifier.info().free_slots == NUM_SLOTS and draft.info().free_slots == NUM_SLOTS
 
 
+def test_a_release_rides_on_the_next_rounds_calls_which_free_its_slots_first(remote_engine, workers, prompt_ids,
+                                                                             monkeypatch):
+    engine = remote_engine("draft", 4)
+    verifier, draft = engine.verifier, engine.proposer.proposers["draft"]
+    ids = [engine.add_request(GenerationRequest(p, 24)) for p in prompt_ids[:2]]
+    servicers = {name: workers[name].servicer for name in ("draft", "target")}
+    while not all(client._sender.wire_id(ids[0]) in servicers[name].histories
+                  for name, client in (("draft", draft), ("target", verifier))):
+        engine.step()  # until both workers hold the sequence
+    free = {"draft": servicers["draft"].proposer.num_free_slots, "target": servicers["target"].verifier.num_free_slots}
+
+    def no_release_call(*_):
+        raise AssertionError("a round sent a Release call of its own")
+
+    for client in (verifier, draft):
+        monkeypatch.setattr(client, "flush", no_release_call)
+    monkeypatch.setattr(draft, "_send_releases", no_release_call)
+    engine.abort(ids[0])
+    engine.step()
+    for name, client in (("draft", draft), ("target", verifier)):
+        assert client._sender.wire_id(ids[0]) not in servicers[name].histories, name
+        assert client._released == [], name
+    assert servicers["draft"].proposer.num_free_slots == free["draft"] + 1
+    assert servicers["target"].verifier.num_free_slots == free["target"] + 1
+
+
+def test_the_releases_a_failed_verify_carried_are_sent_again_with_the_next_call(remote_engine):
+    verifier = remote_engine().verifier
+    verifier.release("gone")
+    with pytest.raises(grpc.RpcError):
+        verifier.verify([VerifyRequest("bad", [verifier.vocab_size + 5], [], SamplingParams())])
+    assert verifier._released == [verifier._sender.wire_id("gone")], "kept: the target may not have freed it"
+    verifier.release("bad")
+    verifier.flush()
+    assert verifier._released == []
+
+
 def test_an_unreachable_draft_worker_only_turns_speculation_off(remote_engine, prompt_ids, hf_greedy):
     engine = remote_engine("draft", 4, draft_address="127.0.0.1:1", timeout_s=2.0)
     [result] = engine.generate([GenerationRequest(prompt_ids[0], 12)])
@@ -494,8 +533,9 @@ def test_q_reaches_the_targets_sampler_bit_exactly_as_the_draft_made_it_never_de
         remote_engine, workers, prompt_ids, monkeypatch):
     """The router passes the draft's q on as the bytes it received: the target's rejection
     sampler gets bit-exactly the (float16-exact) q the draft sampled from; q is encoded only
-    on the draft worker's thread and decoded only on the target worker's; a greedy row next
-    to a sampled one carries no q and is verified with a one-hot q."""
+    in the draft worker's step (on its event loop or its thread) and decoded only in the
+    target worker's; a greedy row next to a sampled one carries no q and is verified with a
+    one-hot q."""
     made, seen, threads = {}, [], {"encode": set(), "decode": set()}
     proposer, verifier = workers["draft"].servicer.proposer, workers["target"].servicer.verifier
 
@@ -516,7 +556,9 @@ def test_q_reaches_the_targets_sampler_bit_exactly_as_the_draft_made_it_never_de
 
     def on_thread(kind, fn):
         def call(*args):
-            threads[kind].add(threading.current_thread().name.rsplit("_", 1)[0])
+            thread = threading.current_thread()
+            loops = {workers[name]._thread: name for name in ("draft", "target")}  # each server's event loop
+            threads[kind].add(f"{loops[thread]}-loop" if thread in loops else thread.name.rsplit("_", 1)[0])
             return fn(*args)
         return call
 
@@ -542,7 +584,8 @@ def test_q_reaches_the_targets_sampler_bit_exactly_as_the_draft_made_it_never_de
             assert torch.equal(q, drafts.q) and torch.equal(q, q.half().float()), "bit-exact, float16-exact"
             compared += 1
     assert compared >= 2 and any(row[2] for call in seen for row in call)
-    assert threads == {"encode": {"draft-worker"}, "decode": {"target-worker"}}
+    assert threads["encode"] <= {"draft-loop", "draft-worker"} and threads["decode"] <= {"target-loop", "target-worker"}
+    assert threads["encode"] and threads["decode"]
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_k=40, seed=3)],

@@ -120,3 +120,24 @@ def test_a_draft_that_keeps_missing_is_down_until_a_probe_answers_in_time(worker
         assert len(draft.propose(requests)[0]) > 0, "drafts again, from the whole history"
     finally:
         draft.close()
+
+
+def test_releases_ride_on_the_next_call_and_a_late_one_sends_them_again(worker, prompt_ids):
+    """A late call may or may not free what it carried: the next call carries it again (the
+    worker ignores ids it already freed)."""
+    draft = RemoteProposer(worker.address, timeout_s=10.0)
+    draft.deadline = DraftDeadline(floor_s=0.05, cap_s=0.1, misses_to_open=5)
+    rows = [ProposalRequest(seq_id, prompt_ids[i], SamplingParams(), gamma=2) for i, seq_id in enumerate("rs")]
+    try:
+        assert all(len(d) > 0 for d in draft.propose(rows))
+        free, wire = worker.servicer.proposer.num_free_slots, draft._sender.wire_id("r")
+        draft.release("r")
+        freeze(worker, 0.3)
+        assert len(draft.propose(rows[1:])[0]) == 0, "late: no drafts this round"
+        assert draft._released == [wire], "kept for the next call"
+        time.sleep(0.5)  # the late call ran, and freed r
+        assert wire not in worker.servicer.histories
+        assert len(draft.propose(rows[1:])[0]) > 0 and draft._released == []
+        assert worker.servicer.proposer.num_free_slots == free + 1
+    finally:
+        draft.close()

@@ -1,8 +1,13 @@
 """WorkerServicer, the base of both worker services, over real gRPC on 127.0.0.1 (no model):
 Release frees a sequence in the model, in the history store and in its lease; KeepAlive
-renews a lease and says what it holds; GetInfo adds the call counters and lease figures."""
+renews a lease and says what it holds; GetInfo adds the call counters and lease figures; a
+round call's short model step runs on the event loop, a long one (or a tensor-parallel
+leader's) on the worker thread."""
 
 from __future__ import annotations
+
+import asyncio
+import threading
 
 import grpc
 import pytest
@@ -10,7 +15,8 @@ import pytest
 from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
 from specdec_rpc.worker.worker_server import ServerThread
-from specdec_rpc.worker.worker_servicer import WorkerServicer
+from specdec_rpc.worker.target_servicer import TargetServicer
+from specdec_rpc.worker.worker_servicer import INLINE_MAX_TOKENS, WorkerServicer
 
 TTL_S = 30.0
 
@@ -62,3 +68,33 @@ def test_get_info_adds_the_call_counters_and_the_lease_figures(served):
     assert (info.model, info.num_slots) == ("fake", 4)
     assert (info.calls, info.sequences, info.max_batch_size) == (1, 3, 3)
     assert (info.lease_ttl_s, info.leases) == (TTL_S, 1)
+
+
+def threads_of_steps(servicer: WorkerServicer, new_tokens: list[int]) -> tuple[threading.Thread, list]:
+    """(the event loop's thread, the thread each step of `new_tokens` new tokens ran on)."""
+    async def run():
+        return threading.current_thread(), [await servicer._step(n, threading.current_thread) for n in new_tokens]
+
+    return asyncio.run(run())
+
+
+def test_a_short_step_runs_on_the_event_loop_and_a_longer_one_on_the_worker_thread():
+    servicer = Servicer()
+    try:
+        loop, (short, long) = threads_of_steps(servicer, [INLINE_MAX_TOKENS, INLINE_MAX_TOKENS + 1])
+        assert short is loop, "a decode round's step: no hand-off to the worker thread and back"
+        assert long is not loop and long.name.startswith("test-worker"), "a prefill never holds the event loop"
+    finally:
+        servicer.close()
+
+
+def test_a_tensor_parallel_leader_never_steps_on_the_event_loop():
+    """Its step waits for its followers through Ray, which must not block the loop."""
+    leader = TargetServicer(verifier=None, model="m", num_slots=1, tensor_parallel_size=2)
+    single = TargetServicer(verifier=None, model="m", num_slots=1)
+    try:
+        loop, (step,) = threads_of_steps(leader, [1])
+        assert step is not loop and single.inline_steps
+    finally:
+        leader.close()
+        single.close()
