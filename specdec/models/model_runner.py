@@ -94,6 +94,11 @@ class ModelRunner:
         """How many of these new sequences (their reserves, in order) `allocate_slot` would take now."""
         return self.cache.admits(reserve_tokens)
 
+    def grow_reserves(self, reserves: list[tuple[int, int]], taken: list[int | None] = ()) -> int:
+        """Raise these slots' reserves ((slot, tokens), in order) while the free blocks cover them,
+        after ``taken`` reserves of sequences not allocated yet; how many were raised (`KVCache.grow`)."""
+        return self.cache.grow(reserves, taken)
+
     @property
     def cache_usage(self) -> float:
         """Share of the cache's blocks taken or reserved by live sequences (0 idle, 1 full)."""
