@@ -218,6 +218,11 @@ class KVCache:
             self._reserve[slot] = max(self._reserve[slot], blocks)
         return len(reserves)
 
+    def reserve_tokens(self, slot: int) -> int:
+        """The tokens ``slot`` may grow to (its reserve, in whole blocks)."""
+        self._check_allocated(slot)
+        return self._reserve[slot] * self.block_size
+
     def allocate(self, reserve_tokens: int | None = None) -> int:
         """Reserve an empty slot that may grow to ``reserve_tokens`` (None or 0: ``max_seq_len``) and
         return its id; CacheFullError when no slot or not enough unowed blocks are free."""

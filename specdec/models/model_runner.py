@@ -127,8 +127,8 @@ class ModelRunner:
 
     def fork_slot(self, slot: int, length: int) -> int:
         """A new slot holding the first ``length`` tokens of ``slot``, sharing its blocks copy-on-write
-        (raises CacheFullError)."""
-        fork = self.cache.allocate()
+        (raises CacheFullError). It may grow to what ``slot`` may (its reserve)."""
+        fork = self.cache.allocate(self.cache.reserve_tokens(slot))
         try:
             self.cache.fork(slot, fork, length)
         except BaseException:

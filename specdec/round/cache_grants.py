@@ -20,9 +20,10 @@ running request is never preempted for a younger one, and once it is alone it ho
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from specdec.requests.sequence import Sequence
+from specdec.verifiers.verifier import Verifier
 
 WATERMARK_TOKENS = 16  # granted beyond a round's need, so a grant grows every few rounds, not every round
 
@@ -48,6 +49,25 @@ class CacheGrants:
     def short(self, running: Iterable[Sequence]) -> list[tuple[Sequence, int]]:
         """The rows whose grant the next round could pass, each with the grant it should get."""
         return [(seq, self.step(seq)) for seq in running if seq.reserve_tokens < self.needed(seq)]
+
+    def make_room(self, running: list[Sequence], placed: set[str], verifier: Verifier,
+                  preempt: Callable[[Sequence], None]) -> bool:
+        """Grow the grants the next round could pass, oldest request first (``running`` is in
+        admission order; ``placed``: the ids whose cache the target holds, the others count as
+        new). While the cache cannot cover them, preempt the most recently admitted request
+        (``preempt`` frees it and takes it out of ``running``), never the last one running:
+        alone it fits (its full reserve was checked at entry). True if one was preempted."""
+        preempted = False
+        while short := self.short(running):
+            unseen = [seq.reserve_tokens for seq in running if seq.seq_id not in placed]
+            grown = verifier.grow([(seq.seq_id, tokens) for seq, tokens in short], unseen)
+            for seq, tokens in short[:grown]:
+                seq.granted_tokens = tokens
+            if grown == len(short) or len(running) == 1:
+                break
+            preempt(running[-1])
+            preempted = True
+        return preempted
 
     def admission(self, seq: Sequence) -> int:
         """The reserve a waiting request is admitted on."""

@@ -397,7 +397,8 @@ class SpeculativeEngine:
         first, and a step that preempts admits nothing). A running request takes its cache at
         its first verification, which may come a step later (micro-batches): those are counted
         as taken already."""
-        if self.grants is not None and self._grow():
+        if self.grants is not None and self.grants.make_room(self._running, self._placed, self.verifier,
+                                                             self._preempt):
             return
         unseen = [seq.reserve_tokens for seq in self._running if seq.seq_id not in self._placed]
         waiting = list(self._waiting)
@@ -413,22 +414,6 @@ class SpeculativeEngine:
             self._running.append(waiting[i])
         admitted = set(chosen)
         self._waiting = deque(seq for i, seq in enumerate(waiting) if i not in admitted)
-
-    def _grow(self) -> bool:
-        """Raise the grants the next round could pass, oldest request first; while the cache
-        cannot cover them, preempt the most recently admitted request (never the last one
-        running: alone it fits, its full reserve was checked at entry). True if one was."""
-        preempted = False
-        while short := self.grants.short(self._running):
-            unseen = [seq.reserve_tokens for seq in self._running if seq.seq_id not in self._placed]
-            grown = self.verifier.grow([(seq.seq_id, tokens) for seq, tokens in short], unseen)
-            for seq, tokens in short[:grown]:
-                seq.granted_tokens = tokens
-            if grown == len(short) or len(self._running) == 1:
-                break
-            self._preempt(self._running[-1])
-            preempted = True
-        return preempted
 
     def _preempt(self, seq: Sequence) -> None:
         """Free the request's cache in both models and queue it first; its history (prompt and

@@ -97,6 +97,7 @@ def test_grow_raises_reserves_in_order_while_the_unowed_blocks_cover_the_increas
     assert cache.grow([(first, 8), (second, 3)]) == 2, "a smaller reserve never shrinks one"
     assert cache.admits([4]) == 1 and cache.grow([(second, 8)], taken=[4]) == 0
     assert cache.grow([(second, 8), (first, 8)]) == 2 and cache.admits([1]) == 0
+    assert cache.reserve_tokens(first) == cache.reserve_tokens(second) == 8
     _append(cache, first, torch.ones(8, 2, 4))  # it takes what it reserved: nothing else is owed
     assert cache.usage == 1.0
 

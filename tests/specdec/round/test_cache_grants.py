@@ -46,3 +46,56 @@ def test_a_reset_request_holds_nothing_and_reads_its_history_again():
 def test_impossible_steps_are_refused(round_tokens, watermark):
     with pytest.raises(ValueError):
         CacheGrants(round_tokens, watermark)
+
+
+class TokenPool:
+    """A verifier's growth bookkeeping in tokens: each held sequence's reserve within a capacity."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.held = capacity, {}
+
+    def grow(self, reserves: list[tuple[str, int]], taken: list[int]) -> int:
+        room = self.capacity - sum(self.held.values()) - sum(taken)
+        for count, (seq_id, tokens) in enumerate(reserves):
+            extra = max(0, tokens - self.held.get(seq_id, 0))
+            if extra > room:
+                return count
+            self.held[seq_id], room = max(tokens, self.held.get(seq_id, 0)), room - extra
+        return len(reserves)
+
+
+def running_pool(capacity: int, count: int) -> tuple[TokenPool, list[Sequence], CacheGrants]:
+    """`count` requests of 10 prompt tokens admitted (granted 10 + 5 + 5) and decoded to 20 tokens."""
+    grants, pool, running = CacheGrants(round_tokens=5, watermark=5), TokenPool(capacity), []
+    for i in range(count):
+        seq = sequence(10, 100)
+        seq.seq_id, seq.granted_tokens = f"s{i}", grants.admission(seq)
+        pool.held[seq.seq_id] = seq.granted_tokens
+        seq.token_ids += [7] * 10
+        running.append(seq)
+    return pool, running, grants
+
+
+def test_make_room_grows_every_short_grant_when_the_pool_covers_them():
+    pool, running, grants = running_pool(capacity=90, count=3)
+    preempted = []
+    assert not grants.make_room(running, {s.seq_id for s in running}, pool, preempted.append)
+    assert [s.reserve_tokens for s in running] == [30, 30, 30] and preempted == []
+
+
+def test_make_room_preempts_the_most_recently_admitted_until_the_older_ones_grow():
+    pool, running, grants = running_pool(capacity=70, count=3)
+    preempted = []
+
+    def preempt(seq):
+        preempted.append(seq.seq_id)
+        running.remove(seq)
+        pool.held.pop(seq.seq_id)
+
+    assert grants.make_room(running, {s.seq_id for s in running}, pool, preempt)
+    assert preempted == ["s2"] and [s.reserve_tokens for s in running] == [30, 30]
+
+
+def test_make_room_never_preempts_the_last_request_running():
+    pool, running, grants = running_pool(capacity=25, count=1)
+    assert not grants.make_room(running, {"s0"}, pool, lambda seq: pytest.fail("preempted the last one"))

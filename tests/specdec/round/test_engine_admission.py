@@ -6,9 +6,8 @@ blocks another request computed reports them as cached, and decodes the same tok
 from __future__ import annotations
 
 import pytest
-from admission_checks import short_requests_run_at_once
+from admission_checks import budget_of_blocks, short_requests_run_at_once
 
-from specdec.models.kv_cache import KVCache
 from specdec.requests.request import GenerationRequest
 
 MAX_SEQ_LEN, BLOCK = 256, 16
@@ -18,13 +17,9 @@ SEQUENCES_OF_MAX_LEN = 2  # the memory budget: room for two sequences of max_seq
 @pytest.fixture(scope="module")
 def small_budget(make_engine):
     """A draft-speculating engine with 8 slots but the blocks of 2 max_seq_len sequences."""
-    probe = make_engine("none", 0, cache={"num_slots": 1, "max_seq_len": MAX_SEQ_LEN})
-    model = probe.engine.verifier.runner.model
-    block_bytes = KVCache.block_bytes(model.config.num_hidden_layers, BLOCK, model.num_local_kv_heads,
-                                      model.config.head_dim, model.dtype)
-    budget = SEQUENCES_OF_MAX_LEN * (MAX_SEQ_LEN // BLOCK) * block_bytes
+    budget = budget_of_blocks(make_engine, SEQUENCES_OF_MAX_LEN * MAX_SEQ_LEN // BLOCK, BLOCK)
     built = make_engine("draft", 4, cache={"num_slots": 8, "max_seq_len": MAX_SEQ_LEN, "block_size": BLOCK,
-                                           "memory_budget": float(budget)})
+                                           "memory_budget": budget})
     assert built.engine.verifier.runner.cache.num_blocks == SEQUENCES_OF_MAX_LEN * MAX_SEQ_LEN // BLOCK
     return built
 

@@ -7,8 +7,8 @@ once, and a request the pool cannot hold alone is refused at entry."""
 from __future__ import annotations
 
 import pytest
+from admission_checks import budget_of_blocks
 
-from specdec.models.kv_cache import KVCache
 from specdec.requests.request import GenerationRequest
 from specdec.sampling.sampling_params import SamplingParams
 
@@ -20,14 +20,10 @@ NEW_TOKENS = 32
 @pytest.fixture(scope="module")
 def small_pool(make_engine):
     """A draft-speculating engine whose pools (target and draft) hold 16 blocks of 8 tokens."""
-    probe = make_engine("none", 0, cache={"num_slots": 1, "max_seq_len": MAX_SEQ_LEN})
-    model = probe.engine.verifier.runner.model
-    block_bytes = KVCache.block_bytes(model.config.num_hidden_layers, BLOCK, model.num_local_kv_heads,
-                                      model.config.head_dim, model.dtype)
     built = make_engine("draft", 4, speculation={"proposer": "draft", "gamma": 4, "gamma_limit": GAMMA_LIMIT},
                         load_monitor={"enabled": False, "gamma_max": GAMMA_LIMIT},
                         cache={"num_slots": 8, "max_seq_len": MAX_SEQ_LEN, "block_size": BLOCK,
-                               "memory_budget": float(POOL * block_bytes)})
+                               "memory_budget": budget_of_blocks(make_engine, POOL, BLOCK)})
     assert built.engine.verifier.runner.cache.num_blocks == POOL
     return built.engine
 
