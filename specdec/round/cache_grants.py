@@ -3,7 +3,8 @@
 Admitting each request on its full reserve (prompt + max_new_tokens) keeps most blocks owed
 to tokens not generated yet: with mixed prompt lengths nearly all blocks are reserved while
 few are written. Here (as vLLM does) a request is admitted on what its next round can write
-(its history, the round's γ + 1 tokens) plus a small watermark, and its grant grows before
+(its history, or with chunked prefill its prompt's first chunk, and the round's γ + 1 tokens)
+plus a small watermark, and its grant grows before
 each round, in admission order, by the same step when the round could pass it. When the
 cache cannot cover a growth, the most recently admitted running request is *preempted*: both
 models free its blocks, it goes back to the front of the queue with its history (prompt and
@@ -31,20 +32,31 @@ WATERMARK_TOKENS = 16  # granted beyond a round's need, so a grant grows every f
 class CacheGrants:
     """The reserve each running request may grow to, and when it must grow."""
 
-    def __init__(self, round_tokens: int, watermark: int = WATERMARK_TOKENS) -> None:
+    def __init__(self, round_tokens: int, chunk_tokens: int | None = None, watermark: int = WATERMARK_TOKENS) -> None:
         """round_tokens: the most tokens one round appends to a row's cache beyond its history
-        (γ limit + 1: the pending token and the drafted ones)."""
-        if round_tokens < 1 or watermark < 0:
-            raise ValueError(f"round_tokens={round_tokens} must be >= 1 and watermark={watermark} >= 0")
-        self.round_tokens, self.watermark = round_tokens, watermark
+        (γ limit + 1: the pending token and the drafted ones); chunk_tokens: the most prompt
+        tokens one round reads for a row (chunked prefill's budget; None: whole prompts)."""
+        if round_tokens < 1 or watermark < 0 or (chunk_tokens is not None and chunk_tokens < 1):
+            raise ValueError(f"round_tokens={round_tokens} and chunk_tokens={chunk_tokens} must be >= 1, "
+                             f"watermark={watermark} >= 0")
+        self.round_tokens, self.chunk_tokens, self.watermark = round_tokens, chunk_tokens, watermark
+
+    def _next_round(self, seq: Sequence) -> int:
+        """The most tokens the row's cache holds after its next round: its history and one round;
+        a prompt read in chunks, only its next chunk (a row not yet decoding reads its prompt
+        from what earlier chunks read)."""
+        end = len(seq.token_ids) + self.round_tokens
+        if self.chunk_tokens is not None and seq.stats.rounds == 0:
+            end = min(end, seq.prefilled + self.chunk_tokens + self.round_tokens)
+        return end
 
     def needed(self, seq: Sequence) -> int:
-        """The reserve the row's next round needs (its history and one round, at most its maximum)."""
-        return min(seq.max_tokens, len(seq.token_ids) + self.round_tokens)
+        """The reserve the row's next round needs (at most the request's maximum)."""
+        return min(seq.max_tokens, self._next_round(seq))
 
     def step(self, seq: Sequence) -> int:
         """The reserve to grant when the row needs more: its next round and the watermark."""
-        return min(seq.max_tokens, len(seq.token_ids) + self.round_tokens + self.watermark)
+        return min(seq.max_tokens, self._next_round(seq) + self.watermark)
 
     def short(self, running: Iterable[Sequence]) -> list[tuple[Sequence, int]]:
         """The rows whose grant the next round could pass, each with the grant it should get."""

@@ -102,7 +102,8 @@ class SpeculativeEngine:
                                     PrefillPace(prefill_slowdown) if prefill_slowdown > 0 else None)
         self.admission = Admission()  # which waiting requests join each step
         # a verifier that grows reserves admits on the next round's need, preempting when short
-        self.grants = CacheGrants(caps.gamma_limit + 1) if getattr(verifier, "grows_reserves", False) else None
+        self.grants = CacheGrants(caps.gamma_limit + 1, self.chunks.budget) \
+            if getattr(verifier, "grows_reserves", False) else None
         self.preemptions = 0  # running requests sent back to the queue for lack of cache
         self._placed: set[str] = set()  # running requests the target has taken (cache allocated)
         self._waiting: deque[Sequence] = deque()

@@ -42,10 +42,19 @@ def test_a_reset_request_holds_nothing_and_reads_its_history_again():
     assert (seq.granted_tokens, seq.prefilled, seq.chunk_end) == (None, 0, None)
 
 
-@pytest.mark.parametrize("round_tokens, watermark", [(0, 16), (5, -1)])
-def test_impossible_steps_are_refused(round_tokens, watermark):
+def test_a_prompt_read_in_chunks_is_granted_its_next_chunk_not_the_whole_prompt():
+    grants, seq = CacheGrants(round_tokens=5, chunk_tokens=64, watermark=16), sequence(300, 50)
+    assert grants.admission(seq) == 64 + 5 + 16
+    seq.granted_tokens, seq.prefilled = grants.admission(seq), 64
+    assert grants.short([seq]) == [(seq, 128 + 5 + 16)], "the next chunk could pass the grant"
+    seq.prefilled = 256  # its last chunk: the prompt's rest and its first round
+    assert grants.needed(seq) == 300 + 5
+
+
+@pytest.mark.parametrize("round_tokens, chunk_tokens, watermark", [(0, None, 16), (5, None, -1), (5, 0, 16)])
+def test_impossible_steps_are_refused(round_tokens, chunk_tokens, watermark):
     with pytest.raises(ValueError):
-        CacheGrants(round_tokens, watermark)
+        CacheGrants(round_tokens, chunk_tokens, watermark)
 
 
 class TokenPool:
