@@ -101,9 +101,8 @@ class SpeculativeEngine:
         self.chunks = PrefillChunks(prefill_chunk_tokens,
                                     PrefillPace(prefill_slowdown) if prefill_slowdown > 0 else None)
         self.admission = Admission()  # which waiting requests join each step
-        # a verifier that grows reserves admits on the next round's need, preempting when short
-        self.grants = CacheGrants(caps.gamma_limit + 1, self.chunks.budget) \
-            if getattr(verifier, "grows_reserves", False) else None
+        # with a verifier that grows reserves, admission on the next round's need, preempting when short
+        self.grants = CacheGrants(caps.gamma_limit + 1, self.chunks.budget)
         self.preemptions = 0  # running requests sent back to the queue for lack of cache
         self._placed: set[str] = set()  # running requests the target has taken (cache allocated)
         self._waiting: deque[Sequence] = deque()
@@ -398,17 +397,17 @@ class SpeculativeEngine:
         first, and a step that preempts admits nothing). A running request takes its cache at
         its first verification, which may come a step later (micro-batches): those are counted
         as taken already."""
-        if self.grants is not None and self.grants.make_room(self._running, self._placed, self.verifier,
-                                                             self._preempt):
+        growing = getattr(self.verifier, "grows_reserves", False)  # read each step: a verifier may be wrapped
+        if growing and self.grants.make_room(self._running, self._placed, self.verifier, self._preempt):
             return
         unseen = [seq.reserve_tokens for seq in self._running if seq.seq_id not in self._placed]
         waiting = list(self._waiting)
-        reserve = self.grants.admission if self.grants is not None else (lambda seq: seq.reserve_tokens)
+        reserve = self.grants.admission if growing else (lambda seq: seq.reserve_tokens)
         chosen = self.admission.choose(self.verifier.admits, unseen, [(s.seq_id, reserve(s)) for s in waiting])
         if not chosen:
             return
         for i in chosen:
-            if self.grants is not None:
+            if growing:
                 waiting[i].granted_tokens = reserve(waiting[i])
             if waiting[i].started_at is None:  # a resumed request keeps its first start
                 waiting[i].started_at = time.monotonic()
