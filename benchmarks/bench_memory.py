@@ -5,11 +5,12 @@
    model's context) serves ``--requests`` greedy requests at once, prompts of 16-2,000 tokens
    drawn uniformly and log-uniformly (many short, few long), seeded, each asking for up to
    ``--max-new-tokens`` (fewer where the prompt leaves less of the context). Counted each round:
-   the sequences running on the target (admitted, each holding its reserve of blocks) and those
-   the draft's cache holds (both models have a pool of the same budget); reported are the most at
-   once and the mean over the rounds in which requests still waited for blocks, and the failed
-   requests (must be 0); and, from block bookkeeping alone, how many a full queue's first
-   admission takes (mean of 20 seeded draws: one draw varies with its first long prompts). The
+   the sequences running on the target (admitted on their prompt and next round, their grants
+   growing as they decode, `CacheGrants`) and those the draft's cache holds (both models have a
+   pool of the same budget); reported are the most at once and the mean over the rounds in which
+   requests still waited for blocks, the failed requests (must be 0) and the preemptions; and,
+   from block bookkeeping alone, how many a full queue's first admission takes on those admission
+   reserves (mean of 20 seeded draws: one draw varies with its first long prompts). The
    slot cache at the same memory holds pool tokens / max_seq_len sequences: it must size every
    slot for the longest request the context allows.
 2. TTFT of a prompt whose first 512 tokens are cached (another request sent them) vs the same
@@ -86,7 +87,7 @@ def serve_at_once(engine, lengths: list[int], max_new: int, seed: int) -> dict:
             failed += 1
     long_ttft = sorted(ttft.values()) or [0.0]
     return {"peak": peak, "queued_mean": [statistics.mean(q) if q else 0.0 for q in queued], "failed": failed,
-            "seconds": time.perf_counter() - start, "long": len(long_ids),
+            "preemptions": engine.preemptions, "seconds": time.perf_counter() - start, "long": len(long_ids),
             "long_ttft": (statistics.median(long_ttft), long_ttft[min(len(long_ttft) - 1, int(0.99 * len(long_ttft)))])}
 
 
@@ -127,15 +128,15 @@ def decode_tokens_per_s(runners: list[ModelRunner], tokens: int, repeats: int) -
     return best
 
 
-def admitted_at_once(runner: ModelRunner, log_uniform: bool, max_new: int, draws: int = 20) -> float:
+def admitted_at_once(runner: ModelRunner, log_uniform: bool, max_new: int, step: int, draws: int = 20) -> float:
     """Mean over ``draws`` seeded queues of how many requests, in arrival order, an empty pool of
-    ``runner``'s size admits at once (block bookkeeping, no forwards)."""
+    ``runner``'s size admits at once, each on its prompt + ``step`` tokens (block bookkeeping, no forwards)."""
     counts = []
     for seed in range(draws):
         cache = KVCache(1, runner.cache.num_slots, runner.max_seq_len, 1, 1, block_size=runner.cache.block_size,
                         num_blocks=runner.cache.num_blocks)
         lengths = prompt_lengths(4 * runner.cache.num_blocks // runner.cache.block_size, log_uniform, seed)
-        counts.append(cache.admits([min(n + max_new, runner.max_seq_len) for n in lengths]))
+        counts.append(cache.admits([min(n + max_new, n + step, runner.max_seq_len) for n in lengths]))
     return statistics.mean(counts)
 
 
@@ -150,11 +151,13 @@ def concurrency_rows(args: argparse.Namespace) -> None:
                   f"| {run['peak'][k]}; {run['queued_mean'][k]:.1f} | {run['peak'][k] / slots:.2f}x; "
                   f"{run['queued_mean'][k] / slots:.2f}x |")
         print(f"| failed requests of {args.requests} ({name}; {run['seconds']:.0f} s) | | {run['failed']} | |")
+        print(f"| preemptions ({name}) | | {run['preemptions']} | |")
         median, p99 = run["long_ttft"]
         print(f"| TTFT of the {run['long']} prompts >= {LONG_PROMPT} tokens, {name} (median; p99), s, all sent "
               f"at once | | {median:.1f}; {p99:.1f} | |")
         target = engine.verifier.runner
-        at_once, slots = admitted_at_once(target, log_uniform, args.max_new_tokens), slot_cache_sequences(target)
+        step = engine.grants.round_tokens + engine.grants.watermark
+        at_once, slots = admitted_at_once(target, log_uniform, args.max_new_tokens, step), slot_cache_sequences(target)
         print(f"| admitted at once from a full queue, {name} (bookkeeping, mean of 20 draws) | {slots} "
               f"| {at_once:.1f} | {at_once / slots:.2f}x |")
 

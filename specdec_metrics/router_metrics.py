@@ -30,6 +30,8 @@ Names follow vLLM's speculative-decoding metrics (Ray adds the `ray_` prefix on 
   specdec_draft_time_seconds                      histogram the proposer call of each round that drafted
   specdec_verify_time_seconds                     histogram the verify call of each round
   specdec_kv_cache_usage_ratio                    gauge     target cache in use (blocks taken or reserved)
+  specdec_num_preemptions                         counter   running requests sent back to the queue for lack of
+                                                            cache (their history is read again later)
 Every metric carries a "model" tag (the served target model).
 """
 
@@ -110,7 +112,10 @@ class RouterMetrics:
         self.verify_time = histogram("specdec_verify_time_seconds", description="Verify call of a round",
                                      boundaries=LATENCY_BUCKETS)
         self.cache_usage = gauge("specdec_kv_cache_usage_ratio", description="Target KV cache in use (fraction)")
-        self._seen = {"rounds_with_drafts": 0, "drafted": 0, "accepted": 0, "per_pos": [], "drafted_per_pos": []}
+        self.preemptions = counter("specdec_num_preemptions",
+                                   description="Running requests sent back to the queue for lack of cache")
+        self._seen = {"rounds_with_drafts": 0, "drafted": 0, "accepted": 0, "per_pos": [], "drafted_per_pos": [],
+                      "preemptions": 0}
 
     def update(self, engine: Any, policy: PolicyStatus | dict[str, Any] | None) -> None:
         """Poll the engine's totals (add the increase to the counters) and set the gauges from
@@ -119,7 +124,8 @@ class RouterMetrics:
         drafted_rounds = stats.drafted_per_position[0] if stats.drafted_per_position else 0
         for counter, key, total in ((self.num_drafts, "rounds_with_drafts", drafted_rounds),
                                     (self.draft_tokens, "drafted", stats.drafted),
-                                    (self.accepted_tokens, "accepted", stats.accepted)):
+                                    (self.accepted_tokens, "accepted", stats.accepted),
+                                    (self.preemptions, "preemptions", getattr(engine, "preemptions", 0))):
             if total > self._seen[key]:
                 counter.inc(total - self._seen[key])
                 self._seen[key] = total

@@ -3,7 +3,15 @@ the cache blocks they reserve all run at once and decode what the target alone d
 
 from __future__ import annotations
 
+from specdec.models.kv_cache import KVCache
 from specdec.requests.request import GenerationRequest
+
+
+def budget_of_blocks(make_engine, blocks: int, block_size: int) -> float:
+    """cache.memory_budget (bytes) of exactly ``blocks`` blocks of the bundled target's K/V."""
+    model = make_engine("none", 0, cache={"num_slots": 1, "max_seq_len": 64}).engine.verifier.runner.model
+    return float(blocks * KVCache.block_bytes(model.config.num_hidden_layers, block_size, model.num_local_kv_heads,
+                                              model.config.head_dim, model.dtype))
 
 
 def short_requests_run_at_once(engine, prompts: list[list[int]], hf_greedy, max_new_tokens: int = 12) -> None:

@@ -15,7 +15,9 @@ ends (`free`), not reserved for ``max_seq_len`` up front.
   rest is computed. Unreferenced indexed blocks stay readable until evicted (LRU, `BlockPool`).
 * Admission: each live sequence may grow to its *reserve* (``max_seq_len`` unless `allocate`
   is told fewer tokens), and `num_free` counts the worst-case sequences the blocks not owed to
-  live ones still hold, so a sequence admitted never fails to grow within its reserve.
+  live ones still hold, so a sequence admitted never fails to grow within its reserve. `grow`
+  raises a live sequence's reserve when the unowed blocks cover it (the engine admits on a
+  prompt + a few tokens and grows reserves as sequences decode; it preempts when they do not fit).
 
 The extra block ``num_blocks`` is *scratch*: the padding tokens of ragged batches write there
 (slot ``scratch_slot``'s table points only to it), and unused table entries point there too.
@@ -200,6 +202,26 @@ class KVCache:
                 return count
             headroom -= blocks
         return len(reserve_tokens)
+
+    def grow(self, reserves: list[tuple[int, int]], taken: list[int | None] = ()) -> int:
+        """Raise live slots' reserves, in order ((slot, tokens) each), while the blocks not owed cover
+        the increase, after the reserves of ``taken`` sequences not allocated yet; return how many were
+        raised (it stops at the first that does not fit). A reserve never shrinks here."""
+        headroom = self._headroom() - sum(self._reserve_blocks(tokens) for tokens in taken)
+        for count, (slot, tokens) in enumerate(reserves):
+            self._check_allocated(slot)
+            blocks = self._reserve_blocks(tokens)
+            extra = max(0, blocks - max(self._reserve[slot], len(self._tables[slot])))
+            if extra > headroom:
+                return count
+            headroom -= extra
+            self._reserve[slot] = max(self._reserve[slot], blocks)
+        return len(reserves)
+
+    def reserve_tokens(self, slot: int) -> int:
+        """The tokens ``slot`` may grow to (its reserve, in whole blocks)."""
+        self._check_allocated(slot)
+        return self._reserve[slot] * self.block_size
 
     def allocate(self, reserve_tokens: int | None = None) -> int:
         """Reserve an empty slot that may grow to ``reserve_tokens`` (None or 0: ``max_seq_len``) and

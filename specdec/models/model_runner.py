@@ -94,6 +94,11 @@ class ModelRunner:
         """How many of these new sequences (their reserves, in order) `allocate_slot` would take now."""
         return self.cache.admits(reserve_tokens)
 
+    def grow_reserves(self, reserves: list[tuple[int, int]], taken: list[int | None] = ()) -> int:
+        """Raise these slots' reserves ((slot, tokens), in order) while the free blocks cover them,
+        after ``taken`` reserves of sequences not allocated yet; how many were raised (`KVCache.grow`)."""
+        return self.cache.grow(reserves, taken)
+
     @property
     def cache_usage(self) -> float:
         """Share of the cache's blocks taken or reserved by live sequences (0 idle, 1 full)."""
@@ -122,8 +127,8 @@ class ModelRunner:
 
     def fork_slot(self, slot: int, length: int) -> int:
         """A new slot holding the first ``length`` tokens of ``slot``, sharing its blocks copy-on-write
-        (raises CacheFullError)."""
-        fork = self.cache.allocate()
+        (raises CacheFullError). It may grow to what ``slot`` may (its reserve)."""
+        fork = self.cache.allocate(self.cache.reserve_tokens(slot))
         try:
             self.cache.fork(slot, fork, length)
         except BaseException:

@@ -89,12 +89,27 @@ class DraftModelProposer(Proposer):
         """Each row's γ for this call, checked before anything changes: clipped to the
         context, and 0 for new sequences beyond what the cache can reserve (in order)."""
         gammas = [self.fitting_gamma(request) for request in requests]
+        self._grow(requests, gammas)
         new = [i for i, (request, gamma) in enumerate(zip(requests, gammas))
                if gamma and request.seq_id not in self._states]
         admitted = self.runner.admits([requests[i].reserve_tokens for i in new])
         for i in new[admitted:]:
             gammas[i] = 0
         return gammas
+
+    def _grow(self, requests: list[ProposalRequest], gammas: list[int]) -> None:
+        """Held rows whose reserve grew (the engine grants cache as a sequence grows) raise it in
+        the draft's cache, in order; the rows it cannot cover draft nothing and free their
+        blocks for the ones before them (read again when there is room: speed, never output)."""
+        grow = getattr(self.runner, "grow_reserves", None)
+        held = [i for i, (request, gamma) in enumerate(zip(requests, gammas))
+                if gamma and request.reserve_tokens and request.seq_id in self._states]
+        if grow is None or not held:
+            return
+        grown = grow([(self._states[requests[i].seq_id].slot, requests[i].reserve_tokens) for i in held])
+        for i in held[grown:]:
+            gammas[i] = 0
+            self.release(requests[i].seq_id)
 
     def propose(self, requests: list[ProposalRequest]) -> Proposal:
         gammas = self._plan(requests)

@@ -35,6 +35,7 @@ class Sequence:
     prefilled: int = 0  # history tokens the target read in prefill chunks before the first round
     chunk_end: int | None = None  # this round reads the history up to here only (a prefill chunk); None = all
     grammar: GrammarRow | None = None  # the request's grammar matcher (request.grammar set), at the history's end
+    granted_tokens: int | None = None  # the cache reserve the engine granted so far (None: the full reserve)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -62,9 +63,15 @@ class Sequence:
         return self.request.max_new_tokens - (len(self.token_ids) - self.num_prompt_tokens)  # without copying output_ids
 
     @property
-    def reserve_tokens(self) -> int:
-        """The most tokens the sequence can hold: what the caches reserve for it at admission."""
+    def max_tokens(self) -> int:
+        """The most tokens the sequence can hold: prompt + max_new_tokens."""
         return self.num_prompt_tokens + self.request.max_new_tokens
+
+    @property
+    def reserve_tokens(self) -> int:
+        """What the caches reserve for it now: the engine's grant (it grows as the sequence does),
+        else the most it can hold."""
+        return self.max_tokens if self.granted_tokens is None else self.granted_tokens
 
     @property
     def queue_s(self) -> float:

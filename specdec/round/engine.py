@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence as Seq
 
 from specdec.round.admission import Admission
+from specdec.round.cache_grants import CacheGrants
 from specdec.round.draft_ahead import DraftAhead
 from specdec.requests.errors import InvalidRequestError, WorkerError
 from specdec.sampling.grammar_matcher import GrammarBackend
@@ -100,6 +101,10 @@ class SpeculativeEngine:
         self.chunks = PrefillChunks(prefill_chunk_tokens,
                                     PrefillPace(prefill_slowdown) if prefill_slowdown > 0 else None)
         self.admission = Admission()  # which waiting requests join each step
+        # with a verifier that grows reserves, admission on the next round's need, preempting when short
+        self.grants = CacheGrants(caps.gamma_limit + 1, self.chunks.budget)
+        self.preemptions = 0  # running requests sent back to the queue for lack of cache
+        self._placed: set[str] = set()  # running requests the target has taken (cache allocated)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._finished: dict[str, Sequence] = {}
@@ -206,6 +211,7 @@ class SpeculativeEngine:
         batch = self.chunks.plan(self._running)
         self.planner.plan(batch, self.policy, self.verifier.max_seq_len, (len(self._running), len(self._waiting)))
         outputs = self._isolated_round(batch, whole=len(batch) == len(self._running))
+        self._placed.update([*(o.seq_id for o in outputs), *(seq.seq_id for seq in batch if seq.prefilled)])
         elapsed = time.perf_counter() - start
         self.chunks.round_done(elapsed)
         self.stats.seconds += elapsed
@@ -384,21 +390,40 @@ class SpeculativeEngine:
                                                      self._proposer_view.read, planned_s))
 
     def _admit(self) -> None:
-        """Waiting requests join while the verifier's cache can reserve their prompt +
-        max_new_tokens (blocks of a paged target, else slots): in arrival order, except that
-        one that fits may pass one that does not, a bounded amount (`Admission`). A running
-        request takes its cache at its first verification, which may come a step later
-        (micro-batches): those are counted as taken already."""
-        unseen = [seq.reserve_tokens for seq in self._running if seq.stats.rounds == 0 and seq.prefilled == 0]
+        """Waiting requests join while the verifier's cache can reserve them (blocks of a paged
+        target, else slots): in arrival order, except that one that fits may pass one that does
+        not, a bounded amount (`Admission`). The reserve is prompt + max_new_tokens, or, where
+        the verifier grows reserves, the next round's need (`CacheGrants`: running rows grow
+        first, and a step that preempts admits nothing). A running request takes its cache at
+        its first verification, which may come a step later (micro-batches): those are counted
+        as taken already."""
+        growing = getattr(self.verifier, "grows_reserves", False)  # read each step: a verifier may be wrapped
+        if growing and self.grants.make_room(self._running, self._placed, self.verifier, self._preempt):
+            return
+        unseen = [seq.reserve_tokens for seq in self._running if seq.seq_id not in self._placed]
         waiting = list(self._waiting)
-        chosen = self.admission.choose(self.verifier.admits, unseen, [(s.seq_id, s.reserve_tokens) for s in waiting])
+        reserve = self.grants.admission if growing else (lambda seq: seq.reserve_tokens)
+        chosen = self.admission.choose(self.verifier.admits, unseen, [(s.seq_id, reserve(s)) for s in waiting])
         if not chosen:
             return
         for i in chosen:
-            waiting[i].started_at = time.monotonic()
+            if growing:
+                waiting[i].granted_tokens = reserve(waiting[i])
+            if waiting[i].started_at is None:  # a resumed request keeps its first start
+                waiting[i].started_at = time.monotonic()
             self._running.append(waiting[i])
         admitted = set(chosen)
         self._waiting = deque(seq for i, seq in enumerate(waiting) if i not in admitted)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free the request's cache in both models and queue it first; its history (prompt and
+        generated tokens) is read again when it is admitted again."""
+        logger.debug("preempting %s (%d tokens) for lack of cache", seq.seq_id, len(seq.token_ids))
+        self._running.remove(seq)
+        self._release(seq)
+        self.grants.reset(seq)
+        self._waiting.appendleft(seq)
+        self.preemptions += 1
 
     def _active(self) -> list[Sequence]:
         return [*self._waiting, *self._running]
@@ -431,15 +456,21 @@ class SpeculativeEngine:
 
     def _retire(self, seq: Sequence) -> None:
         self._finished[seq.seq_id] = seq
+        if seq in self._waiting:
+            self._waiting.remove(seq)
+        running = seq in self._running
+        if running:
+            self._running.remove(seq)
+        self._release(seq, holds_cache=running)
+
+    def _release(self, seq: Sequence, holds_cache: bool = True) -> None:
+        """Forget the request's per-round state and free its cache on the target and the proposer."""
+        self._placed.discard(seq.seq_id)
         self._proposer_view.forget(seq.seq_id)
         if self.draft_ahead is not None:
             self.draft_ahead.forget(seq.seq_id)
-        if seq in self._waiting:
-            self._waiting.remove(seq)
-        if seq in self._running:
-            self._running.remove(seq)
+        if holds_cache:
             try:
                 self.verifier.release(seq.seq_id)
             finally:  # a failing target must not leak the draft's slot
                 self.proposer.release(seq.seq_id)
-

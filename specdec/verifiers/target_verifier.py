@@ -57,6 +57,18 @@ class TargetVerifier(Verifier):
         return self.runner.admits(reserve_tokens)
 
     @property
+    def grows_reserves(self) -> bool:
+        return hasattr(self.runner, "grow_reserves")
+
+    def grow(self, reserves: list[tuple[str, int]], taken: list[int]) -> int:
+        """A sequence not held yet counts as a new one taking that reserve (before the held ones)."""
+        held = [i for i, (seq_id, _) in enumerate(reserves) if seq_id in self._states]
+        new = [tokens for seq_id, tokens in reserves if seq_id not in self._states]
+        grown = self.runner.grow_reserves([(self._states[reserves[i][0]].slot, reserves[i][1]) for i in held],
+                                          [*taken, *new])
+        return held[grown] if grown < len(held) else len(reserves)
+
+    @property
     def cache_usage(self) -> float:
         """Share of the target's cache taken or reserved by live sequences (blocks, not slots)."""
         return self.runner.cache_usage

@@ -38,8 +38,9 @@ class VerifyRequest:
         tokens allowed after the history and the drafted tokens before it;
         specdec.sampling.grammar_mask), or None (no grammar). The target's distribution is
         masked by them at every position, so every emitted token satisfies the grammar.
-    reserve_tokens: the most tokens the sequence may ever hold (prompt + max_new_tokens); a
-        verifier that first sees the sequence reserves that much cache for it (None: max_seq_len).
+    reserve_tokens: the tokens the engine reserved for the sequence (at most prompt +
+        max_new_tokens); a verifier that first sees the sequence reserves that much cache for it
+        (None: max_seq_len); a larger one later is raised by `Verifier.grow` first.
     prompt_logprobs: None, or how many alternatives to report with the logprobs of the
         history tokens from position `prompt_logprobs_from` to the pending token
         (VerifyResult.prompt_logprobs): the target reads them again from position
@@ -119,6 +120,18 @@ class Verifier(ABC):
         """How many of these new sequences (each's VerifyRequest.reserve_tokens, in order) can start
         now; a paged target counts the cache blocks their reserves need, this default free slots."""
         return min(len(reserve_tokens), self.num_free_slots)
+
+    @property
+    def grows_reserves(self) -> bool:
+        """True when `grow` can raise a held sequence's reserve: the engine then admits on less
+        than a request's full reserve and preempts when growth does not fit (False: full reserves)."""
+        return False
+
+    def grow(self, reserves: list[tuple[str, int]], taken: list[int]) -> int:
+        """Raise held sequences' reserves ((seq_id, tokens), in order) while the cache covers the
+        increase after ``taken`` reserves of sequences it does not hold yet; how many were raised.
+        Only called when `grows_reserves`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot grow reserves")
 
     @abstractmethod
     def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:

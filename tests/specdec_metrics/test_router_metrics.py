@@ -27,6 +27,16 @@ def test_counters_add_only_the_increase_since_the_last_poll():
     assert (metrics.running.value, metrics.waiting.value) == (3, 1)
 
 
+def test_preemptions_count_the_increase_of_the_engines_total():
+    metrics, engine = RouterMetrics((Fake, Fake, Fake)), engine_with([])
+    metrics.update(engine, None)
+    assert metrics.preemptions.value == 0, "an engine without preemptions counts none"
+    for total in (2, 5):
+        engine.preemptions = total
+        metrics.update(engine, None)
+    assert metrics.preemptions.value == 5
+
+
 def test_gauges_show_the_load_monitors_decision():
     metrics = RouterMetrics((Fake, Fake, Fake))
     status = PolicyStatus(gamma=0, speculation_enabled=False, alpha=0.61, qps=12.5, off_because_of_load=True,

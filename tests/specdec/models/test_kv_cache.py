@@ -90,6 +90,26 @@ def test_admits_says_how_many_new_sequences_in_order_their_reserves_let_in():
     assert cache.admits([1]) == 0
 
 
+def test_grow_raises_reserves_in_order_while_the_unowed_blocks_cover_the_increase():
+    cache = _cache(num_slots=4, num_blocks=4, max_seq_len=8)  # 2 blocks per max_seq_len sequence
+    first, second = cache.allocate(reserve_tokens=4), cache.allocate(reserve_tokens=4)  # 1 block each
+    assert cache.grow([(first, 8)], taken=[8, 4]) == 0, "a sequence not allocated yet counts first"
+    assert cache.grow([(first, 8), (second, 3)]) == 2, "a smaller reserve never shrinks one"
+    assert cache.admits([4]) == 1 and cache.grow([(second, 8)], taken=[4]) == 0
+    assert cache.grow([(second, 8), (first, 8)]) == 2 and cache.admits([1]) == 0
+    assert cache.reserve_tokens(first) == cache.reserve_tokens(second) == 8
+    _append(cache, first, torch.ones(8, 2, 4))  # it takes what it reserved: nothing else is owed
+    assert cache.usage == 1.0
+
+
+def test_grow_stops_at_the_first_reserve_it_cannot_cover():
+    cache = _cache(num_slots=4, num_blocks=4, max_seq_len=8)
+    slots = [cache.allocate(reserve_tokens=4) for _ in range(3)]
+    assert cache.grow([(slots[0], 8), (slots[1], 8), (slots[2], 4)]) == 1
+    with pytest.raises(InvalidSlotError):
+        cache.grow([(3, 8)])
+
+
 def test_a_sequence_that_can_never_fit_is_refused_at_construction():
     with pytest.raises(ValueError, match="num_blocks=1 cannot hold one sequence of max_seq_len=8"):
         _cache(num_blocks=1)

@@ -1,14 +1,13 @@
-"""Admission by reserve and cached prompt tokens, in-process: a request reserves its prompt +
-max_new_tokens of cache blocks (not max_seq_len), so a memory budget smaller than num_slots x
-max_seq_len runs more short requests at once, with the same tokens; a prompt whose leading
+"""Admission by reserve and cached prompt tokens, in-process: a request reserves cache blocks for
+its prompt and its next round (growing as it decodes, never max_seq_len up front), so a memory
+budget smaller than num_slots x max_seq_len runs more requests at once, with the same tokens; a prompt whose leading
 blocks another request computed reports them as cached, and decodes the same tokens."""
 
 from __future__ import annotations
 
 import pytest
-from admission_checks import short_requests_run_at_once
+from admission_checks import budget_of_blocks, short_requests_run_at_once
 
-from specdec.models.kv_cache import KVCache
 from specdec.requests.request import GenerationRequest
 
 MAX_SEQ_LEN, BLOCK = 256, 16
@@ -18,13 +17,9 @@ SEQUENCES_OF_MAX_LEN = 2  # the memory budget: room for two sequences of max_seq
 @pytest.fixture(scope="module")
 def small_budget(make_engine):
     """A draft-speculating engine with 8 slots but the blocks of 2 max_seq_len sequences."""
-    probe = make_engine("none", 0, cache={"num_slots": 1, "max_seq_len": MAX_SEQ_LEN})
-    model = probe.engine.verifier.runner.model
-    block_bytes = KVCache.block_bytes(model.config.num_hidden_layers, BLOCK, model.num_local_kv_heads,
-                                      model.config.head_dim, model.dtype)
-    budget = SEQUENCES_OF_MAX_LEN * (MAX_SEQ_LEN // BLOCK) * block_bytes
+    budget = budget_of_blocks(make_engine, SEQUENCES_OF_MAX_LEN * MAX_SEQ_LEN // BLOCK, BLOCK)
     built = make_engine("draft", 4, cache={"num_slots": 8, "max_seq_len": MAX_SEQ_LEN, "block_size": BLOCK,
-                                           "memory_budget": float(budget)})
+                                           "memory_budget": budget})
     assert built.engine.verifier.runner.cache.num_blocks == SEQUENCES_OF_MAX_LEN * MAX_SEQ_LEN // BLOCK
     return built
 
@@ -34,11 +29,13 @@ def test_short_requests_are_admitted_by_the_blocks_they_reserve(small_budget, pr
     short_requests_run_at_once(small_budget.engine, [p[:20] for p in prompt_ids[:6]], hf_greedy)
 
 
-def test_requests_reserving_max_seq_len_wait_for_blocks(small_budget, prompt_ids):
+def test_requests_asking_up_to_max_seq_len_are_admitted_on_their_next_rounds_need(small_budget, prompt_ids):
+    """Their full reserves (max_seq_len each) would admit 2; each is admitted on its prompt and
+    one round, so all 4 run (their grants grow as they decode)."""
     engine = small_budget.engine
     ids = [engine.add_request(GenerationRequest(p, MAX_SEQ_LEN - len(p))) for p in prompt_ids[:4]]
     engine.step()
-    assert (engine.num_running, engine.num_waiting) == (SEQUENCES_OF_MAX_LEN, 4 - SEQUENCES_OF_MAX_LEN)
+    assert (engine.num_running, engine.num_waiting) == (4, 0)
     for seq_id in ids:
         engine.abort(seq_id)
     assert engine.verifier.runner.cache.admits([MAX_SEQ_LEN] * 2) == 2, "aborting freed their blocks"
@@ -46,10 +43,12 @@ def test_requests_reserving_max_seq_len_wait_for_blocks(small_budget, prompt_ids
 
 def test_a_short_request_passes_a_long_one_that_waits_for_blocks_with_the_same_tokens(small_budget, prompt_ids,
                                                                                       hf_greedy):
-    """Two max_seq_len reserves fill the blocks; a third waits, and a short request behind it that
-    fits the blocks left starts first, decoding what the target alone decodes."""
+    """Two 200-token prompts fill the blocks (28 of 32 for their prompts and 20 new tokens); a
+    third waits, and a short request behind it that fits the blocks left starts first, decoding
+    what the target alone decodes."""
     engine = small_budget.engine
-    long_ids = [engine.add_request(GenerationRequest(p, MAX_SEQ_LEN - len(p) - 64)) for p in prompt_ids[:3]]
+    text = [t for p in prompt_ids for t in p]
+    long_ids = [engine.add_request(GenerationRequest(text[i * 10: i * 10 + 200], 20)) for i in range(3)]
     short = prompt_ids[3][:20]
     short_id = engine.add_request(GenerationRequest(short, 8, ignore_eos=True))
     engine.step()

@@ -1,0 +1,79 @@
+"""Preemption, in-process: requests are admitted on their next round's need, so more run at once
+than their full reserves allow; when the blocks run out the most recently admitted one is sent
+back to the queue (both models free its blocks) and later reads its history again. A preempted
+request decodes exactly what it decodes alone (greedy and seeded), its stream sees every token
+once, and a request the pool cannot hold alone is refused at entry."""
+
+from __future__ import annotations
+
+import pytest
+from admission_checks import budget_of_blocks
+
+from specdec.requests.request import GenerationRequest
+from specdec.sampling.sampling_params import SamplingParams
+
+MAX_SEQ_LEN, BLOCK, POOL = 64, 8, 16  # the pool holds two max_seq_len sequences
+GAMMA_LIMIT = 4  # a round writes at most 5 tokens: a request is admitted on its prompt + 5 + the watermark
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def small_pool(make_engine):
+    """A draft-speculating engine whose pools (target and draft) hold 16 blocks of 8 tokens."""
+    built = make_engine("draft", 4, speculation={"proposer": "draft", "gamma": 4, "gamma_limit": GAMMA_LIMIT},
+                        load_monitor={"enabled": False, "gamma_max": GAMMA_LIMIT},
+                        cache={"num_slots": 8, "max_seq_len": MAX_SEQ_LEN, "block_size": BLOCK,
+                               "memory_budget": budget_of_blocks(make_engine, POOL, BLOCK)})
+    assert built.engine.verifier.runner.cache.num_blocks == POOL
+    return built.engine
+
+
+def run_streams(engine, requests: list[GenerationRequest]) -> tuple[list, dict, int]:
+    """Submit all, step to the end: (results, each request's streamed tokens, most running at once)."""
+    ids = [engine.add_request(r) for r in requests]
+    streamed, most = {seq_id: [] for seq_id in ids}, 0
+    while engine.has_unfinished():
+        for output in engine.step():
+            streamed[output.seq_id] += output.new_token_ids
+        most = max(most, engine.num_running)
+    return [engine.result(seq_id) for seq_id in ids], [streamed[seq_id] for seq_id in ids], most
+
+
+def caches_hold_nothing(engine) -> bool:
+    draft = engine.proposer.proposers["draft"].runner
+    return engine.verifier.runner.cache.num_live == 0 and draft.cache.num_live == 0
+
+
+@pytest.mark.slow
+def test_preempted_requests_decode_the_greedy_tokens_and_stream_each_once(small_pool, prompt_ids, hf_greedy):
+    """Four 8-token prompts are admitted on 4 blocks each (the whole pool); each grows to 5."""
+    engine, prompts = small_pool, [p[:8] for p in prompt_ids[:4]]
+    before = engine.preemptions
+    results, streamed, most = run_streams(engine, [GenerationRequest(p, NEW_TOKENS, ignore_eos=True) for p in prompts])
+    assert most == 4, "all four ran at once, each admitted on its prompt and a round"
+    assert engine.preemptions > before
+    assert [r.token_ids for r in results] == [hf_greedy(p, NEW_TOKENS) for p in prompts]
+    assert streamed == [r.token_ids for r in results], "no token repeated or lost across a preemption"
+    assert sum(r.stats.accepted for r in results) > 0, "the draft drafted for them"
+    assert caches_hold_nothing(engine), "both models freed every block"
+
+
+@pytest.mark.slow
+def test_preempted_seeded_requests_draw_what_they_draw_alone(small_pool, prompt_ids):
+    """Three 16-token prompts are admitted on 5 blocks each; each grows to 6."""
+    engine = small_pool
+    requests = [GenerationRequest(p[:16], NEW_TOKENS, ignore_eos=True, sampling=SamplingParams(temperature=1.0, seed=i))
+                for i, p in enumerate(prompt_ids[:3])]
+    before = engine.preemptions
+    together = [r.token_ids for r in run_streams(engine, requests)[0]]
+    assert engine.preemptions > before
+    between = engine.preemptions
+    alone = [engine.generate([r])[0].token_ids for r in requests]
+    assert engine.preemptions == between, "alone, each fits the pool"
+    assert together == alone
+
+
+def test_a_request_the_pool_cannot_hold_alone_is_refused_at_entry(small_pool, prompt_ids):
+    with pytest.raises(ValueError, match=f"exceed the context of {MAX_SEQ_LEN} tokens"):
+        small_pool.add_request(GenerationRequest(prompt_ids[0][:16], MAX_SEQ_LEN))
+    assert not small_pool.has_unfinished()
