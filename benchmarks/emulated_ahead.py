@@ -91,7 +91,9 @@ def run(built, prompts: list[list[int]], streams: int, max_new: int) -> dict:
     accepted = engine.stats.accepted - before["accepted"]
     looked, hits = (ahead.rows_ahead - looked, ahead.hits - hits) if ahead else (0, 0)
     steps = {way: n - ways.get(way, 0) for way, n in ahead.steps_by_way.items()} if ahead else {}
-    return {"ways": {way: n / sum(steps.values()) for way, n in steps.items() if n} if steps else {},"tokens_per_s": tokens / wall, "rounds": rounds, "mean_accepted_length": (accepted + rounds) / rounds,
+    ways_share = {way: n / sum(steps.values()) for way, n in steps.items() if n} if steps else {}
+    return {"ways": ways_share, "tokens_per_s": tokens / wall, "rounds": rounds,
+            "mean_accepted_length": (accepted + rounds) / rounds,
             "hit_rate": hits / looked if looked else None, "rows_ahead": looked}
 
 

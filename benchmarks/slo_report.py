@@ -146,7 +146,8 @@ def slo_spread(rows: list[dict], repeats: list[list[dict]]) -> tuple[str, list[d
         out.append(c)
         gaps, ratios = c["paired_gaps"], c["tokens_per_s_ratios"]
         span = "; ".join(f"{100 * lo:.0f}–{100 * hi:.0f}%" for lo, hi in c["attainment_range"].values())
-        ratio_span = f"{v['auto_tokens_per_s_ratio']:.2f}" + (f" ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else "")
+        ratio_span = f"{v['auto_tokens_per_s_ratio']:.2f}"
+        ratio_span += f" ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else ""
         paired = (f"{100 * c['paired_gap_mean']:+.0f} ± {200 * c['paired_gap_se']:.0f} pp "
                   f"({100 * min(gaps):+.0f} to {100 * max(gaps):+.0f})" if len(gaps) > 1 else "–")
         lines.append(f"| {qps:g} | {_each(point, 'slo_attainment', '{:.0%}')} | {span} | {v['better']} | {ratio_span} "

@@ -60,7 +60,8 @@ class Sequence:
     @property
     def remaining(self) -> int:
         """Tokens still allowed by max_new_tokens."""
-        return self.request.max_new_tokens - (len(self.token_ids) - self.num_prompt_tokens)  # without copying output_ids
+        # without copying output_ids
+        return self.request.max_new_tokens - (len(self.token_ids) - self.num_prompt_tokens)
 
     @property
     def max_tokens(self) -> int:
