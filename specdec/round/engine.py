@@ -203,7 +203,7 @@ class SpeculativeEngine:
         if not self._running:
             self.timer.step_ended(start, busy=False)
             return []
-        batch = self.chunks.plan(self._running)
+        batch = self.chunks.plan(self._running, 1 + max(self.planner.decision.gammas, default=self.gamma))
         self.planner.plan(batch, self.policy, self.verifier.max_seq_len, (len(self._running), len(self._waiting)))
         outputs = self._isolated_round(batch, whole=len(batch) == len(self._running))
         elapsed = time.perf_counter() - start
