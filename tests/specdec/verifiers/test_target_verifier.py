@@ -206,7 +206,8 @@ def test_a_prompt_chunk_riding_the_verify_forward_reads_as_a_forward_of_its_own(
     drafted = hf_greedy(decoding, 5)[1:5]  # the decode row's verify forward is 5 wide
     history = decoding + hf_greedy(decoding, 1)
     forwards.clear()
-    [d, p] = verifier.verify([VerifyRequest("d", history, drafted, GREEDY), VerifyRequest("p", prompt[:13], [], GREEDY)])
+    [d, p] = verifier.verify([VerifyRequest("d", history, drafted, GREEDY),
+                              VerifyRequest("p", prompt[:13], [], GREEDY)])
     assert forwards == [[history[-1:] + drafted, prompt[8:13]]]  # one forward, 5 wide
     assert (d.emitted, d.num_accepted) == (hf_greedy(decoding, 6)[1:], 4)
     assert p.emitted == [next_token(hf_target, prompt[:13])]
