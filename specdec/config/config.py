@@ -83,8 +83,10 @@ class SchedulingConfig(StrictModel):
     prefill_slowdown: float = Field(
         0.15, ge=0, le=10, description="While requests decode, the chunks of prompts longer than "
         "prefill_chunk_tokens lengthen their rounds by at most this share on average (each round by about twice "
-        "it), sized from measured round times, so a client sending long prompts costs the decoding streams a "
-        "bounded share of their speed (larger: faster time to first token for long prompts); a prompt that fits "
+        "it), from measured round times: a chunk is the decode rows' γ + 1 tokens (it rides their verify "
+        "forward), wider only where that leaves most of the per-round bound unused (a GPU), so a client sending "
+        "long prompts costs the decoding streams a bounded share of their speed (larger: chunks in more rounds, "
+        "faster time to first token for long prompts); a prompt that fits "
         "prefill_chunk_tokens is read at once, unpaced; 0 = every round reads prefill_chunk_tokens whatever it "
         "costs the decoding streams.",
     )

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.models.attention import AttentionBatch, build_attention_mask, grouped_attention
+from specdec.models.attention import AttentionBatch, ContextGroup, attend, build_attention_mask, context_groups
 from specdec.models.config import LlamaFamilyConfig
 from specdec.models.kv_cache import KVCache
 from specdec.models.rope import RotaryEmbedding, apply_rotary
@@ -87,9 +87,8 @@ class LlamaAttention(nn.Module):
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         cache.write(self.layer_idx, batch.write_index, k, v)
-        keys, values = cache.gather(self.layer_idx, batch.read_index)  # [b, kv_len, kvh, hd]
-        mask = batch.masks[self.sliding_window]
-        out = grouped_attention(q, keys, values, mask, self.scale, self.softcap)
+        out = attend(q, batch, lambda index: cache.gather(self.layer_idx, index),  # [b, t, heads * hd]
+                     self.sliding_window, self.scale, self.softcap)
         return self.o_proj(out)
 
 
@@ -187,7 +186,7 @@ class LlamaForServing(nn.Module):
         cache: KVCache,
         slot_ids: torch.Tensor,
         num_tokens: torch.Tensor | None = None,
-        kv_len: int | None = None,
+        kv_len: int | list[int] | None = None,
     ) -> torch.Tensor:
         """Run the decoder; return final-norm hidden states [batch, seq, hidden].
 
@@ -197,7 +196,9 @@ class LlamaForServing(nn.Module):
         new positions must have been made writable (`KVCache.prepare`).
         num_tokens [batch] (optional): row b's first ``num_tokens[b]`` tokens are real, the rest is
         right padding whose K/V is discarded and whose outputs are undefined.
-        kv_len (optional): max real position + 1, to avoid a device sync when the caller knows it.
+        kv_len (optional): max real position + 1, to avoid a device sync when the caller knows it; or
+        each row's (a list), so that rows at very different context lengths read the cache in
+        groups, each up to its own longest (`context_groups`) instead of all up to the longest.
         """
         assert input_ids.dim() == 2 and positions.shape == input_ids.shape, (
             f"input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} must both be [batch, seq]"
@@ -234,9 +235,9 @@ class LlamaForServing(nn.Module):
         cache: KVCache,
         slot_ids: torch.Tensor,
         num_tokens: torch.Tensor | None,
-        kv_len: int | None,
+        kv_len: int | list[int] | None,
     ) -> AttentionBatch:
-        """Resolve padding, RoPE tables and masks once per forward."""
+        """Resolve padding, RoPE tables, masks and context groups once per forward."""
         b, t = positions.shape
         write_slots = slot_ids[:, None].expand(b, t)  # [batch, seq]
         if num_tokens is not None:
@@ -245,10 +246,28 @@ class LlamaForServing(nn.Module):
             last = positions.gather(1, (num_tokens - 1)[:, None])  # [batch, 1]
             positions = torch.where(valid, positions, last)
             write_slots = torch.where(valid, write_slots, cache.scratch_slot)
-        if kv_len is None:
+        row_lens = kv_len if isinstance(kv_len, list) else None
+        if row_lens is not None:
+            kv_len = max(row_lens)
+        elif kv_len is None:
             kv_len = int(positions.max().item()) + 1
         rotary = {name: rope.cos_sin(positions, self.dtype) for name, rope in self.rotary.items()}
-        windows = {layer.self_attn.sliding_window for layer in self.model.layers}
-        masks = {w: build_attention_mask(positions, kv_len, w) for w in windows}
+        groups = self._context_groups(positions, cache, slot_ids, row_lens or [kv_len] * b)
         write_index = cache.flat_index(write_slots, positions)  # [batch, seq]
-        return AttentionBatch(write_index, cache.read_index(slot_ids, kv_len), positions, rotary, kv_len, masks)
+        return AttentionBatch(write_index, positions, rotary, kv_len, groups)
+
+    def _context_groups(self, positions: torch.Tensor, cache: KVCache, slot_ids: torch.Tensor,
+                        row_lens: list[int]) -> list[ContextGroup]:
+        """The rows' cache reads and masks, by context group (`context_groups`; one group of all
+        rows, up to the longest, when splitting does not pay). positions [batch, seq]."""
+        windows = {layer.self_attn.sliding_window for layer in self.model.layers}
+        split = context_groups(row_lens)
+        groups = []
+        for rows in split:
+            index = None if len(split) == 1 else torch.tensor(rows, dtype=torch.long, device=positions.device)
+            group_positions = positions if index is None else positions[index]  # [g, seq]
+            group_slots = slot_ids if index is None else slot_ids[index]  # [g]
+            group_len = max(row_lens[i] for i in rows)
+            masks = {w: build_attention_mask(group_positions, group_len, w) for w in windows}  # [g, 1, seq, kv_len]
+            groups.append(ContextGroup(index, cache.read_index(group_slots, group_len), masks))
+        return groups

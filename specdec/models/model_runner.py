@@ -188,7 +188,7 @@ class ModelRunner:
         positions = _positions(lengths, width, device)  # [B, T]
         slots = torch.tensor(slot_ids, dtype=torch.long, device=device)  # [B]
         num_tokens = torch.tensor(counts, dtype=torch.long, device=device) if min(counts) < width else None
-        kv_len = max(start + n for start, n in zip(lengths, counts))
+        kv_len = [start + n for start, n in zip(lengths, counts)]  # each row's: rows read the cache by context
         for slot, n in zip(slot_ids, counts):
             self.cache.prepare(slot, n)  # blocks for the new positions; copies shared ones (copy-on-write)
         hidden = self.model.forward_hidden(input_ids, positions, self.cache, slots, num_tokens, kv_len)

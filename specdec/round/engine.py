@@ -208,7 +208,7 @@ class SpeculativeEngine:
         if not self._running:
             self.timer.step_ended(start, busy=False)
             return []
-        batch = self.chunks.plan(self._running)
+        batch = self.chunks.plan(self._running, 1 + max(self.planner.decision.gammas, default=self.gamma))
         self.planner.plan(batch, self.policy, self.verifier.max_seq_len, (len(self._running), len(self._waiting)))
         outputs = self._isolated_round(batch, whole=len(batch) == len(self._running))
         self._placed.update([*(o.seq_id for o in outputs), *(seq.seq_id for seq in batch if seq.prefilled)])

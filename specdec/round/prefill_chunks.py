@@ -32,15 +32,18 @@ class PrefillChunks:
         self.pace = pace if self.budget is not None else None
         self._paced: int | None = None  # prompt tokens of this round's plan, when paced (rows decode)
 
-    def plan(self, running: list[Sequence]) -> list[Sequence]:
+    def plan(self, running: list[Sequence], width: int = 1) -> list[Sequence]:
         """Set each row's `chunk_end` for this round and return the rows that take part (the
         others wait for budget). Rows are served in the order given (their admission). While
         rows decode, the pace bounds only long prompts (`paced`): a prompt the budget reads in
-        one round is read at once, as without a pace, so ordinary requests start as soon."""
+        one round is read at once, as without a pace, so ordinary requests start as soon.
+        width: the decode rows' widest verify row (γ + 1), what a chunk reads riding their
+        forward (`PrefillPace`). A paced prompt's last chunk stops one token short, so that its
+        first round reads only its pending token (riding too) instead of a catch-up of its own."""
         decoding = any(seq.stats.rounds > 0 for seq in running)
         paced = self.pace is not None and decoding
         left = self.budget
-        allowed = min(left, self.pace.allowance()) if paced else left  # what long prompts may still read
+        allowed = min(left, self.pace.allowance(width)) if paced else left  # what long prompts may still read
         start, taking_part = left, []
         for seq in running:
             seq.chunk_end = None
@@ -49,6 +52,8 @@ class PrefillChunks:
                 continue
             unread = len(seq.token_ids) - seq.prefilled  # the prompt's rest and its pending token
             cap = min(left, allowed) if self.long(seq) else left
+            if paced and self.long(seq) and 1 < unread <= cap:
+                cap = unread - 1  # all but the pending token: the first round then rides
             if unread <= cap:  # its last chunk: an ordinary first round
                 read = unread
             elif cap > 0:

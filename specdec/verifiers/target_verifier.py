@@ -94,10 +94,13 @@ class TargetVerifier(Verifier):
         if not requests:
             return []
         requests = [self._checked(r) for r in requests]
-        states, prompt_logprobs = self._sync(requests)
+        states, prompt_logprobs, riding = self._sync(requests)
         slots = [s.slot for s in states]
         old_lengths = [len(r.token_ids) - 1 for r in requests]
-        logits = self.runner.forward(slots, [[r.token_ids[-1], *r.draft_token_ids] for r in requests])
+        rows = [[*riding.get(i, ()), r.token_ids[-1], *r.draft_token_ids] for i, r in enumerate(requests)]
+        logits = self.runner.forward(slots, rows)  # [B, T, V]
+        if riding:  # a riding row's verdict positions start after its catch-up
+            logits = _shifted(logits, [len(riding.get(i, ())) for i in range(len(requests))])
         sampling = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests],
                                              histories=[r.token_ids for r in requests],
                                              num_prompt_tokens=[r.num_prompt_tokens for r in requests])
@@ -118,11 +121,17 @@ class TargetVerifier(Verifier):
                                         self.runner.cached_tokens(slots[i]), prompt_logprobs[i]))
         return results
 
-    def _sync(self, requests: list[VerifyRequest]) -> tuple[list[_TargetState], list]:
+    def _sync(self, requests: list[VerifyRequest]) -> tuple[list[_TargetState], list, dict[int, list[int]]]:
         """Make every slot hold exactly history[:-1]: allocate, roll back, or prefill (batched).
         A new row whose history repeats an earlier new row's of this call (a request's n
         choices) gets a fork of that row's slot, sharing its blocks, instead of a prefill.
-        Returns the states and each row's prompt logprobs (None where not asked)."""
+        A short catch-up (a prompt's next chunk) *rides* the verify forward instead, in front of
+        its pending token, where it does not make that forward wider than its widest row: a
+        forward of its own would cost another pass over the weights. Returns the states, each
+        row's prompt logprobs (None where not asked) and the riding catch-ups by row (their
+        slots are left short of history[:-1] by them)."""
+        width = max(1 + len(r.draft_token_ids) for r in requests)  # the verify forward's longest row
+        riding: dict[int, list[int]] = {}
         states: list[_TargetState | None] = []
         plain: dict[int, list[int]] = {}  # slot -> tokens to prefill (last logits only)
         scored: dict[int, tuple[int, VerifyRequest]] = {}  # slot -> (first position read, request)
@@ -143,9 +152,11 @@ class TargetVerifier(Verifier):
                 self.runner.truncate(state.slot, start)
             if wanted is not None:
                 scored[state.slot] = (start, request)
+            elif start < want and want - start + 1 + len(request.draft_token_ids) <= width:
+                riding[i] = request.token_ids[start:want]  # filled by the verify forward: no fork source
             elif start < want:
                 plain[state.slot] = request.token_ids[start:want]
-            if start == 0 and want > 0:
+            if start == 0 and want > 0 and i not in riding:
                 computes.setdefault(tuple(request.token_ids[:want]), state.slot)
             states.append(state)
         if plain:
@@ -153,7 +164,7 @@ class TargetVerifier(Verifier):
         found = self._prompt_logprobs(scored)
         for i, source, length in forks:
             states[i] = self._states[requests[i].seq_id] = _TargetState(self.runner.fork_slot(source, length))
-        return states, [found.get(state.slot) for state in states]
+        return states, [found.get(state.slot) for state in states], riding
 
     def _prompt_logprobs(self, scored: dict[int, tuple[int, VerifyRequest]]) -> dict[int, list]:
         """Prefill the rows that want prompt logprobs from their first position read, with
@@ -249,6 +260,14 @@ class TargetVerifier(Verifier):
         state = self._states.pop(seq_id, None)
         if state is not None:
             self.runner.free_slot(state.slot)
+
+
+def _shifted(logits: torch.Tensor, offsets: list[int]) -> torch.Tensor:
+    """Row b's logits from position offsets[b] on: [B, T, V] -> [B, T, V] (the tail past a row's
+    end repeats its last position, never read)."""
+    width = logits.shape[1]
+    index = (torch.tensor(offsets)[:, None] + torch.arange(width)).clamp(max=width - 1)  # [B, T]
+    return logits.gather(1, index.to(logits.device)[..., None].expand(-1, -1, logits.shape[2]))
 
 
 def q_problem(q: torch.Tensor, ids: list[int], vocab_size: int) -> str | None:

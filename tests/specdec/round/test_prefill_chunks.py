@@ -72,3 +72,22 @@ def test_while_rows_decode_a_prompt_the_budget_reads_at_once_is_not_paced():
     chunks, decoding, short, long = PrefillChunks(256, pace), row(3, decoding=True), row(200), row(900)
     assert chunks.plan([decoding, long, short]) == [decoding, short]
     assert short.chunk_end is None and long.chunk_end is None  # the short one's whole first round, now
+
+
+def test_beside_decoding_rows_a_paced_prompt_is_read_in_riding_chunks_its_first_round_reads_one_token():
+    """While rows decode, a long prompt's chunks are the decode rows' width (they ride their verify
+    forward) and its last chunk stops one token short, so its first round has no catch-up either."""
+    chunks, decoding, seq = PrefillChunks(256, PrefillPace(0.2)), row(3, decoding=True), row(300)
+    ends = []
+    for _ in range(400):
+        taking_part = chunks.plan([decoding, seq], width=5)
+        if seq in taking_part and seq.chunk_end is None:
+            break  # its first round
+        read = seq.chunk_end is not None
+        if read:
+            ends.append(seq.chunk_end)
+            chunks.done([seq])
+        chunks.round_done(0.012 if read else 0.010)  # a chunk adds 2 ms (most of the per-round cap, 4 ms)
+    assert ends[:3] == [5, 10, 15] and max(b - a for a, b in zip(ends, ends[1:])) == 5
+    assert ends[-1] == 299  # all but the pending token
+    assert len(seq.token_ids) - seq.prefilled == 1

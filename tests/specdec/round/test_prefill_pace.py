@@ -66,3 +66,25 @@ def test_a_round_that_overspent_is_paid_back_before_the_next_chunk():
 def test_the_share_must_be_positive():
     with pytest.raises(ValueError, match="slowdown"):
         PrefillPace(0)
+
+
+def test_a_chunk_is_at_least_what_rides_the_decode_rows_forward():
+    """The floor is the round's widest verify row (γ + 1), at least MIN_TOKENS: every prompt progresses."""
+    assert PrefillPace(0.2).allowance(width=9) == 9
+    assert PrefillPace(0.2).allowance(width=1) == PrefillPace(0.2).min_tokens
+
+
+def test_no_wider_chunk_is_tried_where_a_riding_one_uses_much_of_the_cap():
+    """On a CPU a chunk wider than the decode rows needs a forward of its own (a third of a decode
+    round before it reads a token): riding chunks that already use much of the per-round cap never
+    lead to one, so no round is slowed by more than a riding chunk."""
+    pace, times = PrefillPace(0.15), []
+    pace.record(DECODE_S, 0)
+    for _ in range(200):
+        tokens = pace.allowance(width=5)
+        wide = DECODE_S / 3 if tokens > 5 else 0.0
+        seconds = round_s(tokens, 0.03 * DECODE_S, wide)  # a riding chunk adds 15 %: half the cap
+        pace.record(seconds, tokens)
+        times.append(seconds)
+    assert max(times) <= DECODE_S * 1.16
+    assert sum(1 for t in times if t > DECODE_S) > 50  # and a chunk rides most rounds the credit allows

@@ -193,3 +193,26 @@ def test_a_greedy_rows_encoded_q_is_not_decoded(runner, prompt_ids):
     [r] = verifier.verify([VerifyRequest("g", prompt_ids[0], [7, 9], GREEDY, encoded)])
     assert encoded.decodes == 0 and verifier.rejected_proposals == 0 and len(r.emitted) == r.num_accepted + 1
     verifier.release("g")
+
+
+def test_a_prompt_chunk_riding_the_verify_forward_reads_as_a_forward_of_its_own(runner, hf_greedy, hf_target,
+                                                                              prompt_ids, monkeypatch):
+    """A short catch-up (a prompt's next chunk) joins the decode rows' verify forward instead of
+    a forward of its own: the same verdicts, and its slot holds exactly what it was sent."""
+    verifier, forwards, forward = TargetVerifier(runner), [], runner.forward
+    monkeypatch.setattr(runner, "forward", lambda *args, **kw: forwards.append(args[1]) or forward(*args, **kw))
+    decoding, prompt = prompt_ids[0], prompt_ids[1]
+    verifier.verify([VerifyRequest("d", decoding, [], GREEDY), VerifyRequest("p", prompt[:8], [], GREEDY)])
+    drafted = hf_greedy(decoding, 5)[1:5]  # the decode row's verify forward is 5 wide
+    history = decoding + hf_greedy(decoding, 1)
+    forwards.clear()
+    [d, p] = verifier.verify([VerifyRequest("d", history, drafted, GREEDY),
+                              VerifyRequest("p", prompt[:13], [], GREEDY)])
+    assert forwards == [[history[-1:] + drafted, prompt[8:13]]]  # one forward, 5 wide
+    assert (d.emitted, d.num_accepted) == (hf_greedy(decoding, 6)[1:], 4)
+    assert p.emitted == [next_token(hf_target, prompt[:13])]
+    assert runner.slot_length(verifier._states["p"].slot) == 13
+    [p] = verifier.verify([VerifyRequest("p", prompt[:13] + p.emitted, [], GREEDY)])  # the slot reads on
+    assert p.emitted == hf_greedy(prompt[:13], 2)[1:]
+    verifier.release("d")
+    verifier.release("p")
