@@ -36,6 +36,7 @@ class Sequence:
     chunk_end: int | None = None  # this round reads the history up to here only (a prefill chunk); None = all
     grammar: GrammarRow | None = None  # the request's grammar matcher (request.grammar set), at the history's end
     granted_tokens: int | None = None  # the cache reserve the engine granted so far (None: the full reserve)
+    preempted: bool = False  # its cache was freed once for others; its history is read again (its own blocks)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -422,6 +422,7 @@ class SpeculativeEngine:
         self._running.remove(seq)
         self._release(seq)
         self.grants.reset(seq)
+        seq.preempted = True
         self._waiting.appendleft(seq)
         self.preemptions += 1
 

@@ -21,7 +21,8 @@ def apply_verdict(seq: Sequence, request: VerifyRequest, result: VerifyResult, g
     """Add a round's tokens to one sequence and count them in its stats and `totals` (γ: the
     round's, as the planner records it). Returns the output and the (drafted, accepted)
     counts of the round."""
-    seq.stats.cached_tokens = max(seq.stats.cached_tokens, min(result.cached_tokens, seq.num_prompt_tokens))
+    if not seq.preempted:  # a resumed row re-reads blocks it computed itself: not the client's cache hits
+        seq.stats.cached_tokens = max(seq.stats.cached_tokens, min(result.cached_tokens, seq.num_prompt_tokens))
     try:
         emitted = result.emitted if seq.grammar is None else seq.grammar.advance(result.emitted)
         decision = seq.stop_checker.append(emitted)

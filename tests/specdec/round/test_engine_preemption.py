@@ -54,6 +54,8 @@ def test_preempted_requests_decode_the_greedy_tokens_and_stream_each_once(small_
     assert engine.preemptions > before
     assert [r.token_ids for r in results] == [hf_greedy(p, NEW_TOKENS) for p in prompts]
     assert streamed == [r.token_ids for r in results], "no token repeated or lost across a preemption"
+    assert len({tuple(p) for p in prompts}) == 4 and all(r.stats.cached_tokens == 0 for r in results), \
+        "a resumed request's re-read of its own blocks is not a prefix-cache hit"
     assert sum(r.stats.accepted for r in results) > 0, "the draft drafted for them"
     assert caches_hold_nothing(engine), "both models freed every block"
 
