@@ -22,11 +22,8 @@ import itertools
 import logging
 import time
 
-from collections import deque
 from collections.abc import Callable, Sequence as Seq
 
-from specdec.round.admission import Admission
-from specdec.round.cache_grants import CacheGrants
 from specdec.round.draft_ahead import DraftAhead
 from specdec.requests.errors import InvalidRequestError, WorkerError
 from specdec.sampling.grammar_matcher import GrammarBackend
@@ -35,9 +32,11 @@ from specdec.policy.load_stats import RoundSample
 from specdec.round.prefill_chunks import PrefillChunks
 from specdec.round.prefill_pace import PrefillPace
 from specdec.proposers.proposer_view import ProposerView
-from specdec.proposers.base import Drafts, Proposal, ProposalRequest, Proposer
+from specdec.proposers.base import ProposalRequest, Proposer
 from specdec.requests.request import DEFAULT_CAPS, GenerationRequest, RequestCaps, RequestLimits
 from specdec.round.round_timer import RoundTimer
+from specdec.round.round_proposals import RoundProposals
+from specdec.round.scheduler import Scheduler
 from specdec.round.row_outcome import apply_verdict, fail_row
 from specdec.round.row_requests import collect_prompt_logprobs, verify_request, with_prompt_logprobs
 from specdec.requests.sequence import Sequence
@@ -85,7 +84,6 @@ class SpeculativeEngine:
         if not 0 <= gamma <= caps.gamma_limit:
             raise ValueError(f"gamma must be in [0, gamma_limit={caps.gamma_limit}], got {gamma}")
         self.verifier = verifier
-        self.proposer = proposer
         self.eos_token_ids = tuple(eos_token_ids)
         self.decode = decode
         self.caps = caps
@@ -93,22 +91,42 @@ class SpeculativeEngine:
         self._proposer_view = ProposerView()  # what the proposer must catch up on, per row
         self.planner = RoundPlanner(gamma, caps.gamma_limit, self._proposer_view)
         self.stats = SpecStats()
-        self.proposer_failures = 0  # rounds that ran without drafts because the proposer failed
         self.timer = RoundTimer()
         self.profile = self.timer.profile  # where the rounds' time went
-        self.draft_ahead = draft_ahead
+        self.proposals = RoundProposals(proposer, self._proposer_view, self.timer, draft_ahead)
         self.grammars = grammars
         self.chunks = PrefillChunks(prefill_chunk_tokens,
                                     PrefillPace(prefill_slowdown) if prefill_slowdown > 0 else None)
-        self.admission = Admission()  # which waiting requests join each step
-        # with a verifier that grows reserves, admission on the next round's need, preempting when short
-        self.grants = CacheGrants(caps.gamma_limit + 1, self.chunks.budget)
-        self.preemptions = 0  # running requests sent back to the queue for lack of cache
-        self._placed: set[str] = set()  # running requests the target has taken (cache allocated)
-        self._waiting: deque[Sequence] = deque()
-        self._running: list[Sequence] = []
+        self.scheduler = Scheduler(caps.gamma_limit + 1, self.chunks.budget, self._release)
         self._finished: dict[str, Sequence] = {}
         self._ids = itertools.count()
+
+    @property
+    def proposer(self) -> Proposer:
+        return self.proposals.proposer
+
+    @proposer.setter
+    def proposer(self, proposer: Proposer) -> None:
+        self.proposals.proposer = proposer
+
+    @property
+    def draft_ahead(self) -> DraftAhead | None:
+        """Drafting round k + 1 while the target verifies round k (None: sequential rounds)."""
+        return self.proposals.draft_ahead
+
+    @draft_ahead.setter
+    def draft_ahead(self, draft_ahead: DraftAhead | None) -> None:
+        self.proposals.draft_ahead = draft_ahead
+
+    @property
+    def proposer_failures(self) -> int:
+        """Proposer calls that failed so far (their rounds ran without drafts)."""
+        return self.proposals.failures
+
+    @property
+    def preemptions(self) -> int:
+        """Running requests sent back to the queue for lack of cache, so far."""
+        return self.scheduler.preemptions
 
     @property
     def gamma(self) -> int:
@@ -145,11 +163,11 @@ class SpeculativeEngine:
         """Validate and queue a request; it joins the batch at the next round."""
         self.validate(request)
         seq_id = seq_id if seq_id is not None else f"seq-{next(self._ids)}"
-        if seq_id in self._finished or any(s.seq_id == seq_id for s in self._active()):
+        if seq_id in self._finished or any(s.seq_id == seq_id for s in self.scheduler.active()):
             raise ValueError(f"seq_id {seq_id!r} is already in use")
         eos = () if request.ignore_eos else self.eos_token_ids
         checker = StopChecker(request.max_new_tokens, (*eos, *request.stop_token_ids), request.stop, self.decode)
-        self._waiting.append(Sequence(seq_id=seq_id, request=request, stop_checker=checker,
+        self.scheduler.waiting.append(Sequence(seq_id=seq_id, request=request, stop_checker=checker,
                                       grammar=self._grammar_row(request)))
         if self.policy is not None:
             self.policy.on_arrival()
@@ -157,7 +175,7 @@ class SpeculativeEngine:
 
     def abort(self, seq_id: str) -> None:
         """Cancel a request: free its slots on the target and the proposer."""
-        for seq in self._active():
+        for seq in self.scheduler.active():
             if seq.seq_id == seq_id:
                 seq.finish_reason = "abort"
                 self._retire(seq)
@@ -165,19 +183,19 @@ class SpeculativeEngine:
         raise KeyError(f"unknown or finished seq_id {seq_id!r}")
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self.scheduler.waiting or self.scheduler.running)
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return len(self.scheduler.running)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self.scheduler.waiting)
 
     def running_ids(self) -> list[str]:
         """The sequences of the current batch (a round that fails affects exactly these)."""
-        return [s.seq_id for s in self._running]
+        return [s.seq_id for s in self.scheduler.running]
 
     def result(self, seq_id: str) -> GenerationResult:
         """The finished request's result (handed out once: the engine then forgets it).
@@ -204,14 +222,15 @@ class SpeculativeEngine:
         with micro-batches, the half whose drafts are ready)."""
         start = time.perf_counter()
         self.timer.step_started(start)
-        self._admit()
-        if not self._running:
+        self.scheduler.admit(self.verifier)
+        if not self.scheduler.running:
             self.timer.step_ended(start, busy=False)
             return []
-        batch = self.chunks.plan(self._running, 1 + max(self.planner.decision.gammas, default=self.gamma))
-        self.planner.plan(batch, self.policy, self.verifier.max_seq_len, (len(self._running), len(self._waiting)))
-        outputs = self._isolated_round(batch, whole=len(batch) == len(self._running))
-        self._placed.update([*(o.seq_id for o in outputs), *(seq.seq_id for seq in batch if seq.prefilled)])
+        batch = self.chunks.plan(self.scheduler.running, 1 + max(self.planner.decision.gammas, default=self.gamma))
+        queues = (len(self.scheduler.running), len(self.scheduler.waiting))
+        self.planner.plan(batch, self.policy, self.verifier.max_seq_len, queues)
+        outputs = self._isolated_round(batch, whole=len(batch) == len(self.scheduler.running))
+        self.scheduler.placed.update([*(o.seq_id for o in outputs), *(seq.seq_id for seq in batch if seq.prefilled)])
         elapsed = time.perf_counter() - start
         self.chunks.round_done(elapsed)
         self.stats.seconds += elapsed
@@ -222,7 +241,7 @@ class SpeculativeEngine:
                     self._retire(seq)
                 except Exception:
                     logger.exception("releasing %s failed (its lease frees the slots)", seq.seq_id)
-        self.timer.step_ended(time.perf_counter(), busy=bool(self._running or self._waiting))
+        self.timer.step_ended(time.perf_counter(), busy=bool(self.scheduler.running or self.scheduler.waiting))
         return outputs
 
     def _isolated_round(self, batch: list[Sequence], whole: bool = False) -> list[RoundOutput]:
@@ -256,10 +275,10 @@ class SpeculativeEngine:
         now, later = ahead.split(batch, gammas) if ahead is not None else (batch, [])
         gamma_now = [gammas[seq.seq_id] for seq in now]
         reads = self._chunk_reads(filling)
-        proposal, fresh = self._ready_drafts(now, gamma_now, reads) if ahead is not None else \
-            (self._propose(now, gamma_now, reads), set(range(len(now))))
+        proposal, fresh = self.proposals.ready_drafts(now, gamma_now, reads) if ahead is not None else \
+            (self.proposals.propose(now, gamma_now, reads), set(range(len(now))))
         proposed = time.perf_counter()
-        self._note_unavailable(now, gamma_now, proposal)
+        self.proposals.note_unavailable(now, gamma_now, proposal)
         requests = [verify_request(seq, drafts) for seq, drafts in zip(now, proposal)]
         prompts = [unread_prompt(seq) for seq in (*now, *filling)]
         prefill = (sum(1 for p in prompts if p), sum(prompts))  # (rows, tokens) of the prompts the target reads
@@ -290,7 +309,7 @@ class SpeculativeEngine:
         chunks = [with_prompt_logprobs(seq, PrefillChunks.verify_request(seq)) for seq in filling]
         if ahead is not None and ahead.overlaps:  # the proposer works while the target verifies
             pending = self.verifier.verify_async(requests + chunks)
-            meanwhile, ahead_s = self._during_verify(now, later, requests, gammas)
+            meanwhile, ahead_s = self.proposals.during_verify(now, later, requests, gammas)
             drafted = time.perf_counter()
             results = pending.result()
             ahead.verdict_waited(ahead_s, time.perf_counter() - drafted)  # how far a look-ahead fits
@@ -314,16 +333,6 @@ class SpeculativeEngine:
             accepted.append(row_accepted)
         return outputs, drafted, accepted
 
-    def _note_unavailable(self, batch: list[Sequence], gammas: list[int], proposal: Proposal) -> None:
-        """Mark the rows that wanted drafts but got none because their proposer is down (a
-        row that wanted none this round, e.g. its last, keeps its mark)."""
-        for i, (seq, gamma) in enumerate(zip(batch, gammas)):
-            if gamma > 0:
-                missing = len(proposal[i]) == 0
-                seq.stats.speculation_unavailable = (
-                    missing and self.proposer.unavailable(seq.request.proposer) is not None
-                )
-
     def _chunk_reads(self, filling: list[Sequence]) -> list[ProposalRequest]:
         """While the round speculates, the draft reads each prefill chunk too, in the round's
         proposer call (asked for one draft, which is dropped), so its cache holds the prompt
@@ -332,47 +341,6 @@ class SpeculativeEngine:
         if not filling or not self.planner.decision.enabled:
             return []
         return [PrefillChunks.proposal_request(seq) for seq in filling]
-
-    def _ready_drafts(self, batch: list[Sequence], gammas: list[int],
-                      reads: list[ProposalRequest]) -> tuple[Proposal, set[int]]:
-        """Each row's drafts made ahead when they continue its history; the other speculating
-        rows are proposed for now, before their verification, in one call with the draft's
-        chunk reads. Returns the proposal and the rows proposed for now."""
-        ready = [self.draft_ahead.take(seq.seq_id, seq.token_ids, g) for seq, g in zip(batch, gammas)]
-        missing = [i for i, drafts in enumerate(ready) if not drafts and gammas[i] > 0]
-        self.timer.propose_compute_s = 0.0
-        if missing or reads:
-            fresh = self._propose([batch[i] for i in missing], [gammas[i] for i in missing], reads)
-            for i, drafts in zip(missing, fresh):
-                ready[i] = drafts
-        return ready, set(missing)
-
-    def _during_verify(self, now: list[Sequence], later: list[Sequence], requests: list[VerifyRequest], gammas):
-        """The proposer's work while the target verifies `now` (DraftAhead.asks): drafts for
-        `later`, or look-ahead branches for `now`. Returns (one Drafts per ask, or a list of
-        branches per row of `now`, or None; seconds it took)."""
-        start = time.perf_counter()
-        asks = self.draft_ahead.asks(now, later, requests, gammas)
-        used = [ask.gamma > 0 for ask in asks]
-        if not any(used):
-            return None, 0.0
-        active = [ask for ask, use in zip(asks, used) if use]
-        for ask in active:
-            self._proposer_view.drafting_ahead(ask.seq_id, len(ask.token_ids))
-        try:
-            if later:
-                found = iter(self.proposer.propose(active))
-                meanwhile = [next(found) if use else Drafts() for use in used]
-            else:
-                unverified = [len(request.draft_token_ids) for request, use in zip(requests, used) if use]
-                found = iter(self.proposer.look_ahead(active, unverified, self.draft_ahead.branches))
-                meanwhile = [next(found) if use else [] for use in used]
-        except Exception:
-            self.proposer_failures += 1
-            logger.exception("drafting ahead failed; the next round proposes as usual")
-            return None, time.perf_counter() - start
-        self.timer.add_propose_compute(time.perf_counter() - start, getattr(self.proposer, "last_compute_s", None))
-        return meanwhile, time.perf_counter() - start
 
     def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts,
                 prefill: tuple[int, int], planned_s: float) -> None:
@@ -389,84 +357,12 @@ class SpeculativeEngine:
             self.policy.record(RoundSample.from_rows(*counts, proposed - start, verified - proposed, round_s, prefill,
                                                      self._proposer_view.read, planned_s))
 
-    def _admit(self) -> None:
-        """Waiting requests join while the verifier's cache can reserve them (blocks of a paged
-        target, else slots): in arrival order, except that one that fits may pass one that does
-        not, a bounded amount (`Admission`). The reserve is prompt + max_new_tokens, or, where
-        the verifier grows reserves, the next round's need (`CacheGrants`: running rows grow
-        first, and a step that preempts admits nothing). A running request takes its cache at
-        its first verification, which may come a step later (micro-batches): those are counted
-        as taken already."""
-        growing = getattr(self.verifier, "grows_reserves", False)  # read each step: a verifier may be wrapped
-        if growing and self.grants.make_room(self._running, self._placed, self.verifier, self._preempt):
-            return
-        unseen = [seq.reserve_tokens for seq in self._running if seq.seq_id not in self._placed]
-        waiting = list(self._waiting)
-        reserve = self.grants.admission if growing else (lambda seq: seq.reserve_tokens)
-        chosen = self.admission.choose(self.verifier.admits, unseen, [(s.seq_id, reserve(s)) for s in waiting])
-        if not chosen:
-            return
-        for i in chosen:
-            if growing:
-                waiting[i].granted_tokens = reserve(waiting[i])
-            if waiting[i].started_at is None:  # a resumed request keeps its first start
-                waiting[i].started_at = time.monotonic()
-            self._running.append(waiting[i])
-        admitted = set(chosen)
-        self._waiting = deque(seq for i, seq in enumerate(waiting) if i not in admitted)
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Free the request's cache in both models and queue it first; its history (prompt and
-        generated tokens) is read again when it is admitted again."""
-        logger.debug("preempting %s (%d tokens) for lack of cache", seq.seq_id, len(seq.token_ids))
-        self._running.remove(seq)
-        self._release(seq)
-        self.grants.reset(seq)
-        seq.preempted = True
-        self._waiting.appendleft(seq)
-        self.preemptions += 1
-
-    def _active(self) -> list[Sequence]:
-        return [*self._waiting, *self._running]
-
-    def _propose(self, batch: list[Sequence], gammas: list[int], reads: Seq[ProposalRequest] = ()) -> Proposal:
-        """One proposer call for the rows that speculate, each with its own γ, and the draft's
-        prefill chunk reads (`reads`: their drafts are dropped). A failing proposer costs this
-        round its drafts (lossless), never a request."""
-        full = [Drafts() for _ in batch]
-        rows = [i for i, g in enumerate(gammas) if g > 0]
-        self.timer.propose_compute_s = 0.0  # no call, no compute
-        if not rows and not reads:
-            return full
-        requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
-                                    batch[i].request.proposer, gammas[i], batch[i].num_prompt_tokens,
-                                    batch[i].reserve_tokens) for i in rows]
-        for request in (*requests, *reads):
-            self._proposer_view.proposing(request.seq_id, len(request.token_ids))
-        requests += reads
-        try:
-            part = self.proposer.propose(requests)
-            self.timer.propose_compute_s = getattr(self.proposer, "last_compute_s", None)
-        except Exception:
-            self.proposer_failures += 1
-            logger.exception("proposer failed; this round runs without drafts")
-            return full
-        for i, drafts in zip(rows, part):
-            full[i] = drafts.first(gammas[i])  # never more than asked
-        return full
-
     def _retire(self, seq: Sequence) -> None:
         self._finished[seq.seq_id] = seq
-        if seq in self._waiting:
-            self._waiting.remove(seq)
-        running = seq in self._running
-        if running:
-            self._running.remove(seq)
-        self._release(seq, holds_cache=running)
+        self._release(seq, holds_cache=self.scheduler.remove(seq))
 
     def _release(self, seq: Sequence, holds_cache: bool = True) -> None:
         """Forget the request's per-round state and free its cache on the target and the proposer."""
-        self._placed.discard(seq.seq_id)
         self._proposer_view.forget(seq.seq_id)
         if self.draft_ahead is not None:
             self.draft_ahead.forget(seq.seq_id)
