@@ -156,7 +156,8 @@ def concurrency_rows(args: argparse.Namespace) -> None:
         print(f"| TTFT of the {run['long']} prompts >= {LONG_PROMPT} tokens, {name} (median; p99), s, all sent "
               f"at once | | {median:.1f}; {p99:.1f} | |")
         target = engine.verifier.runner
-        step = engine.grants.round_tokens + engine.grants.watermark
+        grants = engine.scheduler.grants
+        step = grants.round_tokens + grants.watermark
         at_once, slots = admitted_at_once(target, log_uniform, args.max_new_tokens, step), slot_cache_sequences(target)
         print(f"| admitted at once from a full queue, {name} (bookkeeping, mean of 20 draws) | {slots} "
               f"| {at_once:.1f} | {at_once / slots:.2f}x |")
