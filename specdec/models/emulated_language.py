@@ -120,14 +120,6 @@ class SyntheticLanguage:
         kinds = torch.where(rank < len(self._miss_shares), rank + 2, FAR)
         return torch.where(known, KNOWN, kinds)
 
-    def target(self, buckets: torch.Tensor) -> torch.Tensor:
-        """Table rows [...] -> the target's logits [..., V]."""
-        return self.rows(buckets)
-
-    def draft(self, buckets: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
-        """Table rows [...] and the draft's kind for each context [...] -> the draft's logits [..., V]."""
-        return self.rows(self.draft_rows(buckets, kinds))
-
     def draft_rows(self, buckets: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
         """The table rows [...] of the draft's logits for context rows `buckets` and kinds `kinds`."""
         return buckets + kinds * self.buckets

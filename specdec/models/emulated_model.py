@@ -4,9 +4,10 @@ It has no weights: its "KV cache" (the runner's paged KVCache, one layer, one he
 holds each slot's tokens, so slots, prefill, truncation (rollback), forks and ragged
 batches are the runner's own code. A forward writes the new tokens, hashes each
 position's n-gram context (`SyntheticLanguage`) and occupies its `EmulatedDevice` for the
-time its `LatencyModel` gives for the batch's rows, tokens and attended context; the
-"hidden state" it returns is (context row, what the draft makes of the context), which
-`compute_logits` turns into the target's or the draft's logits.
+time its `LatencyModel` gives for the batch's rows, tokens and attended context. Its logits
+(the target's, or the draft's for what it makes of each context) are looked up within that
+device time, as a GPU's lm_head runs within its forward: the "hidden state" it returns is
+already the logits, and `compute_logits` is the identity.
 
 Tensor parallelism: a rank keeps no shard of anything; each rank is a device of its own
 that is busy for the group's forward time (the profile's time includes the collectives),
@@ -69,17 +70,13 @@ class EmulatedModel:
         forward, logits included, runs within its device time, as a GPU's would)."""
         return self.emulated_device.run(
             lambda: self._seconds(input_ids, positions, slot_ids, num_tokens),
-            lambda: self._logits(self._contexts(input_ids, positions, cache, slot_ids, num_tokens)))
+            lambda: self.language.rows(self._contexts(input_ids, positions, cache, slot_ids, num_tokens)))
 
     def _seconds(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor,
                  num_tokens: torch.Tensor | None) -> float:
         """The forward's device time from the profile: rows, tokens and attended context."""
-        b, t = input_ids.shape
-        if num_tokens is None:  # equal rows (decode steps, verifies): no tensor arithmetic
-            tokens, context = b * t, int(positions[:, 0].sum()) + b * t
-        else:
-            tokens = int(num_tokens.sum())
-            context = int(positions[:, 0].sum()) + tokens
+        tokens = input_ids.numel() if num_tokens is None else int(num_tokens.sum())  # None: no padding
+        context = int(positions[:, 0].sum()) + tokens
         return self.latency.forward_ms(len(slot_ids), tokens, context) / 1000.0
 
     def _contexts(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
@@ -108,10 +105,6 @@ class EmulatedModel:
         anchors = tokens[cache.flat_index(slot_ids[:, None], starts)].long()  # [batch, seq]
         kinds = self.language.draft_kinds(keys, anchors, positions // length)  # [batch, seq]
         return self.language.draft_rows(buckets, kinds)  # [batch, seq]
-
-    def _logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """Table rows [batch, seq] -> logits [batch, seq, vocab] (float32)."""
-        return self.language.rows(rows)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (already the logits) [..., vocab] -> logits [..., vocab] (float32)."""
