@@ -108,7 +108,8 @@ class DraftAhead:
         self._drafts_ahead = 0  # the most drafts a row of the running step's look-ahead asked for
         self.blocks = (block_rounds, explore_every)
         self.choices: dict[tuple[int, str], OverlapChoice] = {}  # step_kind -> its measured choice
-        self._step: tuple[str, OverlapChoice | None] = (SEQUENTIAL, None)  # the running step's way, its choice
+        # the running step's way, and its kind and choice when the step is counted
+        self._step: tuple[str, tuple[int, str] | None, OverlapChoice | None] = (SEQUENTIAL, None, None)
         self._ready: dict[str, LookAhead] = {}
         self.rows_ahead = 0  # rows that looked ahead
         self.hits = 0  # ... whose look-ahead became the next round's drafts
@@ -176,11 +177,12 @@ class DraftAhead:
         """This step's way: the fixed one, or its kind's measured choice. A step with a row in
         its first round (a prefill: not a typical round's time) or none speculating is not
         counted."""
-        choice = self._choice_for(step_kind(speculating)) if self.way is None and speculating else None
+        kind = step_kind(speculating) if self.way is None and speculating else None
+        choice = self._choice_for(kind) if kind is not None else None
         way = self.way or (choice.way if choice is not None else SEQUENTIAL)
         counted = choice is not None and not any(seq.stats.rounds == 0 for seq in batch)
         self.steps_by_way[way] = self.steps_by_way.get(way, 0) + 1
-        self._step = (way, choice if counted else None)
+        self._step = (way, kind, choice) if counted else (way, None, None)
         return way
 
     def _choice_for(self, kind: tuple[int, str]) -> OverlapChoice:
@@ -189,9 +191,6 @@ class DraftAhead:
             ways = LONE_WAYS if kind[0] == 1 else BATCH_WAYS
             self.choices[kind] = OverlapChoice(ways, *self.blocks, presumed=self._presumed(kind, ways))
         return self.choices[kind]
-
-    def _kind_of(self, choice: OverlapChoice) -> tuple[int, str]:
-        return next(kind for kind, mine in self.choices.items() if mine is choice)
 
     def _presumed(self, kind: tuple[int, str], ways: tuple[str, ...]) -> dict[str, float]:
         """Each way's rate over sequential rounds as measured for the nearest number of rows
@@ -217,7 +216,7 @@ class DraftAhead:
         if later:
             return [ProposalRequest(seq.seq_id, seq.token_ids, seq.request.sampling, seq.request.proposer,
                                     gammas[seq.seq_id], seq.num_prompt_tokens, seq.reserve_tokens) for seq in later]
-        overlaps = self._step[0] != SEQUENTIAL
+        overlaps = self.overlaps
         asks = [ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids], seq.request.sampling,
                                 seq.request.proposer, self._drafts_for(seq, gammas[seq.seq_id]) if overlaps else 0,
                                 seq.num_prompt_tokens, seq.reserve_tokens)
@@ -254,12 +253,12 @@ class DraftAhead:
         if 0 < gap <= seconds:
             seconds += gap
         self._last_done = now
-        way, choice = self._step
+        way, kind, choice = self._step
         if choice is not None:
             if choice.rounds_left == 1:  # its next block's way follows what the other kinds measured by now
-                choice.presumed = {**choice.presumed, **self._presumed(self._kind_of(choice), choice.ways)}
+                choice.presumed = {**choice.presumed, **self._presumed(kind, choice.ways)}
             choice.record(emitted, seconds)
-        self._step = (way, None)
+        self._step = (way, None, None)
 
     def after_verdict(self, later: list[Sequence], requests, results, meanwhile) -> None:
         """Keep what was proposed during verification: the other half's drafts (one Drafts
