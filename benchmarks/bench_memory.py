@@ -9,10 +9,11 @@
    growing as they decode, `CacheGrants`) and those the draft's cache holds (both models have a
    pool of the same budget); reported are the most at once and the mean over the rounds in which
    requests still waited for blocks, the failed requests (must be 0) and the preemptions; and,
-   from block bookkeeping alone, how many a full queue's first admission takes on those admission
-   reserves (mean of 20 seeded draws: one draw varies with its first long prompts). The
-   slot cache at the same memory holds pool tokens / max_seq_len sequences: it must size every
-   slot for the longest request the context allows.
+   from block bookkeeping alone, how many a full queue's first admission takes on the engine's
+   admission reserves (`CacheGrants.admission`: a long prompt on its first chunk; mean of 20
+   seeded draws: one draw varies with its first long prompts). The slot cache at the same
+   memory holds pool tokens / max_seq_len sequences: it must size every slot for the longest
+   request the context allows.
 2. TTFT of a prompt whose first 512 tokens are cached (another request sent them) vs the same
    prompt uncached: one prefill forward each (``last_only``), median of ``--repeats``.
 3. Single-stream decode tokens/s with the default blocks vs one block per sequence (the slot
@@ -36,6 +37,9 @@ from specdec.models.kv_cache import KVCache
 from specdec.models.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
 from specdec.requests.request import GenerationRequest
+from specdec.requests.sequence import Sequence
+from specdec.requests.stop_conditions import StopChecker
+from specdec.round.cache_grants import CacheGrants
 from specdec.wiring.engine_builder import build_engine
 
 MIN_PROMPT, MAX_PROMPT = 16, 2000
@@ -128,15 +132,19 @@ def decode_tokens_per_s(runners: list[ModelRunner], tokens: int, repeats: int) -
     return best
 
 
-def admitted_at_once(runner: ModelRunner, log_uniform: bool, max_new: int, step: int, draws: int = 20) -> float:
+def admitted_at_once(runner: ModelRunner, grants: CacheGrants, log_uniform: bool, max_new: int,
+                     draws: int = 20) -> float:
     """Mean over ``draws`` seeded queues of how many requests, in arrival order, an empty pool of
-    ``runner``'s size admits at once, each on its prompt + ``step`` tokens (block bookkeeping, no forwards)."""
-    counts = []
+    ``runner``'s size admits at once, each on the reserve the engine admits it on
+    (`CacheGrants.admission`; block bookkeeping, no forwards)."""
+    counts, context = [], runner.max_seq_len
     for seed in range(draws):
-        cache = KVCache(1, runner.cache.num_slots, runner.max_seq_len, 1, 1, block_size=runner.cache.block_size,
+        cache = KVCache(1, runner.cache.num_slots, context, 1, 1, block_size=runner.cache.block_size,
                         num_blocks=runner.cache.num_blocks)
         lengths = prompt_lengths(4 * runner.cache.num_blocks // runner.cache.block_size, log_uniform, seed)
-        counts.append(cache.admits([min(n + max_new, n + step, runner.max_seq_len) for n in lengths]))
+        waiting = [Sequence(f"s{i}", GenerationRequest(list(range(1, n + 1)), min(max_new, context - n)),
+                            StopChecker(max_new, ())) for i, n in enumerate(lengths)]
+        counts.append(cache.admits([grants.admission(seq) for seq in waiting]))
     return statistics.mean(counts)
 
 
@@ -156,9 +164,8 @@ def concurrency_rows(args: argparse.Namespace) -> None:
         print(f"| TTFT of the {run['long']} prompts >= {LONG_PROMPT} tokens, {name} (median; p99), s, all sent "
               f"at once | | {median:.1f}; {p99:.1f} | |")
         target = engine.verifier.runner
-        grants = engine.scheduler.grants
-        step = grants.round_tokens + grants.watermark
-        at_once, slots = admitted_at_once(target, log_uniform, args.max_new_tokens, step), slot_cache_sequences(target)
+        at_once = admitted_at_once(target, engine.scheduler.grants, log_uniform, args.max_new_tokens)
+        slots = slot_cache_sequences(target)
         print(f"| admitted at once from a full queue, {name} (bookkeeping, mean of 20 draws) | {slots} "
               f"| {at_once:.1f} | {at_once / slots:.2f}x |")
 
