@@ -168,7 +168,7 @@ class SpeculativeEngine:
         eos = () if request.ignore_eos else self.eos_token_ids
         checker = StopChecker(request.max_new_tokens, (*eos, *request.stop_token_ids), request.stop, self.decode)
         self.scheduler.waiting.append(Sequence(seq_id=seq_id, request=request, stop_checker=checker,
-                                      grammar=self._grammar_row(request)))
+                                               grammar=self._grammar_row(request)))
         if self.policy is not None:
             self.policy.on_arrival()
         return seq_id
@@ -241,7 +241,7 @@ class SpeculativeEngine:
                     self._retire(seq)
                 except Exception:
                     logger.exception("releasing %s failed (its lease frees the slots)", seq.seq_id)
-        self.timer.step_ended(time.perf_counter(), busy=bool(self.scheduler.running or self.scheduler.waiting))
+        self.timer.step_ended(time.perf_counter(), busy=self.has_unfinished())
         return outputs
 
     def _isolated_round(self, batch: list[Sequence], whole: bool = False) -> list[RoundOutput]:

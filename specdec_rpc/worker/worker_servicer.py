@@ -98,7 +98,7 @@ class WorkerServicer:
     def _forget_released(self, seq_ids) -> None:
         """On the event loop, under the worker's lock: a round call's `release_seq_ids` leave the
         history store and the lease table before the call's deltas are applied; their model state
-        is freed on the worker thread before the call's step (`_free_released`)."""
+        is freed first in the call's model step (`_free_released`)."""
         if seq_ids:
             for seq_id in seq_ids:
                 self.histories.release(seq_id)
