@@ -252,8 +252,9 @@ class SpeculationPolicy:
                            tpot_targets_s=targets)
         gammas = [g if f is None else own for g, f, own in zip(plan.gammas, fixed, lo)]
         missed = f", TPOT targets missed by {plan.tpot_excess:.2f}x (worst row)" if plan.tpot_excess > 1 else ""
+        waits = f", rows wait {snapshot.round_cost.wait_scale:.2f}x the decoding round" if targets else ""
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
-                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows{missed})")
+                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows{waits}{missed})")
         return self._priced(self._decision(gammas, free, rows, True, reason, explore), snapshot, rows, explore,
                             catch_up)
 
