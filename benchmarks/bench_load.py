@@ -135,9 +135,9 @@ async def one_request(client, prompt: str, mode: str, max_new: int, start: float
         res.error = "cancelled"
 
 
-async def poll_switch(client, start: float, samples: list[tuple[float, bool, int, float, int]]) -> None:
-    """Best effort: (t, on, γ, QPS estimate, requests running) from GetStats every 0.25 s; gives up at
-    once when the server does not answer it (an older server without GetStats)."""
+async def poll_switch(client, start: float, samples: list[tuple[float, bool, int, float, int, str]]) -> None:
+    """Best effort: (t, on, γ, QPS estimate, requests running, the decision's reason) from GetStats
+    every 0.25 s; gives up at once when the server does not answer it (an older server without GetStats)."""
     from specdec_rpc.v1 import specdec_pb2
 
     async def stats():
@@ -148,7 +148,8 @@ async def poll_switch(client, start: float, samples: list[tuple[float, bool, int
     while True:
         try:
             r = await stats()
-            samples.append((time.perf_counter() - start, r.speculation_enabled, r.gamma, r.qps, r.requests_running))
+            samples.append((time.perf_counter() - start, r.speculation_enabled, r.gamma, r.qps, r.requests_running,
+                            r.reason))
         except grpc.RpcError:
             if not samples:
                 return
@@ -294,6 +295,9 @@ async def play(client, prompts: list[str], schedule: list[tuple[float, int]], qp
           f"{row['tokens_per_s']:.1f} tokens/s, ITL p50 {fmt(row['itl_p50_ms'])} ms, "
           f"p99 {fmt(row['itl_p99_ms'])} ms, TPOT p50 {fmt(row['tpot_p50_ms'])} ms, "
           f"speculated {fmt(100 * row['speculated_fraction'], '.0f')}%{slo}", flush=True)
+    middle = [s for s in switch if s[0] >= args.warmup + duration / 2]
+    if policy == "auto" and middle:  # what the policy said halfway through the measured interval
+        print(f"    auto's plan then: {middle[0][5]}", flush=True)
     settle = args.window_s + args.min_dwell_s + 0.5
     last_arrival = start + (schedule[-1][0] if schedule else 0.0)
     await asyncio.sleep(max(0.0, last_arrival + settle - time.perf_counter()))

@@ -85,7 +85,7 @@ def summarize(qps: float, policy: str, runs: list[tuple[list[RequestResult], lis
         # from GetStats (when the server has it): share of the measured time the switch was on
         "switch_on_fraction": (sum(s[1] for s in measured_switch) / len(measured_switch)) if measured_switch else None,
         "switch_timeline": [{"t": round(t, 2), "on": on, "gamma": g, "qps": round(q, 2), "running": n}
-                            for t, on, g, q, n in runs[0][1]] if runs else [],
+                            for t, on, g, q, n, *_ in runs[0][1]] if runs else [],
         **slo_fields(measured, tpot_target_ms, ttft_target_ms),
     }
 

@@ -10,10 +10,15 @@ its tokens/s by the error band); rows without a target meet any. A row that miss
 target in every plan does not hold its neighbours back: judged by its worst row, an
 unlucky row (its drafts rejected, so a longer round only lengthens its TPOT) kept whole
 batches plain under load where drafting met more targets and streamed faster. A row's
-predicted TPOT under a plan is the round's decoding seconds over the tokens it emits:
-round_s(γ) / E_i(γ_i). Without targets the constraint is void and the plan is the tokens/s
-maximum alone. Prompts read in the round are left out of the TPOT as of the tokens/s: that
-time is the same whatever the plan. (At one batch, rows alike have TPOT = rows / tokens/s, so the target decides
+predicted TPOT under a plan is what the row waits per round over the tokens it emits:
+wait_scale · round_s(γ) / E_i(γ_i), round_s the round's decoding seconds and wait_scale
+the measured seconds between a row's emissions over the decoding rounds its plans predicted
+(`RoundCostModel.wait_scale`: the prompt rounds interleaved with decoding, rounds a row sits
+out, the engine between rounds). Judged on the decoding round alone, a plan met the target
+on paper and its rows missed it: the constraint then trimmed the other rows' γ for a row it
+could not save. Without targets the constraint is void and the plan is the tokens/s
+maximum alone. Prompts read in the round are left out of the tokens/s: that time is the
+same whatever the plan. (At one batch, rows alike have TPOT = rows / tokens/s, so the target decides
 only where rows differ: a row that decodes plainly pays for its neighbours' drafts.)
 
 Row i drafting γ_i tokens emits on average E_i(γ_i) = 1 + Σ_{k ≤ γ_i} P_i(k) tokens, where
@@ -175,7 +180,8 @@ def plan_gammas(
     seconds = lambda gammas: cost.round_s(gammas, 0, read_list)  # noqa: E731
     whole_round = lambda gammas: cost.round_s(gammas, prompt_tokens, read_list)  # noqa: E731
     plain_goodput = _goodput(emitted, plain, seconds)
-    ratios = _tpot_ratios(emitted, seconds, tpot_targets_s, rows)
+    waits = lambda gammas: cost.row_wait_s(gammas, read_list)  # noqa: E731  (per round, as rows see it)
+    ratios = _tpot_ratios(emitted, waits, tpot_targets_s, rows)
     most = (-1, -1.0, plain)  # the speculating plan with the most rows within their targets, then tokens/s
     best, best_goodput = plain, -1.0  # the best plan that speculates and meets the targets (plain: none found)
     previous, falling = 0.0, 0
@@ -208,10 +214,11 @@ def plan_gammas(
     return Plan(best, best_goodput, plain_goodput, _worst(ratios(best)))
 
 
-def _tpot_ratios(emitted: np.ndarray, round_s: Callable[[tuple[int, ...]], float], targets_s: ArrayLike | None,
+def _tpot_ratios(emitted: np.ndarray, wait_s: Callable[[tuple[int, ...]], float], targets_s: ArrayLike | None,
                  rows: int) -> Callable[[tuple[int, ...]], np.ndarray]:
-    """Each row's predicted TPOT over its target under a plan: round_s(γ) / E_i(γ_i) / target_i
-    (0 for rows without a target: they meet any). emitted: # [rows, gamma_max + 1]; # [rows] back"""
+    """Each row's predicted TPOT over its target under a plan: wait_s(γ) / E_i(γ_i) / target_i,
+    wait_s what a row waits per round (0 for rows without a target: they meet any).
+    emitted: # [rows, gamma_max + 1]; # [rows] back"""
     if targets_s is None or np.isinf(np.asarray(targets_s, dtype=np.float64)).all():
         return lambda gammas: np.zeros(rows)
     targets = np.asarray(targets_s, dtype=np.float64)  # [rows]
@@ -219,7 +226,7 @@ def _tpot_ratios(emitted: np.ndarray, round_s: Callable[[tuple[int, ...]], float
 
     def ratios(gammas: tuple[int, ...]) -> np.ndarray:
         tokens = emitted[np.arange(rows), list(gammas)]  # [rows]
-        return round_s(gammas) / tokens / targets
+        return wait_s(gammas) / tokens / targets
     return ratios
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from specdec.policy.round_cost import RoundCostModel, RoundShape, add_round_timing, is_cost_key
+from specdec.policy.round_cost import RoundCostModel, RoundShape, add_round_timing, add_row_waits, is_cost_key
 
 
 MIN_POSITION_SAMPLES = 8  # drafted tokens a position needs before its acceptance is reported
@@ -48,7 +48,10 @@ class RoundSample:
     prefill_tokens: prompt tokens the target read this round besides each row's pending
     token (rows in their first round), which its verify time includes; prefill_rows: those
     rows; catch_up_tokens: tokens of the drafting rows' histories the proposer read before
-    drafting; planned_seconds: the round as its plan predicted it (0 = no priced plan).
+    drafting; planned_seconds: the round as its plan predicted it (0 = no priced plan);
+    waited_rows / waited_seconds: rows the round emitted for that had emitted before, and
+    the seconds they waited since then in all; decode_seconds: the decoding round their
+    plan predicted (`Decision.decode_s`; 0 = no priced plan).
     """
 
     batch_size: int
@@ -65,19 +68,24 @@ class RoundSample:
     catch_up_tokens: int = 0
     prefill_rows: int = 0
     planned_seconds: float = 0.0
+    waited_rows: int = 0
+    waited_seconds: float = 0.0
+    decode_seconds: float = 0.0
 
     @classmethod
     def from_rows(cls, asked: list[int], drafted: list[int], accepted: list[int], draft_s: float,
                   verify_s: float, round_s: float = 0.0, prefill: tuple[int, int] = (0, 0),
-                  catch_up_tokens: int = 0, planned_s: float = 0.0) -> "RoundSample":
+                  catch_up_tokens: int = 0, planned_s: float = 0.0,
+                  waits: tuple[int, float, float] = (0, 0.0, 0.0)) -> "RoundSample":
         """A batched round's measurements from each row's asked γ, drafted and accepted counts;
-        prefill: (rows in their first round, their prompts' tokens)."""
+        prefill: (rows in their first round, their prompts' tokens); waits: (waited_rows,
+        waited_seconds, decode_seconds)."""
         longest = max(drafted, default=0)
         per_drafted = [sum(1 for d in drafted if d > i) for i in range(longest)]
         per_accepted = [sum(1 for a in accepted if a > i) for i in range(longest)]
         return cls(len(drafted), max(asked, default=0), sum(drafted), sum(accepted), draft_s, verify_s,
                    tuple(per_accepted), tuple(per_drafted), sum(1 for g in asked if g > 0), round_s, prefill[1],
-                   catch_up_tokens, prefill[0], planned_s)
+                   catch_up_tokens, prefill[0], planned_s, *waits)
 
     @property
     def shape(self) -> RoundShape:
@@ -109,6 +117,7 @@ class StatsWindow:
         round_s = sample.round_seconds or sample.draft_seconds + sample.verify_seconds
         add_round_timing(self.add, sample.shape, sample.verify_seconds, sample.draft_seconds, round_s,
                          sample.planned_seconds)
+        add_row_waits(self.add, sample.waited_rows, sample.waited_seconds, sample.decode_seconds)
 
     def merge(self, other: "StatsWindow | dict[str, float]") -> None:
         items = other.sums.items() if isinstance(other, StatsWindow) else other.items()

@@ -42,6 +42,17 @@ prediction (`base_round_s`) is summed with its actual seconds, apart for draftin
 rounds, and predictions are scaled by actual / predicted of their kind (`drafting_scale`,
 `plain_scale`; shrunk towards 1 by CALIBRATION_PRIOR_S of rounds, within CALIBRATION_LIMITS).
 
+A row's time per output token is more than the rounds its plan predicts: rounds that read
+newcomers' prompts (sunk for the plan, not for the row), rounds it sits out (a prefill
+chunk's budget, the other micro-batch's turn), the engine between rounds. So the engine
+also times, for every row a priced round emits for, the seconds since that row last emitted
+(`add_row_waits`), beside the decoding round its plan predicted (`round_s` without
+prompts), and `wait_scale` (measured / predicted, shrunk towards 1
+by WAIT_PRIOR_S of row-rounds) turns a plan's decoding round into what its rows wait per
+round: the TPOT targets are judged on that (`specdec.policy.gamma`). A ratio, not an added
+term: prompts arrive per second, not per round, so their share of a row's wait is a share
+of its time whatever the round's length, as is a micro-batch's turn.
+
 Plain decoding's own longest rounds read a newcomer's prompt; the model keeps the mean such
 prompt (`prompt_tokens`) so that a round-time bound can be set against that round
 (`prefill_round_s`): speculation may not stretch a gap past those plain decoding has anyway.
@@ -62,11 +73,14 @@ import numpy as np
 VERIFY, DRAFT = "target", "draft"
 PREFILL = "prefill"
 CALIBRATION = "calibration"
-# the sums `add_round_timing` adds
-COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", f"{PREFILL}:", f"{CALIBRATION}:", "cost_rounds", "overhead_seconds")
+WAITS = "row_waits"
+# the sums `add_round_timing` and `add_row_waits` add
+COST_KEYS = (f"{VERIFY}:", f"{DRAFT}:", f"{PREFILL}:", f"{CALIBRATION}:", f"{WAITS}:", "cost_rounds",
+             "overhead_seconds")
 MIN_ROUNDS, MIN_DRAFT_CALLS = 16, 4  # timings needed before the model is trusted at all
 CALIBRATION_PRIOR_S = 0.5  # a kind's scale counts this many seconds of rounds measured as predicted
 CALIBRATION_LIMITS = (0.25, 4.0)  # a scale outside these says the model is broken, not biased
+WAIT_PRIOR_S = 2.0  # row-rounds' seconds the wait scale counts as measured as predicted (a few rounds of a batch)
 RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features, biases nothing else
 # The draft's fixed and per-row-step terms are penalised more than its per-step term. While
 # every call had the same number of rows (one request at a time) the per-row-step term cannot
@@ -182,6 +196,7 @@ class RoundCostModel:
     prompt_tokens: float = 0.0  # a newcomer's mean prompt, in tokens, as measured (0 = none seen)
     drafting_scale: float = 1.0  # measured / predicted seconds of planned rounds that verified drafts
     plain_scale: float = 1.0  # ... and of planned plain rounds
+    wait_scale: float = 1.0  # a row's measured seconds between its emissions / its plan's decoding round
 
     def __post_init__(self) -> None:
         if len(self.verify) in (2, 3):  # one price for a row and a drafted token
@@ -195,8 +210,9 @@ class RoundCostModel:
             raise ValueError(f"need 2 to 5 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
         if min(*self.verify, *self.draft, self.overhead_s) < 0:
             raise ValueError(f"round cost coefficients must be >= 0, got {self}")
-        if min(self.drafting_scale, self.plain_scale) <= 0:
-            raise ValueError(f"calibration scales must be > 0, got {self.drafting_scale}, {self.plain_scale}")
+        if min(self.drafting_scale, self.plain_scale, self.wait_scale) <= 0:
+            raise ValueError(f"calibration scales must be > 0, got {self.drafting_scale}, {self.plain_scale}, "
+                             f"{self.wait_scale}")
 
     @classmethod
     def from_sums(cls, sums: Mapping[str, float]) -> "RoundCostModel | None":
@@ -219,7 +235,7 @@ class RoundCostModel:
         prompts = sums.get(f"{PREFILL}:rows", 0.0)
         prompt_tokens = sums.get(f"{PREFILL}:tokens", 0.0) / prompts if prompts > 0 else 0.0
         return cls(verify, draft, max(0.0, overhead), _edge(sums, VERIFY), _edge(sums, DRAFT),
-                   prompt_tokens, _scale(sums, "drafting"), _scale(sums, "plain"))
+                   prompt_tokens, _scale(sums, "drafting"), _scale(sums, "plain"), _wait_scale(sums))
 
     def with_drafting_of(self, measured: "RoundCostModel") -> "RoundCostModel":
         """This model's plain-round prices with `measured`'s prices of drafting, and the two
@@ -266,6 +282,12 @@ class RoundCostModel:
         return (self.overhead_s + self.verify_s(len(gammas), sum(gammas), prompt_tokens)
                 + self.draft_s(len(drafting), max(drafting, default=0), read))
 
+    def row_wait_s(self, gammas: list[int] | tuple[int, ...],
+                   catch_up: list[int] | tuple[int, ...] | list[float] | None = None) -> float:
+        """Predicted seconds a row of this plan waits per round: the decoding round (`round_s`
+        without prompts) scaled by what rows waited per such round (`wait_scale`)."""
+        return self.wait_scale * self.round_s(gammas, 0, catch_up)
+
     def plain_rows_for(self, tokens_per_s: float) -> float:
         """The rows plain decoding keeps in flight while it emits `tokens_per_s` (Little's law:
         each row emits one token per round, so N = tokens_per_s · round_s(N) with round_s(N)
@@ -307,6 +329,23 @@ def _scale(sums: Mapping[str, float], kind: str) -> float:
     measured = sums.get(f"{CALIBRATION}:{kind}:measured", 0.0)
     low, high = CALIBRATION_LIMITS
     return min(high, max(low, (measured + CALIBRATION_PRIOR_S) / (planned + CALIBRATION_PRIOR_S)))
+
+
+def _wait_scale(sums: Mapping[str, float]) -> float:
+    """Seconds rows waited between emissions / the decoding rounds their plans predicted,
+    shrunk towards 1 by WAIT_PRIOR_S, within CALIBRATION_LIMITS."""
+    waited, planned = sums.get(f"{WAITS}:measured", 0.0), sums.get(f"{WAITS}:planned", 0.0)
+    low, high = CALIBRATION_LIMITS
+    return min(high, max(low, (waited + WAIT_PRIOR_S) / (planned + WAIT_PRIOR_S)))
+
+
+def add_row_waits(add: Callable[[str, float], None], rows: int, waited_s: float, decode_s: float) -> None:
+    """Add one priced round's row waits: `rows` rows emitted that had emitted before, waiting
+    `waited_s` seconds in all since their last emission; the plan predicted a decoding round
+    of `decode_s` seconds (`RoundCostModel.round_s` without prompts)."""
+    if rows > 0 and decode_s > 0:
+        add(f"{WAITS}:measured", waited_s)
+        add(f"{WAITS}:planned", rows * decode_s)
 
 
 def is_cost_key(key: str) -> bool:

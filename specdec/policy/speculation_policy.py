@@ -113,6 +113,7 @@ class Decision:
     reason: str  # why, for status displays and logs
     gammas: tuple[int, ...] = ()  # each row's γ this round, in the order of the rows
     planned_s: float = 0.0  # the plan's round as the cost model's parts predict it (0 = not a priced plan)
+    decode_s: float = 0.0  # its decoding round (calibrated, no prompts), what rows' waits are set against (0 = none)
 
 
 @dataclass(frozen=True)
@@ -237,21 +238,25 @@ class SpeculationPolicy:
                 reason = f"load high (qps {snapshot.qps:.1f}, in flight {snapshot.in_flight:.0f}): switched off"
             else:
                 reason = f"off: speculating does not pay at {len(rows)} rows"
-            return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore)
+            return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore,
+                                [0.0] * len(rows))
         curves = self._curves(snapshot, rows)
         targets = self._targets(rows)
         margin = self._margin(len(rows), targets)
         # a request's own γ may exceed gamma_max (up to speculation.gamma_max): the plan prices
         # that row at gamma_max and the row keeps its γ (its neighbours are still planned)
+        catch_up = amortised_catch_up(curves, rows, hi)
         plan = plan_gammas(curves, [min(x, s.gamma_max) for x in lo], [min(x, s.gamma_max) for x in hi],
                            snapshot.round_cost, margin, max_round_ratio=s.max_round_ratio,
-                           prompt_tokens=sum(r.prompt_tokens for r in rows),
-                           catch_up=amortised_catch_up(curves, rows, hi), tpot_targets_s=targets)
+                           prompt_tokens=sum(r.prompt_tokens for r in rows), catch_up=catch_up,
+                           tpot_targets_s=targets)
         gammas = [g if f is None else own for g, f, own in zip(plan.gammas, fixed, lo)]
         missed = f", TPOT targets missed by {plan.tpot_excess:.2f}x (worst row)" if plan.tpot_excess > 1 else ""
+        waits = f", rows wait {snapshot.round_cost.wait_scale:.2f}x the decoding round" if targets else ""
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
-                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows{missed})")
-        return self._priced(self._decision(gammas, free, rows, True, reason, explore), snapshot, rows, explore)
+                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows{waits}{missed})")
+        return self._priced(self._decision(gammas, free, rows, True, reason, explore), snapshot, rows, explore,
+                            catch_up)
 
     def _margin(self, rows: int, targets: list[float] | None) -> float:
         """What a speculating plan must gain over plain decoding this round (`plan_gammas`):
@@ -269,15 +274,19 @@ class SpeculationPolicy:
         return 0.0 if targets is not None else -self.settings.min_gain
 
     @staticmethod
-    def _priced(decision: Decision, snapshot: LoadSnapshot, rows: list[RowState], explore: bool) -> Decision:
+    def _priced(decision: Decision, snapshot: LoadSnapshot, rows: list[RowState], explore: bool,
+                catch_up: list[float]) -> Decision:
         """The decision with its round's predicted seconds (`RoundCostModel.base_round_s`), so
-        that what the round then takes calibrates the model; exploration rounds are not
-        plans (a few rows drafting after a pause) and are not priced."""
-        if explore or snapshot.round_cost is None:
+        that what the round then takes calibrates the model, and its decoding round as the
+        TPOT prediction priced it (catch_up: as the plan spread it), so that what its rows
+        wait calibrates that (`RoundCostModel.wait_scale`); exploration rounds are not plans
+        (a few rows drafting after a pause) and are not priced."""
+        cost = snapshot.round_cost
+        if explore or cost is None:
             return decision
-        planned_s = snapshot.round_cost.base_round_s(decision.gammas, sum(r.prompt_tokens for r in rows),
-                                                     [r.catch_up_tokens for r in rows])
-        return replace(decision, planned_s=planned_s)
+        planned_s = cost.base_round_s(decision.gammas, sum(r.prompt_tokens for r in rows),
+                                      [r.catch_up_tokens for r in rows])
+        return replace(decision, planned_s=planned_s, decode_s=cost.round_s(decision.gammas, 0, catch_up))
 
     def crossover(self, snapshot: LoadSnapshot | None) -> Crossover:
         """Rows per round (and requests/s) beyond which speculation does not pay, for a row

@@ -293,7 +293,8 @@ class SpeculativeEngine:
         asked = [g if i in fresh and not missed[i] else 0 for i, g in enumerate(gamma_now)]
         planned_s = 0.0 if any(missed) else self.planner.planned_s(len(now) + len(filling))
         try:  # the tokens are applied: failing bookkeeping must not lose them from the outputs (a retry would)
-            self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill, planned_s)
+            self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill, planned_s,
+                         [seq.seq_id for seq in now])
             if ahead is not None:
                 ahead.round_done(sum(len(result.emitted) for result in results), time.perf_counter() - start)
         except Exception:
@@ -343,19 +344,22 @@ class SpeculativeEngine:
         return [PrefillChunks.proposal_request(seq) for seq in filling]
 
     def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts,
-                prefill: tuple[int, int], planned_s: float) -> None:
+                prefill: tuple[int, int], planned_s: float, emitted: list[str]) -> None:
         """The round's profile and the policy's measurements. counts: each row's (asked γ,
         drafted, accepted) as three lists, asked γ 0 for rows whose drafts were made ahead;
         prefill: (rows whose prompt the target read besides, those prompts' tokens); planned_s:
-        the round as the plan predicted it (0: not the plan's whole batch). The
+        the round as the plan predicted it (0: not the plan's whole batch); emitted: the rows
+        it emitted for (what they waited calibrates the plan's TPOT, `RoundTimer.row_waits`). The
         policy's draft cost is only the proposer call the round waited for before its verify:
         drafting ahead ran during the verify call, whose time (verified - proposed) covers it
         where it took longer; its round counts from where the last one ended (`RoundTimer`)."""
         verify_compute_s = getattr(self.verifier, "last_compute_s", None)
         round_s = self.timer.round_done(start, proposed, verified, ahead_s, verify_compute_s)
+        waited = self.timer.row_waits(emitted, time.perf_counter())
         if self.policy is not None:
             self.policy.record(RoundSample.from_rows(*counts, proposed - start, verified - proposed, round_s, prefill,
-                                                     self._proposer_view.read, planned_s))
+                                                     self._proposer_view.read, planned_s,
+                                                     (*waited, self.planner.decode_s)))
 
     def _retire(self, seq: Sequence) -> None:
         self._finished[seq.seq_id] = seq
@@ -364,6 +368,7 @@ class SpeculativeEngine:
     def _release(self, seq: Sequence, holds_cache: bool = True) -> None:
         """Forget the request's per-round state and free its cache on the target and the proposer."""
         self._proposer_view.forget(seq.seq_id)
+        self.timer.forget(seq.seq_id)
         if self.draft_ahead is not None:
             self.draft_ahead.forget(seq.seq_id)
         if holds_cache:

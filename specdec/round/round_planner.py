@@ -89,3 +89,10 @@ class RoundPlanner:
         """The round's time as the plan predicted it, for a round of `rows` rows: 0 unless
         they are the plan's whole batch (a micro-batch or a retried half is another round)."""
         return self.decision.planned_s if rows == len(self._planned) else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        """The plan's decoding round as its TPOT prediction priced it (0: not priced), for
+        any of its rows' rounds: a micro-batch's rows wait for the other half too, and the
+        plan priced the batch as one round."""
+        return self.decision.decode_s

@@ -6,6 +6,12 @@ from where the last round ended, while rows kept running, to this round's end. T
 (handing the outputs to the streams, admitting, planning) is paid by every round and is a
 sizeable share of a short plain one; left out, plain decoding would look cheaper than it
 is. A pause with nothing running costs nothing.
+
+A row's time per output token holds more than its rounds: the rounds that read other rows'
+prompts, rounds it sits out (a prefill chunk's budget, the other micro-batch's turn). So
+the timer also keeps when each row last emitted (`row_waits`): what a row waited between two
+emissions is what its time per output token is made of, and the policy's TPOT prediction
+is calibrated on it (`RoundCostModel.wait_scale`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ class RoundTimer:
         self.propose_compute_s: float | None = 0.0  # this round's proposer compute (None: not reported)
         self._ended_at: float | None = None  # when the last step ended, while rows kept running
         self._lead_from: float | None = None  # where this step's policy timing starts
+        self._emitted_at: dict[str, float] = {}  # seq id -> when its last round ended (rows that emitted)
 
     def step_started(self, now: float) -> None:
         self._lead_from = now if self._ended_at is None else self._ended_at
@@ -47,3 +54,19 @@ class RoundTimer:
                             (verified - proposed, verify_compute_s), end - start, overlapped_s=ahead_s)
         lead_from, self._lead_from = self._lead_from if self._lead_from is not None else start, None
         return end - lead_from
+
+    def row_waits(self, seq_ids: list[str], now: float) -> tuple[int, float]:
+        """Rows `seq_ids` emitted at `now`: (how many had emitted before, the seconds they
+        waited since then in all). A row's first emission starts its clock (its time to first
+        token is not a time per output token)."""
+        rows, waited = 0, 0.0
+        for seq_id in seq_ids:
+            last = self._emitted_at.get(seq_id)
+            if last is not None:
+                rows, waited = rows + 1, waited + now - last
+            self._emitted_at[seq_id] = now
+        return rows, waited
+
+    def forget(self, seq_id: str) -> None:
+        """A row left the engine: its clock stops."""
+        self._emitted_at.pop(seq_id, None)

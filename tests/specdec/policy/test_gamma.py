@@ -2,6 +2,7 @@
 
 import itertools
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -359,3 +360,41 @@ def test_an_unreachable_target_leaves_rows_alike_planned_as_without_one(margin):
         free = plan([alpha] * rows, cost, margin=margin)
         unreachable = targeted([alpha] * rows, [1e-6] * rows, cost, margin=margin)
         assert unreachable.gammas == free.gammas and unreachable.tpot_excess > 1
+
+
+# ---- what a row waits per round besides the decoding round (RoundCostModel.wait_scale) ----
+
+def waiting(cost, scale):
+    """The same prices, where rows were measured waiting `scale` times the planned decoding round."""
+    return replace(cost, wait_scale=scale)
+
+
+def test_a_plan_that_meets_a_target_only_without_the_waits_between_rounds_is_refused_once_they_are_measured():
+    alphas = [0.95, 0.3]
+    free = plan(alphas, CHEAP_DRAFTS)
+    target = 0.9 * predicted_tpot(alphas, free.gammas, CHEAP_DRAFTS)[1]  # the poor row misses in the free plan
+    on_paper = targeted(alphas, [float("inf"), target])
+    assert on_paper.tpot_excess <= 1.0 and on_paper.gammas != free.gammas, "trimming met it on paper"
+    measured = waiting(CHEAP_DRAFTS, 1.05)
+    waited = [measured.row_wait_s(on_paper.gammas) / expected_tokens(a, g) for a, g in zip(alphas, on_paper.gammas)]
+    assert waited[1] > target, "with what rows wait besides, that plan misses"
+    p = targeted(alphas, [float("inf"), target], measured)
+    assert p.gammas != on_paper.gammas and p.tpot_excess <= 1.0
+    assert p.gammas[0] < on_paper.gammas[0], "the good row drafts still less, so that the poor row keeps its target"
+    assert measured.row_wait_s(p.gammas) / expected_tokens(alphas[1], p.gammas[1]) <= target * (1 + 1e-9)
+
+
+def test_a_row_the_waits_put_out_of_every_plans_reach_no_longer_trims_its_neighbours_drafts():
+    """Judged without the waits, the poor row looked savable and the good row drafted less
+    for it; with them, it misses in every plan, so the good row drafts what pays."""
+    alphas = [0.95, 0.3]
+    free = plan(alphas, CHEAP_DRAFTS)
+    target = 1.1 * CHEAP_DRAFTS.round_s((0, 0))  # plain decoding meets it on paper, not with 20 % more wait
+    assert targeted(alphas, [float("inf"), target]).gammas != free.gammas
+    p = targeted(alphas, [float("inf"), target], waiting(CHEAP_DRAFTS, 1.2))
+    assert p.gammas == free.gammas and p.tpot_excess > 1.0
+
+
+def test_the_waits_do_not_move_a_plan_without_targets():
+    alphas = [0.95, 0.6, 0.3]
+    assert plan(alphas, waiting(CHEAP_DRAFTS, 2.0)).gammas == plan(alphas, CHEAP_DRAFTS).gammas

@@ -5,8 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from specdec.policy.round_cost import (CALIBRATION_LIMITS, CALIBRATION_PRIOR_S, DRAFTED_TIE, RoundCostModel, RoundShape,
-                                     add_point, add_round_timing, fit_nonnegative)
+from specdec.policy.round_cost import (CALIBRATION_LIMITS, CALIBRATION_PRIOR_S, DRAFTED_TIE, WAIT_PRIOR_S,
+                                     RoundCostModel, RoundShape, add_point, add_round_timing, add_row_waits,
+                                     fit_nonnegative, is_cost_key)
 from specdec.policy.load_stats import StatsWindow
 
 TRUE = RoundCostModel(verify=(0.010, 0.0016), draft=(0.0015, 0.003, 0.0004), overhead_s=0.0005)
@@ -357,3 +358,24 @@ def test_a_calibration_far_off_is_bounded():
     assert RoundCostModel.from_sums(window.sums).drafting_scale == CALIBRATION_LIMITS[1]
     with pytest.raises(ValueError, match="scales"):
         RoundCostModel(verify=(0.01, 0.001), draft=(0.0, 0.0, 0.0), plain_scale=0.0)
+
+
+def test_what_rows_wait_between_emissions_scales_the_decoding_round_they_wait_for():
+    """10 rows a round waited 0.030 s each where their plan predicted a 0.024 s decoding round
+    (the prompt rounds between, the loop): a row's wait per round is 1.25x its decoding round,
+    shrunk towards 1 while few rounds are measured; its rounds are priced as before."""
+    window = timed_rounds(n=50)
+    before = RoundCostModel.from_sums(window.sums)
+    assert before.wait_scale == 1.0 and before.row_wait_s([2, 0]) == before.round_s([2, 0])
+    for _ in range(100):
+        add_row_waits(window.add, 10, 10 * 0.030, 0.024)
+    add_row_waits(window.add, 0, 0.0, 0.024)  # no row had emitted before: nothing to count
+    add_row_waits(window.add, 5, 1.0, 0.0)  # not a priced plan: nothing to set it against
+    fitted = RoundCostModel.from_sums(window.sums)
+    assert fitted.wait_scale == pytest.approx((100 * 0.300 + WAIT_PRIOR_S) / (100 * 0.240 + WAIT_PRIOR_S))
+    assert fitted.row_wait_s([2, 0]) == pytest.approx(fitted.wait_scale * fitted.round_s([2, 0]))
+    assert fitted.round_s([2, 0]) == before.round_s([2, 0])
+    assert all(is_cost_key(key) for key in window.sums)  # kept over the cost window, summed over replicas
+    thin = timed_rounds(n=50)
+    add_row_waits(thin.add, 1, 0.030, 0.024)
+    assert 1.0 < RoundCostModel.from_sums(thin.sums).wait_scale < 1.01

@@ -198,7 +198,7 @@ class PricedPolicy(TogglingPolicy):
     def plan(self, rows, default_gamma):
         from dataclasses import replace
 
-        return replace(super().plan(rows, default_gamma), planned_s=0.001 * (self.rounds))
+        return replace(super().plan(rows, default_gamma), planned_s=0.001 * (self.rounds), decode_s=0.002)
 
 
 def test_each_round_reports_what_its_plan_predicted_it_would_take(make_engine, prompt_ids):
@@ -208,6 +208,9 @@ def test_each_round_reports_what_its_plan_predicted_it_would_take(make_engine, p
     built.engine.generate([GenerationRequest(prompt_ids[0], 8, ignore_eos=True)])
     assert [s.planned_seconds for s in policy.samples] == [0.001 * (k + 1) for k in range(len(policy.samples))]
     assert all(s.round_seconds > 0 for s in policy.samples)
+    # and what its rows waited since they last emitted, beside the decoding round it priced
+    assert [s.waited_rows for s in policy.samples] == [0] + [1] * (len(policy.samples) - 1)
+    assert all(s.waited_seconds > 0 and s.decode_seconds == 0.002 for s in policy.samples[1:])
 
 
 def test_a_round_is_timed_from_where_the_last_one_ended_while_rows_keep_running(make_engine, prompt_ids):

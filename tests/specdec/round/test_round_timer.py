@@ -37,3 +37,12 @@ def test_proposer_compute_adds_up_and_falls_back_to_the_wall_time():
     timer.propose_compute_s = None  # the round's call reported nothing
     timer.add_propose_compute(0.003, None)
     assert timer.propose_compute_s is None
+
+
+def test_a_rows_wait_runs_from_its_last_emission_and_stops_when_it_leaves():
+    timer = RoundTimer()
+    assert timer.row_waits(["a", "b"], 10.0) == (0, 0.0)  # first tokens: nothing waited yet
+    assert timer.row_waits(["a"], 10.5) == (1, pytest.approx(0.5))  # b sat this round out
+    assert timer.row_waits(["a", "b", "c"], 11.0) == (2, pytest.approx(0.5 + 1.0))
+    timer.forget("a")
+    assert timer.row_waits(["a"], 12.0) == (0, 0.0)
