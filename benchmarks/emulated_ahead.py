@@ -11,10 +11,13 @@ itself gains on the profile (docs/drafting_ahead.md compares it with a model of 
 Every setup runs `--runs` times, interleaved (sequential, then each drafting-ahead setup, per
 stream count and run), after one unmeasured warm-up pass per setup and stream count (the
 measured choices settle there). Reported: tokens/s, rounds, mean accepted length, the
-look-ahead hit rate and the share of rounds run each way, and each setup's tokens/s over the
-sequential run just before it (median and range over the runs).
+look-ahead hit rate and the share of rounds run each way, each setup's tokens/s over the
+sequential run just before it (median and range over the runs), the wall time per step, the
+draft's time per step (the proposals the step waited for plus its look-ahead) and the share
+of that time hidden behind the target's verify.
 
     python benchmarks/emulated_ahead.py --profile h100-llama-8b-1b [--streams 1,8,32] [--runs 2] [--gamma 4]
+        [--fresh-misses]   (each setup also with missed rows proposed for afresh, interleaved)
 """
 
 from __future__ import annotations
@@ -33,7 +36,11 @@ from specdec.round.draft_ahead import DraftAhead
 from specdec.round.overlap_choice import LOOK_AHEAD
 from specdec.verifiers.verifier import Verifier, VerifyRequest, VerifyResult
 
-SETUPS = {"drafting ahead": None, "look-ahead only": LOOK_AHEAD}  # label -> DraftAhead's fixed way (None: measured)
+# label -> DraftAhead's arguments (way None: measured)
+SETUPS = {"drafting ahead": {"way": None}, "look-ahead only": {"way": LOOK_AHEAD}}
+# with --fresh-misses: the same, but a row whose look-ahead missed is proposed for afresh (the
+# behaviour before plain misses), for an interleaved comparison in one run
+FRESH_MISSES = {f"{label}, misses proposed afresh": {**kwargs, "plain_misses": False} for label, kwargs in SETUPS.items()}
 
 
 class ConcurrentVerifier(Verifier):
@@ -89,10 +96,10 @@ class MeasuredDraftAhead(DraftAhead):
 def engines(args: argparse.Namespace, slots: int) -> dict:
     """label -> engine: the plain one (sequential rounds) and one per drafting-ahead setup."""
     found = {"sequential": emulated_engine(args.profile, args.gamma, args.time_scale, slots)}
-    for label, way in SETUPS.items():
+    for label, kwargs in {**SETUPS, **(FRESH_MISSES if getattr(args, "fresh_misses", False) else {})}.items():
         built = emulated_engine(args.profile, args.gamma, args.time_scale, slots)
         built.engine.verifier = ConcurrentVerifier(built.engine.verifier)
-        built.engine.draft_ahead = MeasuredDraftAhead(built.engine.verifier, way=way)
+        built.engine.draft_ahead = MeasuredDraftAhead(built.engine.verifier, **kwargs)
         found[label] = built
     return found
 
@@ -182,6 +189,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--fresh-misses", action="store_true",
+                    help="also run each setup with missed rows proposed for afresh (interleaved)")
     args = ap.parse_args()
     print(table(measure(args)))
 

@@ -17,9 +17,10 @@ target verifies and the target would idle while the proposer drafts. Two ways ov
 When the verdict arrives, the branch that assumed it (if any) is used: its drafts continue
 exactly the history the sequence now has, and become the next round's drafts with the q
 they were drawn from. The other branches are thrown away (the proposer rolls its cache back
-by itself at its next call); without a matching branch the row's next round is proposed as
-usual, before its verification (while that verification runs, the proposer drafts ahead
-again).
+by itself at its next call). Without a matching branch, the row's next round verifies
+without drafts where its step looks ahead again (one token, the target's; the look-ahead
+drafted meanwhile branches on that token: `plain_misses`), so no look-ahead round waits for a
+proposal; in a sequential step it is proposed for as usual.
 
 Nothing here is configured but on/off (`speculation.overlap`): each kind of step (how many
 rows, greedy or sampled) measures sequential rounds, looking ahead and (several rows)
