@@ -11,10 +11,13 @@ itself gains on the profile (docs/drafting_ahead.md compares it with a model of 
 Every setup runs `--runs` times, interleaved (sequential, then each drafting-ahead setup, per
 stream count and run), after one unmeasured warm-up pass per setup and stream count (the
 measured choices settle there). Reported: tokens/s, rounds, mean accepted length, the
-look-ahead hit rate and the share of rounds run each way, and each setup's tokens/s over the
-sequential run just before it (median and range over the runs).
+look-ahead hit rate and the share of rounds run each way, each setup's tokens/s over the
+sequential run just before it (median and range over the runs), the wall time per step, the
+draft's time per step (the proposals the step waited for plus its look-ahead) and the share
+of that time hidden behind the target's verify.
 
     python benchmarks/emulated_ahead.py --profile h100-llama-8b-1b [--streams 1,8,32] [--runs 2] [--gamma 4]
+        [--fresh-misses]   (each setup also with missed rows proposed for afresh, interleaved)
 """
 
 from __future__ import annotations
@@ -33,7 +36,11 @@ from specdec.round.draft_ahead import DraftAhead
 from specdec.round.overlap_choice import LOOK_AHEAD
 from specdec.verifiers.verifier import Verifier, VerifyRequest, VerifyResult
 
-SETUPS = {"drafting ahead": None, "look-ahead only": LOOK_AHEAD}  # label -> DraftAhead's fixed way (None: measured)
+# label -> DraftAhead's arguments (way None: measured)
+SETUPS = {"drafting ahead": {"way": None}, "look-ahead only": {"way": LOOK_AHEAD}}
+# with --fresh-misses: the same, but a row whose look-ahead missed is proposed for afresh (the
+# behaviour before plain misses), for an interleaved comparison in one run
+FRESH_MISSES = {f"{label}, misses proposed afresh": {**kwargs, "plain_misses": False} for label, kwargs in SETUPS.items()}
 
 
 class ConcurrentVerifier(Verifier):
@@ -58,27 +65,52 @@ class ConcurrentVerifier(Verifier):
         return self.inner.verify(requests)
 
     def verify_async(self, requests: list[VerifyRequest]):
-        return self._thread.submit(self.inner.verify, requests)  # a Future: .result() waits
+        return self._thread.submit(self._timed, requests)  # a Future: .result() waits
+
+    def _timed(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
+        start = time.perf_counter()
+        try:
+            return self.inner.verify(requests)
+        finally:
+            self.last_verify_s = time.perf_counter() - start  # read by MeasuredDraftAhead
 
     def release(self, seq_id: str) -> None:
         self.inner.release(seq_id)
 
 
+class MeasuredDraftAhead(DraftAhead):
+    """DraftAhead that also sums how much of each look-ahead ran while the target verified
+    (hidden) and how much outlasted the verify (on the round's critical path)."""
+
+    def __init__(self, verifier: ConcurrentVerifier, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.verifier = verifier
+        self.ahead_s = self.hidden_s = 0.0
+
+    def verdict_waited(self, ahead_s: float, waited_s: float) -> None:
+        super().verdict_waited(ahead_s, waited_s)
+        self.ahead_s += ahead_s
+        self.hidden_s += min(ahead_s, getattr(self.verifier, "last_verify_s", 0.0))
+
+
 def engines(args: argparse.Namespace, slots: int) -> dict:
     """label -> engine: the plain one (sequential rounds) and one per drafting-ahead setup."""
     found = {"sequential": emulated_engine(args.profile, args.gamma, args.time_scale, slots)}
-    for label, way in SETUPS.items():
+    for label, kwargs in {**SETUPS, **(FRESH_MISSES if getattr(args, "fresh_misses", False) else {})}.items():
         built = emulated_engine(args.profile, args.gamma, args.time_scale, slots)
         built.engine.verifier = ConcurrentVerifier(built.engine.verifier)
-        built.engine.draft_ahead = DraftAhead(way=way)
+        built.engine.draft_ahead = MeasuredDraftAhead(built.engine.verifier, **kwargs)
         found[label] = built
     return found
 
 
 def run(built, prompts: list[list[int]], streams: int, max_new: int) -> dict:
-    """Decode `streams` requests together once: tokens/s, rounds, accepted length, hit rate."""
+    """Decode `streams` requests together once: tokens/s, rounds, accepted length, hit rate,
+    the draft's time per round and the share of it hidden behind the target's verify (the
+    look-ahead's time within the verify, over that and the proposals the rounds waited for)."""
     engine, ahead = built.engine, built.engine.draft_ahead
-    before = engine.stats.to_dict()
+    before, profile = engine.stats.to_dict(), engine.timer.profile.to_dict()
+    spans = (ahead.ahead_s, ahead.hidden_s) if ahead else (0.0, 0.0)
     looked, hits = (ahead.rows_ahead, ahead.hits) if ahead else (0, 0)
     ways = dict(ahead.steps_by_way) if ahead else {}
     ids = [engine.add_request(GenerationRequest(prompts[i % len(prompts)], max_new)) for i in range(streams)]
@@ -92,9 +124,16 @@ def run(built, prompts: list[list[int]], streams: int, max_new: int) -> dict:
     looked, hits = (ahead.rows_ahead - looked, ahead.hits - hits) if ahead else (0, 0)
     steps = {way: n - ways.get(way, 0) for way, n in ahead.steps_by_way.items()} if ahead else {}
     ways_share = {way: n / sum(steps.values()) for way, n in steps.items() if n} if steps else {}
+    after = engine.timer.profile.to_dict()
+    steps_done = after["rounds"] - profile["rounds"]
+    waited = (after["propose_s"] - after["overlap_s"]) - (profile["propose_s"] - profile["overlap_s"])
+    ahead_s, hidden_s = (ahead.ahead_s - spans[0], ahead.hidden_s - spans[1]) if ahead else (0.0, 0.0)
+    draft_s = waited + ahead_s
     return {"ways": ways_share, "tokens_per_s": tokens / wall, "rounds": rounds,
             "mean_accepted_length": (accepted + rounds) / rounds,
-            "hit_rate": hits / looked if looked else None, "rows_ahead": looked}
+            "hit_rate": hits / looked if looked else None, "rows_ahead": looked,
+            "round_ms": 1000 * wall / steps_done, "draft_ms": 1000 * draft_s / steps_done,
+            "hidden": hidden_s / draft_s if draft_s > 0 else 0.0}
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
@@ -112,14 +151,16 @@ def measure(args: argparse.Namespace) -> list[dict]:
                        **run(engine, prompts, streams, args.max_new_tokens)}
                 rows.append(row)
                 ways = ", ".join(f"{way} {share:.0%}" for way, share in row["ways"].items())
-                print(f"  run {number}: {label} x{streams}: {row['tokens_per_s']:.1f} tokens/s {ways}", flush=True)
+                print(f"  run {number}: {label} x{streams}: {row['tokens_per_s']:.1f} tokens/s {ways} "
+                      f"hit {row['hit_rate'] or 0:.0%} hidden {row['hidden']:.0%}", flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
     """Median per setup and stream count, and the ratio over the sequential run before each."""
     lines = ["| streams | setup | tokens/s (median) | over sequential (median, range) | mean accepted length "
-             "| look-ahead hit rate |", "|---:|---|---:|---|---:|---:|"]
+             "| look-ahead hit rate | step ms | draft ms per step | hidden behind the verify |",
+             "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
     last, groups = {}, {}
     for row in rows:
         if row["setup"] == "sequential":
@@ -132,7 +173,10 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {streams} | {setup} | {statistics.median(r['tokens_per_s'] for r, _ in group):.1f} | "
                      f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
                      f"{statistics.median(r['mean_accepted_length'] for r, _ in group):.2f} | "
-                     f"{'–' if not hits else f'{statistics.median(hits):.0%}'} |")
+                     f"{'–' if not hits else f'{statistics.median(hits):.0%}'} | "
+                     f"{statistics.median(r['round_ms'] for r, _ in group):.2f} | "
+                     f"{statistics.median(r['draft_ms'] for r, _ in group):.2f} | "
+                     f"{statistics.median(r['hidden'] for r, _ in group):.0%} |")
     return "\n".join(lines)
 
 
@@ -145,6 +189,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--fresh-misses", action="store_true",
+                    help="also run each setup with missed rows proposed for afresh (interleaved)")
     args = ap.parse_args()
     print(table(measure(args)))
 

@@ -17,9 +17,10 @@ target verifies and the target would idle while the proposer drafts. Two ways ov
 When the verdict arrives, the branch that assumed it (if any) is used: its drafts continue
 exactly the history the sequence now has, and become the next round's drafts with the q
 they were drawn from. The other branches are thrown away (the proposer rolls its cache back
-by itself at its next call); without a matching branch the row's next round is proposed as
-usual, before its verification (while that verification runs, the proposer drafts ahead
-again).
+by itself at its next call). Without a matching branch, the row's next round verifies
+without drafts where its step looks ahead again (one token, the target's; the look-ahead
+drafted meanwhile branches on that token: `plain_misses`), so no look-ahead round waits for a
+proposal; in a sequential step it is proposed for as usual.
 
 Nothing here is configured but on/off (`speculation.overlap`): each kind of step (how many
 rows, greedy or sampled) measures sequential rounds, looking ahead and (several rows)
@@ -92,11 +93,16 @@ class DraftAhead:
     depth: how many drafts a look-ahead makes (None: as many as fit in the verify, LookAheadDepth,
         but at most MOST_CUT fewer than γ: a look-ahead's fixed work does not shrink with its
         depth, so cutting deeper than that lost more tokens than time).
+    plain_misses: a row whose look-ahead missed verifies its next look-ahead round without
+        drafts (one token, the target's) instead of waiting for a fresh proposal: the round
+        never waits for a draft call, and the look-ahead drafted during that verify guesses a
+        single token, which it ranks among its first few far more often than a whole round's
+        verdict (docs/drafting_ahead.md). False: such rows are proposed for afresh first.
     """
 
     def __init__(self, min_acceptance: float = 0.3, way: str | None = None, branches: int | None = None,
                  hits: LookAheadHits | None = None, block_rounds: int = 24, explore_every: int = 6,
-                 depth: LookAheadDepth | None = None) -> None:
+                 depth: LookAheadDepth | None = None, plain_misses: bool = True) -> None:
         if way not in (None, *BATCH_WAYS):
             raise ValueError(f"unknown way {way!r}")
         self.min_acceptance = min_acceptance
@@ -111,6 +117,9 @@ class DraftAhead:
         # the running step's way, and its kind and choice when the step is counted
         self._step: tuple[str, tuple[int, str] | None, OverlapChoice | None] = (SEQUENTIAL, None, None)
         self._ready: dict[str, LookAhead] = {}
+        self.plain_misses = plain_misses
+        self._missed: set[str] = set()  # rows whose last look-ahead missed the verdict
+        self.plain_rounds = 0  # rows that verified without drafts after a missed look-ahead
         self.rows_ahead = 0  # rows that looked ahead
         self.hits = 0  # ... whose look-ahead became the next round's drafts
         self.rejection_hits = 0  # ... of those, through a branch that assumed a rejected draft
@@ -152,6 +161,13 @@ class DraftAhead:
         if ahead is None or ahead.base_length != len(history) or gamma <= 0:
             return Drafts()
         return ahead.drafts.first(gamma)
+
+    def verifies_plainly(self, seq_id: str) -> bool:
+        """Whether a row without drafts made ahead verifies without any this round (and is
+        not proposed for): its last look-ahead missed and this step looks ahead again."""
+        plain = self.plain_misses and self._step[0] == LOOK_AHEAD and seq_id in self._missed
+        self.plain_rounds += plain
+        return plain
 
     def wants(self, drafted: int, accepted: int, rounds: int) -> bool:
         """Whether a row with these statistics should draft ahead."""
@@ -278,6 +294,10 @@ class DraftAhead:
                     and b.token_ids), None)
         if branches:
             self.branch_hits.record(len(branches), None if hit is None else branches.index(hit))
+        if branches and hit is None:
+            self._missed.add(request.seq_id)
+        else:
+            self._missed.discard(request.seq_id)
         if hit is not None:
             self._ready[request.seq_id] = LookAhead(base + 1, hit.drafts())
             self.hits += 1
@@ -285,4 +305,5 @@ class DraftAhead:
 
     def forget(self, seq_id: str) -> None:
         self._ready.pop(seq_id, None)
+        self._missed.discard(seq_id)
 

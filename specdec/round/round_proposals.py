@@ -47,11 +47,14 @@ class RoundProposals:
 
     def ready_drafts(self, batch: list[Sequence], gammas: list[int],
                       reads: list[ProposalRequest]) -> tuple[Proposal, set[int]]:
-        """Each row's drafts made ahead when they continue its history; the other speculating
-        rows are proposed for now, before their verification, in one call with the draft's
-        chunk reads. Returns the proposal and the rows proposed for now."""
-        ready = [self.draft_ahead.take(seq.seq_id, seq.token_ids, g) for seq, g in zip(batch, gammas)]
-        missing = [i for i, drafts in enumerate(ready) if not drafts and gammas[i] > 0]
+        """Each row's drafts made ahead when they continue its history; rows whose look-ahead
+        missed verify without drafts where the step looks ahead again (DraftAhead.verifies_plainly);
+        the other speculating rows are proposed for now, before their verification, in one
+        call with the draft's chunk reads. Returns the proposal and the rows proposed for now."""
+        ahead = self.draft_ahead
+        ready = [ahead.take(seq.seq_id, seq.token_ids, g) for seq, g in zip(batch, gammas)]
+        missing = [i for i, drafts in enumerate(ready)
+                   if not drafts and gammas[i] > 0 and not ahead.verifies_plainly(batch[i].seq_id)]
         self.timer.propose_compute_s = 0.0
         if missing or reads:
             fresh = self.propose([batch[i] for i in missing], [gammas[i] for i in missing], reads)

@@ -103,6 +103,26 @@ def test_a_look_ahead_is_cut_to_the_rows_gamma_and_used_once():
     assert ahead.take("a", [1, 5], gamma=2) == Drafts()
 
 
+def test_a_row_whose_look_ahead_missed_verifies_without_drafts_while_its_step_looks_ahead():
+    """Rather than wait for a fresh proposal, the round verifies the missed row plainly (one
+    token, the target's) and its next drafts are drafted during that verify; a sequential
+    step proposes as usual, and a hit, or a row that left, ends it."""
+    ahead = DraftAhead(way=LOOK_AHEAD)
+    request = VerifyRequest("a", [1, 2], [3, 4], SamplingParams())
+    ahead.keep(request, VerifyResult("a", [3, 9], 1), [Branch(4, 5, [6, 7])])  # a miss
+    ahead.split([SimpleNamespace(seq_id="a", stats=SimpleNamespace(rounds=3), request=None)], {"a": 0})
+    assert ahead.verifies_plainly("a") and not ahead.verifies_plainly("b")
+    ahead._step = (SEQUENTIAL, None, None)
+    assert not ahead.verifies_plainly("a"), "a sequential step proposes for it"
+    ahead._step = (LOOK_AHEAD, None, None)
+    ahead.keep(request, VerifyResult("a", [3, 4, 5], 2), [Branch(4, 5, [6, 7])])  # a hit
+    assert not ahead.verifies_plainly("a")
+    ahead.keep(request, VerifyResult("a", [8], 0), [Branch(4, 5, [6, 7])])
+    ahead.forget("a")
+    assert not ahead.verifies_plainly("a") and ahead.plain_rounds == 1
+    assert not DraftAhead(way=LOOK_AHEAD, plain_misses=False).verifies_plainly("a")
+
+
 def test_rows_with_low_acceptance_stop_drafting_ahead():
     ahead = DraftAhead(min_acceptance=0.3)
     assert ahead.wants(drafted=0, accepted=0, rounds=0)
