@@ -57,6 +57,11 @@ class ParityGrammar(GrammarMatcher):
     def rollback(self, num_tokens: int) -> None:
         del self.tokens[len(self.tokens) - num_tokens:]
 
+    def fork(self) -> ParityGrammar:
+        copy = ParityGrammar()
+        copy.tokens = list(self.tokens)
+        return copy
+
     @property
     def ended(self) -> bool:
         return False
