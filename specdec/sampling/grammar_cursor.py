@@ -72,10 +72,11 @@ class GrammarCursor:
         return [*masks, self.allowed()]
 
     def allowed_prefix(self, tokens: list[int]) -> list[int]:
-        """The leading tokens the grammar allows (up to its first forbidden one), advancing along them."""
+        """The leading tokens the grammar allows (up to its first forbidden one, or its end),
+        advancing along them."""
         for i, token in enumerate(tokens):
             mask = self.allowed()
-            if mask is not None and not allows(mask, token):
+            if mask is None or not allows(mask, token):
                 return tokens[:i]
             self.accept(token)
         return tokens
