@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from draft_logits import raw_logits
 from specdec.models.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import ProposalRequest
@@ -63,15 +64,6 @@ def test_every_drafted_token_is_one_the_grammar_allows_and_the_rows_matcher_stay
         proposer.release(f"s{i}")
 
 
-def _raw_logits(runner, tokens: list[int]) -> torch.Tensor:
-    """The draft model's logits after every token of `tokens` ([T, V] float64), on a fresh slot."""
-    slot = runner.allocate_slot()
-    try:
-        return runner.forward([slot], [tokens])[0].double()
-    finally:
-        runner.free_slot(slot)
-
-
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7)], ids=["greedy", "sampled"])
 def test_the_draft_draws_from_its_distribution_masked_by_the_grammar_after_its_earlier_drafts(
         runner, backend, prompt_ids, sampling):
@@ -82,7 +74,7 @@ def test_the_draft_draws_from_its_distribution_masked_by_the_grammar_after_its_e
     proposer.release("s")
     _, masks = row.constrain(drafts.token_ids)  # [GAMMA + 1, W]: the target's masks at these positions
     allowed = grammar_mask.unpack(masks[:GAMMA], runner.vocab_size)  # [GAMMA, V]
-    raw = _raw_logits(runner, history + drafts.token_ids[:-1])[len(history) - 1:]  # [GAMMA, V]
+    raw = raw_logits(runner, history + drafts.token_ids[:-1])[len(history) - 1:]  # [GAMMA, V]
     masked = raw.masked_fill(~allowed, float("-inf"))
     if sampling.is_greedy:
         assert drafts.q is None and drafts.token_ids == masked.argmax(dim=-1).tolist()
