@@ -17,6 +17,11 @@ tokens at every drafted position and drafts the next round for several verdicts 
 (all accepted; a rejection at d1, d2, ... with its next-best token), each on a slot forked
 from the sequence's own (see `look_ahead`).
 
+Under a grammar (structured output) a row drafts under the target's mask: each position's
+logits are masked by the grammar state after the history and the row's drafts before it (a
+copy of the row's matcher, `ProposalRequest.grammar`), and q is that masked, renormalised
+distribution, the one the draft drew from.
+
 Seeded sampled requests are coupled (specdec.sampling.gumbel_sampling): the draft's guess at a
 position is its Gumbel-max choice under the noise the target uses there, which
 `sample_from_probs` draws for such rows; the look-ahead ranks by the same race.
@@ -216,7 +221,7 @@ class DraftModelProposer(Proposer):
                                           histories=[history[: first + j] for j in range(n)],
                                           num_prompt_tokens=[request.num_prompt_tokens] * n)
         logits = batch.processed(logits[:, None])[:, 0]  # row j sees the history before its position
-        cursor = request.grammar and request.grammar.at(history[:first])
+        cursor = request.grammar.at(history[:first]) if request.grammar else None
         if cursor is not None:  # under a grammar: the tokens it allows rank first, as only they can come
             logits = mask_logits(logits, cursor.masks_along(history[first:]))
         if not bool(batch.coupled.all()):

@@ -44,6 +44,6 @@ class NgramProposer(Proposer):
         for request in requests:
             tokens = np.asarray(request.token_ids, dtype=np.int64)
             drafted = find_continuation(tokens, self.n_min, self.n_max, request.gamma) if request.gamma > 0 else []
-            cursor = request.grammar and drafted and request.grammar.at(request.token_ids)
-            proposal.append(Drafts(drafted if not cursor else cursor.allowed_prefix(drafted)))
+            cursor = request.grammar.at(request.token_ids) if drafted and request.grammar else None
+            proposal.append(Drafts(drafted if cursor is None else cursor.allowed_prefix(drafted)))
         return proposal
