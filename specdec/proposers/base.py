@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.proposers.drafts import Drafts, EncodedQ
+from specdec.sampling.grammar_cursor import GrammarCursor
 from specdec.sampling.sampling_params import SamplingParams
 
 
@@ -26,6 +27,9 @@ class ProposalRequest:
     reserve_tokens: the most tokens the sequence may hold (prompt + max_new_tokens): a draft
         model reserves that much cache when it first sees the sequence and drafts no further
         (None: max_seq_len).
+    grammar: the row's grammar (structured output) as a copy of its own, at the end of the
+        row's history: a proposer drafts under the same mask as the target
+        (docs/structured_output.md). None: no grammar, or a proposer that cannot follow it.
     """
 
     seq_id: str
@@ -35,6 +39,7 @@ class ProposalRequest:
     gamma: int = 1
     num_prompt_tokens: int = 0
     reserve_tokens: int | None = None
+    grammar: GrammarCursor | None = None
 
 
 #: a proposer's answer: one Drafts per request, in order

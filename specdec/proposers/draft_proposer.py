@@ -17,6 +17,11 @@ tokens at every drafted position and drafts the next round for several verdicts 
 (all accepted; a rejection at d1, d2, ... with its next-best token), each on a slot forked
 from the sequence's own (see `look_ahead`).
 
+Under a grammar (structured output) a row drafts under the target's mask: each position's
+logits are masked by the grammar state after the history and the row's drafts before it (a
+copy of the row's matcher, `ProposalRequest.grammar`), and q is that masked, renormalised
+distribution, the one the draft drew from.
+
 Seeded sampled requests are coupled (specdec.sampling.gumbel_sampling): the draft's guess at a
 position is its Gumbel-max choice under the noise the target uses there, which
 `sample_from_probs` draws for such rows; the look-ahead ranks by the same race.
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.sampling.counter_rng import ROLE_DRAFT
+from specdec.sampling.grammar_cursor import mask_logits
 from specdec.sampling.gumbel_sampling import race
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Branch, Drafts, Proposal, ProposalRequest, Proposer, common_prefix_length
@@ -215,6 +221,9 @@ class DraftModelProposer(Proposer):
                                           histories=[history[: first + j] for j in range(n)],
                                           num_prompt_tokens=[request.num_prompt_tokens] * n)
         logits = batch.processed(logits[:, None])[:, 0]  # row j sees the history before its position
+        cursor = request.grammar.at(history[:first]) if request.grammar else None
+        if cursor is not None:  # under a grammar: the tokens it allows rank first, as only they can come
+            logits = mask_logits(logits, cursor.masks_along(history[first:]))
         if not bool(batch.coupled.all()):
             return logits
         q = logits_to_probs(logits, batch).to(self._q_dtype)  # [u + 1, vocab], as drafted
@@ -251,6 +260,7 @@ class DraftModelProposer(Proposer):
                                           histories=[r.token_ids for r in requests],
                                           num_prompt_tokens=[r.num_prompt_tokens for r in requests])
         logits = self._catch_up(requests, states)  # [n, vocab]
+        cursors = [None if r.grammar is None else r.grammar.at(r.token_ids) for r in requests]  # copies to walk
         guessed: list[list[int]] = [[] for _ in requests]  # each row's guesses so far
         probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)
         active = list(range(len(requests)))
@@ -262,12 +272,16 @@ class DraftModelProposer(Proposer):
             sub = batch.select(rows)
             if sub.processing is not None:  # the guesses before i seen, as the target will
                 logits = sub.processed_after(logits, torch.tensor([guessed[row] for row in active], dtype=torch.long))
+            # under a grammar, its mask after the history and the guesses before i (the target's)
+            logits = mask_logits(logits, [cursors[row] and cursors[row].allowed() for row in active])
             token, weights = self._sample(logits, sub, i, probs is not None)  # [a], [a, vocab]
             if probs is not None:
                 probs[rows, i] = weights
             guesses = token.tolist()  # [a]: one read of the step's tokens, not one per row
             for row, guess in zip(active, guesses):
                 guessed[row].append(guess)
+                if cursors[row] is not None:
+                    cursors[row].accept(guess)
             fed = [k for k, row in enumerate(active) if gammas[row] > i + 1]
             if fed:
                 active = [active[k] for k in fed]

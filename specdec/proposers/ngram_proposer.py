@@ -1,7 +1,9 @@
 """N-gram prompt lookup: propose what followed the last occurrence of the context's suffix.
 
 Strong when the output copies from its context (summarisation, editing, RAG, code). It has
-no draft probabilities: the target verifies its tokens as a one-hot q.
+no draft probabilities: the target verifies its tokens as a one-hot q. Under a grammar the
+proposal stops before its first token the grammar forbids (the target could never accept it;
+the proposal is still a function of the history, so verifying it stays exact).
 """
 
 from __future__ import annotations
@@ -42,5 +44,6 @@ class NgramProposer(Proposer):
         for request in requests:
             tokens = np.asarray(request.token_ids, dtype=np.int64)
             drafted = find_continuation(tokens, self.n_min, self.n_max, request.gamma) if request.gamma > 0 else []
-            proposal.append(Drafts(drafted))
+            cursor = request.grammar.at(request.token_ids) if drafted and request.grammar else None
+            proposal.append(Drafts(drafted if cursor is None else cursor.allowed_prefix(drafted)))
         return proposal

@@ -48,6 +48,7 @@ from specdec.round.look_ahead_hits import LookAheadHits
 from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL, OverlapChoice
 from specdec.proposers.base import Branch, Drafts, ProposalRequest
 from specdec.requests.sequence import Sequence
+from specdec.sampling.grammar_row import draft_cursor
 from specdec.verifiers.verifier import VerifyRequest, VerifyResult
 
 MIN_ROUNDS_BEFORE_GATING = 4  # a row's own acceptance is trusted after this many rounds
@@ -231,11 +232,13 @@ class DraftAhead:
         self._drafts_ahead = 0
         if later:
             return [ProposalRequest(seq.seq_id, seq.token_ids, seq.request.sampling, seq.request.proposer,
-                                    gammas[seq.seq_id], seq.num_prompt_tokens, seq.reserve_tokens) for seq in later]
+                                    gammas[seq.seq_id], seq.num_prompt_tokens, seq.reserve_tokens,
+                                    draft_cursor(seq.grammar, len(seq.token_ids))) for seq in later]
         overlaps = self.overlaps
         asks = [ProposalRequest(seq.seq_id, [*request.token_ids, *request.draft_token_ids], seq.request.sampling,
                                 seq.request.proposer, self._drafts_for(seq, gammas[seq.seq_id]) if overlaps else 0,
-                                seq.num_prompt_tokens, seq.reserve_tokens)
+                                seq.num_prompt_tokens, seq.reserve_tokens,
+                                draft_cursor(seq.grammar, len(seq.token_ids)))
                 for seq, request in zip(now, requests)]
         looking = sum(1 for ask in asks if ask.gamma > 0)
         self.rows_ahead += looking

@@ -18,6 +18,7 @@ from specdec.proposers.proposer_view import ProposerView
 from specdec.requests.sequence import Sequence
 from specdec.round.draft_ahead import DraftAhead
 from specdec.round.round_timer import RoundTimer
+from specdec.sampling.grammar_row import draft_cursor
 from specdec.verifiers.verifier import VerifyRequest
 
 logger = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ class RoundProposals:
             return full
         requests = [ProposalRequest(batch[i].seq_id, batch[i].token_ids, batch[i].request.sampling,
                                     batch[i].request.proposer, gammas[i], batch[i].num_prompt_tokens,
-                                    batch[i].reserve_tokens) for i in rows]
+                                    batch[i].reserve_tokens, draft_cursor(batch[i].grammar, len(batch[i].token_ids)))
+                    for i in rows]
         for request in (*requests, *reads):
             self.view.proposing(request.seq_id, len(request.token_ids))
         requests += reads

@@ -19,14 +19,17 @@ _BITS = torch.arange(32, dtype=torch.int32)  # [32]
 
 
 def unpack(masks: Tensor, vocab_size: int) -> Tensor:
-    """[..., W] int32 packed masks -> [..., vocab_size] bool (True = allowed)."""
+    """[..., W] int32 packed masks -> [..., vocab_size] bool (True = allowed), on the masks' device."""
+    if masks.device.type == "cpu":  # numpy's bit unpacking: one pass, no [..., W, 32] int32 temporaries
+        words = np.ascontiguousarray(masks.numpy(), dtype="<i4").view(np.uint8)  # [..., 4W]: bytes, LSB first
+        return torch.from_numpy(np.unpackbits(words, axis=-1, bitorder="little")[..., :vocab_size].view(np.bool_))
     bits = (masks[..., None] >> _BITS.to(masks.device)) & 1  # [..., W, 32]
     return bits.reshape(*masks.shape[:-1], -1)[..., :vocab_size].bool()
 
 
 def apply_masks(logits: Tensor, masks: Tensor) -> Tensor:
-    """logits [B, T, V] with the tokens each mask forbids set to -inf; masks [B, T, W] int32
-    (ALL_ALLOWED words where a row has no grammar)."""
+    """logits [..., V] with the tokens each mask forbids set to -inf; masks [..., W] int32
+    (ALL_ALLOWED words where a row has no grammar), e.g. [B, T, W] for a verify's positions."""
     allowed = unpack(masks.to(logits.device), logits.shape[-1])  # [B, T, V]
     return logits.masked_fill(~allowed, float("-inf"))
 

@@ -2,9 +2,10 @@
 
 A `GrammarMatcher` follows one request's output token by token: it says which tokens may
 come next (a packed bitmask, `specdec.sampling.grammar_mask`), accepts a token, rolls back
-tokens it accepted, and says when the grammar has ended. A `GrammarBackend` compiles a
-grammar (a `Grammar`: specdec.requests.grammar_spec.GrammarSpec is one; once per distinct
-grammar: compiling a JSON schema costs far more than a round) and makes matchers of it.
+tokens it accepted, forks an independent copy of itself, and says when the grammar has
+ended. A `GrammarBackend` compiles a grammar (a `Grammar`:
+specdec.requests.grammar_spec.GrammarSpec is one; once per distinct grammar: compiling a
+JSON schema costs far more than a round) and makes matchers of it.
 xgrammar is the one backend (`specdec.sampling.grammar_xgrammar`).
 """
 
@@ -49,6 +50,10 @@ class GrammarMatcher(ABC):
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:
         """Undo the last num_tokens accepted tokens."""
+
+    @abstractmethod
+    def fork(self) -> "GrammarMatcher":
+        """An independent matcher at the same position (a draft walks its copy; this one stays)."""
 
     @property
     @abstractmethod

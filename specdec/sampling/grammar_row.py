@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specdec.sampling.grammar_cursor import GrammarCursor
 from specdec.sampling.grammar_matcher import GrammarMatcher, allows, mask_width
 
 
@@ -28,6 +29,7 @@ class GrammarRow:
 
     def __init__(self, matcher: GrammarMatcher, vocab_size: int) -> None:
         self.matcher = matcher
+        self.vocab_size = vocab_size
         self.width = mask_width(vocab_size)
 
     @property
@@ -56,6 +58,11 @@ class GrammarRow:
         self.matcher.rollback(walked)
         return kept, torch.from_numpy(masks[: kept + 1])
 
+    def cursor(self, length: int) -> GrammarCursor:
+        """A copy for the proposer (the matcher stays), at the end of the row's history of
+        `length` tokens: where the matcher is between rounds."""
+        return GrammarCursor(self.matcher.fork(), length, self.vocab_size)
+
     def advance(self, emitted: list[int]) -> list[int]:
         """Move by the round's emitted tokens; returns them up to the grammar's end (the token
         that ended it included). GrammarViolation when one of them is not allowed."""
@@ -65,3 +72,8 @@ class GrammarRow:
             if self.matcher.ended:
                 return emitted[: i + 1]
         return emitted
+
+
+def draft_cursor(row: GrammarRow | None, length: int) -> GrammarCursor | None:
+    """The cursor a proposal request carries for a row with this grammar (None: no grammar)."""
+    return None if row is None else row.cursor(length)

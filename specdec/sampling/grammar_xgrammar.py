@@ -62,6 +62,9 @@ class XGrammarMatcher(GrammarMatcher):
         if num_tokens:
             self._matcher.rollback(num_tokens)
 
+    def fork(self) -> XGrammarMatcher:
+        return XGrammarMatcher(self._matcher.fork())
+
     @property
     def ended(self) -> bool:
         return bool(self._matcher.is_terminated())

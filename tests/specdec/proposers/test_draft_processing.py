@@ -4,6 +4,7 @@ each position, its own earlier guesses included) and reports the q it drew from.
 import pytest
 import torch
 
+from draft_logits import raw_logits
 from specdec.models.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import ProposalRequest
@@ -16,15 +17,6 @@ def runner():
     return ModelRunner.from_pretrained(resolve_model_path("bundled:draft"), num_slots=2, max_seq_len=512)
 
 
-def _raw_logits(runner, tokens: list[int]) -> torch.Tensor:
-    """The draft model's logits after every token of `tokens` ([T, V] float64), on a fresh slot."""
-    slot = runner.allocate_slot()
-    try:
-        return runner.forward([slot], [tokens])[0].double()
-    finally:
-        runner.free_slot(slot)
-
-
 def test_q_at_each_position_is_the_processed_draft_distribution_after_the_guesses_before_it(runner, prompt_ids):
     prompt, output = prompt_ids[0][:20], prompt_ids[0][20:26]
     history = prompt + output
@@ -32,7 +24,7 @@ def test_q_at_each_position_is_the_processed_draft_distribution_after_the_guesse
     proposer = DraftModelProposer(runner, runner.vocab_size)
     proposal = proposer.propose([ProposalRequest("s", history, params, gamma=3, num_prompt_tokens=len(prompt))])
     guesses = proposal[0].token_ids
-    raw = _raw_logits(runner, history + guesses[:-1])[len(history) - 1 :]  # [3, V]: after history + guesses[:i]
+    raw = raw_logits(runner, history + guesses[:-1])[len(history) - 1 :]  # [3, V]: after history + guesses[:i]
     for i in range(3):
         seen = output + guesses[:i]
         x = raw[i].clone()

@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 
+from even_grammar import EvenGrammar
 from specdec.proposers.base import ProposalRequest
 from specdec.proposers.ngram_proposer import NgramProposer, find_continuation
+from specdec.sampling.grammar_cursor import GrammarCursor
 from specdec.sampling.sampling_params import SamplingParams
 
 
@@ -66,3 +68,11 @@ def test_each_row_proposes_at_most_its_own_gamma():
         ProposalRequest("b", history, SamplingParams(), gamma=3),
     ])
     assert [d.token_ids for d in proposal] == [[3], [3, 4, 5]]
+
+
+def test_under_a_grammar_the_proposal_stops_before_its_first_forbidden_token():
+    history = [2, 4, 6, 8, 3, 2, 4]  # the suffix [2, 4] was followed by 6, 8, 3, 2
+    free = NgramProposer(1, 2).propose([ProposalRequest("s", history, SamplingParams(), gamma=4)])
+    grammar = GrammarCursor(EvenGrammar(), 5, 64)  # the output starts after the first 5 tokens
+    cut = NgramProposer(1, 2).propose([ProposalRequest("s", history, SamplingParams(), gamma=4, grammar=grammar)])
+    assert free[0].token_ids == [6, 8, 3, 2] and cut[0].token_ids == [6, 8]

@@ -387,7 +387,7 @@ def test_a_lone_row_drafts_every_branch_and_several_rows_at_most_batch_branches_
     """A lone row's look-ahead branches on the draft's 2nd and 3rd choices; when several rows
     look ahead together, each branch is one more row of the draft's forward."""
     def rows(n):
-        return [SimpleNamespace(seq_id=str(i), token_ids=[5, 6, 7], num_prompt_tokens=2, reserve_tokens=0,
+        return [SimpleNamespace(seq_id=str(i), token_ids=[5, 6, 7], num_prompt_tokens=2, reserve_tokens=0, grammar=None,
                                 request=SimpleNamespace(sampling=SamplingParams(), proposer=None),
                                 stats=SimpleNamespace(drafted=0, accepted=0, rounds=1)) for i in range(n)]
 
@@ -404,7 +404,7 @@ def test_a_lone_row_drafts_every_branch_and_several_rows_at_most_batch_branches_
 def fake_rows(n: int, greedy: bool = True) -> list:
     """n speculating rows past their first round, for the pure bookkeeping of DraftAhead."""
     sampling = SamplingParams() if greedy else SamplingParams(temperature=0.8)
-    return [SimpleNamespace(seq_id=str(i), token_ids=[5, 6, 7], num_prompt_tokens=2, reserve_tokens=0,
+    return [SimpleNamespace(seq_id=str(i), token_ids=[5, 6, 7], num_prompt_tokens=2, reserve_tokens=0, grammar=None,
                             request=SimpleNamespace(sampling=sampling, proposer=None),
                             stats=SimpleNamespace(drafted=0, accepted=0, rounds=1)) for i in range(n)]
 

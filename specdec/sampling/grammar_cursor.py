@@ -1,0 +1,101 @@
+"""A proposer's private copy of a row's grammar: the masks its drafts are proposed under.
+
+The target's logits are masked by the row's grammar (`GrammarRow`); a draft that ignores it
+keeps proposing tokens the mask forbids, which verification rejects with certainty. A
+`GrammarCursor` is a fork of the row's matcher at the end of the row's history (`length`
+tokens): the draft masks its logits at each drafted position by the state after the history
+and its own drafts before that position, advancing the copy as it drafts. The row's matcher
+never moves (the copy is dropped with the call: rolling back is free), and a copy may be
+walked on any thread.
+
+Exactness does not rest on the cursor: the draft reports the masked, renormalised q it drew
+from, and the acceptance rule is exact for any q actually sampled from. Where the cursor
+cannot follow (a history token or a drafted token the grammar forbids, the grammar ended), it
+masks nothing more: what follows is cut before verification anyway.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specdec.sampling import grammar_mask
+from specdec.sampling.grammar_matcher import GrammarMatcher, allows, mask_width
+
+
+class GrammarCursor:
+    """A matcher of the proposer's own, after the first `length` tokens of the row's history,
+    for logits of vocab_size tokens."""
+
+    def __init__(self, matcher: GrammarMatcher, length: int, vocab_size: int) -> None:
+        self._matcher = matcher
+        self.length = length
+        self.vocab_size = vocab_size
+        self._following = True  # False once it took a token the grammar forbids
+
+    def at(self, history: list[int]) -> GrammarCursor | None:
+        """A fresh copy advanced along history[length:] (what an ask adds to the row's history:
+        a look-ahead's unverified drafts and its branch token); None (draft unmasked) when the
+        history is shorter than the row's, or its added tokens leave the grammar."""
+        if len(history) < self.length or not self._following:
+            return None
+        copy = GrammarCursor(self._matcher.fork(), self.length, self.vocab_size)
+        for token in history[self.length:]:
+            if copy._matcher.ended or not copy._matcher.accept(token):
+                return None
+            copy.length += 1
+        return copy
+
+    def allowed(self) -> np.ndarray | None:
+        """The packed mask ([W] int32) of the tokens allowed next; None when there is none to
+        apply (the grammar ended, or the cursor took a token it forbids)."""
+        if not self._following or self._matcher.ended:
+            return None
+        out = np.zeros(mask_width(self.vocab_size), dtype=np.int32)  # [W]
+        self._matcher.fill_mask(out)
+        return out
+
+    def accept(self, token: int) -> None:
+        """The proposer drafted `token`: move past it (a token the grammar forbids ends the masks)."""
+        if self._following and not self._matcher.ended:
+            self._following = self._matcher.accept(token)
+        self.length += 1
+
+    def masks_along(self, tokens: list[int]) -> list[np.ndarray | None]:
+        """The mask before each of `tokens` and after the last (len(tokens) + 1 of them),
+        advancing along them."""
+        masks = []
+        for token in tokens:
+            masks.append(self.allowed())
+            self.accept(token)
+        return [*masks, self.allowed()]
+
+    def allowed_prefix(self, tokens: list[int]) -> list[int]:
+        """The leading tokens the grammar allows (up to its first forbidden one, or its end),
+        advancing along them."""
+        for i, token in enumerate(tokens):
+            mask = self.allowed()
+            if mask is None or not allows(mask, token):
+                return tokens[:i]
+            self.accept(token)
+        return tokens
+
+
+def mask_logits(logits: Tensor, masks: list[np.ndarray | None]) -> Tensor:
+    """logits [a, V] with the tokens each row's packed mask ([W] int32) forbids at -inf (a new
+    tensor; the same one when no row has a mask). A row without a mask, or whose mask would
+    leave it no finite logit (a draft vocabulary without the allowed tokens), stays as it was:
+    the draft then proposes freely, and its q is still what it drew from."""
+    if all(mask is None for mask in masks):
+        return logits
+    width = mask_width(logits.shape[-1])
+    words = np.full((len(masks), width), grammar_mask.ALL_ALLOWED, dtype=np.int32)  # [a, W]
+    for k, mask in enumerate(masks):
+        if mask is not None:
+            words[k, : min(width, mask.shape[0])] = mask[:width]
+    masked = grammar_mask.apply_masks(logits, torch.from_numpy(words))  # [a, V]
+    dead = masked.amax(dim=-1) == float("-inf")  # [a]: rows the mask would leave nothing
+    if bool(dead.any()):
+        masked[dead] = logits[dead]
+    return masked
