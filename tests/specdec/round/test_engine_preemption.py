@@ -7,7 +7,7 @@ once, and a request the pool cannot hold alone is refused at entry."""
 from __future__ import annotations
 
 import pytest
-from admission_checks import budget_of_blocks
+from admission_checks import budget_of_blocks, run_streams
 
 from specdec.requests.request import GenerationRequest
 from specdec.sampling.sampling_params import SamplingParams
@@ -26,17 +26,6 @@ def small_pool(make_engine):
                                "memory_budget": budget_of_blocks(make_engine, POOL, BLOCK)})
     assert built.engine.verifier.runner.cache.num_blocks == POOL
     return built.engine
-
-
-def run_streams(engine, requests: list[GenerationRequest]) -> tuple[list, dict, int]:
-    """Submit all, step to the end: (results, each request's streamed tokens, most running at once)."""
-    ids = [engine.add_request(r) for r in requests]
-    streamed, most = {seq_id: [] for seq_id in ids}, 0
-    while engine.has_unfinished():
-        for output in engine.step():
-            streamed[output.seq_id] += output.new_token_ids
-        most = max(most, engine.num_running)
-    return [engine.result(seq_id) for seq_id in ids], [streamed[seq_id] for seq_id in ids], most
 
 
 def caches_hold_nothing(engine) -> bool:
