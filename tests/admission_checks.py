@@ -1,6 +1,5 @@
-"""Checks shared by the in-process and the served admission tests: short requests admitted by
-the cache blocks they reserve all run at once and decode what the target alone decodes; a
-batch stepped to the end reports what each request streamed (preemption tests)."""
+"""A check shared by the in-process and the served admission tests: short requests admitted by
+the cache blocks they reserve all run at once and decode what the target alone decodes."""
 
 from __future__ import annotations
 
@@ -26,14 +25,3 @@ def short_requests_run_at_once(engine, prompts: list[list[int]], hf_greedy, max_
     results = [engine.result(i) for i in ids]
     assert [r.token_ids for r in results] == [hf_greedy(p, max_new_tokens) for p in prompts]
     assert sum(r.stats.accepted for r in results) > 0, "the draft admitted them too"
-
-
-def run_streams(engine, requests: list[GenerationRequest]) -> tuple[list, dict, int]:
-    """Submit all, step to the end: (results, each request's streamed tokens, most running at once)."""
-    ids = [engine.add_request(r) for r in requests]
-    streamed, most = {seq_id: [] for seq_id in ids}, 0
-    while engine.has_unfinished():
-        for output in engine.step():
-            streamed[output.seq_id] += output.new_token_ids
-        most = max(most, engine.num_running)
-    return [engine.result(seq_id) for seq_id in ids], [streamed[seq_id] for seq_id in ids], most

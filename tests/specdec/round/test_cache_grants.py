@@ -78,7 +78,8 @@ def no_failure(seq: Sequence, exc: Exception) -> None:
     pytest.fail(f"failed {seq.seq_id}: {exc}")
 
 
-def running_pool(capacity: int, count: int, pool: TokenPool | None = None) -> tuple[TokenPool, list[Sequence], CacheGrants]:
+def running_pool(capacity: int, count: int,
+                 pool: TokenPool | None = None) -> tuple[TokenPool, list[Sequence], CacheGrants]:
     """`count` requests of 10 prompt tokens admitted (granted 10 + 5 + 5) and decoded to 20 tokens."""
     grants, pool, running = CacheGrants(round_tokens=5, watermark=5), pool or TokenPool(capacity), []
     for i in range(count):

@@ -2,27 +2,23 @@
 127.0.0.1, no Ray): the router sends each sequence's grant (its next round's need, grown as it
 decodes; at most prompt + max_new_tokens) with its history, the workers reserve that many cache
 blocks (not max_seq_len), and the router admits by its share of the target's blocks
-(WorkerInfo.num_blocks / block_size); a request its share can never hold is refused at entry. Cached prompt tokens come back in each outcome and reach the public stats."""
+(WorkerInfo.num_blocks / block_size); a request its share can never hold is refused at entry.
+Cached prompt tokens come back in each outcome and reach the public stats."""
 
 from __future__ import annotations
 
 import pytest
 from admission_checks import short_requests_run_at_once
 
+import worker_slots
+
 from specdec.config.config import load_config
-from specdec.models.loader import load_model
-from specdec.models.model_paths import resolve_model_path
-from specdec.models.model_runner import ModelRunner
 from specdec.proposers.composite_proposer import CompositeProposer
 from specdec.requests.request import GenerationRequest
 from specdec.round.engine import SpeculativeEngine
-from specdec.verifiers.target_verifier import TargetVerifier
 from specdec_rpc.public.public_api import to_stats
-from specdec_rpc.worker.draft_servicer import DraftServicer
 from specdec_rpc.worker.remote_proposer import RemoteProposer
 from specdec_rpc.worker.remote_verifier import RemoteVerifier
-from specdec_rpc.worker.target_servicer import TargetServicer
-from specdec_rpc.worker.worker_server import ServerThread
 
 NUM_SLOTS, MAX_SEQ_LEN, BLOCK = 8, 256, 16
 NUM_BLOCKS = 2 * MAX_SEQ_LEN // BLOCK  # the blocks of two max_seq_len sequences
@@ -32,13 +28,8 @@ CONFIG = load_config(overrides={"cache": {"num_slots": NUM_SLOTS, "max_seq_len":
 @pytest.fixture(scope="module")
 def workers():
     """A draft worker (a full cache) and a target worker with 8 slots but NUM_BLOCKS blocks."""
-    target = ModelRunner(load_model(resolve_model_path(CONFIG.models.target)), NUM_SLOTS, MAX_SEQ_LEN,
-                         block_size=BLOCK, num_blocks=NUM_BLOCKS)
-    servers = {"draft": ServerThread(DraftServicer.from_config(CONFIG)),
-               "target": ServerThread(TargetServicer(TargetVerifier(target), CONFIG.models.target, NUM_SLOTS))}
-    yield servers
-    for server in servers.values():
-        server.stop()
+    with worker_slots.paged_servers(CONFIG, NUM_BLOCKS) as servers:
+        yield servers
 
 
 @pytest.fixture
