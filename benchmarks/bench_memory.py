@@ -22,15 +22,17 @@
 Each workload runs on each of ``--paths`` in turn: ``in-process`` (the engine over the models) and
 ``served`` (the router's engine over gRPC clients of a target and a draft worker, as `specdec
 serve` runs them, the workers on threads of this process: the router grows grants in its share of
-the target's blocks and preempts through both workers).
+the target's blocks and preempts through both workers); ``served-full-reserves`` is served with
+the router admitting on full reserves (prompt + max_new_tokens), as before it grew grants.
 
 Usage: python benchmarks/bench_memory.py [--requests 200] [--max-new-tokens 128] [--repeats 3]
-       [--paths in-process,served] [--concurrency-only]
+       [--paths in-process,served,served-full-reserves] [--concurrency-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import random
 import statistics
@@ -159,11 +161,12 @@ def in_process(config) -> tuple:
     return engine, engine.verifier.runner, draft_runner(engine), lambda: None
 
 
-def served(config) -> tuple:
+def served(config, grants: bool = True) -> tuple:
     """The default config's engine over gRPC, as `specdec serve` runs it: a target and a draft
     worker (servicers on their own event-loop threads in this process, as the worker actors serve
     them; no Ray) and the router's clients (RemoteVerifier, RemoteProposer), which grow grants in
-    the router's share of the target's blocks: (engine, target runner, draft runner, close)."""
+    the router's share of the target's blocks (``grants`` False: it admits on full reserves, as
+    before the router grew grants): (engine, target runner, draft runner, close)."""
     from specdec.verifiers.target_verifier import TargetVerifier
     from specdec.wiring.engine_builder import load_runner
     from specdec_rpc.worker.draft_servicer import DraftServicer
@@ -175,7 +178,8 @@ def served(config) -> tuple:
     target = TargetServicer(TargetVerifier(load_runner(config.models.target, config.models, config.cache)),
                             config.models.target, config.cache.num_slots)
     servers = [ServerThread(target), ServerThread(DraftServicer.from_config(config))]
-    clients = [RemoteVerifier(servers[0].address), RemoteProposer(servers[1].address)]
+    verifier_class = RemoteVerifier if grants else type("FullReserves", (RemoteVerifier,), {"grows_reserves": False})
+    clients = [verifier_class(servers[0].address), RemoteProposer(servers[1].address)]
     engine = build_engine(config, *clients).engine
 
     def close() -> None:
@@ -185,12 +189,15 @@ def served(config) -> tuple:
     return engine, target.verifier.runner, servers[1].servicer.proposer.runner, close
 
 
-PATHS = {"in-process": in_process, "served": served}
+PATHS = {"in-process": in_process, "served": served, "served-full-reserves": functools.partial(served, grants=False)}
+DEFAULT_PATHS = ["in-process", "served"]
+WORKLOADS = {"uniform": False, "log-uniform": True}  # prompt lengths drawn log-uniformly?
 
 
 def concurrency_rows(args: argparse.Namespace) -> None:
     """Each workload on each path in turn (interleaved, so background load hits them alike)."""
-    for name, log_uniform in (("uniform", False), ("log-uniform", True)):
+    for name in args.workloads:
+        log_uniform = WORKLOADS[name]
         for path in args.paths:
             engine, target, draft, close = PATHS[path](load_config())  # fresh, default config, no overrides
             try:
@@ -224,12 +231,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decode-tokens", type=int, default=200)
-    parser.add_argument("--paths", type=lambda text: text.split(","), default=list(PATHS),
-                        help="the engines the concurrency rows run, in turn: in-process, served (comma-separated)")
+    parser.add_argument("--paths", type=lambda text: text.split(","), default=DEFAULT_PATHS,
+                        help=f"the engines the concurrency rows run, in turn, comma-separated: {', '.join(PATHS)}")
+    parser.add_argument("--workloads", type=lambda text: text.split(","), default=list(WORKLOADS),
+                        help=f"prompt length draws of the concurrency rows, comma-separated: {', '.join(WORKLOADS)}")
     parser.add_argument("--concurrency-only", action="store_true", help="skip the TTFT and decode rows")
     args = parser.parse_args()
-    if unknown := set(args.paths) - set(PATHS):
-        parser.error(f"unknown --paths {sorted(unknown)}: choose from {list(PATHS)}")
+    for given, known in ((args.paths, PATHS), (args.workloads, WORKLOADS)):
+        if unknown := set(given) - set(known):
+            parser.error(f"unknown {sorted(unknown)}: choose from {list(known)}")
     torch.set_num_threads(1)
     cache = load_config().cache
     print(f"Default config: cache.memory_budget {cache.memory_budget} ({cache.kv_tokens} tokens per model), "
