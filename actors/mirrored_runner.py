@@ -3,7 +3,7 @@
 A tensor-parallel target is one model split over ranks; every rank must run the same
 forward over the same cache slots (the row-parallel all-reduces keep them in lockstep).
 The leader's TargetVerifier drives a MirroredRunner: it applies each allocate / free /
-truncate / forward locally and submits the same call to every follower actor. Ray runs
+grow_reserves / truncate / forward locally and submits the same call to every follower actor. Ray runs
 one caller's calls to a (threaded, max_concurrency=1) actor in submission order, so the
 followers' caches go through exactly the leader's operations; followers check that they
 hand out the same slot ids. The leader runs its own forward while the followers run
@@ -50,6 +50,14 @@ class MirroredRunner:
 
     def admits(self, reserve_tokens: list[int | None]) -> int:
         return self.runner.admits(reserve_tokens)  # every rank's cache holds the same blocks
+
+    def grow_reserves(self, reserves: list[tuple[int, int]], taken: list[int | None] = ()) -> int:
+        """Raise reserves on every rank: the followers grow the same prefix (they check the count),
+        so each rank's cache keeps owing the same blocks and hands out the same ones."""
+        grown = self.runner.grow_reserves(reserves, taken)
+        if grown:
+            self._mirror("grow_reserves", reserves[:grown], grown)
+        return grown
 
     @property
     def cache_usage(self) -> float:

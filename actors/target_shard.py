@@ -94,6 +94,12 @@ class TargetFollower(_Shard):
             self.runner.free_slot(slot)
             raise RuntimeError(f"follower allocated slot {slot}, the leader {expected}: the ranks diverged")
 
+    def grow_reserves(self, reserves: list[tuple[int, int]], expected: int) -> None:
+        """The leader's growth (only the reserves it raised): every one must fit here too."""
+        grown = self.runner.grow_reserves(reserves)
+        if grown != expected:
+            raise RuntimeError(f"follower raised {grown} reserves, the leader {expected}: the ranks diverged")
+
     def free_slot(self, slot: int) -> None:
         self.runner.free_slot(slot)
 

@@ -19,12 +19,20 @@
 3. Single-stream decode tokens/s with the default blocks vs one block per sequence (the slot
    cache's layout: every sequence contiguous), best of ``--repeats``, taking turns.
 
+Each workload runs on each of ``--paths`` in turn: ``in-process`` (the engine over the models) and
+``served`` (the router's engine over gRPC clients of a target and a draft worker, as `specdec
+serve` runs them, the workers on threads of this process: the router grows grants in its share of
+the target's blocks and preempts through both workers); ``served-full-reserves`` is served with
+the router admitting on full reserves (prompt + max_new_tokens), as before it grew grants.
+
 Usage: python benchmarks/bench_memory.py [--requests 200] [--max-new-tokens 128] [--repeats 3]
+       [--paths in-process,served,served-full-reserves] [--concurrency-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import random
 import statistics
@@ -62,14 +70,13 @@ def draft_runner(engine) -> ModelRunner:
     return getattr(proposer, "proposers", {}).get("draft", proposer).runner  # inside the CompositeProposer
 
 
-def serve_at_once(engine, lengths: list[int], max_new: int, seed: int) -> dict:
+def serve_at_once(engine, draft: ModelRunner, lengths: list[int], max_new: int, seed: int) -> dict:
     """Submit every request, step the engine to the end; concurrency per round in both models: the
     target's running sequences (admitted, each with its reserve of blocks) and the sequences the
     draft's cache holds (it takes a row when its own blocks can reserve it); and the TTFT (from the
     common submission to the first token) of the long prompts (>= LONG_PROMPT tokens), which
     admission past a blocked head must not starve."""
     rng, context = random.Random(seed), engine.verifier.max_seq_len
-    draft = draft_runner(engine)
     ids = [engine.add_request(GenerationRequest([rng.randrange(1, 4000) for _ in range(n)],
                                                 min(max_new, context - n), ignore_eos=True)) for n in lengths]
     long_ids = {seq_id for seq_id, n in zip(ids, lengths) if n >= LONG_PROMPT}
@@ -148,26 +155,74 @@ def admitted_at_once(runner: ModelRunner, grants: CacheGrants, log_uniform: bool
     return statistics.mean(counts)
 
 
+def in_process(config) -> tuple:
+    """The default config's in-process engine: (engine, target runner, draft runner, close)."""
+    engine = build_engine(config).engine
+    return engine, engine.verifier.runner, draft_runner(engine), lambda: None
+
+
+def served(config, grants: bool = True) -> tuple:
+    """The default config's engine over gRPC, as `specdec serve` runs it: a target and a draft
+    worker (servicers on their own event-loop threads in this process, as the worker actors serve
+    them; no Ray) and the router's clients (RemoteVerifier, RemoteProposer), which grow grants in
+    the router's share of the target's blocks (``grants`` False: it admits on full reserves, as
+    before the router grew grants): (engine, target runner, draft runner, close)."""
+    from specdec.verifiers.target_verifier import TargetVerifier
+    from specdec.wiring.engine_builder import load_runner
+    from specdec_rpc.worker.draft_servicer import DraftServicer
+    from specdec_rpc.worker.remote_proposer import RemoteProposer
+    from specdec_rpc.worker.remote_verifier import RemoteVerifier
+    from specdec_rpc.worker.target_servicer import TargetServicer
+    from specdec_rpc.worker.worker_server import ServerThread
+
+    target = TargetServicer(TargetVerifier(load_runner(config.models.target, config.models, config.cache)),
+                            config.models.target, config.cache.num_slots)
+    servers = [ServerThread(target), ServerThread(DraftServicer.from_config(config))]
+    verifier_class = RemoteVerifier if grants else type("FullReserves", (RemoteVerifier,), {"grows_reserves": False})
+    clients = [verifier_class(servers[0].address), RemoteProposer(servers[1].address)]
+    engine = build_engine(config, *clients).engine
+
+    def close() -> None:
+        for part in (*clients, *servers):
+            (part.close if hasattr(part, "close") else part.stop)()
+
+    return engine, target.verifier.runner, servers[1].servicer.proposer.runner, close
+
+
+PATHS = {"in-process": in_process, "served": served, "served-full-reserves": functools.partial(served, grants=False)}
+DEFAULT_PATHS = ["in-process", "served"]
+WORKLOADS = {"uniform": False, "log-uniform": True}  # prompt lengths drawn log-uniformly?
+
+
 def concurrency_rows(args: argparse.Namespace) -> None:
-    for name, log_uniform in (("uniform", False), ("log-uniform", True)):
-        built = build_engine(load_config())  # the default config, no overrides: a fresh engine per workload
-        engine = built.engine
-        run = serve_at_once(engine, prompt_lengths(args.requests, log_uniform), args.max_new_tokens, seed=2)
-        for k, (model, runner) in enumerate((("target", engine.verifier.runner), ("draft", draft_runner(engine)))):
-            slots = slot_cache_sequences(runner)
-            print(f"| concurrent sequences, prompts 16-2,000 {name}, {model} (peak; mean while queued) | {slots} "
-                  f"| {run['peak'][k]}; {run['queued_mean'][k]:.1f} | {run['peak'][k] / slots:.2f}x; "
-                  f"{run['queued_mean'][k] / slots:.2f}x |")
-        print(f"| failed requests of {args.requests} ({name}; {run['seconds']:.0f} s) | | {run['failed']} | |")
-        print(f"| preemptions ({name}) | | {run['preemptions']} | |")
-        median, p99 = run["long_ttft"]
-        print(f"| TTFT of the {run['long']} prompts >= {LONG_PROMPT} tokens, {name} (median; p99), s, all sent "
-              f"at once | | {median:.1f}; {p99:.1f} | |")
-        target = engine.verifier.runner
+    """Each workload on each path in turn (interleaved, so background load hits them alike)."""
+    for name in args.workloads:
+        log_uniform = WORKLOADS[name]
+        for path in args.paths:
+            engine, target, draft, close = PATHS[path](load_config())  # fresh, default config, no overrides
+            try:
+                run = serve_at_once(engine, draft, prompt_lengths(args.requests, log_uniform), args.max_new_tokens,
+                                    seed=2)
+            finally:
+                close()
+            concurrency_table(run, f"{name}, {path}", target, draft, args.requests)
         at_once = admitted_at_once(target, engine.scheduler.grants, log_uniform, args.max_new_tokens)
         slots = slot_cache_sequences(target)
         print(f"| admitted at once from a full queue, {name} (bookkeeping, mean of 20 draws) | {slots} "
               f"| {at_once:.1f} | {at_once / slots:.2f}x |")
+
+
+def concurrency_table(run: dict, name: str, target: ModelRunner, draft: ModelRunner, requests: int) -> None:
+    for k, (model, runner) in enumerate((("target", target), ("draft", draft))):
+        slots = slot_cache_sequences(runner)
+        print(f"| concurrent sequences, prompts 16-2,000 {name}, {model} (peak; mean while queued) | {slots} "
+              f"| {run['peak'][k]}; {run['queued_mean'][k]:.1f} | {run['peak'][k] / slots:.2f}x; "
+              f"{run['queued_mean'][k] / slots:.2f}x |")
+    print(f"| failed requests of {requests}; preemptions ({name}; {run['seconds']:.0f} s) | | "
+          f"{run['failed']}; {run['preemptions']} | |")
+    median, p99 = run["long_ttft"]
+    print(f"| TTFT of the {run['long']} prompts >= {LONG_PROMPT} tokens, {name} (median; p99), s, all sent "
+          f"at once | | {median:.1f}; {p99:.1f} | |")
 
 
 def main() -> None:
@@ -176,13 +231,23 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decode-tokens", type=int, default=200)
+    parser.add_argument("--paths", type=lambda text: text.split(","), default=DEFAULT_PATHS,
+                        help=f"the engines the concurrency rows run, in turn, comma-separated: {', '.join(PATHS)}")
+    parser.add_argument("--workloads", type=lambda text: text.split(","), default=list(WORKLOADS),
+                        help=f"prompt length draws of the concurrency rows, comma-separated: {', '.join(WORKLOADS)}")
+    parser.add_argument("--concurrency-only", action="store_true", help="skip the TTFT and decode rows")
     args = parser.parse_args()
+    for given, known in ((args.paths, PATHS), (args.workloads, WORKLOADS)):
+        if unknown := set(given) - set(known):
+            parser.error(f"unknown {sorted(unknown)}: choose from {list(known)}")
     torch.set_num_threads(1)
     cache = load_config().cache
     print(f"Default config: cache.memory_budget {cache.memory_budget} ({cache.kv_tokens} tokens per model), "
           f"num_slots {cache.num_slots}, max_seq_len {cache.max_seq_len}, block_size {cache.block_size}.\n")
     print("| measure | slot cache, same memory | paged (default config) | ratio |\n|---|---|---|---|")
     concurrency_rows(args)
+    if args.concurrency_only:
+        return
     runner = build_engine(load_config()).engine.verifier.runner
     uncached, cached = ttft_ratio(runner, args.repeats)
     print(f"| TTFT, 512-token prefix (uncached / cached), ms | {uncached * 1e3:.1f} | {cached * 1e3:.1f} "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 
 def free_slots_within(workers, num_slots: int, timeout_s: float = 15.0) -> tuple[int, int]:
@@ -24,3 +26,28 @@ def target_servicer(config):
 
     runner = load_runner(config.models.target, config.models, config.cache)
     return TargetServicer(TargetVerifier(runner), config.models.target, config.cache.num_slots)
+
+
+@contextlib.contextmanager
+def paged_servers(config, num_blocks: int) -> Iterator[dict]:
+    """A draft worker (config.cache's pool) and a target worker whose paged cache holds only
+    `num_blocks` blocks of config.cache.block_size, each serving on its own thread on 127.0.0.1
+    (stopped on exit)."""
+    from specdec.models.loader import load_model
+    from specdec.models.model_paths import resolve_model_path
+    from specdec.models.model_runner import ModelRunner
+    from specdec.verifiers.target_verifier import TargetVerifier
+    from specdec_rpc.worker.draft_servicer import DraftServicer
+    from specdec_rpc.worker.target_servicer import TargetServicer
+    from specdec_rpc.worker.worker_server import ServerThread
+
+    cache = config.cache
+    target = ModelRunner(load_model(resolve_model_path(config.models.target)), cache.num_slots, cache.max_seq_len,
+                         block_size=cache.block_size, num_blocks=num_blocks)
+    servers = {"draft": ServerThread(DraftServicer.from_config(config)),
+               "target": ServerThread(TargetServicer(TargetVerifier(target), config.models.target, cache.num_slots))}
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()

@@ -67,6 +67,20 @@ class SlotCaches:
                 return count
         return len(reserve_tokens)
 
+    def grow(self, reserves: list[tuple[int, int]], taken: list[int | None] = ()) -> int:
+        """Raise live slots' reserves, in order ((slot, tokens) each), while the budget's tokens not
+        reserved cover the increase after ``taken`` reserves of sequences not allocated yet; how many
+        were raised (it stops at the first that does not fit; a reserve never shrinks here)."""
+        room = self._unreserved() - sum(self.reserve(tokens) for tokens in taken)
+        for count, (slot, tokens) in enumerate(reserves):
+            self.length(slot)
+            extra = max(0, self.reserve(tokens) - self.reserves[slot])
+            if extra > room:
+                return count
+            room -= extra
+            self.reserves[slot] += extra
+        return len(reserves)
+
     def allocate(self, cache: Any, reserve_tokens: int | None = None) -> int:
         reserve = self.reserve(reserve_tokens)
         if not self._free_heap:
@@ -164,6 +178,14 @@ class TransformersRunner:
     def admits(self, reserve_tokens: list[int | None]) -> int:
         """How many of these new sequences (their reserves, in order) `allocate_slot` would take now."""
         return self.cache.admits(reserve_tokens)
+
+    def grow_reserves(self, reserves: list[tuple[int, int]], taken: list[int | None] = ()) -> int:
+        """Raise these slots' reserves ((slot, tokens), in order) while the token budget covers them,
+        after ``taken`` reserves of sequences not allocated yet; how many were raised. The caches
+        grow as tokens arrive, so the engine's grants (admission on the next round's need, growth,
+        preemption) bound their memory here as blocks do in the paged cache; without a budget
+        every growth fits (admission counts slots)."""
+        return self.cache.grow(reserves, taken)
 
     @property
     def block_capacity(self) -> tuple[int, int]:

@@ -21,10 +21,14 @@ running request is never preempted for a younger one, and once it is alone it ho
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 
+from specdec.requests.errors import WorkerError
 from specdec.requests.sequence import Sequence
 from specdec.verifiers.verifier import Verifier
+
+logger = logging.getLogger(__name__)
 
 WATERMARK_TOKENS = 16  # granted beyond a round's need, so a grant grows every few rounds, not every round
 
@@ -63,23 +67,48 @@ class CacheGrants:
         return [(seq, self.step(seq)) for seq in running if seq.reserve_tokens < self.needed(seq)]
 
     def make_room(self, running: list[Sequence], placed: set[str], verifier: Verifier,
-                  preempt: Callable[[Sequence], None]) -> bool:
+                  preempt: Callable[[Sequence], None], fail: Callable[[Sequence, Exception], None]) -> bool:
         """Grow the grants the next round could pass, oldest request first (``running`` is in
         admission order; ``placed``: the ids whose cache the target holds, the others count as
         new). While the cache cannot cover them, preempt the most recently admitted request
         (``preempt`` frees it and takes it out of ``running``), never the last one running:
-        alone it fits (its full reserve was checked at entry). True if one was preempted."""
+        alone it fits (its full reserve was checked at entry). A row whose growth raises is
+        failed alone (``fail`` ends it with the error and takes it out). True if one was preempted."""
         preempted = False
         while short := self.short(running):
             unseen = [seq.reserve_tokens for seq in running if seq.seq_id not in placed]
-            grown = verifier.grow([(seq.seq_id, tokens) for seq, tokens in short], unseen)
+            grown = self._grow(short, unseen, verifier, fail)
             for seq, tokens in short[:grown]:
                 seq.granted_tokens = tokens
-            if grown == len(short) or len(running) == 1:
+            if grown == len(short) or len(running) <= 1:
                 break
             preempt(running[-1])
             preempted = True
         return preempted
+
+    @staticmethod
+    def _grow(short: list[tuple[Sequence, int]], unseen: list[int], verifier: Verifier,
+              fail: Callable[[Sequence, Exception], None]) -> int:
+        """How many of ``short`` grew, in order. When the verifier's growth raises (other than a
+        target that is down: that fails the step, as a round would), each row grows alone and a
+        row whose growth raises is failed (counted as grown: it needs nothing any more), so one
+        row's error ends that row, not every stream."""
+        try:
+            return verifier.grow([(seq.seq_id, tokens) for seq, tokens in short], unseen)
+        except WorkerError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - isolated below, row by row
+            logger.warning("growing %d grants failed (%s: %s): growing them one at a time", len(short),
+                           type(exc).__name__, exc)
+        for count, (seq, tokens) in enumerate(short):
+            try:
+                if verifier.grow([(seq.seq_id, tokens)], unseen) < 1:
+                    return count
+            except WorkerError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - this row's error ends this row
+                fail(seq, exc)
+        return len(short)
 
     def admission(self, seq: Sequence) -> int:
         """The reserve a waiting request is admitted on."""

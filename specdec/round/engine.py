@@ -222,10 +222,12 @@ class SpeculativeEngine:
         with micro-batches, the half whose drafts are ready)."""
         start = time.perf_counter()
         self.timer.step_started(start)
-        self.scheduler.admit(self.verifier)
+        ended = self.scheduler.admit(self.verifier)  # rows whose grant's growth raised: failed, freed
+        self._finished.update((seq.seq_id, seq) for seq, _ in ended)
+        failed = [output for _, output in ended]
         if not self.scheduler.running:
             self.timer.step_ended(start, busy=False)
-            return []
+            return failed
         batch = self.chunks.plan(self.scheduler.running, 1 + max(self.planner.decision.gammas, default=self.gamma))
         queues = (len(self.scheduler.running), len(self.scheduler.waiting))
         self.planner.plan(batch, self.policy, self.verifier.max_seq_len, queues)
@@ -242,7 +244,7 @@ class SpeculativeEngine:
                 except Exception:
                     logger.exception("releasing %s failed (its lease frees the slots)", seq.seq_id)
         self.timer.step_ended(time.perf_counter(), busy=self.has_unfinished())
-        return outputs
+        return failed + outputs
 
     def _isolated_round(self, batch: list[Sequence], whole: bool = False) -> list[RoundOutput]:
         """One round for the batch. When its shared part (propose + verify) fails for a

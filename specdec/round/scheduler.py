@@ -5,7 +5,8 @@ else slots): in arrival order, except that one that fits may pass one that does 
 bounded amount (`Admission`). The reserve is prompt + max_new_tokens, or, where the verifier
 grows reserves, the next round's need (`CacheGrants`): running rows grow first, and when the
 cache cannot cover them the most recently admitted one is preempted (its cache freed, queued
-first, its history read again later); a step that preempts admits nothing. A running request
+first, its history read again later); a step that preempts admits nothing. A row whose
+growth raises is failed alone (`admit` returns it, ended with its error, its cache freed). A running request
 takes its cache at its first verification, which may come a step later (micro-batches):
 those are counted as taken already (`placed`).
 """
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from specdec.requests.sequence import Sequence
 from specdec.round.admission import Admission
 from specdec.round.cache_grants import CacheGrants
+from specdec.round.round_output import RoundOutput
+from specdec.round.row_outcome import fail_row
 from specdec.verifiers.verifier import Verifier
 
 logger = logging.getLogger(__name__)
@@ -44,11 +47,19 @@ class Scheduler:
     def active(self) -> list[Sequence]:
         return [*self.waiting, *self.running]
 
-    def admit(self, verifier: Verifier) -> None:
-        """Grow the running rows' grants (preempting when short), then let waiting requests join."""
+    def admit(self, verifier: Verifier) -> list[tuple[Sequence, RoundOutput]]:
+        """Grow the running rows' grants (preempting when short), then let waiting requests join.
+        Returns the rows failed because their growth raised (ended, cache freed), with their outputs."""
+        failed: list[tuple[Sequence, RoundOutput]] = []
         growing = getattr(verifier, "grows_reserves", False)  # read each step: a verifier may be wrapped
-        if growing and self.grants.make_room(self.running, self.placed, verifier, self.preempt):
-            return
+        if growing and self.grants.make_room(self.running, self.placed, verifier, self.preempt,
+                                             lambda seq, exc: failed.append(self._fail(seq, exc))):
+            return failed
+        self._join(verifier, growing)
+        return failed
+
+    def _join(self, verifier: Verifier, growing: bool) -> None:
+        """Let waiting requests join while the verifier's cache can reserve them."""
         unseen = [seq.reserve_tokens for seq in self.running if seq.seq_id not in self.placed]
         waiting = list(self.waiting)
         reserve = self.grants.admission if growing else (lambda seq: seq.reserve_tokens)
@@ -63,6 +74,19 @@ class Scheduler:
             self.running.append(waiting[i])
         admitted = set(chosen)
         self.waiting = deque(seq for i, seq in enumerate(waiting) if i not in admitted)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> tuple[Sequence, RoundOutput]:
+        """End a running request with its error: out of the batch, its cache freed in both models."""
+        logger.warning("request %s failed: its cache grant could not grow: %s: %s", seq.seq_id,
+                       type(exc).__name__, exc)
+        self.running.remove(seq)
+        self.placed.discard(seq.seq_id)
+        output = fail_row(seq, exc)
+        try:
+            self._release(seq)
+        except Exception:  # noqa: BLE001 - its leases free what a failed release left
+            logger.exception("releasing %s failed", seq.seq_id)
+        return seq, output
 
     def preempt(self, seq: Sequence) -> None:
         """Free the request's cache in both models and queue it first; its history (prompt and

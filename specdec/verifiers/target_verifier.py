@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.models.kv_cache import CacheFullError
 from specdec.models.model_runner import ModelRunner
 from specdec.sampling.grammar_mask import batch_masks
 from specdec.sampling.grammar_matcher import mask_width
@@ -32,6 +33,7 @@ Q_SUM_TOLERANCE = 1e-2  # |sum(q) - 1| allowed for a draft distribution (float16
 @dataclass
 class _TargetState:
     slot: int
+    reserve: int | None = None  # the tokens its cache may grow to (None: max_seq_len, never raised)
 
 
 class TargetVerifier(Verifier):
@@ -66,7 +68,28 @@ class TargetVerifier(Verifier):
         new = [tokens for seq_id, tokens in reserves if seq_id not in self._states]
         grown = self.runner.grow_reserves([(self._states[reserves[i][0]].slot, reserves[i][1]) for i in held],
                                           [*taken, *new])
+        for i in held[:grown]:
+            state = self._states[reserves[i][0]]
+            state.reserve = max(state.reserve or 0, reserves[i][1])
         return held[grown] if grown < len(held) else len(reserves)
+
+    def _grow_held(self, requests: list[VerifyRequest]) -> None:
+        """Raise the reserve of each held sequence whose request grants more than it holds (a
+        remote router grows grants on its side and sends them with the round: HistoryDelta's
+        reserve_tokens). A grant the cache cannot cover fails the call with CacheFullError naming
+        the row before anything changed, so the caller's row isolation fails that row alone (a
+        router counting on its share of the blocks never sends one)."""
+        rows = [(r.seq_id, r.reserve_tokens) for r in requests
+                if r.seq_id in self._states and r.reserve_tokens and self._states[r.seq_id].reserve is not None
+                and r.reserve_tokens > self._states[r.seq_id].reserve]
+        if not rows or not self.grows_reserves:
+            return
+        grown = self.runner.grow_reserves([(self._states[seq_id].slot, tokens) for seq_id, tokens in rows])
+        for seq_id, tokens in rows[:grown]:
+            self._states[seq_id].reserve = tokens
+        if grown < len(rows):
+            seq_id, tokens = rows[grown]
+            raise CacheFullError(f"sequence {seq_id}: the cache cannot grow its reserve to {tokens} tokens")
 
     @property
     def cache_usage(self) -> float:
@@ -94,6 +117,7 @@ class TargetVerifier(Verifier):
         if not requests:
             return []
         requests = [self._checked(r) for r in requests]
+        self._grow_held(requests)
         states, prompt_logprobs, riding = self._sync(requests)
         slots = [s.slot for s in states]
         old_lengths = [len(r.token_ids) - 1 for r in requests]
@@ -145,7 +169,8 @@ class TargetVerifier(Verifier):
                 states.append(None)
                 continue
             if state is None:
-                state = self._states[request.seq_id] = _TargetState(self.runner.allocate_slot(request.reserve_tokens))
+                state = self._states[request.seq_id] = _TargetState(self.runner.allocate_slot(request.reserve_tokens),
+                                                                    request.reserve_tokens)
             have, wanted = self.runner.slot_length(state.slot), request.prompt_logprobs
             start = min(have, want if wanted is None else max(request.prompt_logprobs_from - 1, 0))
             if have > start:
@@ -162,8 +187,10 @@ class TargetVerifier(Verifier):
         if plain:
             self.runner.forward(list(plain), list(plain.values()), last_only=True)
         found = self._prompt_logprobs(scored)
-        for i, source, length in forks:
-            states[i] = self._states[requests[i].seq_id] = _TargetState(self.runner.fork_slot(source, length))
+        reserves = {state.slot: state.reserve for state in self._states.values()}
+        for i, source, length in forks:  # a fork may grow to what its source may
+            states[i] = self._states[requests[i].seq_id] = _TargetState(self.runner.fork_slot(source, length),
+                                                                        reserves[source])
         return states, [found.get(state.slot) for state in states], riding
 
     def _prompt_logprobs(self, scored: dict[int, tuple[int, VerifyRequest]]) -> dict[int, list]:

@@ -38,9 +38,11 @@ class VerifyRequest:
         tokens allowed after the history and the drafted tokens before it;
         specdec.sampling.grammar_mask), or None (no grammar). The target's distribution is
         masked by them at every position, so every emitted token satisfies the grammar.
-    reserve_tokens: the tokens the engine reserved for the sequence (at most prompt +
+    reserve_tokens: the tokens the engine reserved for the sequence (its grant, at most prompt +
         max_new_tokens); a verifier that first sees the sequence reserves that much cache for it
-        (None: max_seq_len); a larger one later is raised by `Verifier.grow` first.
+        (None: max_seq_len); a larger one later was raised by `Verifier.grow` in-process, and a
+        target that holds less (a remote router grew it on its side) raises it before the round
+        writes.
     prompt_logprobs: None, or how many alternatives to report with the logprobs of the
         history tokens from position `prompt_logprobs_from` to the pending token
         (VerifyResult.prompt_logprobs): the target reads them again from position

@@ -60,8 +60,9 @@ class ResyncError(RuntimeError):
 
 class RemoteVerifier(WorkerClient, Verifier):
     """Verifies on a remote (tensor-parallel) target; capacity is tracked on this side: slots,
-    and, for a paged target, the cache blocks each held sequence reserved (its prompt +
-    max_new_tokens, sent with its history), out of this client's share of the target's blocks.
+    and, for a paged target, the cache blocks each held sequence reserved (the engine's grant,
+    sent with its history every round and grown here, `grow`), out of this client's share of
+    the target's blocks.
 
     Sequence ids travel in the namespace of this client's lease (its id is their prefix),
     so routers that number their sequences alike never share target state.
@@ -140,6 +141,30 @@ class RemoteVerifier(WorkerClient, Verifier):
                 return taken
         return count
 
+    @property
+    def grows_reserves(self) -> bool:
+        """A target that counts blocks (or a budget's tokens): grants grow here, within this client's
+        share, and reach the target with the sequence's next round (HistoryDelta.reserve_tokens),
+        where it raises its reserve before that round writes. The share never exceeds the target's
+        blocks, so the target's growth always fits (a target counting slots only: full reserves)."""
+        return bool(self.num_blocks)
+
+    def grow(self, reserves: list[tuple[str, int]], taken: list[int]) -> int:
+        """Raise held sequences' reserved blocks, in order, while this client's share covers the
+        increase after ``taken`` reserves of sequences not sent yet (a sequence not held counts as
+        new, on its whole grant); how many were raised. Bookkeeping only: no call (the grant rides
+        on the next Verify), so a growth never waits on the target nor fails on its errors."""
+        free = self.num_blocks - sum(self._held.values()) - sum(self._reserved_blocks(t) for t in taken)
+        for count, (seq_id, tokens) in enumerate(reserves):
+            held = self._held.get(seq_id)
+            extra = self._reserved_blocks(tokens) - (held or 0)
+            if extra > free:
+                return count
+            free -= max(0, extra)
+            if held is not None and extra > 0:
+                self._held[seq_id] = held + extra
+        return len(reserves)
+
     runs_concurrently = True  # the target works in its own process: verify_async returns at once
     recovery_s = 0.0  # set by __init__; class defaults keep partly built clients (tests) usable
     recoveries = 0
@@ -155,8 +180,9 @@ class RemoteVerifier(WorkerClient, Verifier):
         if not requests:
             self.flush()
             return _PendingVerify(self, requests, [], None, [])
-        for r in requests:
-            self._held.setdefault(r.seq_id, self._reserved_blocks(r.reserve_tokens) if self.num_blocks else 0)
+        for r in requests:  # a grant only grows (`grow`): a first one reserves, a larger one raises
+            blocks = self._reserved_blocks(r.reserve_tokens) if self.num_blocks else 0
+            self._held[r.seq_id] = max(self._held.get(r.seq_id, 0), blocks)
         items = [self._item(r) for r in requests]
         released = self._take_releases()
         return _PendingVerify(self, requests, items, self._send(items, released), released)

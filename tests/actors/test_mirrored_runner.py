@@ -34,3 +34,14 @@ def test_an_allocation_sends_its_reserve_to_every_follower():
     assert [f.calls for f in followers] == [[("allocate_slot", (slot, 16))]] * 2
     assert mirrored.block_capacity == (4, 16) and mirrored.admits([48, 16]) == 1, "3 of 4 blocks left"
     assert mirrored.cached_tokens(slot) == 0
+
+
+def test_a_growth_sends_the_reserves_the_leader_raised_to_every_follower():
+    runner = ModelRunner(load_model(resolve_model_path("bundled:target")), 2, 64, block_size=16, num_blocks=4)
+    followers = [RecordingFollower(), RecordingFollower()]
+    mirrored = MirroredRunner(runner, followers)
+    first, second = mirrored.allocate_slot(16), mirrored.allocate_slot(16)
+    assert mirrored.grow_reserves([(first, 32), (second, 48)]) == 1, "4 blocks: the second cannot grow to 3"
+    assert [f.calls[-1] for f in followers] == [("grow_reserves", ([(first, 32)], 1))] * 2
+    calls = len(followers[0].calls)
+    assert mirrored.grow_reserves([(second, 48)]) == 0 and len(followers[0].calls) == calls, "nothing raised: not sent"

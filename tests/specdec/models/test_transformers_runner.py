@@ -107,3 +107,15 @@ def test_with_a_budget_the_fallback_admits_on_reserves_as_its_caches_grow(tiny_c
     runner.fork_slot(first, 0)  # a fork reserves what its source may grow to
     with pytest.raises(CacheFullError):
         runner.allocate_slot(reserve_tokens=16)
+
+
+def test_with_a_budget_the_fallback_grows_reserves_while_the_budget_covers_them(tiny_checkpoint):
+    """The engine's grants work here too: admitted on its next round's need, a slot's reserve
+    grows as it decodes, in order, while the budget's unreserved tokens (after sequences not
+    allocated yet) cover the increase."""
+    runner = open_runner(str(tiny_checkpoint("gpt2")), num_slots=8, max_seq_len=16, kv_tokens=40)
+    first, second = runner.allocate_slot(reserve_tokens=8), runner.allocate_slot(reserve_tokens=8)
+    assert runner.grow_reserves([(first, 16), (second, 16)], taken=[16]) == 1, "16 + 8 + 16 taken: 8 left"
+    assert runner.cache_usage == 24 / 40 and runner.admits([16, 1]) == 1
+    assert runner.grow_reserves([(second, 4), (first, 30)]) == 2, "never shrinks; at most max_seq_len"
+    assert runner.cache.reserves == {first: 16, second: 8}

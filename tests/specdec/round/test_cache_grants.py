@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from specdec.requests.errors import WorkerError
 from specdec.requests.request import GenerationRequest
 from specdec.requests.sequence import Sequence
 from specdec.requests.stop_conditions import StopChecker
@@ -73,9 +74,14 @@ class TokenPool:
         return len(reserves)
 
 
-def running_pool(capacity: int, count: int) -> tuple[TokenPool, list[Sequence], CacheGrants]:
+def no_failure(seq: Sequence, exc: Exception) -> None:
+    pytest.fail(f"failed {seq.seq_id}: {exc}")
+
+
+def running_pool(capacity: int, count: int,
+                 pool: TokenPool | None = None) -> tuple[TokenPool, list[Sequence], CacheGrants]:
     """`count` requests of 10 prompt tokens admitted (granted 10 + 5 + 5) and decoded to 20 tokens."""
-    grants, pool, running = CacheGrants(round_tokens=5, watermark=5), TokenPool(capacity), []
+    grants, pool, running = CacheGrants(round_tokens=5, watermark=5), pool or TokenPool(capacity), []
     for i in range(count):
         seq = sequence(10, 100)
         seq.seq_id, seq.granted_tokens = f"s{i}", grants.admission(seq)
@@ -88,7 +94,7 @@ def running_pool(capacity: int, count: int) -> tuple[TokenPool, list[Sequence], 
 def test_make_room_grows_every_short_grant_when_the_pool_covers_them():
     pool, running, grants = running_pool(capacity=90, count=3)
     preempted = []
-    assert not grants.make_room(running, {s.seq_id for s in running}, pool, preempted.append)
+    assert not grants.make_room(running, {s.seq_id for s in running}, pool, preempted.append, no_failure)
     assert [s.reserve_tokens for s in running] == [30, 30, 30] and preempted == []
 
 
@@ -101,10 +107,47 @@ def test_make_room_preempts_the_most_recently_admitted_until_the_older_ones_grow
         running.remove(seq)
         pool.held.pop(seq.seq_id)
 
-    assert grants.make_room(running, {s.seq_id for s in running}, pool, preempt)
+    assert grants.make_room(running, {s.seq_id for s in running}, pool, preempt, no_failure)
     assert preempted == ["s2"] and [s.reserve_tokens for s in running] == [30, 30]
 
 
 def test_make_room_never_preempts_the_last_request_running():
     pool, running, grants = running_pool(capacity=25, count=1)
-    assert not grants.make_room(running, {"s0"}, pool, lambda seq: pytest.fail("preempted the last one"))
+    assert not grants.make_room(running, {"s0"}, pool, lambda seq: pytest.fail("preempted the last one"), no_failure)
+
+
+class BrokenRow(TokenPool):
+    """Growth that raises for one sequence (say its slot state broke), whatever else it is asked."""
+
+    def __init__(self, capacity: int, broken: str) -> None:
+        super().__init__(capacity)
+        self.broken = broken
+
+    def grow(self, reserves: list[tuple[str, int]], taken: list[int]) -> int:
+        if any(seq_id == self.broken for seq_id, _ in reserves):
+            raise RuntimeError(f"cannot grow {self.broken}")
+        return super().grow(reserves, taken)
+
+
+def test_a_row_whose_growth_raises_fails_alone_and_the_others_grow():
+    pool, running, grants = running_pool(90, 3, BrokenRow(90, broken="s1"))
+    failed = []
+
+    def fail(seq, exc):
+        failed.append((seq.seq_id, str(exc)))
+        running.remove(seq)
+
+    assert not grants.make_room(running, {s.seq_id for s in running}, pool, lambda seq: pytest.fail("preempted"), fail)
+    assert failed == [("s1", "cannot grow s1")]
+    assert [(s.seq_id, s.reserve_tokens) for s in running] == [("s0", 30), ("s2", 30)]
+
+
+def test_a_target_that_is_down_while_growing_fails_the_step_as_a_round_would():
+    pool, running, grants = running_pool(capacity=90, count=2)
+
+    class Down(TokenPool):
+        def grow(self, reserves, taken):
+            raise WorkerError("target unreachable")
+
+    with pytest.raises(WorkerError):
+        grants.make_room(running, {s.seq_id for s in running}, Down(90), lambda seq: None, no_failure)

@@ -227,3 +227,29 @@ def test_tokens_applied_in_a_round_reach_the_outputs_even_if_bookkeeping_after_t
     assert engine.policy.records > 1
     for seq_id, prompt, result in zip(ids, prompt_ids, results):
         assert streamed[seq_id] == result.token_ids == hf_greedy(prompt, 20)
+
+
+@pytest.mark.slow
+def test_a_request_whose_grant_cannot_grow_fails_alone(short_context, prompt_ids, hf_greedy, monkeypatch):
+    """The target's growth raises for one request only (say its slot state broke): that request
+    ends with the error, its cache freed in both models; its neighbour decodes on, unchanged."""
+    engine = short_context.engine
+    grow = engine.verifier.grow
+
+    def broken(reserves, taken):
+        if any(seq_id == "broken" for seq_id, _ in reserves):
+            raise RuntimeError("slot state lost")
+        return grow(reserves, taken)
+
+    monkeypatch.setattr(engine.verifier, "grow", broken)
+    prompts = {"kept": prompt_ids[0][:8], "broken": prompt_ids[1][:8]}
+    for seq_id, prompt in prompts.items():
+        engine.add_request(GenerationRequest(prompt, 40, ignore_eos=True), seq_id=seq_id)
+    last = {}
+    while engine.has_unfinished():
+        last.update((output.seq_id, output) for output in engine.step())
+    assert engine.result("kept").token_ids == hf_greedy(prompts["kept"], 40)
+    assert last["broken"].finish_reason == "error"
+    with pytest.raises(RuntimeError, match="slot state lost"):
+        engine.result("broken")
+    assert engine.verifier.runner.cache.num_live == 0 and engine.proposer.proposers["draft"].runner.cache.num_live == 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 from admission_checks import budget_of_blocks
+from preemption_checks import (preempted_greedy_requests_decode_the_target_tokens,
+                                preempted_seeded_requests_draw_what_they_draw_alone)
 
 from specdec.requests.request import GenerationRequest
 from specdec.sampling.sampling_params import SamplingParams
@@ -28,17 +30,6 @@ def small_pool(make_engine):
     return built.engine
 
 
-def run_streams(engine, requests: list[GenerationRequest]) -> tuple[list, dict, int]:
-    """Submit all, step to the end: (results, each request's streamed tokens, most running at once)."""
-    ids = [engine.add_request(r) for r in requests]
-    streamed, most = {seq_id: [] for seq_id in ids}, 0
-    while engine.has_unfinished():
-        for output in engine.step():
-            streamed[output.seq_id] += output.new_token_ids
-        most = max(most, engine.num_running)
-    return [engine.result(seq_id) for seq_id in ids], [streamed[seq_id] for seq_id in ids], most
-
-
 def caches_hold_nothing(engine) -> bool:
     draft = engine.proposer.proposers["draft"].runner
     return engine.verifier.runner.cache.num_live == 0 and draft.cache.num_live == 0
@@ -47,32 +38,19 @@ def caches_hold_nothing(engine) -> bool:
 @pytest.mark.slow
 def test_preempted_requests_decode_the_greedy_tokens_and_stream_each_once(small_pool, prompt_ids, hf_greedy):
     """Four 8-token prompts are admitted on 4 blocks each (the whole pool); each grows to 5."""
-    engine, prompts = small_pool, [p[:8] for p in prompt_ids[:4]]
-    before = engine.preemptions
-    results, streamed, most = run_streams(engine, [GenerationRequest(p, NEW_TOKENS, ignore_eos=True) for p in prompts])
-    assert most == 4, "all four ran at once, each admitted on its prompt and a round"
-    assert engine.preemptions > before
-    assert [r.token_ids for r in results] == [hf_greedy(p, NEW_TOKENS) for p in prompts]
-    assert streamed == [r.token_ids for r in results], "no token repeated or lost across a preemption"
+    prompts = [p[:8] for p in prompt_ids[:4]]
+    results = preempted_greedy_requests_decode_the_target_tokens(small_pool, prompts, hf_greedy, NEW_TOKENS,
+                                                                 lambda: caches_hold_nothing(small_pool))
     assert len({tuple(p) for p in prompts}) == 4 and all(r.stats.cached_tokens == 0 for r in results), \
         "a resumed request's re-read of its own blocks is not a prefix-cache hit"
-    assert sum(r.stats.accepted for r in results) > 0, "the draft drafted for them"
-    assert caches_hold_nothing(engine), "both models freed every block"
 
 
 @pytest.mark.slow
 def test_preempted_seeded_requests_draw_what_they_draw_alone(small_pool, prompt_ids):
     """Three 16-token prompts are admitted on 5 blocks each; each grows to 6."""
-    engine = small_pool
-    requests = [GenerationRequest(p[:16], NEW_TOKENS, ignore_eos=True, sampling=SamplingParams(temperature=1.0, seed=i))
-                for i, p in enumerate(prompt_ids[:3])]
-    before = engine.preemptions
-    together = [r.token_ids for r in run_streams(engine, requests)[0]]
-    assert engine.preemptions > before
-    between = engine.preemptions
-    alone = [engine.generate([r])[0].token_ids for r in requests]
-    assert engine.preemptions == between, "alone, each fits the pool"
-    assert together == alone
+    preempted_seeded_requests_draw_what_they_draw_alone(small_pool, [
+        GenerationRequest(p[:16], NEW_TOKENS, ignore_eos=True, sampling=SamplingParams(temperature=1.0, seed=i))
+        for i, p in enumerate(prompt_ids[:3])])
 
 
 def test_a_request_the_pool_cannot_hold_alone_is_refused_at_entry(small_pool, prompt_ids):

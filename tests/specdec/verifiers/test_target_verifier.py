@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from specdec.models.kv_cache import CacheFullError
 from specdec.models.model_paths import resolve_model_path
 from specdec.models.model_runner import ModelRunner
 from specdec.sampling.sampling_params import SamplingParams
@@ -216,3 +217,23 @@ def test_a_prompt_chunk_riding_the_verify_forward_reads_as_a_forward_of_its_own(
     assert p.emitted == hf_greedy(prompt[:13], 2)[1:]
     verifier.release("d")
     verifier.release("p")
+
+
+def test_a_larger_grant_with_a_round_raises_the_reserve_and_one_the_cache_cannot_cover_fails_that_call(prompt_ids):
+    """A remote router grows grants on its side and sends each with the sequence's next round:
+    the target raises the reserve before it writes; a grant its blocks cannot cover is refused
+    naming the row, before any forward (the engine's row isolation then fails that row alone)."""
+    small = ModelRunner.from_pretrained(resolve_model_path("bundled:target"), num_slots=4, max_seq_len=64,
+                                        block_size=8, num_blocks=8)
+    verifier, history = TargetVerifier(small), prompt_ids[0][:8]
+    verifier.verify([VerifyRequest("a", history, [], GREEDY, reserve_tokens=16)])
+    slot = verifier._states["a"].slot
+    assert small.cache.reserve_tokens(slot) == 16
+    [r] = verifier.verify([VerifyRequest("a", history + [5], [], GREEDY, reserve_tokens=40)])
+    assert small.cache.reserve_tokens(slot) == 40 and len(r.emitted) == 1
+    verifier.verify([VerifyRequest("b", history, [], GREEDY, reserve_tokens=24)])  # 5 + 3 blocks: all 8 owed
+    with pytest.raises(CacheFullError, match="sequence a: .* 48 tokens"):
+        verifier.verify([VerifyRequest("a", history + [5, r.emitted[0]], [], GREEDY, reserve_tokens=48)])
+    assert small.slot_length(slot) == len(history) + 1, "the refused call wrote nothing"
+    for seq_id in "ab":
+        verifier.release(seq_id)

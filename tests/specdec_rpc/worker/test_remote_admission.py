@@ -1,28 +1,24 @@
 """Served admission by reserve and cached prompt tokens over gRPC (real grpc.aio workers on
-127.0.0.1, no Ray): the router sends each sequence's prompt + max_new_tokens with its history,
-the workers reserve that many cache blocks (not max_seq_len), and the router admits by its share
-of the target's blocks (WorkerInfo.num_blocks / block_size); a request its share can never hold
-is refused at entry. Cached prompt tokens come back in each outcome and reach the public stats."""
+127.0.0.1, no Ray): the router sends each sequence's grant (its next round's need, grown as it
+decodes; at most prompt + max_new_tokens) with its history, the workers reserve that many cache
+blocks (not max_seq_len), and the router admits by its share of the target's blocks
+(WorkerInfo.num_blocks / block_size); a request its share can never hold is refused at entry.
+Cached prompt tokens come back in each outcome and reach the public stats."""
 
 from __future__ import annotations
 
 import pytest
 from admission_checks import short_requests_run_at_once
 
+import worker_slots
+
 from specdec.config.config import load_config
-from specdec.models.loader import load_model
-from specdec.models.model_paths import resolve_model_path
-from specdec.models.model_runner import ModelRunner
 from specdec.proposers.composite_proposer import CompositeProposer
 from specdec.requests.request import GenerationRequest
 from specdec.round.engine import SpeculativeEngine
-from specdec.verifiers.target_verifier import TargetVerifier
 from specdec_rpc.public.public_api import to_stats
-from specdec_rpc.worker.draft_servicer import DraftServicer
 from specdec_rpc.worker.remote_proposer import RemoteProposer
 from specdec_rpc.worker.remote_verifier import RemoteVerifier
-from specdec_rpc.worker.target_servicer import TargetServicer
-from specdec_rpc.worker.worker_server import ServerThread
 
 NUM_SLOTS, MAX_SEQ_LEN, BLOCK = 8, 256, 16
 NUM_BLOCKS = 2 * MAX_SEQ_LEN // BLOCK  # the blocks of two max_seq_len sequences
@@ -32,13 +28,8 @@ CONFIG = load_config(overrides={"cache": {"num_slots": NUM_SLOTS, "max_seq_len":
 @pytest.fixture(scope="module")
 def workers():
     """A draft worker (a full cache) and a target worker with 8 slots but NUM_BLOCKS blocks."""
-    target = ModelRunner(load_model(resolve_model_path(CONFIG.models.target)), NUM_SLOTS, MAX_SEQ_LEN,
-                         block_size=BLOCK, num_blocks=NUM_BLOCKS)
-    servers = {"draft": ServerThread(DraftServicer.from_config(CONFIG)),
-               "target": ServerThread(TargetServicer(TargetVerifier(target), CONFIG.models.target, NUM_SLOTS))}
-    yield servers
-    for server in servers.values():
-        server.stop()
+    with worker_slots.paged_servers(CONFIG, NUM_BLOCKS) as servers:
+        yield servers
 
 
 @pytest.fixture
@@ -64,11 +55,15 @@ def test_the_target_worker_reports_its_blocks_and_the_router_admits_by_them(engi
     short_requests_run_at_once(engine(), [p[:20] for p in prompt_ids[:6]], hf_greedy)  # 2 slots by max_seq_len
 
 
-def test_long_reserves_wait_for_the_blocks_of_finished_requests(engine, prompt_ids):
+def test_long_prompts_wait_for_the_blocks_of_finished_requests(engine, prompt_ids):
+    """Admitted on its prompt and a round (the router grows grants), a 200-token prompt takes 15
+    of the share's 32 blocks: two fill it."""
     remote = engine()
-    ids = [remote.add_request(GenerationRequest(p, MAX_SEQ_LEN - len(p))) for p in prompt_ids[:3]]
+    prompts = [(p * 4)[:200] for p in prompt_ids[:3]]
+    ids = [remote.add_request(GenerationRequest(p, MAX_SEQ_LEN - len(p))) for p in prompts]
     remote.step()
-    assert (remote.num_running, remote.num_waiting) == (2, 1), "two max_seq_len reserves fill the target"
+    assert remote.verifier.grows_reserves
+    assert (remote.num_running, remote.num_waiting) == (2, 1), "two long prompts' grants fill the target"
     remote.abort(ids[0])
     remote.step()
     assert (remote.num_running, remote.num_waiting) == (2, 0), "the freed blocks admit the third"
@@ -92,3 +87,17 @@ def test_cached_prompt_tokens_come_back_from_the_target_worker(engine, prompt_id
     assert first.stats.cached_tokens == 0 and second.token_ids == first.token_ids
     assert 0 < second.stats.cached_tokens < len(prompt) and second.stats.cached_tokens % BLOCK == 0
     assert to_stats(second.stats).cached_tokens == second.stats.cached_tokens
+
+
+def test_the_router_grows_grants_in_its_share_without_a_call():
+    """Bookkeeping only (no channel): held sequences grow in order while the share's blocks not
+    reserved cover them, after the reserves of sequences not sent yet; a sequence not held yet
+    counts as new on its whole grant; a grant never shrinks."""
+    remote = RemoteVerifier.__new__(RemoteVerifier)  # no target: grow never calls one
+    remote.num_slots, remote.num_blocks, remote.block_size, remote._held = 8, 10, 16, {"a": 2, "b": 3}
+    assert remote.grows_reserves
+    assert remote.grow([("a", 64), ("b", 40)], taken=[32]) == 2  # a: +2 blocks, b: 3 already
+    assert remote._held == {"a": 4, "b": 3} and remote.admits([16]) == 1
+    assert remote.grow([("a", 20), ("b", 64), ("new", 48)], taken=[]) == 2, "b: +1 of 3; new needs 3 of 2"
+    assert remote._held == {"a": 4, "b": 4}
+    assert remote.grow([("a", 80)], taken=[16, 16]) == 0, "2 blocks left, both taken by sequences not sent yet"
