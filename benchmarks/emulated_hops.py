@@ -75,7 +75,68 @@ def _timed_worker(servicer, method: str) -> list:
     return calls
 
 
-def worker(role: str, profile: str, slots: int) -> None:
+def _drive(coroutine):
+    """Run a coroutine that never suspends (an uncontended lock, a step on the calling thread) to its end."""
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coroutine.close()
+    raise RuntimeError("the call suspended: a synchronous server cannot serve it")
+
+
+class SyncServer:
+    """A prototype: the servicer's round calls served by a synchronous gRPC server (grpc.server,
+    a thread pool), each call's handler run to its end on the handler's thread (every model step
+    inline, no event loop). No lease reaper, no metrics: it measures the transport only."""
+
+    def __init__(self, servicer, role: str) -> None:
+        from concurrent import futures
+
+        import grpc
+        from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
+        from specdec_rpc.worker import worker_servicer
+        from specdec_rpc.worker.worker_server import CHANNEL_OPTIONS
+
+        worker_servicer.INLINE_MAX_TOKENS = 1 << 30
+        servicer.inline_steps = True
+        method = "Propose" if role == "draft" else "Verify"
+        handler = getattr(servicer, method)
+
+        class Adapter:
+            def GetInfo(self, request, context):
+                return _drive(servicer.GetInfo(request, context))
+
+            def KeepAlive(self, request, context):
+                return _drive(servicer.KeepAlive(request, context))
+
+            def Release(self, request, context):
+                servicer._release(list(request.seq_ids))
+                servicer.leases.released(request.seq_ids)
+                return worker_pb2.ReleaseResponse()
+
+        def unary(request, context):
+            return _drive(handler(request, context))
+
+        def stream(requests, context):
+            for request in requests:
+                yield _drive(handler(request, context))
+
+        adapter = Adapter()
+        setattr(adapter, method, unary)
+        setattr(adapter, method + "Stream", stream)
+        register = (worker_pb2_grpc.add_DraftWorkerServicer_to_server if role == "draft"
+                    else worker_pb2_grpc.add_TargetWorkerServicer_to_server)
+        self.server = grpc.server(futures.ThreadPoolExecutor(8), options=CHANNEL_OPTIONS)
+        register(adapter, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(1.0)
+
+
+def worker(role: str, profile: str, slots: int, server_kind: str = "aio") -> None:
     """Serve one role; print the address, then answer 'spans' (the calls timed since the last
     'spans') on stdin until 'quit'."""
     import torch
@@ -90,7 +151,7 @@ def worker(role: str, profile: str, slots: int) -> None:
     config = load_config(overrides=overrides(profile, slots))
     servicer = DraftServicer.from_config(config) if role == "draft" else target_servicer(config)
     calls = _timed_worker(servicer, "Propose" if role == "draft" else "Verify")
-    server = ServerThread(servicer)
+    server = ServerThread(servicer) if server_kind == "aio" else SyncServer(servicer, role)
     print(server.address, flush=True)
     for line in sys.stdin:
         if line.strip() == "spans":
@@ -106,9 +167,9 @@ def worker(role: str, profile: str, slots: int) -> None:
 class Worker:
     """A worker process of one role."""
 
-    def __init__(self, role: str, profile: str, slots: int) -> None:
+    def __init__(self, role: str, profile: str, slots: int, server_kind: str = "aio") -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", role, "--profile", profile,
-                                      "--slots", str(slots)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      "--slots", str(slots), "--server", server_kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True)
         self.address = self.proc.stdout.readline().strip()
 
@@ -240,9 +301,11 @@ def main() -> None:
     parser.add_argument("--worker", choices=("draft", "target"), default=None)
     parser.add_argument("--slots", type=int, default=40)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--server", choices=("aio", "sync"), nargs="+", default=["aio"],
+                        help="the workers' server: grpc.aio (as served) and/or the synchronous prototype (interleaved)")
     args = parser.parse_args()
     if args.worker:
-        return worker(args.worker, args.profile, args.slots)
+        return worker(args.worker, args.profile, args.slots, args.server[0])
     import torch
 
     torch.set_num_threads(1)
@@ -251,22 +314,24 @@ def main() -> None:
     from specdec.wiring.engine_builder import build_engine
 
     slots = max(args.streams) + 8
-    workers = {role: Worker(role, args.profile, slots) for role in ("draft", "target")}
+    servers = {kind: {role: Worker(role, args.profile, slots, kind) for role in ("draft", "target")}
+               for kind in args.server}
     local = build_engine(load_config(overrides=overrides(args.profile, slots)))
     rows = []
     try:
         for run in range(args.runs):
             for streams in args.streams:
                 prompts = [bundled_prompts()[i % 8] for i in range(streams)]
-                for setup in ("in-process", "served"):
+                for setup in ("in-process", *(f"served-{kind}" for kind in servers)):
                     row = (in_process_run(local, prompts, args.max_new_tokens) if setup == "in-process"
-                           else served_run(args.profile, workers, prompts, args.max_new_tokens))
+                           else served_run(args.profile, servers[setup[7:]], prompts, args.max_new_tokens))
                     row.update(run=run, streams=streams, setup=setup)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     finally:
-        for w in workers.values():
-            w.close()
+        for workers in servers.values():
+            for w in workers.values():
+                w.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -203,6 +203,20 @@ def test_overrides_are_cut_to_the_rows_cap():
     assert SpeculationPolicy(settings()).plan(snapshot(), [RowState("on", 6, 2)], 100.0, 3).gammas == (2,)
 
 
+def test_a_round_of_requests_own_gammas_only_is_not_planned_but_priced(monkeypatch):
+    """No row's γ is free: the rows keep their own γ without the goodput plan on the round's
+    critical path, and the round is still priced (its time calibrates the cost model)."""
+    import specdec.policy.speculation_policy as module
+
+    def no_plan(*args, **kwargs):
+        raise AssertionError("planned a round with no free γ")
+
+    monkeypatch.setattr(module, "plan_gammas", no_plan)
+    rows = [RowState("on", 4, 8, seq_id="a"), RowState("off", None, 8, seq_id="b"), RowState("auto", 2, 8, seq_id="c")]
+    d = SpeculationPolicy(settings()).plan(snapshot(alpha=0.9), rows, 100.0, 3)
+    assert d.gammas == (4, 0, 2) and d.enabled and d.planned_s is not None and "request's" in d.reason
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.9])
 def test_a_requests_own_gamma_above_gamma_max_is_its_own_and_its_neighbours_are_still_planned(alpha):
     """speculation.gamma_max (a request's cap, 16) may exceed the policy's gamma_max (8): the
