@@ -40,7 +40,8 @@ from specdec.verifiers.verifier import Verifier, VerifyRequest, VerifyResult
 SETUPS = {"drafting ahead": {"way": None}, "look-ahead only": {"way": LOOK_AHEAD}}
 # with --fresh-misses: the same, but a row whose look-ahead missed is proposed for afresh (the
 # behaviour before plain misses), for an interleaved comparison in one run
-FRESH_MISSES = {f"{label}, misses proposed afresh": {**kwargs, "plain_misses": False} for label, kwargs in SETUPS.items()}
+FRESH_MISSES = {f"{label}, misses proposed afresh": {**kwargs, "plain_misses": False}
+                for label, kwargs in SETUPS.items()}
 
 
 class ConcurrentVerifier(Verifier):

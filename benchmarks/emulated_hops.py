@@ -169,7 +169,8 @@ class Worker:
 
     def __init__(self, role: str, profile: str, slots: int, server_kind: str = "aio") -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", role, "--profile", profile,
-                                      "--slots", str(slots), "--server", server_kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      "--slots", str(slots), "--server", server_kind],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True)
         self.address = self.proc.stdout.readline().strip()
 

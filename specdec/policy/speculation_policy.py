@@ -235,7 +235,7 @@ class SpeculationPolicy:
             return self._fallback(lo, hi, free, "acceptance or cost not measured yet: fallback γ")
         if not free:  # every row's γ is its request's: nothing to plan on the round's critical path
             return self._priced(self._decision(lo, free, rows, self.switch.enabled, "every row's γ is its request's"),
-                                snapshot, rows, explore)
+                                snapshot, rows, explore, [float(r.catch_up_tokens) for r in rows])
         if not self.switch.enabled:  # stays off while measurements thin out (exploration only)
             if s.thresholds is not None:
                 reason = f"load high (qps {snapshot.qps:.1f}, in flight {snapshot.in_flight:.0f}): switched off"
