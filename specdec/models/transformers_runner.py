@@ -73,7 +73,7 @@ class SlotCaches:
         were raised (it stops at the first that does not fit; a reserve never shrinks here)."""
         room = self._unreserved() - sum(self.reserve(tokens) for tokens in taken)
         for count, (slot, tokens) in enumerate(reserves):
-            self.length(slot)
+            self.length(slot)  # raises InvalidSlotError for a slot not allocated
             extra = max(0, self.reserve(tokens) - self.reserves[slot])
             if extra > room:
                 return count

@@ -84,9 +84,7 @@ class TargetVerifier(Verifier):
                 and r.reserve_tokens > self._states[r.seq_id].reserve]
         if not rows or not self.grows_reserves:
             return
-        grown = self.runner.grow_reserves([(self._states[seq_id].slot, tokens) for seq_id, tokens in rows])
-        for seq_id, tokens in rows[:grown]:
-            self._states[seq_id].reserve = tokens
+        grown = self.grow(rows, [])
         if grown < len(rows):
             seq_id, tokens = rows[grown]
             raise CacheFullError(f"sequence {seq_id}: the cache cannot grow its reserve to {tokens} tokens")
