@@ -36,8 +36,9 @@ by Dinkelbach's iteration: with λ the current goodput, each row independently m
 E_i(γ) − λ · cost_i(γ), then λ is updated, until the choice repeats. γ = 0 for every row —
 plain decoding — is what the plan chooses when drafting costs more than it emits (a poor
 proposer, or a large batch whose verify forward is compute-bound). The plans priced are
-plain decoding and, for each number of draft steps, that iteration's choice (trimmed to the
-bounds below); the TPOT targets choose among them.
+plain decoding and, for each number of draft steps, that iteration's choice (within the
+round-time bound below); the TPOT targets choose among them, and the one chosen is then
+trimmed to the cost model's trust region (`plan_gammas`).
 
 Goodput is a mean; the latency tail is the round whose first draft is rejected: every row
 then gets one token for the whole round, the draft's steps included. Plain decoding has a
@@ -54,6 +55,7 @@ time a prefill round would take.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from dataclasses import dataclass
 
 import numpy as np
@@ -197,11 +199,11 @@ def plan_gammas(
     emitted = np.concatenate([np.ones((rows, 1)), 1.0 + np.cumsum(curves, axis=1)], axis=1)  # [rows, gamma_max + 1]
     plain = tuple(int(x) for x in lo_a)
     read_list = read.tolist()  # round_s sums it per call: plain floats, not numpy scalars
-    seconds = lambda gammas: cost.round_s(gammas, 0, read_list)  # noqa: E731
-    waits = lambda gammas: cost.row_wait_s(gammas, read_list)  # noqa: E731  (per round, as rows see it)
+    seconds = lru_cache(maxsize=None)(lambda gammas: cost.round_s(gammas, 0, read_list))  # each plan priced once
+    waits = lambda gammas: cost.wait_scale * seconds(gammas)  # noqa: E731  (`row_wait_s`: per round, as rows see it)
     ratios = _tpot_ratios(emitted, waits, tpot_targets_s, rows)
     plain_goodput = _goodput(emitted, plain, seconds)
-    candidates = _candidates(emitted, lo_a, hi_a, cost, read, ratios,
+    candidates = _candidates(emitted, lo_a, hi_a, cost, read, seconds, ratios,
                              _time_bound(cost, plain, prompt_tokens, read_list, max_round_ratio))
     plain_within = ratios(plain)
     plain_met = int((plain_within <= 1.0).sum())
@@ -232,15 +234,13 @@ def _time_bound(cost: RoundCostModel, plain: tuple[int, ...], prompt_tokens: int
 
 
 def _candidates(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, cost: RoundCostModel, read: np.ndarray,
-                ratios: Callable[[tuple[int, ...]], np.ndarray],
+                seconds: Callable[[tuple[int, ...]], float], ratios: Callable[[tuple[int, ...]], np.ndarray],
                 bound: Callable[[np.ndarray, tuple[int, ...]], tuple[int, ...]]) -> list[_Candidate]:
     """Each number of draft steps' Dinkelbach choice within the round-time bound, judged as
     priced (`reach`) and trimmed to the trust region (`step`), until goodput has fallen twice
     in a row (past the best number of steps it only falls)."""
     rows = len(lo)
     budget = max(float(lo.sum()), cost.drafted_limit(rows))
-    read_list = read.tolist()
-    seconds = lambda gammas: cost.round_s(gammas, 0, read_list)  # noqa: E731
     all_steps = np.arange(int(lo.max()) + 1, int(hi.max()) + 1)
     out: list[_Candidate] = []
     previous, falling = 0.0, 0
