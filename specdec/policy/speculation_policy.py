@@ -140,6 +140,28 @@ def amortised_catch_up(curves: np.ndarray, rows: list[RowState], hi: list[int]) 
     return (catch_up / np.maximum(1.0, remaining / per_round)).tolist()
 
 
+NEWCOMER = -1  # a plan made ahead marks a row it did not plan (one that joined since) with this γ
+
+
+def taken_ahead(ahead: Decision, rows: list[RowState], fixed: list[int | None], lo: list[int],
+                hi: list[int]) -> tuple[list[int], tuple[float, ...]]:
+    """Each row's γ and amortised catch-up from a plan made ahead: its own request's γ where
+    it fixes one, else the plan's within its cap. A row the plan did not see (γ NEWCOMER)
+    drafts what the plan gave most of the rows it chose for (the smaller γ at a tie): a
+    fresh row has the cluster's acceptance, and in a batch of rows alike the plan is one
+    γ for all; its catch-up is spread over the rounds it has left at γ + 1 tokens a round."""
+    chosen = [g for g, f in zip(ahead.gammas, fixed) if f is None and g != NEWCOMER]
+    common = max(sorted(set(chosen)), key=chosen.count, default=0)
+    gammas, catch_up = [], []
+    for g, f, own, top, row, c in zip(ahead.gammas, fixed, lo, hi, rows, ahead.catch_up):
+        if g == NEWCOMER:
+            g = common
+            c = row.catch_up_tokens / max(1.0, row.remaining_tokens / (1 + min(g, top)))
+        gammas.append(own if f is not None else min(g, top))
+        catch_up.append(c)
+    return gammas, tuple(catch_up)
+
+
 def fixed_plan(rows: list[RowState], default_gamma: int) -> Decision:
     """The plan without a policy: every row its own γ (`own_gamma`, speculating whenever the
     server's γ is not 0), else the server's."""
@@ -253,9 +275,9 @@ class SpeculationPolicy:
             return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore,
                                 [0.0] * len(rows))
         if ahead is not None and ahead.enabled and len(ahead.catch_up) == len(rows) == len(ahead.gammas):
-            gammas = [min(g, h) if f is None else own for g, f, own, h in zip(ahead.gammas, fixed, lo, hi)]
+            gammas, catch_up = taken_ahead(ahead, rows, fixed, lo, hi)
             return self._priced(replace(self._decision(gammas, free, rows, True, ahead.reason, explore),
-                                        catch_up=ahead.catch_up), snapshot, rows, explore, list(ahead.catch_up))
+                                        catch_up=catch_up), snapshot, rows, explore, list(catch_up))
         curves = self._curves(snapshot, rows)
         targets = self._targets(rows)
         margin = self._margin(len(rows), targets)

@@ -10,10 +10,13 @@ wait for. So with a policy that can plan ahead (`LoadMonitor.plan_ahead`), each 
 also starts the next one on a worker thread, from what is known before this round's verdict
 (the rows and their counts as planned now, their prompts read): it runs while the engine
 thread waits for the proposer and the target (the GIL is free then). The next round takes
-it where its rows are all in it (rows that finished drop out; a newcomer means planning in
-place) and speculation is still on; the round's overrides, caps, exploration and predicted
-seconds are still its own (`SpeculationPolicy.plan`). What lags is one round of the rows'
-acceptance counts, which a row's prior of hundreds of drafted tokens outweighs.
+it while speculation is still on and at most MOST_NEWCOMERS of its rows joined since: rows
+that finished drop out, and a newcomer drafts what the plan gave most rows
+(`speculation_policy.taken_ahead`; under load rows finish and join in most rounds, and
+planning in place whenever one did would plan twice in most rounds). The round's
+overrides, caps, exploration and predicted seconds are still its own
+(`SpeculationPolicy.plan`). What lags is one round of the rows' acceptance counts, which a
+row's prior of hundreds of drafted tokens outweighs.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from specdec.policy.speculation_policy import Decision, RoundPolicy, RowState, fixed_plan
+from specdec.policy.speculation_policy import NEWCOMER, Decision, RoundPolicy, RowState, fixed_plan
 from specdec.proposers.proposer_view import ProposerView
 from specdec.requests.sequence import Sequence
 
 logger = logging.getLogger(__name__)
+MOST_NEWCOMERS = 0.25  # a plan made ahead is taken while at most this share of the round's rows joined since
 
 
 def unread_prompt(seq: Sequence) -> int:
@@ -106,8 +110,8 @@ class RoundPlanner:
         return policy.plan(rows, self.gamma, ahead=ahead)
 
     def _take_ahead(self, rows: list[RowState]) -> Decision | None:
-        """The plan made ahead, for these rows in their order; None where there is none, it
-        failed, or a row is not in it (a newcomer)."""
+        """The plan made ahead, for these rows in their order (NEWCOMER for a row not in it);
+        None where there is none, it failed, or too many rows joined since it was made."""
         pending, self._ahead = self._ahead, None
         if pending is None:
             return None
@@ -118,11 +122,11 @@ class RoundPlanner:
             return None
         self.planning.ahead_s += seconds
         where = {seq_id: i for i, seq_id in enumerate(ids)}
-        if any(row.seq_id not in where for row in rows) or len(ahead.catch_up) != len(ids):
+        pick = [where.get(row.seq_id) for row in rows]
+        if len(ahead.catch_up) != len(ids) or MOST_NEWCOMERS * len(rows) < sum(i is None for i in pick):
             return None
-        pick = [where[row.seq_id] for row in rows]
-        return replace(ahead, gammas=tuple(ahead.gammas[i] for i in pick),
-                       catch_up=tuple(ahead.catch_up[i] for i in pick))
+        return replace(ahead, gammas=tuple(NEWCOMER if i is None else ahead.gammas[i] for i in pick),
+                       catch_up=tuple(0.0 if i is None else ahead.catch_up[i] for i in pick))
 
     def _plan_ahead(self, policy: RoundPolicy, rows: list[RowState]) -> tuple[Decision, list[str], float]:
         """The next round's plan for these rows (on the worker thread), their prompts read:

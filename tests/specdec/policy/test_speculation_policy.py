@@ -418,7 +418,8 @@ def test_after_a_plain_period_the_plan_turns_speculation_back_on_where_on_wins()
 
 def test_a_plan_made_ahead_equals_the_plan_made_in_place_for_the_same_inputs():
     """`plan_ahead` (no round counted) then `plan(ahead=…)` gives the round what planning in
-    place gives it: γ, reason, predicted seconds; exploration is still the round's own."""
+    place gives it: γ, reason, predicted seconds; caps, overrides and exploration are still
+    the round's own, and a row that joined since drafts the γ the plan gave most rows."""
     snap = snapshot(alpha=0.8)
     rows = [RowState("auto", None, 8, drafted=40 + i, accepted=20 + 3 * i, seq_id=f"s{i}", catch_up_tokens=i,
                      remaining_tokens=30, tpot_target_s=0.05 if i % 2 else None) for i in range(6)]
@@ -430,6 +431,13 @@ def test_a_plan_made_ahead_equals_the_plan_made_in_place_for_the_same_inputs():
     assert any(in_place.gammas) and taken == in_place
     capped = policy.plan(snap, [replace(rows[0], cap=1), *rows[1:]], 100.0, 4, ahead=ahead)
     assert capped.gammas[0] == min(1, in_place.gammas[0]), "a row's cap is this round's"
+    from specdec.policy.speculation_policy import NEWCOMER
+
+    joined = replace(ahead, gammas=(*ahead.gammas[:-2], NEWCOMER, NEWCOMER))  # two rows the plan did not see
+    common = max(sorted(set(ahead.gammas[:-2])), key=ahead.gammas[:-2].count)
+    newcomers = [replace(rows[0], seq_id="new", cap=1), RowState("off", None, 8, seq_id="new off")]
+    taken = policy.plan(snap, [*rows[:-2], *newcomers], 100.0, 4, ahead=joined)
+    assert taken.gammas[-2:] == (min(common, 1), 0), "the plan's most common γ, within its cap; an override wins"
     exploring = SpeculationPolicy(settings(explore_interval_s=2.0))
     thin = replace(snap, drafted=10, draft_calls=3)
     quiet = exploring.plan(thin, auto(2), 100.0, 4, update_state=False)

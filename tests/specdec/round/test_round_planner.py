@@ -128,8 +128,8 @@ def planned_over_snapshot():
 
 def test_the_next_rounds_plan_is_made_ahead_off_the_engine_thread_and_equals_the_plan_made_in_place():
     """Each goodput plan starts the next round's on a worker thread; the next round takes it
-    where all its rows are in it (rows that finished drop out), and gets what planning in
-    place for the same rows gives; a newcomer means planning in place."""
+    and gets what planning in place for the same rows gives. Rows that finished drop out; a
+    newcomer drafts the γ the plan gave most rows; a batch mostly new is planned in place."""
     fresh = planned_over_snapshot()
     batch = [seq(f"r{i}", prompt=tuple(range(3 + i))) for i in range(5)]
     for s in batch:
@@ -146,11 +146,16 @@ def test_the_next_rounds_plan_is_made_ahead_off_the_engine_thread_and_equals_the
     planner.plan(batch[1:], policy, max_seq_len=512, load=(4, 0))  # one finished: the others' γ as planned
     assert planner.decision.gammas == ahead.gammas[1:] and planner.decision.reason == ahead.reason
     assert planner.planning.taken == 2 and policy.ahead_threads and threading_name() not in policy.ahead_threads
-    newcomer = [*batch[1:], seq("new")]
-    planner.plan(newcomer, policy, max_seq_len=512, load=(5, 0))
-    assert planner.planning.taken == 2 and len(planner.decision.gammas) == 5
-    assert planner.planning.ahead_s > 0 and planner.planning.per_round_ms()["plan_taken_ahead"] == 0.5
-
+    joined = [*batch[1:], seq("new", prompt=tuple(range(9)))]  # one of five joined: it drafts the plan's γ
+    planner.plan(joined, policy, max_seq_len=512, load=(5, 0))
+    most = max(set(ahead.gammas), key=ahead.gammas.count)
+    assert planner.planning.taken == 3 and planner.decision.gammas == (*ahead.gammas[1:], most)
+    burst = [*batch[:2], *(seq(f"burst{i}") for i in range(3))]  # most rows new: planned in place
+    planner.plan(burst, policy, max_seq_len=512, load=(5, 0))
+    in_place = RoundPlanner(4, 8, ProposerView())
+    in_place.plan(burst, fresh(), max_seq_len=512, load=(5, 0))
+    assert planner.planning.taken == 3 and planner.decision == in_place.decision
+    assert planner.planning.ahead_s > 0 and planner.planning.per_round_ms()["plan_taken_ahead"] == 0.6
 
 def threading_name():
     import threading
