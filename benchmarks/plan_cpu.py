@@ -2,9 +2,10 @@
 
 Drives the engine's `RoundPlanner` with the production policy (`LoadMonitor` over a
 `SpeculationPolicy`, in-process store) on a batch that lives as a served one does: rows
-draft and get drafts accepted at α, finish after --max-new-tokens, newcomers arrive at
---arrivals per round (Poisson). Between two plans the "engine thread" waits --verify-ms (as
-it waits for the proposer and the target), which is when a plan made ahead runs. The
+draft and get drafts accepted at α, finish after --max-new-tokens, and newcomers take the
+slots they free (a saturated server; or --arrivals per round). Between two plans the
+"engine thread" waits --verify-ms (as it waits for the proposer and the target), which is
+when a plan made ahead runs. The
 policy's measurements come from rounds timed by the emulated H100 pair's costs at time
 scale 8 (as `bench_load.py --profile h100-llama-8b-1b --time-scale 8` fits them), so the
 plans are the ones AUTO makes there. Variants, interleaved run by run (A B A B ...):
@@ -88,7 +89,7 @@ def run(rows: int, rounds: int, ahead: bool, args: argparse.Namespace, seed: int
     batch = [new_row(f"r{next(ids)}", args.max_new_tokens, rng) for _ in range(rows)]
     for seq in batch:  # mid-answer: their prompts read, a few rounds drafted
         seq.stats.rounds = 1
-        seq.output_ids.extend(rng.randrange(100) for _ in range(rng.randrange(args.max_new_tokens // 2)))
+        seq.token_ids.extend(rng.randrange(100) for _ in range(rng.randrange(args.max_new_tokens // 2)))
     for _ in range(rounds):
         planner.plan(batch, policy, 4096, (len(batch), 0))
         time.sleep(args.verify_ms / 1000.0)  # the engine thread waits for the draft and the target
@@ -98,9 +99,12 @@ def run(rows: int, rounds: int, ahead: bool, args: argparse.Namespace, seed: int
             while kept < gamma and rng.random() < args.alpha:
                 kept += 1
             seq.stats.record_round(gamma, kept, gamma)
-            seq.output_ids.extend(rng.randrange(100) for _ in range(min(kept + 1, seq.remaining)))
+            seq.token_ids.extend(rng.randrange(100) for _ in range(min(kept + 1, seq.remaining)))
         batch = [seq for seq in batch if seq.remaining > 0]
-        arrivals = sum(1 for _ in range(rows) if rng.random() < args.arrivals / rows)
+        if args.arrivals is None:  # saturated: the queue refills every slot that frees
+            arrivals = rows - len(batch)
+        else:
+            arrivals = sum(1 for _ in range(rows) if rng.random() < args.arrivals / rows)
         batch += [new_row(f"r{next(ids)}", args.max_new_tokens, rng) for _ in range(arrivals)]
         batch = batch[: 2 * rows] or [new_row(f"r{next(ids)}", args.max_new_tokens, rng)]
     return planner.planning.per_round_ms()
@@ -112,7 +116,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300, help="rounds per run")
     parser.add_argument("--runs", type=int, default=5, help="runs per variant (interleaved)")
     parser.add_argument("--verify-ms", type=float, default=5.0, help="what the engine thread waits per round")
-    parser.add_argument("--arrivals", type=float, default=0.5, help="newcomers per round (mean)")
+    parser.add_argument("--arrivals", type=float, default=None,
+                        help="newcomers per round (mean; default: every slot that frees is refilled, rows stay --rows)")
     parser.add_argument("--alpha", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args()
