@@ -42,6 +42,7 @@ import numpy as np
 from specdec.policy.gamma import (crossover_rows, expected_accepted, extend_prefix_acceptance, plan_gammas,
                                   row_prefix_acceptance, speculation_pays)
 from specdec.policy.load_stats import LoadSnapshot, RoundSample
+from specdec.policy.ahead_plan import taken_ahead
 from specdec.policy.load_switch import LoadSwitch, LoadThresholds
 from specdec.requests.speculation_mode import SpeculationMode, own_gamma
 
@@ -138,28 +139,6 @@ def amortised_catch_up(curves: np.ndarray, rows: list[RowState], hi: list[int]) 
     remaining = np.array([row.remaining_tokens for row in rows], dtype=np.float64)
     catch_up = np.array([row.catch_up_tokens for row in rows], dtype=np.float64)
     return (catch_up / np.maximum(1.0, remaining / per_round)).tolist()
-
-
-NEWCOMER = -1  # a plan made ahead marks a row it did not plan (one that joined since) with this γ
-
-
-def taken_ahead(ahead: Decision, rows: list[RowState], fixed: list[int | None], lo: list[int],
-                hi: list[int]) -> tuple[list[int], tuple[float, ...]]:
-    """Each row's γ and amortised catch-up from a plan made ahead: its own request's γ where
-    it fixes one, else the plan's within its cap. A row the plan did not see (γ NEWCOMER)
-    drafts what the plan gave most of the rows it chose for (the smaller γ at a tie): a
-    fresh row has the cluster's acceptance, and in a batch of rows alike the plan is one
-    γ for all; its catch-up is spread over the rounds it has left at γ + 1 tokens a round."""
-    chosen = [g for g, f in zip(ahead.gammas, fixed) if f is None and g != NEWCOMER]
-    common = max(sorted(set(chosen)), key=chosen.count, default=0)
-    gammas, catch_up = [], []
-    for g, f, own, top, row, c in zip(ahead.gammas, fixed, lo, hi, rows, ahead.catch_up):
-        if g == NEWCOMER:
-            g = common
-            c = row.catch_up_tokens / max(1.0, row.remaining_tokens / (1 + min(g, top)))
-        gammas.append(own if f is not None else min(g, top))
-        catch_up.append(c)
-    return gammas, tuple(catch_up)
 
 
 def fixed_plan(rows: list[RowState], default_gamma: int) -> Decision:
@@ -278,6 +257,15 @@ class SpeculationPolicy:
             gammas, catch_up = taken_ahead(ahead, rows, fixed, lo, hi)
             return self._priced(replace(self._decision(gammas, free, rows, True, ahead.reason, explore),
                                         catch_up=catch_up), snapshot, rows, explore, list(catch_up))
+        gammas, catch_up, reason = self._goodput_plan(snapshot, rows, fixed, lo, hi)
+        return self._priced(replace(self._decision(gammas, free, rows, True, reason, explore),
+                                    catch_up=tuple(catch_up)), snapshot, rows, explore, catch_up)
+
+    def _goodput_plan(self, snapshot: LoadSnapshot, rows: list[RowState], fixed: list[int | None], lo: list[int],
+                      hi: list[int]) -> tuple[list[int], list[float], str]:
+        """The goodput plan (`plan_gammas`) for a round while speculation is on: each row's γ
+        (its request's own where it fixes one), its catch-up as priced, and the reason."""
+        s = self.settings
         curves = self._curves(snapshot, rows)
         targets = self._targets(rows)
         margin = self._margin(len(rows), targets)
@@ -295,8 +283,7 @@ class SpeculationPolicy:
                    f"{snapshot.round_cost.drafted_limit(len(rows)):.0f} drafts") if plan.reach_goodput else ""
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
                   f"(α {snapshot.alpha:.2f}, {len(rows)} rows{waits}{missed}{trimmed})")
-        return self._priced(replace(self._decision(gammas, free, rows, True, reason, explore),
-                                    catch_up=tuple(catch_up)), snapshot, rows, explore, catch_up)
+        return gammas, catch_up, reason
 
     def _margin(self, rows: int, targets: list[float] | None) -> float:
         """What a speculating plan must gain over plain decoding this round (`plan_gammas`):

@@ -12,7 +12,7 @@ also starts the next one on a worker thread, from what is known before this roun
 thread waits for the proposer and the target (the GIL is free then). The next round takes
 it while speculation is still on and at most MOST_NEWCOMERS of its rows joined since: rows
 that finished drop out, and a newcomer drafts what the plan gave most rows
-(`speculation_policy.taken_ahead`; under load rows finish and join in most rounds, and
+(`specdec.policy.ahead_plan`; under load rows finish and join in most rounds, and
 planning in place whenever one did would plan twice in most rounds). The round's
 overrides, caps, exploration and predicted seconds are still its own
 (`SpeculationPolicy.plan`). What lags is one round of the rows' acceptance counts, which a
@@ -26,7 +26,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from specdec.policy.speculation_policy import NEWCOMER, Decision, RoundPolicy, RowState, fixed_plan
+from specdec.policy.ahead_plan import NEWCOMER
+from specdec.policy.speculation_policy import Decision, RoundPolicy, RowState, fixed_plan
 from specdec.proposers.proposer_view import ProposerView
 from specdec.requests.sequence import Sequence
 

@@ -431,7 +431,7 @@ def test_a_plan_made_ahead_equals_the_plan_made_in_place_for_the_same_inputs():
     assert any(in_place.gammas) and taken == in_place
     capped = policy.plan(snap, [replace(rows[0], cap=1), *rows[1:]], 100.0, 4, ahead=ahead)
     assert capped.gammas[0] == min(1, in_place.gammas[0]), "a row's cap is this round's"
-    from specdec.policy.speculation_policy import NEWCOMER
+    from specdec.policy.ahead_plan import NEWCOMER
 
     joined = replace(ahead, gammas=(*ahead.gammas[:-2], NEWCOMER, NEWCOMER))  # two rows the plan did not see
     common = max(sorted(set(ahead.gammas[:-2])), key=ahead.gammas[:-2].count)
