@@ -36,8 +36,9 @@ by Dinkelbach's iteration: with λ the current goodput, each row independently m
 E_i(γ) − λ · cost_i(γ), then λ is updated, until the choice repeats. γ = 0 for every row —
 plain decoding — is what the plan chooses when drafting costs more than it emits (a poor
 proposer, or a large batch whose verify forward is compute-bound). The plans priced are
-plain decoding and, for each number of draft steps, that iteration's choice (trimmed to the
-bounds below); the TPOT targets choose among them.
+plain decoding and, for each number of draft steps, that iteration's choice (within the
+round-time bound below); the TPOT targets choose among them, and the one chosen is then
+trimmed to the cost model's trust region (`plan_gammas`).
 
 Goodput is a mean; the latency tail is the round whose first draft is rejected: every row
 then gets one token for the whole round, the draft's steps included. Plain decoding has a
@@ -54,6 +55,7 @@ time a prefill round would take.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,6 +141,18 @@ class Plan:
     goodput: float  # predicted emitted tokens per second
     plain_goodput: float  # the same with every free row at its least γ (speculation off)
     tpot_excess: float = 0.0  # the worst row's predicted TPOT over its target (<= 1: all met; 0: no targets)
+    reach_goodput: float = 0.0  # the plan it was judged on, before the trust region trimmed it (0: not trimmed)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """One number of draft steps' plan: judged untrimmed by the trust region (`reach`), taken
+    trimmed to it (`step`)."""
+
+    reach: tuple[int, ...]
+    step: tuple[int, ...]
+    value: float  # the reach's predicted tokens/s
+    met: int  # rows whose predicted TPOT the reach meets
 
 
 def plan_gammas(
@@ -154,6 +168,14 @@ def plan_gammas(
     model's error; `SpeculationPolicy.plan`), and its round may
     take at most `max_round_ratio` times the plain plan's with a newcomer's prompt
     (`RoundCostModel.prefill_round_s`; 0 = unbounded).
+    The trust region (`RoundCostModel.drafted_limit`) bounds what the plan drafts, not the
+    decision: plans are judged (margin, targets, tokens/s) as the cost model prices them
+    untrimmed, and the one chosen is then trimmed to the region, a step inside it. Judged
+    trimmed, a region left narrow by plain rounds (32 rows of plain decoding cover about 15
+    drafted tokens) let no plan clear the margin where speculating pays, so nothing drafted
+    and the region never grew: AUTO stayed plain after plain periods. Each step's rounds
+    widen the region (by a quarter per EDGE_ROUNDS rounds), and the fit corrects itself on
+    them where the untrimmed price was wrong.
     prompt_tokens: what the target reads this round besides the rows' γ + 1 tokens: read
     whatever the plan, its time is sunk, so goodput is that of the rows' decoding alone
     (counted in the round's own ratio, a prompt lowers plain decoding's goodput more than
@@ -177,41 +199,81 @@ def plan_gammas(
     emitted = np.concatenate([np.ones((rows, 1)), 1.0 + np.cumsum(curves, axis=1)], axis=1)  # [rows, gamma_max + 1]
     plain = tuple(int(x) for x in lo_a)
     read_list = read.tolist()  # round_s sums it per call: plain floats, not numpy scalars
-    seconds = lambda gammas: cost.round_s(gammas, 0, read_list)  # noqa: E731
-    whole_round = lambda gammas: cost.round_s(gammas, prompt_tokens, read_list)  # noqa: E731
-    plain_goodput = _goodput(emitted, plain, seconds)
-    waits = lambda gammas: cost.row_wait_s(gammas, read_list)  # noqa: E731  (per round, as rows see it)
+    seconds = lru_cache(maxsize=None)(lambda gammas: cost.round_s(gammas, 0, read_list))  # each plan priced once
+    waits = lambda gammas: cost.wait_scale * seconds(gammas)  # noqa: E731  (`row_wait_s`: per round, as rows see it)
     ratios = _tpot_ratios(emitted, waits, tpot_targets_s, rows)
-    most = (-1, -1.0, plain)  # the speculating plan with the most rows within their targets, then tokens/s
-    best, best_goodput = plain, -1.0  # the best plan that speculates and meets the targets (plain: none found)
+    plain_goodput = _goodput(emitted, plain, seconds)
+    candidates = _candidates(emitted, lo_a, hi_a, cost, read, seconds, ratios,
+                             _time_bound(cost, plain, prompt_tokens, read_list, max_round_ratio))
+    plain_within = ratios(plain)
+    plain_met = int((plain_within <= 1.0).sum())
+    speculating = [c for c in candidates if c.reach != plain]
+    most = _first_best(speculating, lambda c: c.met)  # the most rows within their targets, then tokens/s
+    best = _first_best([c for c in speculating if c.met == rows], lambda c: 0)  # meets them all: tokens/s
+    if plain_met < rows and best is None:  # none meets every target: the most rows within theirs
+        if most is not None and (most.met > plain_met or
+                                 (most.met == plain_met and most.value > plain_goodput * (1.0 + margin))):
+            return _taken(most, emitted, seconds, ratios, plain_goodput)
+        return Plan(plain, plain_goodput, plain_goodput, _worst(plain_within))
+    if best is None or (plain_met == rows and best.value <= plain_goodput * (1.0 + margin)):
+        return Plan(plain, plain_goodput, plain_goodput, _worst(plain_within))
+    return _taken(best, emitted, seconds, ratios, plain_goodput)
+
+
+def _time_bound(cost: RoundCostModel, plain: tuple[int, ...], prompt_tokens: int, read: list[float],
+                max_round_ratio: float) -> Callable[[np.ndarray, tuple[int, ...]], tuple[int, ...]]:
+    """The round-time bound as a trim: a plan over `max_round_ratio` times the plain plan's
+    round with a newcomer's prompt loses its least likely drafts until it fits (identity
+    when unbounded)."""
+    if max_round_ratio <= 0:
+        return lambda emitted, gammas: gammas
+    slowest = cost.prefill_round_s(plain, prompt_tokens) * max_round_ratio
+    whole_round = lambda gammas: cost.round_s(gammas, prompt_tokens, read)  # noqa: E731
+    lo = np.asarray(plain)
+    return lambda emitted, gammas: _within_time(emitted, gammas, lo, whole_round, slowest)
+
+
+def _candidates(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, cost: RoundCostModel, read: np.ndarray,
+                seconds: Callable[[tuple[int, ...]], float], ratios: Callable[[tuple[int, ...]], np.ndarray],
+                bound: Callable[[np.ndarray, tuple[int, ...]], tuple[int, ...]]) -> list[_Candidate]:
+    """Each number of draft steps' Dinkelbach choice within the round-time bound, judged as
+    priced (`reach`) and trimmed to the trust region (`step`), until goodput has fallen twice
+    in a row (past the best number of steps it only falls)."""
+    rows = len(lo)
+    budget = max(float(lo.sum()), cost.drafted_limit(rows))
+    all_steps = np.arange(int(lo.max()) + 1, int(hi.max()) + 1)
+    out: list[_Candidate] = []
     previous, falling = 0.0, 0
-    budget = max(float(lo_a.sum()), cost.drafted_limit(rows))
-    slowest = cost.prefill_round_s(plain, prompt_tokens) * max_round_ratio if max_round_ratio > 0 else float("inf")
-    all_steps = np.arange(int(lo_a.max()) + 1, int(hi_a.max()) + 1)
-    for _steps, choice in zip(all_steps.tolist(), _plans_for_steps(emitted, lo_a, hi_a, all_steps, cost, read)):
-        gammas = _within_budget(emitted, tuple(choice.tolist()), lo_a, budget)
-        gammas = _within_time(emitted, gammas, lo_a, whole_round, slowest)
-        value = _goodput(emitted, gammas, seconds)
-        within = ratios(gammas)  # [rows] predicted TPOT over target
-        met = int((within <= 1.0).sum())
-        if gammas != plain and (met, value) > (most[0], most[1] * (1.0 + 1e-12)):  # ties: fewer steps
-            most = (met, value, gammas)
-        if gammas != plain and met == rows and value > best_goodput * (1.0 + 1e-12):
-            best, best_goodput = gammas, value
+    for choice in _plans_for_steps(emitted, lo, hi, all_steps, cost, read):
+        reach = bound(emitted, tuple(int(x) for x in choice))
+        step = _within_budget(emitted, reach, lo, budget)  # trims least likely first: stays within the bound
+        value = _goodput(emitted, reach, seconds)
+        out.append(_Candidate(reach, step, value, int((ratios(reach) <= 1.0).sum())))
         falling = falling + 1 if value < previous else 0
-        if falling >= 2:  # past the best number of draft steps: goodput only falls from here
+        if falling >= 2:
             break
         previous = value
-    plain_within = ratios(plain)
-    plain_met, plain_excess = int((plain_within <= 1.0).sum()), _worst(plain_within)
-    if plain_met < rows and best == plain:  # none meets every target: the most rows within theirs
-        met, value, gammas = most
-        if met > plain_met or (met == plain_met and value > plain_goodput * (1.0 + margin)):
-            return Plan(gammas, value, plain_goodput, _worst(ratios(gammas)))
-        return Plan(plain, plain_goodput, plain_goodput, plain_excess)
-    if best == plain or (plain_met == rows and best_goodput <= plain_goodput * (1.0 + margin)):
-        best, best_goodput = plain, plain_goodput
-    return Plan(best, best_goodput, plain_goodput, _worst(ratios(best)))
+    return out
+
+
+def _first_best(candidates: list[_Candidate], rank: Callable[[_Candidate], int]) -> _Candidate | None:
+    """The candidate of the highest rank, then tokens/s; ties (within rounding) go to the
+    first, the fewer draft steps."""
+    best = None
+    for c in candidates:
+        if best is None or (rank(c), c.value) > (rank(best), best.value * (1.0 + 1e-12)):
+            best = c
+    return best
+
+
+def _taken(chosen: _Candidate, emitted: np.ndarray, seconds: Callable[[tuple[int, ...]], float],
+           ratios: Callable[[tuple[int, ...]], np.ndarray], plain_goodput: float) -> Plan:
+    """The plan chosen, as taken: trimmed to the trust region (its tokens/s and TPOT as such),
+    with the tokens/s it was judged on where the trim changed it."""
+    if chosen.step == chosen.reach:
+        return Plan(chosen.reach, chosen.value, plain_goodput, _worst(ratios(chosen.reach)))
+    return Plan(chosen.step, _goodput(emitted, chosen.step, seconds), plain_goodput, _worst(ratios(chosen.step)),
+                reach_goodput=chosen.value)
 
 
 def _tpot_ratios(emitted: np.ndarray, wait_s: Callable[[tuple[int, ...]], float], targets_s: ArrayLike | None,

@@ -76,10 +76,17 @@ class LoadMonitor:
     def set_load(self, in_flight: int, queued: int) -> None:
         self._load = (in_flight, queued)
 
-    def plan(self, rows: list[RowState], default_gamma: int) -> Decision:
-        """Each row's γ for this round (the engine thread)."""
+    def plan(self, rows: list[RowState], default_gamma: int, ahead: Decision | None = None) -> Decision:
+        """Each row's γ for this round (the engine thread); ahead: `plan_ahead`'s plan for
+        these rows, taken where it still holds (`SpeculationPolicy.plan`)."""
         self._default_gamma = default_gamma
-        return self.policy.plan(self._snapshot, rows, self.clock(), default_gamma)
+        return self.policy.plan(self._snapshot, rows, self.clock(), default_gamma, ahead=ahead)
+
+    def plan_ahead(self, rows: list[RowState], default_gamma: int) -> Decision:
+        """The plan for these rows from the snapshot now, counting no round (no exploration,
+        no state moved): made off the engine's critical path, while the target verifies the
+        round these rows are in, for the round after it (`RoundPlanner`)."""
+        return self.policy.plan(self._snapshot, rows, self.clock(), default_gamma, update_state=False)
 
     def record(self, sample: RoundSample) -> None:
         with self._lock:

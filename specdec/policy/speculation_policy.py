@@ -42,6 +42,7 @@ import numpy as np
 from specdec.policy.gamma import (crossover_rows, expected_accepted, extend_prefix_acceptance, plan_gammas,
                                   row_prefix_acceptance, speculation_pays)
 from specdec.policy.load_stats import LoadSnapshot, RoundSample
+from specdec.policy.ahead_plan import taken_ahead
 from specdec.policy.load_switch import LoadSwitch, LoadThresholds
 from specdec.requests.speculation_mode import SpeculationMode, own_gamma
 
@@ -114,6 +115,7 @@ class Decision:
     gammas: tuple[int, ...] = ()  # each row's γ this round, in the order of the rows
     planned_s: float = 0.0  # the plan's round as the cost model's parts predict it (0 = not a priced plan)
     decode_s: float = 0.0  # its decoding round (calibrated, no prompts), what rows' waits are set against (0 = none)
+    catch_up: tuple[float, ...] = ()  # a goodput plan's catch-up per row as priced (amortised); () = not one
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,10 @@ class RoundPolicy(Protocol):
     def set_load(self, in_flight: int, queued: int) -> None: ...
 
     def plan(self, rows: list[RowState], default_gamma: int) -> Decision: ...
+
+    # optional (`LoadMonitor`): plan_ahead(rows, default_gamma) -> Decision, the plan for these
+    # rows counting no round, computed while the target verifies; plan(rows, default_gamma,
+    # ahead=that plan) then takes it for the next round (`SpeculationPolicy.plan`)
 
     def record(self, sample: RoundSample) -> None: ...
 
@@ -218,9 +224,13 @@ class SpeculationPolicy:
         return max(1, round(rows)) if np.isfinite(rows) else None
 
     def plan(self, snapshot: LoadSnapshot | None, rows: list[RowState], now: float, default_gamma: int,
-             update_state: bool = True) -> Decision:
+             update_state: bool = True, ahead: Decision | None = None) -> Decision:
         """Each row's γ this round (request overrides, the on/off state, the goodput plan,
-        exploration). update_state=False previews it without counting a round (status)."""
+        exploration). update_state=False previews it without counting a round (status, a
+        plan made ahead). ahead: the goodput plan made for these rows (in their order) while
+        the last round verified (`RoundPlanner`): taken instead of planning again where
+        speculation is still on; everything else about the round (overrides, caps,
+        exploration, its predicted seconds) is this round's own."""
         s = self.settings
         fixed = [own_gamma(row.mode, row.requested_gamma, default_gamma, self.switch.enabled) for row in rows]
         free = [i for i, f in enumerate(fixed) if f is None]
@@ -243,6 +253,19 @@ class SpeculationPolicy:
                 reason = f"off: speculating does not pay at {len(rows)} rows"
             return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore,
                                 [0.0] * len(rows))
+        if ahead is not None and ahead.enabled and len(ahead.catch_up) == len(rows) == len(ahead.gammas):
+            gammas, catch_up = taken_ahead(ahead, rows, fixed, lo, hi)
+            return self._priced(replace(self._decision(gammas, free, rows, True, ahead.reason, explore),
+                                        catch_up=catch_up), snapshot, rows, explore, list(catch_up))
+        gammas, catch_up, reason = self._goodput_plan(snapshot, rows, fixed, lo, hi)
+        return self._priced(replace(self._decision(gammas, free, rows, True, reason, explore),
+                                    catch_up=tuple(catch_up)), snapshot, rows, explore, catch_up)
+
+    def _goodput_plan(self, snapshot: LoadSnapshot, rows: list[RowState], fixed: list[int | None], lo: list[int],
+                      hi: list[int]) -> tuple[list[int], list[float], str]:
+        """The goodput plan (`plan_gammas`) for a round while speculation is on: each row's γ
+        (its request's own where it fixes one), its catch-up as priced, and the reason."""
+        s = self.settings
         curves = self._curves(snapshot, rows)
         targets = self._targets(rows)
         margin = self._margin(len(rows), targets)
@@ -256,10 +279,11 @@ class SpeculationPolicy:
         gammas = [g if f is None else own for g, f, own in zip(plan.gammas, fixed, lo)]
         missed = f", TPOT targets missed by {plan.tpot_excess:.2f}x (worst row)" if plan.tpot_excess > 1 else ""
         waits = f", rows wait {snapshot.round_cost.wait_scale:.2f}x the decoding round" if targets else ""
+        trimmed = (f", {plan.reach_goodput:.0f} untrimmed: the trust region allows "
+                   f"{snapshot.round_cost.drafted_limit(len(rows)):.0f} drafts") if plan.reach_goodput else ""
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
-                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows{waits}{missed})")
-        return self._priced(self._decision(gammas, free, rows, True, reason, explore), snapshot, rows, explore,
-                            catch_up)
+                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows{waits}{missed}{trimmed})")
+        return gammas, catch_up, reason
 
     def _margin(self, rows: int, targets: list[float] | None) -> float:
         """What a speculating plan must gain over plain decoding this round (`plan_gammas`):

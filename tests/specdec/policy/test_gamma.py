@@ -185,6 +185,30 @@ def test_plans_stay_inside_the_cost_models_trust_region():
     assert plan(alphas, FREE_DRAFTS).gammas == (8,) * 32  # unbounded: everything
 
 
+# what the emulated H100 pair costs at time scale 8, as fitted after a stretch of plain rounds of
+# 32 rows: the trust region covers their forwards and a quarter more (about 15 drafted tokens)
+AFTER_PLAIN_32 = RoundCostModel(verify=(0.060, 0.0003, 0.0001, 0.0001, 0.002), draft=(0.004, 0.011, 0.00005, 0.0),
+                                overhead_s=0.002, verify_tokens_high=47.6)
+
+
+def test_the_margin_is_judged_on_the_plan_untrimmed_by_the_trust_region_and_the_plan_steps_inside_it():
+    """Trimmed to the few drafts plain rounds cover, no plan clears the margin, nothing would
+    draft and the region would never grow. Judged untrimmed (γ 3 for all: +45 %), the plan
+    drafts what the region allows, the likeliest drafts first; where the untrimmed plan
+    does not clear the margin either, it decodes plainly."""
+    rows = 32
+    curves = np.stack([geometric(0.7)] * rows)
+    unbounded = plan_gammas(curves, [0] * rows, [8] * rows, replace(AFTER_PLAIN_32, verify_tokens_high=float("inf")))
+    assert unbounded.gammas == (3,) * rows and unbounded.goodput > 1.4 * unbounded.plain_goodput
+    stepped = plan_gammas(curves, [0] * rows, [8] * rows, AFTER_PLAIN_32, margin=0.05)
+    assert 0 < sum(stepped.gammas) <= AFTER_PLAIN_32.drafted_limit(rows) < rows
+    assert stepped.goodput < 1.05 * stepped.plain_goodput, "trimmed, it would not clear the margin"
+    assert stepped.reach_goodput == pytest.approx(unbounded.goodput)
+    assert plan_gammas(curves, [0] * rows, [8] * rows, AFTER_PLAIN_32, margin=0.5).gammas == (0,) * rows
+    whole = plan_gammas(curves[:4], [0] * 4, [8] * 4, AFTER_PLAIN_32, margin=0.05)  # inside the region: as priced
+    assert whole.reach_goodput == 0.0 and any(whole.gammas)
+
+
 def test_the_round_time_bound_shortens_gamma_so_a_rejected_draft_costs_at_most_that_many_plain_rounds():
     """Goodput alone drafts a long γ for a row that accepts nearly everything; the bound keeps
     the round (what a row whose first draft is rejected waits for one token) within 2 plain ones."""

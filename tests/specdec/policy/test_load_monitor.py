@@ -262,3 +262,16 @@ def test_the_configured_tpot_target_is_the_policys_default_in_seconds():
     assert build_load_monitor(LoadMonitorConfig(), None, "r").policy.settings.tpot_target_s is None
     targeted = build_load_monitor(LoadMonitorConfig(tpot_target_ms=25.0), None, "r")
     assert targeted.policy.settings.tpot_target_s == pytest.approx(0.025)
+
+
+def test_a_plan_made_ahead_counts_no_round_and_the_next_round_takes_it():
+    """`plan_ahead` (the planner's worker thread) plans from the snapshot without exploring;
+    `plan(ahead=…)` takes it for the same rows, as planning in place would have planned."""
+    clock = Clock()
+    m = monitor(InProcessLoadStore(), clock, thresholds=None, explore_interval_s=1.0)
+    record_good_rounds(m)
+    m.tick()
+    rows = [RowState("auto", None, 8, seq_id=f"s{i}") for i in range(2)]
+    ahead = m.plan_ahead(rows, 4)
+    assert m.policy.explorations == 0 and ahead.catch_up and any(ahead.gammas)
+    assert m.plan(rows, 4, ahead=ahead) == m.plan(rows, 4)

@@ -14,6 +14,9 @@ from specdec.policy.speculation_policy import PolicySettings, RowState, Speculat
 
 CHEAP_VERIFY = RoundCostModel(verify=(0.010, 0.0018), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
 HEAVY_VERIFY = RoundCostModel(verify=(0.010, 0.0049), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
+# the emulated H100 pair at time scale 8 after plain rounds of 32 rows (as in test_gamma.py)
+AFTER_PLAIN_32 = RoundCostModel(verify=(0.060, 0.0003, 0.0001, 0.0001, 0.002), draft=(0.004, 0.011, 0.00005, 0.0),
+                                overhead_s=0.002, verify_tokens_high=47.6)
 
 
 def settings(**kw):
@@ -393,6 +396,53 @@ def test_after_a_stretch_of_plain_rounds_drafting_is_priced_as_last_measured():
     assert heavy.update_switch(snapshot(alpha=0.8, cost=HEAVY_VERIFY), 32, 100.0) is False
     cheap_exploring = replace(explored, draft=(0.0, 0.0, 0.0), verify_tokens_high=400.0, draft_tokens_high=400.0)
     assert heavy.update_switch(replace(measured, **{**thin, "round_cost": cheap_exploring}), 32, 130.0) is False
+
+
+def test_after_a_plain_period_the_plan_turns_speculation_back_on_where_on_wins():
+    """Requests queue at 32 rows (every round must gain min_gain) after OFF-like plain rounds:
+    the cost model, drafting as last measured, says γ 3 for all streams 45 % faster, but its
+    trust region covers only about 15 drafts. The plan and the on/off state judge the
+    untrimmed plan, so rounds draft again (within the region, which their rounds widen),
+    under a TPOT target too; where drafting does not pay untrimmed either, rounds stay plain."""
+    snap = replace(snapshot(alpha=0.7), round_cost=AFTER_PLAIN_32, queued=4.0)
+    for target in (None, 0.075):
+        policy = SpeculationPolicy(settings(min_dwell_s=0.0, tpot_target_s=target))
+        assert policy.update_switch(snap, 32, 100.0) is True
+        d = policy.plan(snap, auto(32), 100.0, 4)
+        assert 0 < sum(d.gammas) <= AFTER_PLAIN_32.drafted_limit(32), d.reason
+        assert "untrimmed: the trust region allows 16 drafts" in d.reason
+    dear = replace(AFTER_PLAIN_32, draft=(0.004, 0.050, 0.00005, 0.0))
+    policy = SpeculationPolicy(settings(min_dwell_s=0.0))
+    assert policy.plan(replace(snap, round_cost=dear), auto(32), 100.0, 4).gammas == (0,) * 32
+
+
+def test_a_plan_made_ahead_equals_the_plan_made_in_place_for_the_same_inputs():
+    """`plan_ahead` (no round counted) then `plan(ahead=…)` gives the round what planning in
+    place gives it: γ, reason, predicted seconds; caps, overrides and exploration are still
+    the round's own, and a row that joined since drafts the γ the plan gave most rows."""
+    snap = snapshot(alpha=0.8)
+    rows = [RowState("auto", None, 8, drafted=40 + i, accepted=20 + 3 * i, seq_id=f"s{i}", catch_up_tokens=i,
+                     remaining_tokens=30, tpot_target_s=0.05 if i % 2 else None) for i in range(6)]
+    rows.append(RowState("on", None, 8, seq_id="fixed"))
+    in_place = SpeculationPolicy(settings()).plan(snap, rows, 100.0, 4)
+    policy = SpeculationPolicy(settings())
+    ahead = policy.plan(snap, rows, 100.0, 4, update_state=False)
+    taken = policy.plan(snap, rows, 100.0, 4, ahead=ahead)
+    assert any(in_place.gammas) and taken == in_place
+    capped = policy.plan(snap, [replace(rows[0], cap=1), *rows[1:]], 100.0, 4, ahead=ahead)
+    assert capped.gammas[0] == min(1, in_place.gammas[0]), "a row's cap is this round's"
+    from specdec.policy.ahead_plan import NEWCOMER
+
+    joined = replace(ahead, gammas=(*ahead.gammas[:-2], NEWCOMER, NEWCOMER))  # two rows the plan did not see
+    common = max(sorted(set(ahead.gammas[:-2])), key=ahead.gammas[:-2].count)
+    newcomers = [replace(rows[0], seq_id="new", cap=1), RowState("off", None, 8, seq_id="new off")]
+    taken = policy.plan(snap, [*rows[:-2], *newcomers], 100.0, 4, ahead=joined)
+    assert taken.gammas[-2:] == (min(common, 1), 0), "the plan's most common γ, within its cap; an override wins"
+    exploring = SpeculationPolicy(settings(explore_interval_s=2.0))
+    thin = replace(snap, drafted=10, draft_calls=3)
+    quiet = exploring.plan(thin, auto(2), 100.0, 4, update_state=False)
+    assert exploring.explorations == 0 and quiet.planned_s > 0
+    assert exploring.plan(thin, auto(2), 100.0, 4, ahead=quiet).planned_s == 0.0 and exploring.explorations == 1
 
 
 def test_a_plan_records_its_predicted_round_and_exploration_does_not():

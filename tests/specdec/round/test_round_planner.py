@@ -92,3 +92,72 @@ def test_the_policy_sees_a_requests_tpot_target_in_seconds_and_none_where_it_set
     planner = RoundPlanner(4, 8, ProposerView())
     assert planner.row_state(seq("a", tpot_target_ms=25.0), 512).tpot_target_s == pytest.approx(0.025)
     assert planner.row_state(seq("b"), 512).tpot_target_s is None
+
+
+class OverSnapshot:
+    """A SpeculationPolicy over a fixed snapshot, planning ahead as `LoadMonitor` does."""
+
+    def __init__(self, policy, snap):
+        self.policy, self.snap, self.ahead_threads = policy, snap, set()
+
+    def set_load(self, running, waiting):
+        pass
+
+    def plan(self, rows, default_gamma, ahead=None):
+        return self.policy.plan(self.snap, rows, 100.0, default_gamma, ahead=ahead)
+
+    def plan_ahead(self, rows, default_gamma):
+        import threading
+
+        self.ahead_threads.add(threading.current_thread().name)
+        return self.policy.plan(self.snap, rows, 100.0, default_gamma, update_state=False)
+
+
+def planned_over_snapshot():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policy"))
+    from test_speculation_policy import settings, snapshot
+
+    from specdec.policy.speculation_policy import SpeculationPolicy
+
+    snap = snapshot(alpha=0.95)
+    return lambda: OverSnapshot(SpeculationPolicy(settings()), snap)
+
+
+def test_the_next_rounds_plan_is_made_ahead_off_the_engine_thread_and_equals_the_plan_made_in_place():
+    """Each goodput plan starts the next round's on a worker thread; the next round takes it
+    and gets what planning in place for the same rows gives. Rows that finished drop out; a
+    newcomer drafts the γ the plan gave most rows; a batch mostly new is planned in place."""
+    fresh = planned_over_snapshot()
+    batch = [seq(f"r{i}", prompt=tuple(range(3 + i))) for i in range(5)]
+    for s in batch:
+        s.stats.rounds = 1  # past their prompts
+    policy, planner = fresh(), RoundPlanner(4, 8, ProposerView())
+    planner.plan(batch, policy, max_seq_len=512, load=(5, 0))
+    first = planner.decision
+    assert any(first.gammas) and planner.planning.taken == 0
+    in_place = RoundPlanner(4, 8, ProposerView())
+    in_place.plan(batch, fresh(), max_seq_len=512, load=(5, 0))
+    planner.plan(batch, policy, max_seq_len=512, load=(5, 0))  # the same rows: made ahead, as in place
+    assert planner.decision == in_place.decision and planner.planning.taken == 1
+    ahead = planner.decision
+    planner.plan(batch[1:], policy, max_seq_len=512, load=(4, 0))  # one finished: the others' γ as planned
+    assert planner.decision.gammas == ahead.gammas[1:] and planner.decision.reason == ahead.reason
+    assert planner.planning.taken == 2 and policy.ahead_threads and threading_name() not in policy.ahead_threads
+    joined = [*batch[1:], seq("new", prompt=tuple(range(9)))]  # one of five joined: it drafts the plan's γ
+    planner.plan(joined, policy, max_seq_len=512, load=(5, 0))
+    most = max(set(ahead.gammas), key=ahead.gammas.count)
+    assert planner.planning.taken == 3 and planner.decision.gammas == (*ahead.gammas[1:], most)
+    burst = [*batch[:2], *(seq(f"burst{i}") for i in range(3))]  # most rows new: planned in place
+    planner.plan(burst, policy, max_seq_len=512, load=(5, 0))
+    in_place = RoundPlanner(4, 8, ProposerView())
+    in_place.plan(burst, fresh(), max_seq_len=512, load=(5, 0))
+    assert planner.planning.taken == 3 and planner.decision == in_place.decision
+    assert planner.planning.ahead_s > 0 and planner.planning.per_round_ms()["plan_taken_ahead"] == 0.6
+
+def threading_name():
+    import threading
+
+    return threading.current_thread().name
