@@ -112,8 +112,8 @@ def served_engine(overrides: dict) -> Iterator:
     from specdec_rpc.worker.remote_proposer import RemoteProposer
     from specdec_rpc.worker.remote_verifier import RemoteVerifier
 
-    workers = {role: subprocess.Popen([sys.executable, __file__, "--worker", role, "--overrides", json.dumps(overrides)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    command = [sys.executable, __file__, "--overrides", json.dumps(overrides), "--worker"]
+    workers = {role: subprocess.Popen([*command, role], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                for role in ("draft", "target")}
     clients = []
     try:
