@@ -12,7 +12,7 @@ forbidden token; and accepted / verified: after the cut), mean accepted length (
 bonus token), tokens/s (median over passes) and the masked/unmasked tokens/s ratio per pass
 (median, min..max). Usage:
     python benchmarks/bench_grammar.py [--prompts 6] [--max-new-tokens 96] [--passes 3] [--gamma 4]
-        [--temperature 0] [--profile h100-llama-8b-1b]
+        [--temperature 0] [--profile h100-llama-8b-1b] [--served]
 With `--profile` the pair is emulated (configs/devices/NAME.yaml): its device times are real
 waits, so tokens/s shows what the acceptance rate is worth on that hardware. With `--served`
 the engine is the router's (RemoteVerifier and RemoteProposer) and the draft and the target
