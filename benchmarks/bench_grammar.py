@@ -12,18 +12,26 @@ forbidden token; and accepted / verified: after the cut), mean accepted length (
 bonus token), tokens/s (median over passes) and the masked/unmasked tokens/s ratio per pass
 (median, min..max). Usage:
     python benchmarks/bench_grammar.py [--prompts 6] [--max-new-tokens 96] [--passes 3] [--gamma 4]
-        [--temperature 0] [--profile h100-llama-8b-1b]
+        [--temperature 0] [--profile h100-llama-8b-1b] [--served]
 With `--profile` the pair is emulated (configs/devices/NAME.yaml): its device times are real
-waits, so tokens/s shows what the acceptance rate is worth on that hardware.
+waits, so tokens/s shows what the acceptance rate is worth on that hardware. With `--served`
+the engine is the router's (RemoteVerifier and RemoteProposer) and the draft and the target
+are workers in processes of their own (DraftServicer, TargetServicer behind their gRPC
+servers on 127.0.0.1, as `specdec serve` runs them, without Ray); "unmasked" then sends the
+draft worker no grammar (what it did before HistoryDelta.grammar), "masked" sends it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -67,11 +75,57 @@ class Arm(Proposer):
 
 
 def engine_config(args: argparse.Namespace) -> dict:
-    overrides = {"speculation": {"proposer": "draft", "gamma": args.gamma}, "load_monitor": {"enabled": False}}
+    # sequential rounds: a look-ahead's drafts are not counted as proposed (served: no drafting ahead)
+    overrides = {"speculation": {"proposer": "draft", "gamma": args.gamma, "overlap": False},
+                 "load_monitor": {"enabled": False}}
     if args.profile:
         overrides["models"] = {"target": f"emulated:{args.profile}:target", "draft": f"emulated:{args.profile}:draft"}
         overrides["cache"] = {"max_seq_len": 1024}
     return overrides
+
+
+def serve_worker(role: str, overrides: str) -> None:
+    """`--worker ROLE`: serve the pair's draft or target worker on 127.0.0.1; print its
+    address, stop when stdin closes."""
+    from specdec.verifiers.target_verifier import TargetVerifier
+    from specdec.wiring.engine_builder import load_runner
+    from specdec_rpc.worker.draft_servicer import DraftServicer
+    from specdec_rpc.worker.target_servicer import TargetServicer
+    from specdec_rpc.worker.worker_server import ServerThread
+
+    torch.set_num_threads(1)
+    config = load_config(overrides=json.loads(overrides))
+    if role == "draft":
+        servicer = DraftServicer.from_config(config)
+    else:
+        runner = load_runner(config.models.target, config.models, config.cache)
+        servicer = TargetServicer(TargetVerifier(runner), config.models.target, config.cache.num_slots)
+    server = ServerThread(servicer)
+    print(server.address, flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
+@contextlib.contextmanager
+def served_engine(overrides: dict) -> Iterator:
+    """The router's engine over a draft and a target worker, each in a process of its own."""
+    from specdec_rpc.worker.remote_proposer import RemoteProposer
+    from specdec_rpc.worker.remote_verifier import RemoteVerifier
+
+    command = [sys.executable, __file__, "--overrides", json.dumps(overrides), "--worker"]
+    workers = {role: subprocess.Popen([*command, role], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+               for role in ("draft", "target")}
+    clients = []
+    try:
+        address = {role: worker.stdout.readline().strip() for role, worker in workers.items()}
+        clients = [RemoteVerifier(address["target"]), RemoteProposer(address["draft"])]
+        yield build_engine(load_config(overrides=overrides), *clients)
+    finally:
+        for client in clients:
+            client.close()
+        for worker in workers.values():
+            worker.stdin.close()
+            worker.wait(30)
 
 
 def run_pass(engine, prompts: list[list[int]], grammar: GrammarSpec | None, args) -> dict:
@@ -104,7 +158,16 @@ def summary(passes: list[dict]) -> dict:
 
 def measure(args: argparse.Namespace) -> dict[str, list[dict]]:
     """Every arm's passes, interleaved: free text, then the schema unmasked and masked."""
-    built = build_engine(load_config(overrides=engine_config(args)))
+    if not args.served:
+        return measure_on(build_engine(load_config(overrides=engine_config(args))), args)
+    with served_engine(engine_config(args)) as built:
+        remote = built.engine.proposer
+        arms = measure_on(built, args)
+        arms["draft failures"] = remote.failures
+        return arms
+
+
+def measure_on(built, args: argparse.Namespace) -> dict[str, list[dict]]:
     engine, proposer = built.engine, built.engine.proposer
     prompts = [built.encode(p) for p in bundled_prompts()[: args.prompts]]
     schema = GrammarSpec("json_schema", json.dumps(SCHEMA))
@@ -126,14 +189,21 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; else seeded sampling")
     ap.add_argument("--profile", default=None, help="emulated devices of this profile (configs/devices/)")
+    ap.add_argument("--served", action="store_true", help="draft and target as gRPC workers (own processes)")
+    ap.add_argument("--worker", choices=("draft", "target"), help=argparse.SUPPRESS)
+    ap.add_argument("--overrides", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        return serve_worker(args.worker, args.overrides)
     torch.set_num_threads(1 if args.profile else max(1, torch.get_num_threads()))
     arms = measure(args)
+    failures = arms.pop("draft failures", None)
     same = all(a["outputs"] == b["outputs"] for a, b in zip(arms["unmasked"], arms["masked"]))
     ratios = [rate(m) / rate(u) for m, u in zip(arms["masked"], arms["unmasked"])]
     print(f"\n{args.prompts} prompts x <= {args.max_new_tokens} new tokens, γ {args.gamma}, temperature "
-          f"{args.temperature}, {args.profile or 'bundled pair'}, {args.passes} interleaved passes; "
-          f"outputs masked == unmasked: {same}\n")
+          f"{args.temperature}, {args.profile or 'bundled pair'}, {'served' if args.served else 'in-process'}, "
+          f"{args.passes} interleaved passes; outputs masked == unmasked: {same}"
+          + ("" if failures is None else f"; draft calls that failed or missed their deadline: {failures}") + "\n")
     print("| draft | α (accepted / proposed) | α (accepted / verified) | mean accepted length | tokens/s |")
     print("|---|---|---|---|---|")
     for arm, passes in arms.items():

@@ -157,7 +157,7 @@ class SpeculativeEngine:
         if self.grammars is None:
             raise InvalidRequestError("grammar", "this server has no grammar engine")
         vocab_size = self.verifier.vocab_size
-        return GrammarRow(self.grammars.matcher(request.grammar, vocab_size), vocab_size)
+        return GrammarRow(self.grammars.matcher(request.grammar, vocab_size), vocab_size, request.grammar)
 
     def add_request(self, request: GenerationRequest, seq_id: str | None = None) -> str:
         """Validate and queue a request; it joins the batch at the next round."""

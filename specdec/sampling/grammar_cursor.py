@@ -21,17 +21,20 @@ import torch
 from torch import Tensor
 
 from specdec.sampling import grammar_mask
-from specdec.sampling.grammar_matcher import GrammarMatcher, allows, mask_width
+from specdec.sampling.grammar_matcher import Grammar, GrammarMatcher, allows, mask_width
 
 
 class GrammarCursor:
     """A matcher of the proposer's own, after the first `length` tokens of the row's history,
-    for logits of vocab_size tokens."""
+    for logits of vocab_size tokens. spec: the grammar it follows, for a proposer that drafts
+    elsewhere (a served draft worker compiles it again: its matcher cannot travel); None where
+    no one needs it."""
 
-    def __init__(self, matcher: GrammarMatcher, length: int, vocab_size: int) -> None:
+    def __init__(self, matcher: GrammarMatcher, length: int, vocab_size: int, spec: Grammar | None = None) -> None:
         self._matcher = matcher
         self.length = length
         self.vocab_size = vocab_size
+        self.spec = spec
         self._following = True  # False once it took a token the grammar forbids
 
     def at(self, history: list[int]) -> GrammarCursor | None:
@@ -40,7 +43,7 @@ class GrammarCursor:
         history is shorter than the row's, or its added tokens leave the grammar."""
         if len(history) < self.length or not self._following:
             return None
-        copy = GrammarCursor(self._matcher.fork(), self.length, self.vocab_size)
+        copy = GrammarCursor(self._matcher.fork(), self.length, self.vocab_size, self.spec)
         for token in history[self.length:]:
             if copy._matcher.ended or not copy._matcher.accept(token):
                 return None

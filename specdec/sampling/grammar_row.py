@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from specdec.sampling.grammar_cursor import GrammarCursor
-from specdec.sampling.grammar_matcher import GrammarMatcher, allows, mask_width
+from specdec.sampling.grammar_matcher import Grammar, GrammarMatcher, allows, mask_width
 
 
 class GrammarViolation(ValueError):
@@ -25,11 +25,13 @@ class GrammarViolation(ValueError):
 
 
 class GrammarRow:
-    """The matcher of one request's output, for logits of vocab_size tokens."""
+    """The matcher of one request's output, for logits of vocab_size tokens; spec: the
+    grammar it was made of (its proposal cursors carry it to a served draft worker)."""
 
-    def __init__(self, matcher: GrammarMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: GrammarMatcher, vocab_size: int, spec: Grammar | None = None) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.spec = spec
         self.width = mask_width(vocab_size)
 
     @property
@@ -61,7 +63,7 @@ class GrammarRow:
     def cursor(self, length: int) -> GrammarCursor:
         """A copy for the proposer (the matcher stays), at the end of the row's history of
         `length` tokens: where the matcher is between rounds."""
-        return GrammarCursor(self.matcher.fork(), length, self.vocab_size)
+        return GrammarCursor(self.matcher.fork(), length, self.vocab_size, self.spec)
 
     def advance(self, emitted: list[int]) -> list[int]:
         """Move by the round's emitted tokens; returns them up to the grammar's end (the token

@@ -26,7 +26,8 @@ DEFAULT_CACHE_SIZE = 64  # distinct compiled grammars kept
 
 def parsed_grammar(spec: Grammar) -> xgr.Grammar:
     """The spec as an xgrammar Grammar (no tokenizer needed); GrammarError (naming
-    grammar.text) when it does not parse."""
+    grammar.text) when it does not parse, or grammar.kind for a kind it does not know (a
+    spec that arrives over the worker protocol was never checked as GrammarSpec is)."""
     try:
         if spec.kind == "json_object":
             return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False)
@@ -35,9 +36,11 @@ def parsed_grammar(spec: Grammar) -> xgr.Grammar:
             return xgr.Grammar.from_json_schema(spec.text, any_whitespace=False, strict_mode=True)
         if spec.kind == "regex":
             return xgr.Grammar.from_regex(spec.text)
-        return xgr.Grammar.from_ebnf(spec.text)
+        if spec.kind == "ebnf":
+            return xgr.Grammar.from_ebnf(spec.text)
     except (RuntimeError, ValueError) as exc:
         raise GrammarError(f"the {spec.kind} does not compile: {_reason(exc)}") from None
+    raise GrammarError(f"unknown grammar kind {spec.kind!r}", "grammar.kind")
 
 
 def _reason(exc: Exception) -> str:

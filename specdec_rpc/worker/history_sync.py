@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from specdec.proposers.base import common_prefix_length
+from specdec.sampling.grammar_matcher import Grammar
 from specdec.sampling.sampling_params import SamplingParams
 from specdec_rpc.v1 import worker_pb2
 
@@ -104,6 +105,7 @@ class HistorySender:
         self._sent: dict[str, list[int]] = {}  # seq_id -> the history as last sent
         # seq_id -> (its params, their message): translated once per sequence, not every round
         self._sampling: dict[str, tuple[SamplingParams, worker_pb2.WorkerSamplingParams]] = {}
+        self._grammars: set[str] = set()  # sequences whose grammar was sent since they were last forgotten
 
     def wire_id(self, seq_id: str) -> str:
         """The seq_id as the worker knows it."""
@@ -126,14 +128,16 @@ class HistorySender:
         return len(self._sent.get(seq_id, ()))
 
     def delta(self, seq_id: str, token_ids: Sequence[int], sampling: SamplingParams,
-              num_prompt_tokens: int = 0, reserve_tokens: int | None = None) -> worker_pb2.HistoryDelta:
+              num_prompt_tokens: int = 0, reserve_tokens: int | None = None,
+              grammar: Grammar | None = None) -> worker_pb2.HistoryDelta:
         """The part of `token_ids` (the full history) from where it first differs from what
         was sent; records it as sent. num_prompt_tokens: how many leading tokens are the prompt;
-        reserve_tokens: the cache the worker reserves for a sequence new to it (None: max_seq_len)."""
+        reserve_tokens: the cache the worker reserves for a sequence new to it (None: max_seq_len);
+        grammar: the sequence's grammar, sent once (HistoryDelta.grammar) until it is forgotten."""
         token_ids = list(token_ids)
         offset = common_prefix_length(self._sent.get(seq_id, []), token_ids)
         self._sent[seq_id] = token_ids
-        return worker_pb2.HistoryDelta(
+        delta = worker_pb2.HistoryDelta(
             seq_id=self.wire_id(seq_id),
             offset=offset,
             token_ids=token_ids[offset:],
@@ -141,6 +145,10 @@ class HistorySender:
             num_prompt_tokens=num_prompt_tokens,
             reserve_tokens=reserve_tokens or 0,
         )
+        if grammar is not None and seq_id not in self._grammars:
+            self._grammars.add(seq_id)
+            delta.grammar.kind, delta.grammar.text = grammar.kind, grammar.text
+        return delta
 
     def _sampling_message(self, seq_id: str, sampling: SamplingParams) -> worker_pb2.WorkerSamplingParams:
         """The sequence's params as a message, translated again only when they changed (the
@@ -154,12 +162,14 @@ class HistorySender:
         """Forget everything sent (a new, empty worker): every next delta is a whole history."""
         self._sent.clear()
         self._sampling.clear()
+        self._grammars.clear()
 
     def reset(self, seq_ids: Iterable[str]) -> None:
         """Forget what was sent (resync, failed call, released): the next delta is the whole history."""
         for seq_id in seq_ids:
             self._sent.pop(seq_id, None)
             self._sampling.pop(seq_id, None)
+            self._grammars.discard(seq_id)
 
 
 @dataclass

@@ -229,8 +229,8 @@ class RemoteProposer(WorkerClient, Proposer):
 
     def _request(self, requests: list[ProposalRequest], unverified: list[int] | None,
                  branches: int) -> worker_pb2.ProposeRequest:
-        deltas = [self._sender.delta(r.seq_id, r.token_ids, r.sampling, r.num_prompt_tokens, r.reserve_tokens)
-                  for r in requests]
+        deltas = [self._sender.delta(r.seq_id, r.token_ids, r.sampling, r.num_prompt_tokens, r.reserve_tokens,
+                                     r.grammar and r.grammar.spec) for r in requests]
         return worker_pb2.ProposeRequest(
             sequences=deltas, gammas=[r.gamma for r in requests], lease_id=self.lease.lease_id,
             unverified=unverified or [], branches=branches, release_seq_ids=self._riding,

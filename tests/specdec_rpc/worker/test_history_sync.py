@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from specdec.requests.grammar_spec import GrammarSpec
 from specdec.sampling.sampling_params import SamplingParams
 from specdec_rpc.worker.history_sync import (HistorySender, HistoryStore, SamplingDecoder, sampling_from_proto,
                                              sampling_to_proto)
@@ -23,6 +24,17 @@ def test_the_first_delta_is_the_whole_history_then_only_the_new_tokens():
     second = sender.delta("a", [1, 2, 3, 4, 5], GREEDY)
     assert (second.offset, list(second.token_ids)) == (3, [4, 5])
     assert sender.sent_length("a") == 5 and "a" in sender and len(sender) == 1
+
+
+def test_a_grammar_rides_on_the_first_delta_that_has_one_and_again_after_the_sequence_is_forgotten():
+    sender, schema = HistorySender(), GrammarSpec("json_object")
+    read = sender.delta("a", [1, 2], GREEDY)  # a prefill chunk's read carries none
+    first = sender.delta("a", [1, 2, 3], GREEDY, grammar=schema)
+    later = sender.delta("a", [1, 2, 3, 4], GREEDY, grammar=schema)
+    assert not read.HasField("grammar") and not later.HasField("grammar")
+    assert (first.grammar.kind, first.grammar.text) == ("json_object", "")
+    sender.reset(["a"])  # resync, failed call, released: the worker may hold none of it
+    assert sender.delta("a", [1, 2, 3, 4], GREEDY, grammar=schema).HasField("grammar")
 
 
 def test_a_namespace_prefixes_every_seq_id_on_the_wire():
