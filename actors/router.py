@@ -1,4 +1,6 @@
-"""SpecdecRouter: the Ray Serve deployment behind Serve's gRPC and HTTP proxies (the public ingress).
+"""SpecdecRouter: the Ray Serve deployment behind Serve's gRPC and HTTP proxies (the public ingress)
+and, with `serving.ingress: direct`, behind its own gRPC and HTTP ports (Serve's direct ingress:
+the same methods, called in this process without the proxy; `specdec_rpc.public.direct_port`).
 
 Serve's gRPC proxy routes each call by its method name to the deployment method of the
 same name: `Generate` and `GenerateStream` of specdec.v1.SpeculativeDecoding and `Check` of
