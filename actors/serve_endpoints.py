@@ -101,10 +101,10 @@ def direct_environment(serving: ServingConfig) -> dict[str, str]:
         return {}
     grpc_ports = direct_ports(serving.direct_port, serving.router_replicas)
     http_ports = direct_ports(serving.direct_http_port, serving.router_replicas)
-    return {DIRECT_ENV: "1", "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc_ports[0]),
-            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_ports[-1]),
-            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(http_ports[0]),
-            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(http_ports[-1]),
+    return {DIRECT_ENV: "1", "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc_ports.start),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_ports.stop),  # Serve's bound is exclusive
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(http_ports.start),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(http_ports.stop),
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0", "RAY_SERVE_PORT_QUARANTINE_S": "0"}
 
 

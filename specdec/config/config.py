@@ -184,12 +184,12 @@ class ServingConfig(StrictModel):
     )
     direct_port: int = Field(
         40000, ge=1, le=65535, description="With ingress direct: the first of the router replicas' direct gRPC "
-        "ports; each replica takes a free one of the 2 x router_replicas ports from here (a replica that replaces "
-        "a dead one takes its port again; the spare ones stand in for ports another process holds).",
+        "ports; each replica takes a free one of the 4 x router_replicas ports from here (a replica that replaces "
+        "a dead one takes its port again when it can; the spare ones stand in for ports that are held).",
     )
     direct_http_port: int = Field(
         30000, ge=1, le=65535, description="With ingress direct: the first of the router replicas' direct HTTP "
-        "ports (the OpenAI-compatible API), 2 x router_replicas of them as for direct_port.",
+        "ports (the OpenAI-compatible API), 4 x router_replicas of them as for direct_port.",
     )
     tensor_parallel_size: int = Field(1, ge=1, description="Target shard actors (ranks); heads must divide evenly.")
     target_num_gpus: float = Field(0.0, ge=0, description="GPUs per target rank actor (1 in production, 0 on CPU).")

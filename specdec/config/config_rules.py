@@ -57,10 +57,15 @@ def check_serving(serving: Any) -> None:
         _check_direct_ports(serving)
 
 
+DIRECT_PORTS_PER_REPLICA = 4
+
+
 def direct_ports(first: int, router_replicas: int) -> range:
-    """The ports the router replicas' direct gRPC (or HTTP) servers take from `first` on: two per
-    replica, the spare ones for ports another process holds."""
-    return range(first, first + 2 * router_replicas)
+    """The ports the router replicas' direct gRPC (or HTTP) servers take from `first` on: four per
+    replica. The spare ones stand in for ports another process holds and for the HTTP port of a
+    replica killed with connections open (in TIME_WAIT for a minute, and Serve, failing to bind
+    it for the replacement, keeps it out of its pool for good)."""
+    return range(first, first + DIRECT_PORTS_PER_REPLICA * router_replicas)
 
 
 def _check_direct_ports(serving: Any) -> None:

@@ -54,9 +54,9 @@ def test_direct_ingress_gives_ray_serve_the_replicas_port_ranges_and_only_when_a
     env = endpoints.environment
     assert endpoints.direct and env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"]) == (
-        "41000", "41003")  # two ports per replica
+        "41000", "41008")  # four ports per replica (Serve's upper bound is exclusive)
     assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == (
-        "31000", "31003")
+        "31000", "31008")
     assert env["SPECDEC_BIND_HOST"] == "0.0.0.0"  # the replicas' ports bind serving.host as the proxies'
     assert not serve_endpoints(config()).direct and not set(DIRECT_NAMES) & set(serve_endpoints(config()).environment)
 

@@ -95,8 +95,8 @@ def test_later_overrides_win_and_nested_keys_merge():
         ({"cache": {"max_seq_len": 32768}}, "cache.max_seq_len .* default cache.memory_budget"),
         ({"serving": {"ingress": "direct", "direct_port": 50050}}, "serving.port .* serving.direct_port"),
         ({"serving": {"ingress": "direct", "direct_http_port": 7999}}, "serving.http_port .* serving.direct_http_port"),
-        ({"serving": {"ingress": "direct", "direct_port": 65535}}, "direct_port: .* past 65535"),
-        ({"serving": {"ingress": "direct", "router_replicas": 2, "direct_port": 30003}}, "overlap"),
+        ({"serving": {"ingress": "direct", "direct_port": 65533}}, "direct_port: .* past 65535"),
+        ({"serving": {"ingress": "direct", "router_replicas": 2, "direct_port": 30007}}, "overlap"),
         ({"serving": {"ingress": "sidecar"}}, "ingress"),
     ],
 )
