@@ -4,7 +4,9 @@ target group, Ray Serve's gRPC and HTTP proxies and the SpecdecRouter deployment
 `start_app(config)` returns once the public gRPC port answers health checks with SERVING
 (draft and target loaded) and the HTTP port's /health answers 200; `SpecdecApp.shutdown()`
 tears everything down in reverse order. Both proxies bind `serving.host`; gRPC listens on
-`serving.port`, the OpenAI-compatible HTTP API on `serving.http_port`.
+`serving.port`, the OpenAI-compatible HTTP API on `serving.http_port`. With `serving.ingress:
+direct` each router replica also serves both on ports of its own (`SpecdecApp.direct_addresses`,
+`direct_http_urls`: `actors.direct_ingress`), which skip Serve's proxy process.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ray.serve.config import ProxyLocation
 from ray.serve import Application
 
 from actors.backend import cluster_backend, monitored_backend
+from actors.direct_ingress import wait_for_direct_addresses
 from specdec.wiring.ports import free_port  # noqa: F401 - re-exported for callers of start_app
 from actors.router import SpecdecRouter
 from actors.router_drain import drain_routers
@@ -60,6 +63,9 @@ class SpecdecApp:
     target_address: str | None = None
     draft_address: str | None = None
     hub: Any = None  # the WorkerHub actor holding the target group and the draft (None with an injected backend)
+    #: serving.ingress direct: each router replica's own gRPC port, as a client on this machine reaches it
+    direct_addresses: list[str] = field(default_factory=list)
+    direct_http_urls: list[str] = field(default_factory=list)  # ... and its own HTTP API's base URL
     owns_ray: bool = False
     _stoppers: list[Callable[[], Any]] = field(default_factory=list)
 
@@ -130,6 +136,9 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     (`import_path: actors.app:build_app`). `args` are specdec config overrides (the schema of
     configs/default.yaml); the router's replicas get the workers from the WorkerHub."""
     config = load_config(overrides=dict(args or {}))
+    if config.serving.ingress == "direct":
+        raise ValueError("serving.ingress direct: Ray must start with Serve's direct ingress on, which `specdec serve` "
+                         "does and a Serve deployment of this builder (the Helm chart) does not; use ingress proxy")
     return router_deployment(config, functools.partial(cluster_backend, config))
 
 
@@ -183,6 +192,14 @@ def wait_until_http_ready(url: str, timeout_s: float, token: str | None = None) 
     raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s}s (last: {status})")
 
 
+def _find_direct_ports(app: SpecdecApp, endpoints: ServeEndpoints, timeout_s: float) -> None:
+    """The router replicas' own ports (serving.ingress direct), once each replica lists them."""
+    serving = app.config.serving
+    app.direct_addresses = wait_for_direct_addresses(APP_NAME, serving, timeout_s)
+    scheme = app.http_url.split("://", 1)[0]
+    app.direct_http_urls = [f"{scheme}://{a}" for a in wait_for_direct_addresses(APP_NAME, serving, timeout_s, "HTTP")]
+
+
 def start_app(
     config: SpecdecConfig,
     address: str | None = None,
@@ -214,6 +231,8 @@ def start_app(
         wait_until_serving(endpoints.probe_address, ready_timeout_s, probe_token(config),
                            failed=functools.partial(router_load_failure, APP_NAME))
         wait_until_http_ready(app.http_url, ready_timeout_s, probe_token(config))
+        if endpoints.direct:
+            _find_direct_ports(app, endpoints, ready_timeout_s)
     except BaseException:
         app.shutdown()
         raise

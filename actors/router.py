@@ -1,4 +1,6 @@
-"""SpecdecRouter: the Ray Serve deployment behind Serve's gRPC and HTTP proxies (the public ingress).
+"""SpecdecRouter: the Ray Serve deployment behind Serve's gRPC and HTTP proxies (the public ingress)
+and, with `serving.ingress: direct`, behind its own gRPC and HTTP ports (Serve's direct ingress:
+the same methods, called in this process without the proxy; `specdec_rpc.public.direct_port`).
 
 Serve's gRPC proxy routes each call by its method name to the deployment method of the
 same name: `Generate` and `GenerateStream` of specdec.v1.SpeculativeDecoding and `Check` of
@@ -39,6 +41,7 @@ from specdec.serving.api_auth import AuthenticationError, TokenSource
 from specdec.config.config import SecurityConfig
 from specdec.serving.serving_errors import RETRY_AFTER_S
 from specdec.serving.drain import Drain
+from specdec_rpc.public import proxy_binding
 from specdec_rpc.public.raw_requests import parse
 from actors.served_actor import own_cores
 from specdec_http.cors import Cors
@@ -98,6 +101,7 @@ class SpecdecRouter:
     def __init__(self, backend_factory: Callable[[], ServedEngine], security: SecurityConfig | None = None,
                  model: str = "") -> None:
         own_cores(1)  # the router only tokenises and does small tensor work: the models get the cores
+        proxy_binding.install()  # serving.ingress direct: this replica's own gRPC port binds as direct_port says
         security = security or SecurityConfig()
         self.tokens = TokenSource(security.api_tokens_file)  # + env SPECDEC_API_TOKENS; none = open
         self.open_health = security.open_health

@@ -16,6 +16,9 @@ The proxy reads these settings from its environment, which it inherits from Ray:
 starts Ray). A dead router replica's calls end as UNAVAILABLE / 503 for every client
 (`specdec_rpc.public.replica_loss`'s servicer function, listed first; the hook's HTTP middleware).
 Bearer tokens need nothing here: the router checks them (`security.api_tokens_file`).
+With `serving.ingress: direct` the environment also turns on Serve's direct ingress: each
+router replica serves gRPC and HTTP on ports of its own (`direct_environment`), bound and
+secured inside the replica as the proxy's (`specdec_rpc.public.direct_port`).
 """
 
 from __future__ import annotations
@@ -30,11 +33,18 @@ from specdec.wiring.ports import free_port
 from actors.router import GRPC_SERVICER_FUNCTIONS
 from actors.serve_proxy import CALLBACK, CALLBACK_ENV
 from specdec.serving.api_auth import read_tokens
-from specdec.config.config import SpecdecConfig
+from specdec.config.config import ServingConfig, SpecdecConfig
+from specdec.config.config_rules import direct_ports
 from specdec_rpc.public.proxy_binding import HOST_ENV, LOOPBACK, host_port, local_host
 from specdec_rpc.public.public_tls import CERT_ENV, KEY_ENV, PORT_ENV, SERVICER_FUNCTION, tls_environment
 
 logger = logging.getLogger(__name__)
+
+DIRECT_ENV = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
+#: every variable `direct_environment` sets
+DIRECT_NAMES = (DIRECT_ENV, *(f"RAY_SERVE_DIRECT_INGRESS_{end}_{kind}_PORT" for end in ("MIN", "MAX")
+                              for kind in ("GRPC", "HTTP")), "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S",
+                "RAY_SERVE_PORT_QUARANTINE_S")
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,11 @@ class ServeEndpoints:
     def tls(self) -> bool:
         return PORT_ENV in self.environment
 
+    @property
+    def direct(self) -> bool:
+        """True with `serving.ingress: direct` (the router replicas' own ports)."""
+        return DIRECT_ENV in self.environment
+
 
 def serve_endpoints(config: SpecdecConfig, internal_grpc_port: int | None = None) -> ServeEndpoints:
     """The proxies' options for `config` (internal_grpc_port: Serve's plaintext gRPC port
@@ -57,7 +72,7 @@ def serve_endpoints(config: SpecdecConfig, internal_grpc_port: int | None = None
     serving, security = config.serving, config.security
     local = local_host(serving.host)
     public = host_port(local, serving.port)
-    environment = {CALLBACK_ENV: CALLBACK, HOST_ENV: serving.host}
+    environment = {CALLBACK_ENV: CALLBACK, HOST_ENV: serving.host, **direct_environment(serving)}
     if not security.tls_cert_file:
         return ServeEndpoints(
             http=HTTPOptions(host=serving.host, port=serving.http_port),
@@ -76,6 +91,23 @@ def serve_endpoints(config: SpecdecConfig, internal_grpc_port: int | None = None
     )
 
 
+def direct_environment(serving: ServingConfig) -> dict[str, str]:
+    """What Ray's processes need for the router replicas' own ports (`serving.ingress: direct`):
+    Serve's direct ingress on, its port ranges from the config; Serve's minimum draining
+    period and its quarantine of a released port (both for external load balancers such as
+    HAProxy) off: `specdec serve` drains the routers itself, and a replica that replaces a dead
+    one takes the port its clients already know."""
+    if serving.ingress != "direct":
+        return {}
+    grpc_ports = direct_ports(serving.direct_port, serving.router_replicas)
+    http_ports = direct_ports(serving.direct_http_port, serving.router_replicas)
+    return {DIRECT_ENV: "1", "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc_ports.start),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_ports.stop),  # Serve's bound is exclusive
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(http_ports.start),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(http_ports.stop),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0", "RAY_SERVE_PORT_QUARANTINE_S": "0"}
+
+
 def probe_token(config: SpecdecConfig) -> str | None:
     """A token for start-up readiness checks when health checks need one (open_health false)."""
     if config.security.open_health:
@@ -89,12 +121,19 @@ def export_environment(endpoints: ServeEndpoints, ray_started_here: bool) -> Non
     afterwards passes on. Joining a running Ray, they must already be in its environment
     with TLS (else the TLS port could be bypassed); without TLS a missing hook is logged."""
     if ray_started_here:
-        if not endpoints.tls:  # an earlier TLS app in this process must not leave them to this Ray
-            for name in (PORT_ENV, CERT_ENV, KEY_ENV):
-                os.environ.pop(name, None)
+        # an earlier TLS or direct app in this process must not leave its settings to this Ray
+        stale = (*(() if endpoints.tls else (PORT_ENV, CERT_ENV, KEY_ENV)), *(() if endpoints.direct else DIRECT_NAMES))
+        for name in stale:
+            os.environ.pop(name, None)
         os.environ.update(endpoints.environment)
         return
     missing = sorted(k for k, v in endpoints.environment.items() if os.environ.get(k) != v)
+    if endpoints.direct and missing:
+        raise ValueError(
+            "serving.ingress direct: Ray Serve starts the router replicas' own ports only when Ray's processes "
+            f"start with {', '.join(sorted(endpoints.environment))} set; start Ray with them (specdec serve sets "
+            "them when it starts Ray itself) or use serving.ingress proxy"
+        )
     if endpoints.tls and missing:
         raise ValueError(
             "security.tls_cert_file: gRPC TLS is added inside Serve's proxy, which reads "

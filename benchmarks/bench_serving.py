@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import time
@@ -176,13 +177,19 @@ def server_runs(config: SpecdecConfig, reference: InProcess, prompts: list[str],
     from actors.app import free_port, start_app
     from specdec_rpc.public.client import AsyncSpecdecClient
 
-    ports = {"port": free_port(), "http_port": free_port()}
+    ports = {"port": free_port(), "http_port": free_port(), "direct_port": free_port(), "direct_http_port": free_port()}
     config = load_config(overrides={**config.model_dump(), "serving": {**config.serving.model_dump(), **ports}})
     app = start_app(config, ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
 
     async def main() -> list[dict]:
         rows = []
-        async with AsyncSpecdecClient(app.address, timeout_s=600.0) as client:
+        async with contextlib.AsyncExitStack() as clients:
+            client = await clients.enter_async_context(AsyncSpecdecClient(app.address, timeout_s=600.0))
+            paths = [(label, client)]  # serving.ingress direct: also the router replicas' own ports, side by side
+            if app.direct_addresses:
+                direct = AsyncSpecdecClient(",".join(app.direct_addresses), timeout_s=600.0)
+                paths.append((label.replace("server", "server direct", 1), await clients.enter_async_context(direct)))
+
             async def profile() -> dict:
                 p = (await client.stats()).round_profile
                 devices = await app.hub.emulated_devices.remote() if app.hub is not None else {}
@@ -190,14 +197,14 @@ def server_runs(config: SpecdecConfig, reference: InProcess, prompts: list[str],
                         **{part: getattr(p, part) for part in PROFILE_PARTS},
                         **device_totals([d for found in devices.values() for d in found])}
 
-            def served(mode: str) -> StreamFactory:
+            def served(mode: str, via: AsyncSpecdecClient) -> StreamFactory:
                 async def stream(prompt: str, n: int) -> AsyncIterator[list[int]]:
-                    async for chunk in client.generate_stream(prompt, max_new_tokens=n, mode=mode,
-                                                               temperature=reference.sampling.temperature):
+                    async for chunk in via.generate_stream(prompt, max_new_tokens=n, mode=mode,
+                                                            temperature=reference.sampling.temperature):
                         yield list(chunk.token_ids)
                 return stream
 
-            for stream in (reference.stream, served(modes[0])):  # warm-up
+            for stream in (reference.stream, *(served(modes[0], via) for _, via in paths)):  # warm-up
                 await run_level(stream, prompts[:1], 8, 1)
             for run in range(1, runs + 1):
                 for level in levels:
@@ -205,9 +212,10 @@ def server_runs(config: SpecdecConfig, reference: InProcess, prompts: list[str],
                     texts = prompts_for(prompts, level)
                     rows.append(await measure(reference.stream, reference.profile, texts, max_new, level,
                                               "in-process", run))
-                    for mode in modes:
-                        rows.append(await measure(served(mode), profile, texts, max_new, level,
-                                                  f"{label}, speculation {mode}", run))
+                    for path, via in paths[:: 1 if run % 2 else -1]:  # the paths' order alternates by run
+                        for mode in modes:
+                            rows.append(await measure(served(mode, via), profile, texts, max_new, level,
+                                                      f"{path}, speculation {mode}", run))
         return rows
 
     try:

@@ -1,6 +1,9 @@
 """bench_serving on emulated devices (`bench_serving.py --profile NAME`): the in-process engine
 and the served stack (router behind Serve's gRPC proxy, draft and target workers as Ray actors)
-on the same emulated devices (configs/devices/NAME.yaml), side by side in one run.
+on the same emulated devices (configs/devices/NAME.yaml), side by side in one run. The stack
+runs with `serving.ingress: direct`, so every served row is measured twice, interleaved:
+through Serve's proxy ("server, ...") and through the router replica's own port ("server
+direct, ...", which skips the proxy process); the goal ratios are printed for both paths.
 
 The device time of the rounds a row ran is read from the emulated devices themselves (their
 busy-time counters: `process_devices()` in this process, `WorkerHub.emulated_devices` for the
@@ -30,6 +33,8 @@ from typing import Any
 #: per-round figures (ms) a row's profile carries on emulated devices
 DEVICE_PARTS = ("draft_device_ms", "target_device_ms", "late_ms", "critical_device_ms", "framework_ms")
 SEQUENTIAL, AHEAD, OFF = "server, speculation on", "server, drafting ahead, speculation on", "server, speculation off"
+#: the same setups through the router replicas' own ports (serving.ingress direct), not Serve's proxy
+DIRECT = {setup: setup.replace("server", "server direct", 1) for setup in (SEQUENTIAL, AHEAD, OFF)}
 
 
 def device_totals(devices: list[dict]) -> dict:
@@ -74,7 +79,7 @@ def emulated_overrides(profile: str, time_scale: float, streams: int) -> dict:
         "models": {"target": f"emulated:{profile}:target", "draft": f"emulated:{profile}:draft",
                    "device_time_scale": time_scale},
         "cache": {"num_slots": streams + 8, "max_seq_len": 1024},  # + free draft slots for look-ahead branches
-        "serving": {"max_concurrent_requests": max(streams, 64)},
+        "serving": {"max_concurrent_requests": max(streams, 64), "ingress": "direct"},  # both paths, side by side
     }
 
 
@@ -87,15 +92,20 @@ def paired(rows: list[dict], setup: str, over: str) -> float:
 
 
 def goals(rows: list[dict], levels: list[int], predicted: float) -> list[dict]:
-    """Per streams: served sequential / in-process, drafting ahead / in-process and / served
-    sequential (medians over runs of paired ratios); at 1 stream ON / OFF served vs the prediction."""
+    """Per path (through Serve's proxy, through the replicas' own ports) and streams: served
+    sequential / in-process, drafting ahead / in-process and / served sequential (medians over
+    runs of paired ratios); ON / OFF served vs the prediction (the goal's at 1 stream)."""
     out = []
-    for level in levels:
-        at = [r for r in rows if r["streams"] == level]
-        out.append({"streams": level, "served_over_in_process": paired(at, SEQUENTIAL, "in-process"),
-                    "ahead_over_in_process": paired(at, AHEAD, "in-process"),
-                    "ahead_over_served": paired(at, AHEAD, SEQUENTIAL),
-                    "on_over_off": paired(at, SEQUENTIAL, OFF), "predicted_on_over_off": predicted})
+    for path, names in (("proxy", {s: s for s in (SEQUENTIAL, AHEAD, OFF)}), ("direct", DIRECT)):
+        for level in levels:
+            at = [r for r in rows if r["streams"] == level]
+            if not any(r["setup"] == names[SEQUENTIAL] for r in at):
+                continue
+            out.append({"path": path, "streams": level,
+                        "served_over_in_process": paired(at, names[SEQUENTIAL], "in-process"),
+                        "ahead_over_in_process": paired(at, names[AHEAD], "in-process"),
+                        "ahead_over_served": paired(at, names[AHEAD], names[SEQUENTIAL]),
+                        "on_over_off": paired(at, names[SEQUENTIAL], names[OFF]), "predicted_on_over_off": predicted})
     return out
 
 
@@ -108,11 +118,12 @@ def table(medians: list[dict], found: list[dict]) -> str:
             lines.append(f"| {r['setup']} | {r['streams']} | {r['tokens_per_s']:.1f} | {p['round_ms']:.2f} "
                          f"| {p['critical_device_ms']:.2f} | {p['framework_ms']:.2f} | {p['late_ms']:.2f} "
                          f"| {p['draft_device_ms']:.2f} | {p['target_device_ms']:.2f} |")
-    lines += ["", "| streams | served sequential / in-process | drafting ahead / in-process "
+    lines += ["", "| path | streams | served sequential / in-process | drafting ahead / in-process "
               "| drafting ahead / served sequential | served ON / OFF | predicted ON / OFF |",
-              "|---:|---:|---:|---:|---:|---:|"]
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for g in found:
-        lines.append(f"| {g['streams']} | {g['served_over_in_process']:.2f} | {g['ahead_over_in_process']:.2f} "
+        lines.append(f"| {g['path']} | {g['streams']} | {g['served_over_in_process']:.2f} "
+                     f"| {g['ahead_over_in_process']:.2f} "
                      f"| {g['ahead_over_served']:.2f} | {g['on_over_off']:.2f} | {g['predicted_on_over_off']:.2f} |")
     return "\n".join(lines)
 
@@ -190,7 +201,7 @@ def many_streams(args: argparse.Namespace) -> None:
 
     n = args.streams_at_once
     base = emulated_overrides(args.profile, args.time_scale, n)
-    base["serving"].update(port=free_port(), http_port=free_port())
+    base["serving"].update(port=free_port(), http_port=free_port(), ingress="proxy")
     app = start_app(load_config(*args.config, overrides=base),
                     ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
     try:

@@ -103,6 +103,9 @@ def run_serve(args: argparse.Namespace) -> int:
                   f"(target tp={serving.tensor_parallel_size}, {draft}, {store}); "
                   f"OpenAI-compatible HTTP on {'https' if config.security.tls_cert_file else 'http'}://"
                   f"{serving.host}:{serving.http_port}/v1", flush=True)
+            if app.direct_addresses:  # serving.ingress direct: a client takes them comma-separated
+                print(f"specdec router replicas' own ports: gRPC {','.join(app.direct_addresses)}; "
+                      f"HTTP {' '.join(app.direct_http_urls)}", flush=True)
             stops.wait()
         except Interrupted as stop:
             drain_and_stop(app, str(stop))

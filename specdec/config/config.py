@@ -175,6 +175,22 @@ class ServingConfig(StrictModel):
     http_port: int = Field(
         8000, ge=1, le=65535, description="Public HTTP port: the OpenAI-compatible API (Ray Serve's HTTP proxy)."
     )
+    ingress: Literal["proxy", "direct"] = Field(
+        "proxy", description="How clients reach the router replicas. proxy: through Ray Serve's gRPC and HTTP "
+        "proxies only (serving.port, serving.http_port). direct: also each router replica's own gRPC and HTTP "
+        "ports (Ray Serve's direct ingress: no proxy process on a stream's path), bound to serving.host, with TLS "
+        "and tokens as on the proxy; the proxies keep serving beside them. `specdec serve` only (Ray must start "
+        "with it), not the Helm chart.",
+    )
+    direct_port: int = Field(
+        40000, ge=1, le=65535, description="With ingress direct: the first of the router replicas' direct gRPC "
+        "ports; each replica takes a free one of the 4 x router_replicas ports from here (a replica that replaces "
+        "a dead one takes its port again when it can; the spare ones stand in for ports that are held).",
+    )
+    direct_http_port: int = Field(
+        30000, ge=1, le=65535, description="With ingress direct: the first of the router replicas' direct HTTP "
+        "ports (the OpenAI-compatible API), 4 x router_replicas of them as for direct_port.",
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="Target shard actors (ranks); heads must divide evenly.")
     target_num_gpus: float = Field(0.0, ge=0, description="GPUs per target rank actor (1 in production, 0 on CPU).")
     draft_num_gpus: float = Field(0.0, ge=0, description="GPUs of the draft worker actor (1 in production, 0 on CPU).")

@@ -45,13 +45,41 @@ def check_load_monitor(lm: Any) -> None:
 
 def check_serving(serving: Any) -> None:
     """ServingConfig: a target rank needs some resource (actors.target_group.rank_bundle),
-    nccl needs GPUs, and the two public ports differ (both proxies bind serving.host)."""
+    nccl needs GPUs, and the public ports differ (both proxies and, with ingress direct, the
+    router replicas' own ports bind serving.host)."""
     _need(serving.port != serving.http_port,
           f"serving.port and serving.http_port are both {serving.port}: the gRPC and HTTP APIs need a port each")
     _need(serving.target_num_cpus > 0 or serving.target_num_gpus > 0,
           "serving.target_num_cpus and serving.target_num_gpus are both 0: a target rank needs resources")
     _need(serving.distributed_backend != "nccl" or serving.target_num_gpus > 0,
           "serving.distributed_backend: nccl needs GPUs (serving.target_num_gpus > 0); use gloo or auto on CPU")
+    if serving.ingress == "direct":
+        _check_direct_ports(serving)
+
+
+DIRECT_PORTS_PER_REPLICA = 4
+
+
+def direct_ports(first: int, router_replicas: int) -> range:
+    """The ports the router replicas' direct gRPC (or HTTP) servers take from `first` on: four per
+    replica. The spare ones stand in for ports another process holds and for the HTTP port of a
+    replica killed with connections open (in TIME_WAIT for a minute, and Serve, failing to bind
+    it for the replacement, keeps it out of its pool for good)."""
+    return range(first, first + DIRECT_PORTS_PER_REPLICA * router_replicas)
+
+
+def _check_direct_ports(serving: Any) -> None:
+    """With ingress direct: both port ranges exist and clash with neither each other nor the proxies' ports."""
+    grpc_ports = direct_ports(serving.direct_port, serving.router_replicas)
+    http_ports = direct_ports(serving.direct_http_port, serving.router_replicas)
+    for key, ports in (("serving.direct_port", grpc_ports), ("serving.direct_http_port", http_ports)):
+        _need(ports[-1] <= 65535, f"{key}: its {len(ports)} ports ({ports[0]}-{ports[-1]}) end past 65535")
+        for other in ("port", "http_port"):
+            _need(getattr(serving, other) not in ports,
+                  f"serving.{other} ({getattr(serving, other)}) is one of {key}'s ports ({ports[0]}-{ports[-1]})")
+    _need(not set(grpc_ports) & set(http_ports),
+          f"serving.direct_port's ports ({grpc_ports[0]}-{grpc_ports[-1]}) and serving.direct_http_port's "
+          f"({http_ports[0]}-{http_ports[-1]}) overlap")
 
 
 def check_generation(generation: Any) -> None:

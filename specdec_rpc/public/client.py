@@ -112,14 +112,28 @@ def _health_name(status: int) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(status)
 
 
+def channel_target(target: str) -> tuple[str, list[tuple[str, Any]]]:
+    """gRPC's target and channel options for `target`. Several addresses separated by commas (the
+    router replicas' own ports, `serving.ingress: direct`, e.g. "127.0.0.1:40000,127.0.0.1:40001";
+    IP addresses) are dialled as one channel that spreads calls round-robin over those that answer;
+    TLS then checks the certificate against the first address's host."""
+    if "," not in target:
+        return target, CHANNEL_OPTIONS
+    first = target.split(",", 1)[0]
+    scheme = "ipv6:" if first.startswith("[") else "ipv4:"
+    return scheme + target, [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin"),
+                             ("grpc.default_authority", first)]
+
+
 def open_channel(target: str, tls_ca_file: str | None = None, aio: bool = False) -> Any:
-    """A channel to `target`: plaintext (tls_ca_file None) or TLS trusting that CA ("" = the
-    system's roots)."""
+    """A channel to `target` (one address, or several: `channel_target`): plaintext (tls_ca_file
+    None) or TLS trusting that CA ("" = the system's roots)."""
     grpc_module = grpc.aio if aio else grpc
+    target, options = channel_target(target)
     if tls_ca_file is None:
-        return grpc_module.insecure_channel(target, options=CHANNEL_OPTIONS)
+        return grpc_module.insecure_channel(target, options=options)
     roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
-    return grpc_module.secure_channel(target, grpc.ssl_channel_credentials(roots), options=CHANNEL_OPTIONS)
+    return grpc_module.secure_channel(target, grpc.ssl_channel_credentials(roots), options=options)
 
 
 class _Retrying:

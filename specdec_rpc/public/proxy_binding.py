@@ -13,6 +13,8 @@ hook, `actors.serve_proxy`, before Serve creates its gRPC server), so that Serve
   `public_tls` adds binds `serving.host`.
 The address actually bound is recorded on the server, so that `public_tls` refuses to add a
 TLS port beside a plaintext port that is not loopback (fail closed, e.g. without the hook).
+Inside a router replica (`serving.ingress: direct`) the server is the replica's own, and
+`specdec_rpc.public.direct_port` binds it (TLS on `serving.host` when configured).
 """
 
 from __future__ import annotations
@@ -66,7 +68,13 @@ def serve_grpc_address(address: str, environ: Mapping[str, str] | None = None) -
 
 
 def add_grpc_address(server: Any, address: str) -> None:
-    """Serve's hook, replaced: bind where `serve_grpc_address` says and record it."""
+    """Serve's hook, replaced: bind where `serve_grpc_address` says and record it (inside a
+    router replica, its direct-ingress port: `specdec_rpc.public.direct_port`)."""
+    from specdec_rpc.public import direct_port  # it imports this module
+
+    if direct_port.in_replica():
+        direct_port.bind(server, address)
+        return
     bound = serve_grpc_address(address)
     server.add_insecure_port(bound)
     setattr(server, _BOUND, bound)

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from specdec_rpc.public import direct_port
 from specdec_rpc.public.proxy_binding import HOST_ENV, host_port, is_loopback, plaintext_address
 
 PORT_ENV, CERT_ENV, KEY_ENV = "SPECDEC_TLS_PORT", "SPECDEC_TLS_CERT_FILE", "SPECDEC_TLS_KEY_FILE"
@@ -42,7 +43,7 @@ def add_tls_port_to_server(servicer: Any, server: Any, environ: Mapping[str, str
     """Add the TLS port the environment names to `server` (nothing when it names none)."""
     environ = os.environ if environ is None else environ
     port = environ.get(PORT_ENV)
-    if not port:
+    if not port or direct_port.speaks_tls(server):  # a router replica's own port: TLS already (direct_port)
         return
     if hasattr(server, "service_handler_factory") and not is_loopback(plaintext_address(server)):  # Serve's server
         raise OSError(

@@ -1,5 +1,6 @@
 """The public API as an operator deploys it: TLS and bearer tokens on both protocols through
-real Ray Serve proxies on every interface (serving.host 0.0.0.0), and a fuzz campaign of bad requests.
+real Ray Serve proxies and the router replica's own ports (serving.ingress direct) on every
+interface (serving.host 0.0.0.0), and a fuzz campaign of bad requests.
 
 gRPC and HTTPS answer only with a valid token (UNAUTHENTICATED / 401 otherwise, nothing
 else), health stays open for probes, plaintext to the TLS port gets nowhere, no listener
@@ -58,7 +59,8 @@ def app(tls_files, tmp_path_factory):
     tokens.write_text(f"# the team's tokens\n{TOKEN}\n")
     config = load_config(overrides={
         "cache": {"num_slots": 6, "max_seq_len": MAX_SEQ_LEN},
-        "serving": {"port": free_port(), "http_port": free_port(), "host": "0.0.0.0"},
+        "serving": {"port": free_port(), "http_port": free_port(), "host": "0.0.0.0", "ingress": "direct",
+                    "direct_port": free_port(), "direct_http_port": free_port()},
         "security": {"tls_cert_file": str(cert), "tls_key_file": str(key), "api_tokens_file": str(tokens)},
     })
     app = start_app(config, backend_factory=functools.partial(build_served_engine, config),
@@ -85,6 +87,38 @@ def test_grpc_over_tls_serves_a_valid_token_and_refuses_others(app, tls_files, t
                 assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
                 assert TOKEN not in error.value.details()
             assert bad.health() == "SERVING"  # probes need no token (security.open_health)
+
+
+def test_the_router_replicas_own_ports_serve_over_tls_with_a_valid_token_only(app, tls_files, tokenizer, hf_greedy):
+    """serving.ingress direct: the replica's own gRPC port streams the greedy tokens (reached
+    through the client's list form, which skips an address that does not answer), refuses a
+    missing or wrong token and plaintext; its own HTTPS port checks tokens too."""
+    [direct], [direct_http] = app.direct_addresses, app.direct_http_urls
+    assert direct != app.address and direct_http.startswith("https://")
+    prompt = tokenizer("def add(a, b):", add_special_tokens=False)["input_ids"]
+    with SpecdecClient(f"127.0.0.1:{free_port()},{direct}", timeout_s=60.0, retries=0, token=TOKEN,
+                       tls_ca_file=str(tls_files[0])) as good:
+        tokens = [t for chunk in good.generate_stream(prompt_token_ids=prompt, max_new_tokens=8)
+                  for t in chunk.token_ids]
+        assert tokens == hf_greedy(prompt, 8)
+    for token in (None, "operator-token-2"):
+        with SpecdecClient(direct, timeout_s=60.0, retries=0, token=token, tls_ca_file=str(tls_files[0])) as bad:
+            for call in (lambda: bad.generate("x", max_new_tokens=2), lambda: list(bad.generate_stream("x"))):
+                with pytest.raises(grpc.RpcError) as error:
+                    call()
+                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with SpecdecClient(direct, timeout_s=5.0, retries=0, token=TOKEN) as plaintext:
+        with pytest.raises(grpc.RpcError) as error:
+            plaintext.generate("x", max_new_tokens=2)
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    context = ssl.create_default_context(cafile=str(tls_files[0]))
+    for token, status in ((TOKEN, 200), ("operator-token-2", 401)):
+        request = urllib.request.Request(f"{direct_http}/v1/models", headers={"authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30.0, context=context) as response:
+                assert response.status == status
+        except urllib.error.HTTPError as exc:
+            assert exc.code == status
 
 
 def test_plaintext_to_the_tls_port_gets_nowhere(app):
@@ -225,11 +259,13 @@ def speaks_tls(port: int, ca: str) -> bool:
 @pytest.mark.slow
 def test_no_listener_outside_loopback_answers_in_plaintext(app, tls_files):
     """A scan of the listening sockets of Serve's proxy and the router replicas: the public
-    ports are on the network and speak TLS; every other non-loopback one (Ray's own RPC
-    ports, which Ray authenticates itself) serves neither the API nor HTTP in plaintext;
+    ports (the proxies' and the replica's own) are on the network and speak TLS; every other
+    non-loopback one (Ray's own RPC ports, which Ray authenticates itself) serves neither the
+    API nor HTTP in plaintext;
     Serve's plaintext gRPC port (start-up probes) answers on loopback only."""
     sockets = listening_sockets(actor_pids("ProxyActor") + actor_pids(":SpecdecRouter"))
-    public = {int(app.address.rsplit(":", 1)[1]), int(app.http_url.rsplit(":", 1)[1])}
+    public = {int(address.rsplit(":", 1)[1]) for address in (app.address, app.http_url, *app.direct_addresses,
+                                                              *app.direct_http_urls)}
     exposed = {port for ip, port in sockets if not is_loopback(f"{ip}:{port}")}
     assert public <= exposed, sockets
     for port in public:
@@ -270,7 +306,11 @@ def kill_the_router_replica_mid_request(app, tls_files) -> dict[str, str]:
         except Exception as exc:  # noqa: BLE001 - a cut stream, whatever the library makes of it
             outcomes[name] = f"{type(exc).__name__}: {exc}"
 
+    credentials = grpc.ssl_channel_credentials(tls_files[0].read_bytes())
+    direct_channel = grpc.secure_channel(app.direct_addresses[0], credentials)
+    direct_stub = specdec_pb2_grpc.SpeculativeDecodingStub(direct_channel)
     streams = [stub.GenerateStream(request, metadata=metadata, timeout=120) for _ in range(2)]
+    streams.append(direct_stub.GenerateStream(request, metadata=metadata, timeout=120))  # the replica's own port
     for stream in streams:
         next(stream)
     http_stream = http.completions.create(model="bundled:target", prompt="class Stack:", max_tokens=MAX_NEW,
@@ -280,6 +320,7 @@ def kill_the_router_replica_mid_request(app, tls_files) -> dict[str, str]:
              "openai completion": lambda: http.completions.create(model="bundled:target", prompt="class Stack:",
                                                                   max_tokens=MAX_NEW, temperature=0),
              "grpc stream 0": lambda: list(streams[0]), "grpc stream 1": lambda: list(streams[1]),
+             "grpc direct stream": lambda: list(streams[2]),
              "openai stream": lambda: list(http_stream)}
     threads = [threading.Thread(target=outcome, args=item) for item in calls.items()]
     for thread in threads:
@@ -290,6 +331,7 @@ def kill_the_router_replica_mid_request(app, tls_files) -> dict[str, str]:
     for thread in threads:
         thread.join(timeout=120)
     channel.close()
+    direct_channel.close()
     http.close()
     return outcomes
 
@@ -302,6 +344,7 @@ def test_a_killed_router_replica_is_unavailable_to_every_client(app, tls_files):
     if outcomes.get("openai stream", "").startswith(event):
         outcomes["openai stream"] = event
     assert outcomes == {"grpc unary": "UNAVAILABLE", "grpc stream 0": "UNAVAILABLE", "grpc stream 1": "UNAVAILABLE",
+                        "grpc direct stream": "UNAVAILABLE",  # through the replica's own port
                         "openai completion": "HTTP 503", "openai stream": event}  # all in flight, none "ok"
     deadline = time.monotonic() + 60.0
     with client(app, tls_files) as good:  # the replacement serves

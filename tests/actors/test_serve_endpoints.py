@@ -6,13 +6,15 @@ import os
 
 import pytest
 
-from actors.serve_endpoints import export_environment, serve_endpoints
+from actors.app import build_app
+from actors.serve_endpoints import DIRECT_NAMES, export_environment, serve_endpoints
 from specdec.config.config import load_config
 
 
-def config(host="0.0.0.0", tls_files=None):
+def config(host="0.0.0.0", tls_files=None, **serving):
     security = {"tls_cert_file": str(tls_files[0]), "tls_key_file": str(tls_files[1])} if tls_files else {}
-    return load_config(overrides={"serving": {"host": host, "port": 50051, "http_port": 8000}, "security": security})
+    return load_config(overrides={"serving": {"host": host, "port": 50051, "http_port": 8000, **serving},
+                                  "security": security})
 
 
 def test_without_tls_both_public_ports_bind_the_host_in_plaintext():
@@ -45,3 +47,31 @@ def test_joining_a_ray_without_the_hook_is_refused_with_tls(tls_files, monkeypat
     assert os.environ["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "actors.serve_proxy.setup_proxy"
     export_environment(serve_endpoints(config("127.0.0.1")), ray_started_here=True)
     assert "SPECDEC_TLS_PORT" not in os.environ and os.environ["SPECDEC_BIND_HOST"] == "127.0.0.1"
+
+
+def test_direct_ingress_gives_ray_serve_the_replicas_port_ranges_and_only_when_asked():
+    endpoints = serve_endpoints(config(ingress="direct", router_replicas=2, direct_port=41000, direct_http_port=31000))
+    env = endpoints.environment
+    assert endpoints.direct and env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"]) == (
+        "41000", "41008")  # four ports per replica (Serve's upper bound is exclusive)
+    assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == (
+        "31000", "31008")
+    assert env["SPECDEC_BIND_HOST"] == "0.0.0.0"  # the replicas' ports bind serving.host as the proxies'
+    assert not serve_endpoints(config()).direct and not set(DIRECT_NAMES) & set(serve_endpoints(config()).environment)
+
+
+def test_joining_a_ray_without_direct_ingress_is_refused_and_a_proxy_app_leaves_none_behind(monkeypatch):
+    for name in DIRECT_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="serving.ingress direct"):
+        export_environment(serve_endpoints(config(ingress="direct")), ray_started_here=False)
+    export_environment(serve_endpoints(config(ingress="direct")), ray_started_here=True)
+    assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    export_environment(serve_endpoints(config()), ray_started_here=True)  # the next Ray of this process
+    assert not set(DIRECT_NAMES) & set(os.environ)
+
+
+def test_a_serve_deployment_of_the_builder_refuses_direct_ingress():
+    with pytest.raises(ValueError, match="use ingress proxy"):
+        build_app({"serving": {"ingress": "direct"}})

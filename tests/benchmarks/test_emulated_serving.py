@@ -50,3 +50,12 @@ def test_ratios_pair_rows_of_the_same_run_and_streams():
     assert found["served_over_in_process"] == pytest.approx(0.9)  # median of 0.9, 0.95, 0.8
     assert found["on_over_off"] == pytest.approx(1.5)
     assert found["ahead_over_served"] != found["ahead_over_served"]  # no drafting-ahead rows: NaN
+
+
+def test_the_router_replicas_own_ports_get_their_own_goal_rows():
+    rows = [{"setup": "in-process", "run": 1, "streams": 8, "tokens_per_s": 100.0},
+            {"setup": es.SEQUENTIAL, "run": 1, "streams": 8, "tokens_per_s": 70.0},
+            {"setup": es.DIRECT[es.SEQUENTIAL], "run": 1, "streams": 8, "tokens_per_s": 90.0}]
+    proxy, direct = es.goals(rows, [8], predicted=1.5)
+    assert (proxy["path"], proxy["served_over_in_process"]) == ("proxy", pytest.approx(0.7))
+    assert (direct["path"], direct["served_over_in_process"]) == ("direct", pytest.approx(0.9))

@@ -93,6 +93,11 @@ def test_later_overrides_win_and_nested_keys_merge():
         ({"models": {"runner": "vllm"}}, "runner"),
         ({"models": {"runner": "transformers"}, "serving": {"tensor_parallel_size": 2}}, "tensor_parallel_size"),
         ({"cache": {"max_seq_len": 32768}}, "cache.max_seq_len .* default cache.memory_budget"),
+        ({"serving": {"ingress": "direct", "direct_port": 50050}}, "serving.port .* serving.direct_port"),
+        ({"serving": {"ingress": "direct", "direct_http_port": 7999}}, "serving.http_port .* serving.direct_http_port"),
+        ({"serving": {"ingress": "direct", "direct_port": 65533}}, "direct_port: .* past 65535"),
+        ({"serving": {"ingress": "direct", "router_replicas": 2, "direct_port": 30007}}, "overlap"),
+        ({"serving": {"ingress": "sidecar"}}, "ingress"),
     ],
 )
 def test_bad_values_are_rejected_naming_the_field(overrides, field):
