@@ -4,11 +4,11 @@ Continuous batching at round granularity: the loop thread owns the engine and ru
 round after another while any request is waiting or running. A submitted request joins at
 the next round, a finished one leaves (its cache slots are freed on the target and the
 proposer), and each round's confirmed tokens are handed to the request's asyncio consumer
-as soon as the round ends.
+as soon as the round ends (`OutputHandoff`: one wake-up per caller's event loop per round).
 
 Threading rule: only the loop thread touches the engine. Callers send commands (add,
 abort, stop) through a thread-safe queue; the loop hands results back to each caller's
-event loop with `loop.call_soon_threadsafe`. A request that fails alone (the engine
+event loop with one `loop.call_soon_threadsafe` per round. A request that fails alone (the engine
 isolates it) ends with its own error; a round that raises (a WorkerError: no row caused
 it) fails the requests it was running, whose slots are freed, and the loop goes on.
 """
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.round.engine import SpeculativeEngine
+from specdec.serving.output_handoff import OutputHandoff
 from specdec.round.round_output import GenerationResult, RoundOutput
 from specdec.requests.request import GenerationRequest
 
@@ -50,14 +51,16 @@ class RequestStream:
     def __init__(self, owner: "AsyncEngine", seq_id: str, loop: asyncio.AbstractEventLoop) -> None:
         self.seq_id = seq_id
         self._owner = owner
-        self._loop = loop
+        self.loop = loop
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._result: GenerationResult | None = None
         self._done = False
 
-    # called on the caller's event loop (scheduled by the loop thread)
-    def _deliver(self, item: Any) -> None:
-        self._queue.put_nowait(item)
+    def receive(self, item: Any) -> None:
+        """On the caller's event loop (handed over by the loop thread); a closed stream's
+        items are dropped: its request is aborted, nobody reads them."""
+        if not self._done:
+            self._queue.put_nowait(item)
 
     def __aiter__(self) -> "RequestStream":
         return self
@@ -134,6 +137,7 @@ class AsyncEngine:
         self._worked = False  # something happened since on_idle last ran
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # owned by the loop thread
+        self._handoff = OutputHandoff(self._lost)  # items for the streams, until the round's end
         self._admitted: set[str] = set()  # guarded by _lock: submitted and not yet ended
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -201,14 +205,17 @@ class AsyncEngine:
         """Apply commands; run a round whenever there is work; block when idle."""
         while True:
             block = not self.engine.has_unfinished()
-            if block and self._worked:
-                self._idle()
+            if block:
+                self._handoff.flush()  # e.g. a failed add's error
+                if self._worked:
+                    self._idle()
             try:
                 while True:
                     command = self._commands.get(block=block)
                     block = False
                     if not self._apply(command):
                         self._close_all()
+                        self._handoff.flush()
                         self._idle()
                         return
             except queue.Empty:
@@ -245,7 +252,8 @@ class AsyncEngine:
         return True
 
     def _round(self) -> None:
-        """One engine step; hand each output to its stream, end finished ones."""
+        """One engine step; hand each output to its stream, end finished ones: one wake-up
+        per event loop for all of them."""
         self._worked = True
         try:
             outputs = self.engine.step()
@@ -254,6 +262,7 @@ class AsyncEngine:
             # the round's batch; when it failed before forming one (e.g. the target is
             # unreachable while admitting), every waiting request is affected
             self._fail(self.engine.running_ids() or list(self._streams), exc)
+            self._handoff.flush()
             return
         for output in outputs:
             stream = self._streams.get(output.seq_id)
@@ -265,10 +274,10 @@ class AsyncEngine:
                 self._end(stream, output.error)
                 continue
             if output.new_token_ids or output.finish_reason:
-                self._hand_over(stream, output)
-            # a caller whose event loop closed was dropped by _hand_over (its result with it)
+                self._handoff.keep(stream, output)
             if output.finish_reason is not None and self._streams.pop(output.seq_id, None) is not None:
                 self._end(stream, self.engine.result(output.seq_id))
+        self._handoff.flush()
 
     def _fail(self, seq_ids: list[str], exc: BaseException) -> None:
         for seq_id in seq_ids:
@@ -297,18 +306,15 @@ class AsyncEngine:
 
     def _end(self, stream: RequestStream, item: GenerationResult | BaseException) -> None:
         self._forget(stream.seq_id)  # first: a caller that sees the end may submit again
-        self._hand_over(stream, item)
+        self._handoff.keep(stream, item)
 
     def _forget(self, seq_id: str) -> None:
         with self._lock:
             self._admitted.discard(seq_id)
 
-    def _hand_over(self, stream: RequestStream, item: Any) -> None:
-        try:
-            stream._loop.call_soon_threadsafe(stream._deliver, item)
-        except RuntimeError:  # the caller's event loop is closed: nobody listens any more
-            if stream.seq_id in self._streams:
-                del self._streams[stream.seq_id]
-                self._drop(stream.seq_id)
-                self._forget(stream.seq_id)
-
+    def _lost(self, stream: RequestStream) -> None:
+        """The stream's event loop is closed: nobody listens any more (its result goes too)."""
+        if self._streams.get(stream.seq_id) is stream:
+            del self._streams[stream.seq_id]
+            self._drop(stream.seq_id)
+            self._forget(stream.seq_id)

@@ -87,6 +87,25 @@ def test_concurrent_requests_share_rounds_and_equal_their_single_runs(built, loo
     assert max(built.engine.verifier.batch_sizes) == 3
 
 
+def test_a_rounds_outputs_wake_the_callers_loop_once(built, loop_engine, prompt_ids):
+    async def drain(stream):
+        return [out async for out in stream]
+
+    async def main():
+        loop, wake_ups = asyncio.get_running_loop(), []
+        schedule = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *args: wake_ups.append(1) or schedule(*args)
+        streams = [loop_engine.submit(GenerationRequest(prompt_ids[i], 12)) for i in range(3)]
+        chunks = await asyncio.gather(*(drain(stream) for stream in streams))
+        return chunks, len(wake_ups)
+
+    verified = len(built.engine.verifier.batch_sizes)
+    chunks, wake_ups = asyncio.run(main())
+    rounds = len(built.engine.verifier.batch_sizes) - verified
+    items = sum(len(c) + 1 for c in chunks)  # each round's output and each result
+    assert wake_ups <= rounds < items, "one wake-up per round, not one per stream"
+
+
 def test_a_request_joins_a_running_batch_at_the_next_round(built, loop_engine, prompt_ids, hf_greedy):
     async def main():
         first = loop_engine.submit(GenerationRequest(prompt_ids[0], 24))
