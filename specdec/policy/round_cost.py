@@ -41,11 +41,6 @@ verify, two workers sharing cores, a worker woken from idle), so each planned ro
 prediction (`base_round_s`) is summed with its actual seconds, apart for drafting and plain
 rounds, and predictions are scaled by actual / predicted of their kind (`drafting_scale`,
 `plain_scale`; shrunk towards 1 by CALIBRATION_PRIOR_S of rounds, within CALIBRATION_LIMITS).
-Drafting rounds are also calibrated by their number of draft steps (`steps_scales`, shrunk
-towards `drafting_scale`): what the parts miss is not the same share at every γ (a draft
-step that overlaps or shares work costs less than the linear parts say), and one scale for
-all of them prices every γ by the rounds of the γ the plan drafted most, so a γ whose rounds
-take less than priced still looks dear (docs/goodput.md, "γ priced by its own rounds").
 
 A row's time per output token is more than the rounds its plan predicts: rounds that read
 newcomers' prompts (sunk for the plan, not for the row), rounds it sits out (a prefill
@@ -202,7 +197,6 @@ class RoundCostModel:
     drafting_scale: float = 1.0  # measured / predicted seconds of planned rounds that verified drafts
     plain_scale: float = 1.0  # ... and of planned plain rounds
     wait_scale: float = 1.0  # a row's measured seconds between its emissions / its plan's decoding round
-    steps_scales: tuple[float, ...] = ()  # [s − 1]: drafting_scale of rounds of s draft steps (() / beyond: all's)
 
     def __post_init__(self) -> None:
         if len(self.verify) in (2, 3):  # one price for a row and a drafted token
@@ -216,7 +210,7 @@ class RoundCostModel:
             raise ValueError(f"need 2 to 5 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
         if min(*self.verify, *self.draft, self.overhead_s) < 0:
             raise ValueError(f"round cost coefficients must be >= 0, got {self}")
-        if min(self.drafting_scale, self.plain_scale, self.wait_scale, *self.steps_scales) <= 0:
+        if min(self.drafting_scale, self.plain_scale, self.wait_scale) <= 0:
             raise ValueError(f"calibration scales must be > 0, got {self.drafting_scale}, {self.plain_scale}, "
                              f"{self.wait_scale}")
 
@@ -240,9 +234,8 @@ class RoundCostModel:
         overhead = sums.get("overhead_seconds", 0.0) / rounds if rounds > 0 else 0.0
         prompts = sums.get(f"{PREFILL}:rows", 0.0)
         prompt_tokens = sums.get(f"{PREFILL}:tokens", 0.0) / prompts if prompts > 0 else 0.0
-        drafting = _scale(sums, "drafting")
         return cls(verify, draft, max(0.0, overhead), _edge(sums, VERIFY), _edge(sums, DRAFT),
-                   prompt_tokens, drafting, _scale(sums, "plain"), _wait_scale(sums), _steps_scales(sums, drafting))
+                   prompt_tokens, _scale(sums, "drafting"), _scale(sums, "plain"), _wait_scale(sums))
 
     def with_drafting_of(self, measured: "RoundCostModel") -> "RoundCostModel":
         """This model's plain-round prices with `measured`'s prices of drafting, and the two
@@ -255,13 +248,7 @@ class RoundCostModel:
         return replace(self, verify=(v[0], v[1], m[2], v[3], speculating), draft=measured.draft,
                        verify_tokens_high=max(self.verify_tokens_high, measured.verify_tokens_high),
                        draft_tokens_high=max(self.draft_tokens_high, measured.draft_tokens_high),
-                       drafting_scale=measured.drafting_scale, steps_scales=measured.steps_scales)
-
-    def drafting_scale_at(self, steps: int) -> float:
-        """The calibration of a drafting round of `steps` draft steps (its largest γ): what
-        such rounds took over what their parts predicted, shrunk towards `drafting_scale`
-        (all drafting rounds'); that where none was measured."""
-        return self.steps_scales[steps - 1] if 0 < steps <= len(self.steps_scales) else self.drafting_scale
+                       drafting_scale=measured.drafting_scale)
 
     def drafted_limit(self, rows: int) -> float:
         """The most tokens a round of `rows` rows may draft in all (the trust region)."""
@@ -284,8 +271,7 @@ class RoundCostModel:
         """Predicted seconds of a round in which row i drafts gammas[i] tokens (reading
         catch_up[i] tokens of its history first) and the target also reads `prompt_tokens`
         (the prompts of rows in their first round), calibrated by what such rounds took."""
-        steps = max(gammas, default=0)
-        scale = self.drafting_scale_at(steps) if steps > 0 else self.plain_scale
+        scale = self.drafting_scale if any(g > 0 for g in gammas) else self.plain_scale
         return scale * self.base_round_s(gammas, prompt_tokens, catch_up)
 
     def base_round_s(self, gammas: list[int] | tuple[int, ...], prompt_tokens: float = 0,
@@ -345,22 +331,6 @@ def _scale(sums: Mapping[str, float], kind: str) -> float:
     return min(high, max(low, (measured + CALIBRATION_PRIOR_S) / (planned + CALIBRATION_PRIOR_S)))
 
 
-def _steps_scales(sums: Mapping[str, float], drafting: float) -> tuple[float, ...]:
-    """Per number of draft steps s = 1, 2, …: measured / predicted seconds of the planned
-    drafting rounds of s steps, shrunk towards `drafting` (all of them) by CALIBRATION_PRIOR_S,
-    within CALIBRATION_LIMITS; `drafting` for a number of steps not measured."""
-    key = f"{CALIBRATION}:steps:"
-    top = max((int(k[len(key):].split(":")[0]) for k in sums if k.startswith(key)), default=0)
-    low, high = CALIBRATION_LIMITS
-    out = []
-    for steps in range(1, top + 1):
-        planned = sums.get(f"{key}{steps}:planned", 0.0)
-        measured = sums.get(f"{key}{steps}:measured", 0.0)
-        prior = CALIBRATION_PRIOR_S
-        out.append(min(high, max(low, (measured + prior * drafting) / (planned + prior))))
-    return tuple(out)
-
-
 def _wait_scale(sums: Mapping[str, float]) -> float:
     """Seconds rows waited between emissions / the decoding rounds their plans predicted,
     shrunk towards 1 by WAIT_PRIOR_S, within CALIBRATION_LIMITS."""
@@ -394,9 +364,6 @@ def add_round_timing(add: Callable[[str, float], None], shape: RoundShape, verif
         kind = "drafting" if shape.steps > 0 or shape.drafted > 0 else "plain"
         add(f"{CALIBRATION}:{kind}:planned", planned_s)
         add(f"{CALIBRATION}:{kind}:measured", round_s)
-        if shape.steps > 0:  # and by its draft steps: the parts' sum misses more at some γ than at others
-            add(f"{CALIBRATION}:steps:{shape.steps}:planned", planned_s)
-            add(f"{CALIBRATION}:steps:{shape.steps}:measured", round_s)
     add_point(add, VERIFY, shape.verify_features(), verify_s)
     _add_edge(add, VERIFY, shape.rows + shape.drafted)
     if shape.draft_rows > 0 and shape.steps > 0:

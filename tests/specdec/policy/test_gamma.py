@@ -422,21 +422,3 @@ def test_a_row_the_waits_put_out_of_every_plans_reach_no_longer_trims_its_neighb
 def test_the_waits_do_not_move_a_plan_without_targets():
     alphas = [0.95, 0.6, 0.3]
     assert plan(alphas, waiting(CHEAP_DRAFTS, 2.0)).gammas == plan(alphas, CHEAP_DRAFTS).gammas
-
-
-def test_each_gamma_is_priced_by_the_calibration_of_its_own_rounds():
-    """32 rows under a 75 ms TPOT target, at the served emulated pair's fitted parts (scale 8):
-    one calibration for all drafting rounds makes γ 2 the plan (γ 4 priced 4 % slower). Where
-    the rounds of 4 draft steps took 0.88x their parts' prediction and those of 2 steps as
-    predicted, γ 4 is the plan: it emits more per round, and each round is priced as such
-    rounds take (`RoundCostModel.steps_scales`)."""
-    parts = dict(verify=(0.052, 0.0004, 0.00003, 0.0003, 0.011), draft=(0.0002, 0.011, 0.0003, 0.0),
-                 drafting_scale=0.96, wait_scale=1.38)
-    curves = np.broadcast_to(np.array([0.66, 0.48, 0.365, 0.29]), (32, 4))
-    targets = [0.075] * 32
-    one_scale = plan_gammas(curves, [0] * 32, [4] * 32, RoundCostModel(**parts), tpot_targets_s=targets)
-    assert set(one_scale.gammas) == {2}
-    by_steps = RoundCostModel(**parts, steps_scales=(0.96, 1.0, 0.96, 0.88))
-    plan = plan_gammas(curves, [0] * 32, [4] * 32, by_steps, tpot_targets_s=targets)
-    assert set(plan.gammas) == {4} and plan.tpot_excess < one_scale.tpot_excess
-    assert plan.goodput == pytest.approx(32 * (1 + 0.66 + 0.48 + 0.365 + 0.29) / by_steps.round_s([4] * 32))
