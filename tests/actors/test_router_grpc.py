@@ -135,7 +135,10 @@ def test_a_text_prompt_streams_chunks_that_add_up_to_the_unary_response(client):
     assert len(chunks) > 1 and chunks[-1].finish_reason == response.finish_reason
     assert [t for c in chunks for t in c.token_ids] == list(response.token_ids)
     assert "".join(c.text for c in chunks) == response.text
-    assert chunks[-1].stats.rounds == response.stats.rounds
+    # the tokens are exact; the rounds that made them follow timing (a late draft or a missed
+    # look-ahead costs its round its drafts), so each call's stats describe its own rounds
+    for stats in (chunks[-1].stats, response.stats):
+        assert 0 < stats.rounds <= len(response.token_ids) and stats.accepted <= stats.drafted
 
 
 def test_concurrent_streams_equal_their_single_streams_and_share_target_calls(app, client, workers, prompt_ids):
