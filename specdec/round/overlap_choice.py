@@ -28,11 +28,7 @@ of each way:
   `explore_every`), and it starts over when the kept way changes;
 * a block of a way other than the kept one (at first: the first one) lasts a third of
   `block_rounds`;
-* each way's rate is an exponentially weighted mean over its blocks (`weight` for the newest);
-* the first round of a block that changed the way is not measured (when the block has more):
-  it carries the previous way's state, so it would flatter or penalise the new way — the
-  first sequential round after looking ahead verifies the drafts made ahead without
-  proposing, the first look-ahead round after sequential rounds has none and proposes first.
+* each way's rate is an exponentially weighted mean over its blocks (`weight` for the newest).
 
 `DraftAhead` keeps one choice per kind of step (how many rows, greedy or sampled) and shares
 the measured ratios between the kinds of several rows. Which way a round runs never changes
@@ -72,7 +68,6 @@ class OverlapChoice:
     _explored: int = 0  # explorations so far (which slower way is next)
     _exploring: bool = False  # this block re-measures a slower way
     _kept: str = ""  # the way believed fastest (the first to try until measured)
-    _settling: bool = False  # the block's next round carries the previous way's state: not measured
 
     def __post_init__(self) -> None:
         if self.block_rounds < 1 or self.explore_every < 1 or not 0 < self.weight <= 1 or not self.ways \
@@ -102,11 +97,8 @@ class OverlapChoice:
 
     def record(self, tokens: int, seconds: float) -> bool:
         """One round run this block's way emitted `tokens` in `seconds`. -> whether a block ended."""
-        if self._settling:
-            self._settling = False
-        else:
-            self._tokens += tokens
-            self._seconds += max(0.0, seconds)
+        self._tokens += tokens
+        self._seconds += max(0.0, seconds)
         self._rounds += 1
         if self.rounds_left > 0:
             return False
@@ -120,9 +112,8 @@ class OverlapChoice:
             self.rates[self.way] = rate if before is None else self.weight * rate + (1 - self.weight) * before
         self._tokens, self._seconds, self._rounds = 0, 0.0, 0
         chosen = self._next_way()
-        changed, self.way = chosen != self.way, chosen
-        self.changes += changed
-        self._settling = changed and self.rounds_left > 1
+        self.changes += chosen != self.way
+        self.way = chosen
 
     def _to_measure(self) -> list[str]:
         """Ways never measured and not presumed slower than sequential rounds (by the margin)."""

@@ -1,8 +1,7 @@
 """OverlapChoice: which way a kind of step runs (sequential, looking ahead, micro-batches)
 follows the measured tokens per second of blocks run each way; slower ways are measured
 again now and then, in turn and ever more rarely; one noisy block does not flip the choice;
-what other kinds of step measured decides which ways are worth measuring first; the first
-round after a change of way is not measured."""
+what other kinds of step measured decides which ways are worth measuring first."""
 
 from __future__ import annotations
 
@@ -127,18 +126,6 @@ def test_only_whole_blocks_count_and_a_block_without_time_keeps_the_rate():
     assert choice.rates[LOOK_AHEAD] is None and choice.looks_ahead
     choice.record(0, 0.0)
     assert choice.rates[LOOK_AHEAD] == pytest.approx(6 / 0.02)
-
-
-def test_the_first_round_after_a_change_of_way_is_not_measured():
-    """It carries the previous way's state (drafts made ahead, or none): a sequential round that
-    verified drafts made ahead without proposing must not make sequential rounds look faster."""
-    choice = OverlapChoice(LONE, block_rounds=6, explore_every=100)
-    for _ in range(choice.rounds_left):
-        choice.record(2, 0.01)  # looking ahead: 200 tokens/s
-    assert choice.way == SEQUENTIAL and choice.rounds_left == 2
-    choice.record(3, 0.005)  # the drafts made ahead, verified without proposing: 600 tokens/s
-    choice.record(3, 0.02)  # a sequential round of its own: 150 tokens/s
-    assert choice.rates[SEQUENTIAL] == pytest.approx(150.0) and choice.looks_ahead
 
 
 @pytest.mark.parametrize("bad", [{"block_rounds": 0}, {"explore_every": 0}, {"weight": 0.0}, {"weight": 1.5},
