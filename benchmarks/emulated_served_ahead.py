@@ -28,7 +28,7 @@ import time
 import psutil
 import torch
 
-from emulated_ahead import ConcurrentVerifier
+from emulated_ahead import ConcurrentVerifier, decode_all
 from emulated_core import emulated_engine
 from emulated_hops import Worker, overrides
 from specdec.models.model_paths import bundled_prompts
@@ -156,14 +156,7 @@ def run(built, processes: dict, verify_s: list, prompts: list, streams: int, max
     if streaming:
         tokens, wall = streamed(built, prompts, max_new)
     else:
-        start, tokens = time.perf_counter(), 0
-        for first in range(0, len(prompts), streams):  # `streams` requests at a time, each prompt once
-            ids = [engine.add_request(GenerationRequest(prompts[(first + i) % len(prompts)], max_new))
-                   for i in range(streams)]
-            while engine.has_unfinished():
-                engine.step()
-            tokens += sum(len(engine.result(i).token_ids) for i in ids)
-        wall = time.perf_counter() - start
+        tokens, wall = decode_all(engine, prompts, streams, max_new)
     after = engine.timer.profile.to_dict()
     steps = after["rounds"] - profile["rounds"]
     per = 1000.0 / max(1, steps)

@@ -60,13 +60,20 @@ def test_requests_are_answered_in_order_on_one_stream():
     stream.close()
 
 
-def test_a_late_answer_ends_its_call_and_the_stream_goes_on():
+def late_call(n: int) -> tuple[Worker, RoundStream, object]:
+    """A worker that answers nothing yet, its stream, and a call of `n` that missed a 50 ms wait
+    (a reader thread now reads for it)."""
     worker = Worker()
     worker.release = threading.Semaphore(0)
     stream = RoundStream(worker.open, timeout_s=5.0)
-    late = stream.send(10)
+    late = stream.send(n)
     with pytest.raises(grpc.FutureTimeoutError):
         late.result(timeout=0.05)
+    return worker, stream, late
+
+
+def test_a_late_answer_ends_its_call_and_the_stream_goes_on():
+    worker, stream, late = late_call(10)
     ended = threading.Event()
     late.add_done_callback(lambda call: ended.set())
     assert not late.done()
@@ -107,12 +114,7 @@ def test_a_caller_without_a_deadline_reads_the_stream_itself():
 
 
 def test_a_wait_with_a_deadline_returns_at_it_and_a_blocking_caller_gets_its_answer_after_the_late_one():
-    worker = Worker()
-    worker.release = threading.Semaphore(0)
-    stream = RoundStream(worker.open, timeout_s=5.0)
-    late = stream.send(1)
-    with pytest.raises(grpc.FutureTimeoutError):
-        late.result(timeout=0.05)  # a reader thread reads for it: the wait ends at its deadline
+    worker, stream, late = late_call(1)
     blocking = stream.send(2)
     worker.release.release(2)
     assert blocking.result() == 3 and late.result() == 2
