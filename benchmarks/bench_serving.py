@@ -164,8 +164,14 @@ async def measure(stream: StreamFactory, profile: ProfileReader, prompts: list[s
     """One row: every prompt through `level` streams, with the round profile of that row."""
     before = await profile()
     row = {"setup": label, "run": run, **await run_level(stream, prompts, max_new, level)}
-    row["profile"] = profile_delta(before, await profile())
-    print(f"  run {run}: {label} x{level}: {row['tokens_per_s']:.1f} tokens/s", flush=True)
+    after = await profile()
+    row["profile"] = profile_delta(before, after)
+    if after.get("look_ahead_tokens_per_s"):  # the lone row's measured choice at the row's end
+        row["choice"] = {key: after[key] for key in ("look_ahead_tokens_per_s", "sequential_tokens_per_s",
+                                                     "looking_ahead")}
+    overlapped = row["profile"].get("overlapped_ms")
+    shown = f", overlapped {overlapped:.1f} ms/round, choice {row.get('choice')}" if overlapped else ""
+    print(f"  run {run}: {label} x{level}: {row['tokens_per_s']:.1f} tokens/s{shown}", flush=True)
     return row
 
 
@@ -194,6 +200,8 @@ def server_runs(config: SpecdecConfig, reference: InProcess, prompts: list[str],
                 p = (await client.stats()).round_profile
                 devices = await app.hub.emulated_devices.remote() if app.hub is not None else {}
                 return {"rounds": p.rounds, "ahead": p.rows_drafted_ahead, "hit_rate": p.look_ahead_hit_rate,
+                        "look_ahead_tokens_per_s": p.look_ahead_tokens_per_s,
+                        "sequential_tokens_per_s": p.sequential_tokens_per_s, "looking_ahead": p.looking_ahead,
                         **{part: getattr(p, part) for part in PROFILE_PARTS},
                         **device_totals([d for found in devices.values() for d in found])}
 

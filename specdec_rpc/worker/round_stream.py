@@ -13,6 +13,14 @@ deadline is left to end on its own exactly as a unary future is. A call that run
 than `timeout_s` fails with DEADLINE_EXCEEDED and ends the stream (its worker is taken for
 hung). A stream that ends (the worker failed a request with its status, went down, or
 stopped) fails every request still waiting on it; the next request opens a new stream.
+
+Who reads the responses: a thread that waits for its call without a deadline of its own
+(`result()`, as the target's verify does) reads the stream itself while nobody else does,
+so its answer needs one thread wake-up (gRPC's poller to the caller), not two (to a reader
+thread, then to the caller); a watchdog thread ends a stream whose call outlives its
+timeout. The first wait with a deadline (the draft's round budget), callback or poll on a
+stream starts a reader thread that reads it until it ends, so a late call still ends on its
+own and no round waits beyond its budget.
 """
 
 from __future__ import annotations
@@ -57,9 +65,10 @@ class StreamCall:
         self._error: grpc.RpcError | None = None
         self._callbacks: list[Callable[["StreamCall"], None]] = []
         self._lock = threading.Lock()
+        self._opened: _Opened | None = None  # the stream it was sent on
 
     def _set(self, response: Any = None, error: grpc.RpcError | None = None) -> None:
-        """(the stream's reader thread, or an expiry) The answer; later ones are ignored."""
+        """(whoever reads the stream, or an expiry) The answer; later ones are ignored."""
         with self._lock:
             if self._answered.is_set():
                 return
@@ -71,7 +80,12 @@ class StreamCall:
 
     def result(self, timeout: float | None = None) -> Any:
         """The response; raises grpc.FutureTimeoutError when `timeout` passes first (the call
-        goes on), the call's RpcError when it failed or ran past its own timeout."""
+        goes on), the call's RpcError when it failed or ran past its own timeout. Without a
+        timeout the caller reads the stream itself while nobody else does."""
+        if timeout is None:
+            self._stream._read_for(self)
+        else:
+            self._stream._ensure_reader(self._opened)
         wait = self._due - time.monotonic() if timeout is None else min(timeout, self._due - time.monotonic())
         if not self._answered.wait(max(0.0, wait)):
             if timeout is not None and time.monotonic() < self._due:
@@ -83,8 +97,10 @@ class StreamCall:
 
     def done(self) -> bool:
         """True once answered (or past its own timeout: then it fails, and its stream ends)."""
-        if not self._answered.is_set() and time.monotonic() >= self._due:
-            self._expire()
+        if not self._answered.is_set():
+            self._stream._ensure_reader(self._opened)
+            if time.monotonic() >= self._due:
+                self._expire()
         return self._answered.is_set()
 
     def cancelled(self) -> bool:
@@ -101,6 +117,7 @@ class StreamCall:
         with self._lock:
             if not self._answered.is_set():
                 self._callbacks.append(callback)
+                self._stream._ensure_reader(self._opened)
                 return
         callback(self)
 
@@ -110,9 +127,20 @@ class StreamCall:
         self._stream.reset()
 
 
+class _Opened:
+    """One open stream: its gRPC call, the request queue, the calls waiting in order, and
+    whether someone (a caller or the reader thread) is reading its responses."""
+
+    def __init__(self, grpc_call: Any, requests: queue.SimpleQueue) -> None:
+        self.grpc_call, self.requests = grpc_call, requests
+        self.responses = iter(grpc_call)
+        self.waiting: deque[StreamCall] = deque()
+        self.reading = False
+
+
 class RoundStream:
     """Requests of one kind to one worker over one stream, opened on the first request and
-    again after the stream ended. Thread-safe (the reader thread answers the calls)."""
+    again after the stream ended. Thread-safe (whoever reads answers the calls in order)."""
 
     def __init__(self, open_call: Callable[[Iterator], Any], timeout_s: float) -> None:
         """open_call(requests) starts the stream-stream call over the request iterator
@@ -122,60 +150,134 @@ class RoundStream:
         self._open_call = open_call
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._open: tuple[Any, queue.SimpleQueue, deque] | None = None  # (call, requests, waiting calls)
+        self._open: _Opened | None = None
+        self._stop: threading.Event | None = None  # the watchdog's, while it runs
         self.opened = 0  # streams opened so far
 
     def send(self, request: Any) -> StreamCall:
         """Send `request` (opening the stream if none is open); returns its call at once."""
         call = StreamCall(self, self.timeout_s)
         with self._lock:
+            if self._open is not None and not self._open.waiting and self._open.grpc_call.done():
+                self._open.requests.put(_END)  # it ended between rounds (the worker stopped), unread
+                self._open = None
             if self._open is None:
-                self._open = self._start()
-            _, requests, waiting = self._open
-            waiting.append(call)
-            requests.put(request)
+                requests: queue.SimpleQueue = queue.SimpleQueue()
+                self._open = _Opened(self._open_call(iter(requests.get, _END)), requests)
+                self.opened += 1
+            call._opened = self._open
+            self._open.waiting.append(call)
+            self._open.requests.put(request)
         return call
 
-    def _start(self) -> tuple[Any, queue.SimpleQueue, deque]:
-        requests: queue.SimpleQueue = queue.SimpleQueue()
-        waiting: deque = deque()
-        grpc_call = self._open_call(iter(requests.get, _END))
-        opened = (grpc_call, requests, waiting)
-        threading.Thread(target=self._read, args=(opened,), name="round-stream", daemon=True).start()
-        self.opened += 1
-        return opened
-
-    def _read(self, opened: tuple[Any, queue.SimpleQueue, deque]) -> None:
-        """(reader thread) Answer the waiting calls in order, until the stream ends; then fail the rest."""
-        grpc_call, requests, waiting = opened
+    def _read_for(self, call: StreamCall) -> None:
+        """(a caller without a deadline) Read responses until `call` is answered, while no one
+        else reads; when someone does, return (the caller waits for its answer)."""
+        opened = call._opened
+        if opened is None or not self._take_reading(opened):
+            return
+        self._watch()
         try:
-            for response in grpc_call:
-                waiting.popleft()._set(response)
+            while not call._answered.is_set() and self._read_one(opened):
+                pass
+        finally:
+            self._drop_reading(opened)
+
+    def _ensure_reader(self, opened: _Opened | None) -> None:
+        """Make sure someone reads `opened` while calls wait on it (a reader thread if nobody does)."""
+        if opened is not None and self._take_reading(opened):
+            self._drop_reading(opened)
+
+    def _take_reading(self, opened: _Opened) -> bool:
+        with self._lock:
+            if opened.reading or not opened.waiting:
+                return False
+            opened.reading = True
+            return True
+
+    def _drop_reading(self, opened: _Opened) -> None:
+        """Stop reading; while calls still wait on an open stream, a reader thread goes on."""
+        with self._lock:
+            if not (opened.waiting and self._open is opened):
+                opened.reading = False
+                return
+        threading.Thread(target=self._reader, args=(opened,), name="round-stream", daemon=True).start()
+
+    def _reader(self, opened: _Opened) -> None:
+        """(reader thread, holding the reading for good) Answer the waiting calls in order until
+        the stream ends: a stream whose calls wait with deadlines keeps its reader, as starting
+        one per call would cost more than the hand-off it saves."""
+        while self._read_one(opened):
+            pass
+
+    def _read_one(self, opened: _Opened) -> bool:
+        """(whoever reads) Answer the oldest waiting call with the next response; False when the
+        stream ended (then every call still waiting on it has failed)."""
+        try:
+            response = next(opened.responses)
+        except StopIteration:
             error: grpc.RpcError = StreamError(grpc.StatusCode.UNAVAILABLE, "the worker ended the stream")
         except grpc.RpcError as exc:
             error = exc
             if exc.code() == grpc.StatusCode.CANCELLED:  # not by this side: the worker stopped its streams
                 error = StreamError(grpc.StatusCode.UNAVAILABLE, f"the worker ended the stream ({exc.details()})")
-        except IndexError:  # a response no request waits for: the worker broke the protocol
-            error = StreamError(grpc.StatusCode.INTERNAL, "the worker answered more responses than requests")
-            grpc_call.cancel()
+        else:
+            try:
+                call = opened.waiting.popleft()
+            except IndexError:  # a response no request waits for: the worker broke the protocol
+                error = StreamError(grpc.StatusCode.INTERNAL, "the worker answered more responses than requests")
+                opened.grpc_call.cancel()
+            else:
+                call._set(response)
+                return True
+        self._ended(opened, error)
+        return False
+
+    def _ended(self, opened: _Opened, error: grpc.RpcError) -> None:
         with self._lock:
             if self._open is opened:
                 self._open = None
-        requests.put(_END)
-        _fail_all(waiting, error)
+        opened.requests.put(_END)
+        _fail_all(opened.waiting, error)
+
+    def _watch(self) -> None:
+        """Start the watchdog (once): a caller reading the stream cannot time its own read out."""
+        with self._lock:
+            if self._stop is not None:
+                return
+            self._stop = threading.Event()
+        threading.Thread(target=self._watchdog, args=(self._stop,), name="round-stream-watchdog",
+                         daemon=True).start()
+
+    def _watchdog(self, stop: threading.Event) -> None:
+        """Fail the oldest waiting call once past its timeout (which ends the stream). Sleeps
+        until that call's due, or timeout_s while none waits: a call sent meanwhile is due
+        after the wake-up, so nothing needs to wake it."""
+        wait = self.timeout_s
+        while not stop.wait(wait):
+            with self._lock:
+                oldest = self._open.waiting[0] if self._open is not None and self._open.waiting else None
+            if oldest is not None and time.monotonic() >= oldest._due:
+                oldest.done()
+                continue
+            wait = self.timeout_s if oldest is None else oldest._due - time.monotonic()
 
     def reset(self) -> None:
         """End the open stream (its waiting calls fail); the next request opens a new one."""
         with self._lock:
             opened, self._open = self._open, None
         if opened is not None:
-            grpc_call, requests, waiting = opened
-            requests.put(_END)
-            grpc_call.cancel()
-            _fail_all(waiting, StreamError(grpc.StatusCode.CANCELLED, "the stream was reset"))
+            opened.requests.put(_END)
+            opened.grpc_call.cancel()
+            _fail_all(opened.waiting, StreamError(grpc.StatusCode.CANCELLED, "the stream was reset"))
 
-    close = reset
+    def close(self) -> None:
+        """End the open stream and stop the watchdog."""
+        self.reset()
+        with self._lock:
+            stop, self._stop = self._stop, None
+        if stop is not None:
+            stop.set()
 
 
 def _fail_all(waiting: deque, error: grpc.RpcError) -> None:

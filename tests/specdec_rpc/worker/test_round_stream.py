@@ -1,6 +1,8 @@
 """RoundStream: requests on one persistent stream are answered in order, each as a future; a
 late answer still ends its call; a call past its timeout fails with DEADLINE_EXCEEDED and the
-next request opens a new stream; a stream that fails fails the requests waiting on it."""
+next request opens a new stream; a stream that fails fails the requests waiting on it. A caller
+that waits without a deadline reads the stream itself; a wait with one leaves it to a reader
+thread, so it returns at its deadline."""
 
 from __future__ import annotations
 
@@ -14,25 +16,37 @@ from specdec_rpc.worker.round_stream import RoundStream, StreamError
 
 class Worker:
     """A fake stream-stream call: answers each request n with n + 1 once `release` allows,
-    or fails the stream with `fail` (an RpcError) when a request is -1."""
+    or fails the stream with `fail` (an RpcError) when a request is -1; a cancelled call's
+    reader gets CANCELLED (as gRPC's). `readers` names the thread that read each response."""
 
     def __init__(self) -> None:
         self.release = threading.Semaphore(1000)
         self.cancelled = 0
+        self.readers: list[str] = []
+        self.ended = False  # the call's status arrived (gRPC's done()), e.g. the worker stopped
 
     def open(self, requests):
         worker = self
+        cancelled = threading.Event()
 
         class Call:
             def __iter__(self):
                 for n in requests:
-                    worker.release.acquire()
+                    while not worker.release.acquire(timeout=0.01):
+                        if cancelled.is_set():
+                            raise StreamError(grpc.StatusCode.CANCELLED, "cancelled")
                     if n == -1:
                         raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "bad request")
+                    worker.readers.append(threading.current_thread().name)
                     yield n + 1
 
             def cancel(self):
                 worker.cancelled += 1
+                cancelled.set()
+
+            def done(self):
+                return worker.ended
+
 
         return Call()
 
@@ -46,13 +60,20 @@ def test_requests_are_answered_in_order_on_one_stream():
     stream.close()
 
 
-def test_a_late_answer_ends_its_call_and_the_stream_goes_on():
+def late_call(n: int) -> tuple[Worker, RoundStream, object]:
+    """A worker that answers nothing yet, its stream, and a call of `n` that missed a 50 ms wait
+    (a reader thread now reads for it)."""
     worker = Worker()
     worker.release = threading.Semaphore(0)
     stream = RoundStream(worker.open, timeout_s=5.0)
-    late = stream.send(10)
+    late = stream.send(n)
     with pytest.raises(grpc.FutureTimeoutError):
         late.result(timeout=0.05)
+    return worker, stream, late
+
+
+def test_a_late_answer_ends_its_call_and_the_stream_goes_on():
+    worker, stream, late = late_call(10)
     ended = threading.Event()
     late.add_done_callback(lambda call: ended.set())
     assert not late.done()
@@ -81,4 +102,32 @@ def test_a_failed_stream_fails_the_waiting_requests_and_a_new_one_serves_the_nex
         stream.send(-1).result()
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert stream.send(4).result() == 5 and stream.opened == 2
+    stream.close()
+
+
+def test_a_caller_without_a_deadline_reads_the_stream_itself():
+    worker = Worker()
+    stream = RoundStream(worker.open, timeout_s=5.0)
+    assert [stream.send(n).result() for n in range(3)] == [1, 2, 3]
+    assert worker.readers == [threading.current_thread().name] * 3
+    stream.close()
+
+
+def test_a_wait_with_a_deadline_returns_at_it_and_a_blocking_caller_gets_its_answer_after_the_late_one():
+    worker, stream, late = late_call(1)
+    blocking = stream.send(2)
+    worker.release.release(2)
+    assert blocking.result() == 3 and late.result() == 2
+    assert worker.readers[0] == "round-stream"
+    stream.close()
+
+
+def test_a_stream_that_ended_between_rounds_is_not_used_again():
+    worker = Worker()
+    stream = RoundStream(worker.open, timeout_s=5.0)
+    assert stream.send(1).result() == 2
+    worker.ended = True  # the worker stopped: the status arrived while nobody read the stream
+    call = stream.send(2)
+    worker.ended = False
+    assert call.result() == 3 and stream.opened == 2
     stream.close()
