@@ -37,7 +37,7 @@ from actors.router import SpecdecRouter
 from actors.router_drain import drain_routers
 from actors.signal_handlers import kept_signal_handlers
 from actors.start_failure import StartFailed, explained, router_load_failure
-from actors.serve_endpoints import ServeEndpoints, export_environment, probe_token, serve_endpoints
+from actors.serve_endpoints import ServeEndpoints, direct_environment, export_environment, probe_token, serve_endpoints
 from actors.worker_hub import get_or_create_hub, start_hub, stop_hub
 from specdec.config.config import SpecdecConfig, load_config
 from specdec_rpc.public.client import SpecdecClient
@@ -134,12 +134,25 @@ def router_deployment(config: SpecdecConfig, backend_factory: Callable[[], Serve
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """Ray Serve application builder for `serve deploy` and KubeRay's serveConfigV2
     (`import_path: actors.app:build_app`). `args` are specdec config overrides (the schema of
-    configs/default.yaml); the router's replicas get the workers from the WorkerHub."""
+    configs/default.yaml); the router's replicas get the workers from the WorkerHub. With
+    serving.ingress direct, Ray must have started with the direct ingress environment."""
     config = load_config(overrides=dict(args or {}))
-    if config.serving.ingress == "direct":
-        raise ValueError("serving.ingress direct: Ray must start with Serve's direct ingress on, which `specdec serve` "
-                         "does and a Serve deployment of this builder (the Helm chart) does not; use ingress proxy")
+    _check_direct_environment(config)
     return router_deployment(config, functools.partial(cluster_backend, config))
+
+
+def _check_direct_environment(config: SpecdecConfig) -> None:
+    """serving.ingress direct needs Ray's processes started with Serve's direct ingress on and
+    the config's port ranges (the builder runs in a Ray process, whose environment is theirs):
+    the Helm chart sets them on the Ray containers from `specdec.config.serving`; a Ray started
+    without them is refused, naming what is missing."""
+    if config.serving.ingress != "direct":
+        return
+    missing = sorted(k for k, v in direct_environment(config.serving).items() if os.environ.get(k) != v)
+    if missing:
+        raise ValueError(f"serving.ingress direct: Ray's processes must start with {', '.join(missing)} as "
+                         "serving's direct ports give them (the Helm chart sets them from specdec.config.serving, "
+                         "`specdec serve` when it starts Ray); or use ingress proxy")
 
 
 def _start_serve(

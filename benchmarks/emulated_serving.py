@@ -17,8 +17,9 @@ rounds hide nothing; with drafting ahead the draft's time spent while the target
 their device time forwards returned (the host's wake-up delays on a busy CPU): part of the
 framework cost.
 
-`--streams-at-once N` runs N concurrent streams through one router instead (errors must be 0)
-and reports the router process's CPU time per generated token.
+`--streams-at-once N` runs N concurrent streams through one router instead (errors must be 0),
+through the proxy and then through the router's own port, and reports the router process's and
+the proxy's CPU time per generated token.
 """
 
 from __future__ import annotations
@@ -172,12 +173,13 @@ def run(args: argparse.Namespace, bench: Any) -> None:
                    "runs": rows, "medians": medians, "goals": found}, f, indent=2)
 
 
-def router_processes() -> list:
-    """The Serve router replica processes under this driver (their process title names the class)."""
+def router_processes(kind: str = "SpecdecRouter") -> list:
+    """The Serve router replica processes under this driver (their process title names the
+    class; `kind` "ProxyActor": Serve's proxy)."""
     import psutil
 
     return [p for p in psutil.Process().children(recursive=True)
-            if "SpecdecRouter" in " ".join(_cmdline(p))]
+            if kind in " ".join(_cmdline(p))]
 
 
 def _cmdline(process: Any) -> list[str]:
@@ -192,32 +194,52 @@ def cpu_seconds(processes: list) -> float:
 
 
 def many_streams(args: argparse.Namespace) -> None:
-    """`args.streams_at_once` concurrent streams through one router (drafting ahead, the default):
-    errors, tokens, and the router's CPU time per generated token."""
+    """`args.streams_at_once` concurrent streams through one router (drafting ahead, the default),
+    `args.runs` times through Serve's proxy and through the router replica's own port
+    (serving.ingress direct), the paths' order alternating by run: errors, tokens, and the CPU
+    time per generated token of the router process and of the proxy's, per run and path."""
     from actors.app import free_port, start_app
     from specdec.config.config import load_config
-    from specdec.models.model_paths import bundled_prompts
-    from specdec_rpc.public.client import AsyncSpecdecClient
 
     n = args.streams_at_once
     base = emulated_overrides(args.profile, args.time_scale, n)
-    base["serving"].update(port=free_port(), http_port=free_port(), ingress="proxy")
+    base["serving"].update(port=free_port(), http_port=free_port(), direct_port=free_port(),
+                           direct_http_port=free_port())
     app = start_app(load_config(*args.config, overrides=base),
                     ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
     try:
         routers = router_processes()
-        result = asyncio.run(_many(app.address, prompts_for(bundled_prompts(), n)[:n], args.max_new_tokens,
-                                   routers, AsyncSpecdecClient))
+        runs = _many_runs(app, args, routers, router_processes("ProxyActor"))
     finally:
         app.shutdown()
-    result.update(profile=args.profile, streams=n, max_new_tokens=args.max_new_tokens, router_processes=len(routers))
+    result = {"profile": args.profile, "streams": n, "max_new_tokens": args.max_new_tokens,
+              "router_processes": len(routers), **runs}
     print(json.dumps(result, indent=2))
     out = args.json or f"benchmarks/results/bench_serving_emulated_{args.profile}_{n}_streams.json"
     with open(out, "w") as f:
         json.dump(result, f, indent=2)
 
 
-async def _many(address: str, prompts: list[str], max_new: int, routers: list, client_class: Any) -> dict:
+def _many_runs(app: Any, args: argparse.Namespace, routers: list, proxies: list) -> dict[str, list[dict]]:
+    """{path: [one dict per run]} for "proxy" and (with direct addresses) "direct"."""
+    from specdec.models.model_paths import bundled_prompts
+    from specdec_rpc.public.client import AsyncSpecdecClient
+
+    prompts = prompts_for(bundled_prompts(), args.streams_at_once)[: args.streams_at_once]
+    paths = {"proxy": app.address, **({"direct": ",".join(app.direct_addresses)} if app.direct_addresses else {})}
+    runs: dict[str, list[dict]] = {path: [] for path in paths}
+    for run in range(1, args.runs + 1):
+        for path in list(paths)[:: 1 if run % 2 else -1]:
+            row = asyncio.run(_many(paths[path], prompts, args.max_new_tokens, routers, proxies, AsyncSpecdecClient))
+            runs[path].append(row)
+            print(f"  run {run}, {path}: {row['errors']} errors, {row['tokens_per_s']:.0f} tokens/s, CPU ms per "
+                  f"token: router {row['router_cpu_ms_per_token']:.3f}, proxy {row['proxy_cpu_ms_per_token']:.3f}",
+                  flush=True)
+    return runs
+
+
+async def _many(address: str, prompts: list[str], max_new: int, routers: list, proxies: list,
+                client_class: Any) -> dict:
     errors: list[str] = []
     async with client_class(address, timeout_s=600.0) as client:
         async def one(prompt: str) -> int:
@@ -228,10 +250,11 @@ async def _many(address: str, prompts: list[str], max_new: int, routers: list, c
                 errors.append(f"{type(exc).__name__}: {exc}"[:200])
                 return 0
 
-        cpu, start = cpu_seconds(routers), time.perf_counter()
+        cpu, proxy_cpu, start = cpu_seconds(routers), cpu_seconds(proxies), time.perf_counter()
         tokens = await asyncio.gather(*(one(p) for p in prompts))
-        wall, cpu = time.perf_counter() - start, cpu_seconds(routers) - cpu
+        wall, cpu, proxy_cpu = time.perf_counter() - start, cpu_seconds(routers) - cpu, cpu_seconds(proxies) - proxy_cpu
     total = sum(tokens)
+    per_token = lambda seconds: 1000 * seconds / total if total else float("nan")  # noqa: E731
     return {"errors": len(errors), "error_samples": errors[:5], "short_streams": sum(t < max_new for t in tokens),
             "tokens": total, "wall_s": wall, "tokens_per_s": total / wall, "router_cpu_s": cpu,
-            "router_cpu_ms_per_token": 1000 * cpu / total if total else float("nan")}
+            "router_cpu_ms_per_token": per_token(cpu), "proxy_cpu_ms_per_token": per_token(proxy_cpu)}

@@ -1,4 +1,4 @@
-"""`specdec client generate|health --server HOST:PORT`: the command-line client of the public API.
+"""`specdec client generate|health --server HOST:PORT[,HOST:PORT...]`: the command-line client of the public API.
 
 Exit status: 0 on success (health: SERVING), 2 for INVALID_ARGUMENT (bad input, as with
 `specdec generate`), 1 for any other gRPC error or a server that is not SERVING.
@@ -17,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 
 from specdec.proposers import proposer_registry as registry
 from specdec.requests.speculation_mode import SpeculationMode
-from specdec_rpc.public.client import SpecdecClient
+from specdec_rpc.public.client import SpecdecClient, channel_target
 
 
 TOKEN_ENV = "SPECDEC_API_TOKEN"
@@ -141,12 +141,23 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", default="127.0.0.1:50051", help="HOST:PORT of the server (default 127.0.0.1:50051)")
+    parser.add_argument("--server", default="127.0.0.1:50051", type=server_target,
+                        help="HOST:PORT of the server (default 127.0.0.1:50051), or several comma-separated "
+                             "(the router replicas' own ports, serving.ingress: direct)")
     parser.add_argument("--timeout", type=float, default=60.0, help="deadline of the call in seconds")
     parser.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
                         help=f"bearer token, when the server requires one (default: env {TOKEN_ENV})")
     parser.add_argument("--tls-ca", default=None, metavar="PEM",
                         help="connect over TLS trusting this CA certificate ('' = the system's roots)")
+
+
+def server_target(text: str) -> str:
+    """--server as given, once it can be dialled (a list: every entry resolves, one family)."""
+    try:
+        channel_target(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _connect(args: argparse.Namespace) -> SpecdecClient:

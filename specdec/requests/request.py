@@ -91,7 +91,11 @@ class GenerationRequest:
     prompt_token_ids: the prompt, already tokenised (non-empty).
     max_new_tokens: generated-token budget (>= 1).
     sampling: temperature / top-k / top-p / seed.
-    stop: strings that end generation; the text is cut before the first one.
+    stop: strings that end generation; the text is cut before the first one (the client's:
+        the caps, generation.max_stop_strings / max_stop_string_chars, bound these).
+    server_stop: stop strings the server adds for its own reasons (the end of the first tool
+        call, when a request allows one call only): applied as `stop`, but not counted against
+        the caps, which bound what a client sends.
     stop_token_ids: token ids that end generation like the end-of-sequence token (kept in
         the output, finish reason "stop"), besides the model's own EOS ids.
     gamma: γ for this request (None = the engine's; 0 = no speculation).
@@ -122,11 +126,13 @@ class GenerationRequest:
     logprobs: int | None = None
     grammar: GrammarSpec | None = None
     prompt_logprobs: int | None = None
+    server_stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", _int_tuple(self.prompt_token_ids, "prompt_token_ids"))
         object.__setattr__(self, "stop_token_ids", _int_tuple(self.stop_token_ids, "stop_token_ids"))
         object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "server_stop", tuple(self.server_stop))
         if not self.prompt_token_ids:
             raise InvalidRequestError("prompt", "must not be empty")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
@@ -136,10 +142,15 @@ class GenerationRequest:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS):
                 raise InvalidRequestError(name, f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
+        if any(not isinstance(s, str) or not s for s in self.stop_strings):
             raise InvalidRequestError("stop", "stop strings must be non-empty strings")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise InvalidRequestError("grammar", f"must be a GrammarSpec, got {type(self.grammar).__name__}")
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Every stop string that ends this request: the client's, then the server's."""
+        return self.stop + self.server_stop
 
     def check_limits(self, limits: RequestLimits) -> None:
         """Checks that need the server: ids in range, context, caps, proposer loaded."""

@@ -166,7 +166,8 @@ class SpeculativeEngine:
         if seq_id in self._finished or any(s.seq_id == seq_id for s in self.scheduler.active()):
             raise ValueError(f"seq_id {seq_id!r} is already in use")
         eos = () if request.ignore_eos else self.eos_token_ids
-        checker = StopChecker(request.max_new_tokens, (*eos, *request.stop_token_ids), request.stop, self.decode)
+        checker = StopChecker(request.max_new_tokens, (*eos, *request.stop_token_ids), request.stop_strings,
+                              self.decode)
         self.scheduler.waiting.append(Sequence(seq_id=seq_id, request=request, stop_checker=checker,
                                                grammar=self._grammar_row(request)))
         if self.policy is not None:

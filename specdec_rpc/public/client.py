@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.requests.speculation_mode import SpeculationMode
+from specdec_rpc.public.direct_targets import several_addresses
 from specdec_rpc.public.replica_loss import as_unavailable
 from specdec_rpc.v1 import specdec_pb2, specdec_pb2_grpc
 
@@ -114,15 +115,15 @@ def _health_name(status: int) -> str:
 
 def channel_target(target: str) -> tuple[str, list[tuple[str, Any]]]:
     """gRPC's target and channel options for `target`. Several addresses separated by commas (the
-    router replicas' own ports, `serving.ingress: direct`, e.g. "127.0.0.1:40000,127.0.0.1:40001";
-    IP addresses) are dialled as one channel that spreads calls round-robin over those that answer;
-    TLS then checks the certificate against the first address's host."""
+    router replicas' own ports, `serving.ingress: direct`, e.g. "127.0.0.1:40000,127.0.0.1:40001")
+    are dialled as one channel that spreads calls round-robin over those that answer; host names
+    are resolved now, and a list gRPC cannot dial (mixed families, a name that does not resolve)
+    is refused naming its entry (`direct_targets`). TLS then checks the certificate against the
+    first entry's host."""
     if "," not in target:
         return target, CHANNEL_OPTIONS
-    first = target.split(",", 1)[0]
-    scheme = "ipv6:" if first.startswith("[") else "ipv4:"
-    return scheme + target, [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin"),
-                             ("grpc.default_authority", first)]
+    dialled, authority = several_addresses(target)
+    return dialled, [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin"), ("grpc.default_authority", authority)]
 
 
 def open_channel(target: str, tls_ca_file: str | None = None, aio: bool = False) -> Any:

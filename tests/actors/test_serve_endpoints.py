@@ -7,7 +7,7 @@ import os
 import pytest
 
 from actors.app import build_app
-from actors.serve_endpoints import DIRECT_NAMES, export_environment, serve_endpoints
+from actors.serve_endpoints import DIRECT_NAMES, direct_environment, export_environment, serve_endpoints
 from specdec.config.config import load_config
 
 
@@ -72,6 +72,15 @@ def test_joining_a_ray_without_direct_ingress_is_refused_and_a_proxy_app_leaves_
     assert not set(DIRECT_NAMES) & set(os.environ)
 
 
-def test_a_serve_deployment_of_the_builder_refuses_direct_ingress():
-    with pytest.raises(ValueError, match="use ingress proxy"):
+def test_a_serve_deployment_of_the_builder_takes_direct_ingress_only_from_a_ray_started_for_it(monkeypatch):
+    """The builder runs in a Ray process: Ray's environment must hold the config's direct ingress
+    (the Helm chart sets it on the Ray containers; tests/deploy/test_helm_chart_direct.py)."""
+    for name in DIRECT_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="RAY_SERVE_ENABLE_DIRECT_INGRESS.*use ingress proxy"):
         build_app({"serving": {"ingress": "direct"}})
+    for name, value in direct_environment(config(ingress="direct").serving).items():
+        monkeypatch.setenv(name, value)
+    assert build_app({"serving": {"ingress": "direct"}}) is not None
+    with pytest.raises(ValueError, match="RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"):  # Ray's ranges are another's
+        build_app({"serving": {"ingress": "direct", "router_replicas": 2}})

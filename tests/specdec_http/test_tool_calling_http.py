@@ -18,6 +18,7 @@ import openai
 import pytest
 
 import specdec.sampling
+from specdec.requests.request import DEFAULT_CAPS
 from openai_http import post, served_http, sse_lines
 from specdec.serving.chat_template import check_messages, render_chat
 from specdec.serving.tool_parser_hermes import HermesToolParser
@@ -184,3 +185,14 @@ def test_required_with_parallel_tool_calls_false_answers_exactly_one_whole_call(
     [call] = choice.message.tool_calls  # the grammar ends the output after one block (~80 tokens)
     assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
     assert json.loads(call.function.arguments)["unit"] in ("celsius", "fahrenheit")
+
+
+def test_parallel_tool_calls_false_leaves_the_client_every_stop_string_the_server_allows(client):
+    # the server ends a one-call output with a stop string of its own, which the client's
+    # limit (generation.max_stop_strings) does not count
+    stops = [f"@stop{i}@" for i in range(DEFAULT_CAPS.max_stop_strings)]
+    ask = {"model": MODEL, "messages": HISTORY, "tools": [WEATHER], "max_tokens": 12, **SAMPLING}
+    one = client.chat.completions.create(**ask, parallel_tool_calls=False, stop=stops).choices[0]
+    assert one.message.content == client.chat.completions.create(**ask).choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="stop strings exceed the limit"):
+        client.chat.completions.create(**ask, parallel_tool_calls=False, stop=stops + ["@more@"])

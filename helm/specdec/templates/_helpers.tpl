@@ -298,6 +298,25 @@ exec:
   value: {{ printf "/etc/specdec/tls/%s" .keyKey | quote }}
 {{- end }}
 {{- end }}
+{{- if eq (include "specdec.ingress" .) "direct" }}
+{{- $ports := include "specdec.directPorts" . | fromYaml }}
+# serving.ingress direct: Serve's direct ingress, each router replica serving gRPC and HTTP on ports
+# of its own (Ray's processes read these at start; actors/serve_endpoints.py: direct_environment)
+- name: RAY_SERVE_ENABLE_DIRECT_INGRESS
+  value: "1"
+- name: RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT
+  value: {{ index $ports.grpc 0 | int | quote }}
+- name: RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT
+  value: {{ index $ports.grpc 1 | int | quote }}
+- name: RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT
+  value: {{ index $ports.http 0 | int | quote }}
+- name: RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT
+  value: {{ index $ports.http 1 | int | quote }}
+- name: RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S
+  value: "0"
+- name: RAY_SERVE_PORT_QUARANTINE_S
+  value: "0"
+{{- end }}
 {{- if and .Values.ray.gcsFaultTolerance.enabled (not .Values.redis.enabled) .Values.externalRedis.caSecret }}
 - name: RAY_REDIS_CA_CERT
   value: {{ printf "%s/%s" (include "specdec.redisCaDir" .) .Values.externalRedis.caSecretKey | quote }}
@@ -345,6 +364,25 @@ Argument: dict "root" $ "group" <workerGroups entry>.
 {{- if and (not $target.enabled) (gt $targetGpus 0.0) }}
 {{- fail "serving.target_num_gpus > 0 needs workerGroups.target.enabled (the head has num-gpus 0)" }}
 {{- end }}
+{{- end }}
+
+{{/* specdec.config.serving.ingress: "proxy" (the schema's default) or "direct". */}}
+{{- define "specdec.ingress" -}}
+{{- dig "serving" "ingress" "proxy" (.Values.specdec.config | default dict) -}}
+{{- end }}
+
+{{/*
+With serving.ingress direct: the router replicas' gRPC and HTTP port ranges, [first, end) each,
+four ports per replica from serving.direct_port / direct_http_port (the defaults are the config
+schema's; specdec/config/config_rules.py: direct_ports; tests/deploy check they agree).
+*/}}
+{{- define "specdec.directPorts" -}}
+{{- $serving := dig "serving" dict (.Values.specdec.config | default dict) }}
+{{- $count := mul 4 (dig "router_replicas" 1 $serving | int) }}
+{{- $grpc := dig "direct_port" 40000 $serving | int }}
+{{- $http := dig "direct_http_port" 30000 $serving | int }}
+grpc: [{{ $grpc }}, {{ add $grpc $count }}]
+http: [{{ $http }}, {{ add $http $count }}]
 {{- end }}
 
 {{/* The Serve config (ServeDeploySchema) embedded as the RayService's serveConfigV2. */}}

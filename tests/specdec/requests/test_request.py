@@ -68,5 +68,19 @@ def test_a_fitting_request_passes():
     GenerationRequest([1, 2, 3], max_new_tokens=61, gamma=8, proposer="ngram", stop=("a",) * 4).check_limits(LIMITS)
 
 
+def test_the_servers_own_stop_strings_do_not_count_against_the_clients_caps():
+    # the caps bound what a client sends: a server that allows no stop strings (or exactly the
+    # client's) still adds its own, however long
+    caps = {**LIMITS.__dict__, "max_stop_strings": 0, "max_stop_string_chars": 1}
+    GenerationRequest([1, 2], 8, server_stop=("</tool_call>",)).check_limits(RequestLimits(**caps))
+    full = GenerationRequest([1, 2], 8, stop=("a",) * 4, server_stop=("</tool_call>",))
+    full.check_limits(LIMITS)
+    assert full.stop_strings == ("a",) * 4 + ("</tool_call>",)
+    with pytest.raises(ValueError, match="stop: 5 stop strings exceed the limit 4"):
+        GenerationRequest([1, 2], 8, stop=("a",) * 5, server_stop=("</tool_call>",)).check_limits(LIMITS)
+    with pytest.raises(ValueError, match="stop"):
+        GenerationRequest([1, 2], server_stop=("",))
+
+
 def test_the_largest_seed_is_a_uint64():
     assert SamplingParams(temperature=1.0, seed=2**64 - 1).seed == 2**64 - 1

@@ -53,11 +53,12 @@ def test_mixed_batch_of_greedy_and_sampled_requests(draft_engine, prompt_ids, hf
     assert len(sampled.token_ids) == 24
 
 
-def test_stop_string_cuts_the_text(draft_engine, tokenizer, prompt_ids, hf_greedy):
+@pytest.mark.parametrize("field", ["stop", "server_stop"])  # the server's own stop strings end it alike
+def test_stop_string_cuts_the_text(draft_engine, tokenizer, prompt_ids, hf_greedy, field):
     expected = tokenizer.decode(hf_greedy(prompt_ids[0], 48), skip_special_tokens=True)
     stop = expected[10:14]
     assert stop.strip(), "the greedy continuation should have text to stop on"
-    [r] = draft_engine.engine.generate([GenerationRequest(prompt_ids[0], 48, stop=(stop,))])
+    [r] = draft_engine.engine.generate([GenerationRequest(prompt_ids[0], 48, **{field: (stop,)})])
     assert r.finish_reason == "stop"
     assert r.text == expected[: expected.find(stop)]
     assert stop not in r.text

@@ -9,16 +9,19 @@ and the health problems say what the engine does.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from specdec.config.config import load_config
+from specdec.requests.request import DEFAULT_CAPS
 from specdec.wiring.engine_builder import build_served_engine
 from specdec.serving.frontend import Frontend
 from specdec.sampling.sampling_params import SamplingParams
 from specdec.serving.server_status import ServerStatus
 from specdec.serving.serving_errors import AdmissionError, DeadlineExceededError, InvalidRequestError, NotReadyError
 from specdec.serving.text_request import TextRequest
+from specdec.serving.tool_spec import Tool, ToolUse
 
 NUM_SLOTS = 4
 MAX_CONCURRENT = 2
@@ -138,6 +141,23 @@ def test_chat_messages_go_through_the_tokenizers_template(frontend, tokenizer):
     plain = asyncio.run(frontend.generate(TextRequest(prompt=prompt, max_new_tokens=8)))
     assert prompt.endswith("# assistant:\n") and chat.token_ids == plain.token_ids
     assert chat.usage.prompt_tokens == len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def test_the_one_call_stop_string_is_the_servers_not_counted_against_the_clients_limit(frontend):
+    # parallel_tool_calls false ends an output at its first call's end with a stop string of
+    # the server's own: a client may still send as many stop strings as the server allows
+    limit = DEFAULT_CAPS.max_stop_strings
+    stops = tuple(f"@stop{i}@" for i in range(limit))
+    messages = ({"role": "user", "content": "add two numbers"},)
+    one_call = ToolUse((Tool.of("add", "", None, "tools[0]"),), "auto", parallel=False)
+    answer = asyncio.run(frontend.generate(TextRequest(messages=messages, tools=one_call, stop=stops,
+                                                       max_new_tokens=8)))
+    many = dataclasses.replace(one_call, parallel=True)
+    assert answer.text == asyncio.run(frontend.generate(TextRequest(messages=messages, tools=many,
+                                                                    max_new_tokens=8))).text
+    with pytest.raises(ValueError, match=f"stop: {limit + 1} stop strings exceed the limit {limit}"):
+        asyncio.run(frontend.generate(TextRequest(messages=messages, tools=one_call, stop=stops + ("@more@",),
+                                                  max_new_tokens=8)))
 
 
 def test_an_unloaded_frontend_is_not_ready_and_says_why():
