@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specdec.policy.load_monitor import LoadMonitor  # noqa: E402
 from specdec.policy.load_stats import RoundSample  # noqa: E402
 from specdec.policy.round_cost import RoundCostModel  # noqa: E402
-from specdec.policy.speculation_policy import PolicySettings, SpeculationPolicy  # noqa: E402
+from specdec.policy.policy_settings import PolicySettings  # noqa: E402
+from specdec.policy.speculation_policy import SpeculationPolicy  # noqa: E402
 from specdec.proposers.proposer_view import ProposerView  # noqa: E402
 from specdec.requests.request import GenerationRequest  # noqa: E402
 from specdec.requests.sequence import Sequence  # noqa: E402

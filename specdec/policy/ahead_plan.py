@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from specdec.policy.speculation_policy import Decision, RowState
+    from specdec.policy.row_state import RowState
+    from specdec.policy.speculation_policy import Decision
 
 NEWCOMER = -1  # a plan made ahead marks a row it did not plan (one that joined since) with this γ
 

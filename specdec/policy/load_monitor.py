@@ -24,7 +24,9 @@ from specdec.config.config import LoadMonitorConfig
 from specdec.policy.load_stats import LoadSnapshot, RoundSample, StatsWindow
 from specdec.policy.load_store import InProcessLoadStore, LoadStore, SwitchState
 from specdec.policy.policy_status import PolicyStatus
-from specdec.policy.speculation_policy import Crossover, Decision, PolicySettings, RowState, SpeculationPolicy
+from specdec.policy.policy_settings import PolicySettings
+from specdec.policy.row_state import RowState
+from specdec.policy.speculation_policy import Crossover, Decision, SpeculationPolicy
 from specdec.requests.speculation_mode import SpeculationMode
 
 log = logging.getLogger(__name__)

@@ -34,8 +34,8 @@ On top of the plan:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -43,68 +43,12 @@ from specdec.policy.gamma import (crossover_rows, expected_accepted, extend_pref
                                   row_prefix_acceptance, speculation_pays)
 from specdec.policy.load_stats import LoadSnapshot, RoundSample
 from specdec.policy.ahead_plan import taken_ahead
-from specdec.policy.load_switch import LoadSwitch, LoadThresholds
-from specdec.requests.speculation_mode import SpeculationMode, own_gamma
+from specdec.policy.load_switch import LoadSwitch
+from specdec.policy.policy_settings import PolicySettings
+from specdec.policy.row_state import RowState
+from specdec.requests.speculation_mode import own_gamma
 
 ENOUGH_DRAFT_CALLS, ENOUGH_DRAFTED = 8, 64  # a window with fewer needs exploration
-
-
-@dataclass(frozen=True)
-class PolicySettings:
-    gamma_max: int  # largest γ the policy may choose
-    fallback_gamma: int  # γ when measurements are missing or stale
-    stale_after_s: float  # a snapshot older than this is ignored
-    min_gain: float  # the cost model's error band, a fraction (the switch's hysteresis, each round's margin)
-    min_dwell_s: float  # least seconds between two on/off changes of the plan
-    prior_tokens: float = 200.0  # a row's acceptance counts as this many drafted tokens of the cluster's
-    explore_interval_s: float = 5.0  # at most one exploration round per this many seconds (0 = never)
-    explore_gamma: int = 4  # exploration rounds draft 1, 2, … explore_gamma tokens in turn
-    explore_rows: int = 1  # at most this many rows explore in such a round
-    max_round_ratio: float = 0.0  # a planned round takes at most this × the plain round (0 = unbounded)
-    tpot_target_s: float | None = None  # a row's TPOT target when its request sets none (None = no target)
-    thresholds: LoadThresholds | None = None  # an operator's forced load switch (None = follow the plan)
-
-    @classmethod
-    def from_config(cls, config: Any) -> "PolicySettings":
-        """The settings of a load_monitor section: each field from the key of its name (the
-        TPOT target from tpot_target_ms, in seconds)."""
-        derived = ("thresholds", "tpot_target_s")
-        own = {f.name: getattr(config, f.name) for f in fields(cls) if f.name not in derived}
-        target_ms = config.tpot_target_ms
-        return cls(**own, tpot_target_s=None if target_ms is None else target_ms / 1000.0,
-                   thresholds=LoadThresholds.from_config(config))
-
-
-@dataclass(frozen=True)
-class RowState:
-    """What the policy needs to know about one row of the round.
-
-    mode / requested_gamma: the request's speculation settings (None = not set);
-    cap: the most γ it may draft now (budget, context, caps); drafted / accepted: its own
-    counts so far; drafted_per_position[k]: its rounds that offered a (k + 1)-th drafted
-    token (() = unknown: its drafts are taken to lie where the cluster's do); seq_id: names
-    it in logs and previews; prompt_tokens: what the target reads for it this round besides
-    its γ + 1 tokens (its prompt, in its first round);
-    catch_up_tokens: what the proposer would read of its history before drafting for it
-    (all of it the first time, everything decoded plainly since its last draft);
-    remaining_tokens: the most tokens it may still emit (0 = unknown);
-    tpot_target_s: its request's time-per-output-token target, seconds (None = the server's).
-    """
-
-    mode: SpeculationMode  # (a plain "auto" | "on" | "off" compares equal)
-    requested_gamma: int | None
-    cap: int
-    drafted: int = 0
-    accepted: int = 0
-    seq_id: str = ""
-    prompt_tokens: int = 0
-    catch_up_tokens: int = 0
-    remaining_tokens: int = 0
-    drafted_per_position: tuple[int, ...] = ()
-    tpot_target_s: float | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", SpeculationMode.parse(self.mode))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from specdec.policy.ahead_plan import NEWCOMER
-from specdec.policy.speculation_policy import Decision, RoundPolicy, RowState, fixed_plan
+from specdec.policy.row_state import RowState
+from specdec.policy.speculation_policy import Decision, RoundPolicy, fixed_plan
 from specdec.proposers.proposer_view import ProposerView
 from specdec.requests.sequence import Sequence
 

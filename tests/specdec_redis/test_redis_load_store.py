@@ -9,7 +9,9 @@ from specdec.policy.load_monitor import LoadMonitor
 from specdec.policy.load_stats import RoundSample, StatsWindow
 from specdec.policy.load_store import SwitchState
 from specdec.policy.load_switch import LoadThresholds
-from specdec.policy.speculation_policy import PolicySettings, RowState, SpeculationPolicy
+from specdec.policy.policy_settings import PolicySettings
+from specdec.policy.row_state import RowState
+from specdec.policy.speculation_policy import SpeculationPolicy
 
 from specdec_redis.redis_load_store import RedisLoadStore
 

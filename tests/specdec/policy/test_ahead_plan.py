@@ -2,7 +2,8 @@
 γ where it fixes one, and for a row that joined since the γ the plan gave most rows."""
 
 from specdec.policy.ahead_plan import NEWCOMER, taken_ahead
-from specdec.policy.speculation_policy import Decision, RowState
+from specdec.policy.row_state import RowState
+from specdec.policy.speculation_policy import Decision
 
 
 def test_rows_take_the_plans_gamma_within_their_cap_and_newcomers_the_most_common_one():

@@ -422,3 +422,22 @@ def test_a_row_the_waits_put_out_of_every_plans_reach_no_longer_trims_its_neighb
 def test_the_waits_do_not_move_a_plan_without_targets():
     alphas = [0.95, 0.6, 0.3]
     assert plan(alphas, waiting(CHEAP_DRAFTS, 2.0)).gammas == plan(alphas, CHEAP_DRAFTS).gammas
+
+
+def test_one_row_at_its_target_does_not_decide_the_plan_for_the_batch():
+    """Costs like the emulated pair's at time scale 8: γ 1 for all keeps every row's predicted
+    TPOT within 60 ms, the poor row's just (59.2 ms); γ 2 for all streams 6 % more tokens/s
+    and keeps the seven others further within, the poor row just past (62.0 ms). Counted by a
+    hard threshold, the poor row decided the batch's γ (γ 1 for all); each row counted by
+    its chance of landing within (its TPOT scatters around the prediction), the two plans
+    keep as many rows within, and tokens/s decides."""
+    cost = RoundCostModel(verify=(0.060, 0.0004), draft=(0.004, 0.011, 0.0003), overhead_s=0.002)
+    curves = np.stack([geometric(0.7)] * 7 + [geometric(0.45)])
+    plan = plan_gammas(curves, [0] * 8, [8] * 8, cost, tpot_targets_s=[0.060] * 8)
+    assert plan.gammas == (2,) * 8
+    assert plan.tpot_excess > 1.0  # the poor row is predicted just past its target
+    # where the target separates the plans for half the batch, it still decides: four poor rows (α 0.35)
+    # within 65 ms at γ 1 (64 ms), past it at γ 2 (70 ms), which streams the most tokens/s
+    half = np.stack([geometric(0.8)] * 4 + [geometric(0.35)] * 4)
+    assert plan_gammas(half, [0] * 8, [8] * 8, cost).gammas == (2,) * 8
+    assert plan_gammas(half, [0] * 8, [8] * 8, cost, tpot_targets_s=[0.065] * 8).gammas == (1,) * 8

@@ -6,7 +6,9 @@ from specdec.policy.load_monitor import LoadMonitor
 from specdec.policy.load_stats import RoundSample
 from specdec.policy.load_store import InProcessLoadStore
 from specdec.policy.load_switch import LoadThresholds
-from specdec.policy.speculation_policy import PolicySettings, RowState, SpeculationPolicy
+from specdec.policy.policy_settings import PolicySettings
+from specdec.policy.row_state import RowState
+from specdec.policy.speculation_policy import SpeculationPolicy
 
 
 class Clock:

@@ -10,7 +10,9 @@ import pytest
 from specdec.policy.load_stats import LoadSnapshot, RoundSample, StatsWindow
 from specdec.policy.load_switch import LoadThresholds
 from specdec.policy.round_cost import RoundCostModel
-from specdec.policy.speculation_policy import PolicySettings, RowState, SpeculationPolicy, fixed_plan
+from specdec.policy.policy_settings import PolicySettings
+from specdec.policy.row_state import RowState
+from specdec.policy.speculation_policy import SpeculationPolicy, fixed_plan
 
 CHEAP_VERIFY = RoundCostModel(verify=(0.010, 0.0018), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
 HEAVY_VERIFY = RoundCostModel(verify=(0.010, 0.0049), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)

@@ -5,7 +5,8 @@ import time
 from specdec.policy.load_stats import RoundSample
 from specdec.proposers.base import Drafts
 from specdec.requests.request import GenerationRequest
-from specdec.policy.speculation_policy import Decision, RowState
+from specdec.policy.row_state import RowState
+from specdec.policy.speculation_policy import Decision
 
 
 class TogglingPolicy:
