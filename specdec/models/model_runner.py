@@ -183,17 +183,22 @@ class ModelRunner:
         counts = [len(row) for row in token_ids]
         width = max(counts)
         device = self.model.device
-        padded = [row + [0] * (width - len(row)) for row in token_ids] if min(counts) < width else token_ids
-        input_ids = torch.tensor(padded, dtype=torch.long, device=device)  # [B, T]
-        positions = _positions(lengths, width, device)  # [B, T]
-        slots = torch.tensor(slot_ids, dtype=torch.long, device=device)  # [B]
+        if width == 1:  # decode steps: tokens, positions and slots as one tensor (host time per tensor made)
+            input_ids, positions, slots = torch.tensor([[row[0] for row in token_ids], lengths, slot_ids],
+                                                       dtype=torch.long, device=device).unbind()  # each [B]
+            input_ids, positions = input_ids.view(-1, 1), positions.view(-1, 1)  # [B, 1]
+        else:
+            padded = [row + [0] * (width - len(row)) for row in token_ids] if min(counts) < width else token_ids
+            input_ids = torch.tensor(padded, dtype=torch.long, device=device)  # [B, T]
+            positions = _positions(lengths, width, device)  # [B, T]
+            slots = torch.tensor(slot_ids, dtype=torch.long, device=device)  # [B]
         num_tokens = torch.tensor(counts, dtype=torch.long, device=device) if min(counts) < width else None
         kv_len = [start + n for start, n in zip(lengths, counts)]  # each row's: rows read the cache by context
         for slot, n in zip(slot_ids, counts):
             self.cache.prepare(slot, n)  # blocks for the new positions; copies shared ones (copy-on-write)
         hidden = self.model.forward_hidden(input_ids, positions, self.cache, slots, num_tokens, kv_len)
         if last_only and num_tokens is None:  # rows of equal length (decode steps): the last column
-            hidden = hidden[:, -1].contiguous()  # [B, hidden], laid out as the gather below lays it out
+            hidden = hidden.reshape(len(counts), -1) if width == 1 else hidden[:, -1].contiguous()  # [B, hidden]
         elif last_only:
             last = torch.tensor(counts, dtype=torch.long, device=device) - 1  # [B]
             hidden = hidden[torch.arange(len(counts), device=device), last]  # [B, hidden]

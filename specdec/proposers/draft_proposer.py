@@ -260,6 +260,8 @@ class DraftModelProposer(Proposer):
                                           histories=[r.token_ids for r in requests],
                                           num_prompt_tokens=[r.num_prompt_tokens for r in requests])
         logits = self._catch_up(requests, states)  # [n, vocab]
+        if batch.all_greedy and batch.processing is None and all(r.grammar is None for r in requests):
+            return self._greedy_steps(logits, gammas, states), None
         cursors = [None if r.grammar is None else r.grammar.at(r.token_ids) for r in requests]  # copies to walk
         guessed: list[list[int]] = [[] for _ in requests]  # each row's guesses so far
         probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)
@@ -291,6 +293,27 @@ class DraftModelProposer(Proposer):
                 for row, chunk in zip(active, chunks):
                     states[row].cached.extend(chunk)
         return guessed, probs
+
+    def _greedy_steps(self, logits: torch.Tensor, gammas: list[int], states: list[_DraftState]) -> list[list[int]]:
+        """_draft's steps for greedy rows without processing or grammar (the usual batch): each
+        step one argmax and one read of its tokens, fed back; no sub-batch, mask or q to build
+        (the same guesses as the general loop, which reads nothing else for such rows)."""
+        guessed: list[list[int]] = [[] for _ in gammas]
+        active = list(range(len(gammas)))
+        for i in range(max(gammas)):
+            guesses = logits.argmax(dim=-1).tolist()  # [a]
+            for row, guess in zip(active, guesses):
+                guessed[row].append(guess)
+            fed = [k for k, row in enumerate(active) if gammas[row] > i + 1]
+            if not fed:
+                break
+            if len(fed) < len(active):
+                active, guesses = [active[k] for k in fed], [guesses[k] for k in fed]
+            chunks = [[guess] for guess in guesses]
+            logits = self._fit_vocab(self.runner.forward([states[row].slot for row in active], chunks, last_only=True))
+            for row, chunk in zip(active, chunks):
+                states[row].cached.extend(chunk)
+        return guessed
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch, offset: int, need_q: bool):
         """The guesses at history position positions + offset: logits [a, vocab] -> tokens
