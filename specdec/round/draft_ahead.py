@@ -163,10 +163,13 @@ class DraftAhead:
             return Drafts()
         return ahead.drafts.first(gamma)
 
-    def verifies_plainly(self, seq_id: str) -> bool:
+    def verifies_plainly(self, seq: Sequence) -> bool:
         """Whether a row without drafts made ahead verifies without any this round (and is
-        not proposed for): its last look-ahead missed and this step looks ahead again."""
-        plain = self.plain_misses and self._step[0] == LOOK_AHEAD and seq_id in self._missed
+        not proposed for): its last look-ahead missed, this step looks ahead again and the
+        row is still worth a look-ahead (a row gated off by its acceptance would verify one
+        token at a time with nothing drafted meanwhile: it is proposed for instead)."""
+        plain = (self.plain_misses and self._step[0] == LOOK_AHEAD and seq.seq_id in self._missed
+                 and self._worth(seq))
         self.plain_rounds += plain
         return plain
 
@@ -241,6 +244,7 @@ class DraftAhead:
                                 draft_cursor(seq.grammar, len(seq.token_ids)))
                 for seq, request in zip(now, requests)]
         looking = sum(1 for ask in asks if ask.gamma > 0)
+        self._missed.difference_update(ask.seq_id for ask in asks if ask.gamma == 0)  # no look-ahead, no miss
         self.rows_ahead += looking
         self._drafts_ahead = max((ask.gamma for ask in asks), default=0)
         if looking:

@@ -55,7 +55,7 @@ class RoundProposals:
         ahead = self.draft_ahead
         ready = [ahead.take(seq.seq_id, seq.token_ids, g) for seq, g in zip(batch, gammas)]
         missing = [i for i, drafts in enumerate(ready)
-                   if not drafts and gammas[i] > 0 and not ahead.verifies_plainly(batch[i].seq_id)]
+                   if not drafts and gammas[i] > 0 and not ahead.verifies_plainly(batch[i])]
         self.timer.propose_compute_s = 0.0
         if missing or reads:
             fresh = self.propose([batch[i] for i in missing], [gammas[i] for i in missing], reads)

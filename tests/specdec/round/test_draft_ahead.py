@@ -103,6 +103,11 @@ def test_a_look_ahead_is_cut_to_the_rows_gamma_and_used_once():
     assert ahead.take("a", [1, 5], gamma=2) == Drafts()
 
 
+def row(seq_id: str, rounds: int = 3, drafted: int = 0, accepted: int = 0) -> SimpleNamespace:
+    """A row as DraftAhead reads it: its id and its own acceptance so far."""
+    return SimpleNamespace(seq_id=seq_id, stats=SimpleNamespace(rounds=rounds, drafted=drafted, accepted=accepted))
+
+
 def test_a_row_whose_look_ahead_missed_verifies_without_drafts_while_its_step_looks_ahead():
     """Rather than wait for a fresh proposal, the round verifies the missed row plainly (one
     token, the target's) and its next drafts are drafted during that verify; a sequential
@@ -110,17 +115,35 @@ def test_a_row_whose_look_ahead_missed_verifies_without_drafts_while_its_step_lo
     ahead = DraftAhead(way=LOOK_AHEAD)
     request = VerifyRequest("a", [1, 2], [3, 4], SamplingParams())
     ahead.keep(request, VerifyResult("a", [3, 9], 1), [Branch(4, 5, [6, 7])])  # a miss
-    ahead.split([SimpleNamespace(seq_id="a", stats=SimpleNamespace(rounds=3), request=None)], {"a": 0})
-    assert ahead.verifies_plainly("a") and not ahead.verifies_plainly("b")
+    ahead.split([SimpleNamespace(**vars(row("a")), request=None)], {"a": 0})
+    assert ahead.verifies_plainly(row("a")) and not ahead.verifies_plainly(row("b"))
     ahead._step = (SEQUENTIAL, None, None)
-    assert not ahead.verifies_plainly("a"), "a sequential step proposes for it"
+    assert not ahead.verifies_plainly(row("a")), "a sequential step proposes for it"
     ahead._step = (LOOK_AHEAD, None, None)
     ahead.keep(request, VerifyResult("a", [3, 4, 5], 2), [Branch(4, 5, [6, 7])])  # a hit
-    assert not ahead.verifies_plainly("a")
+    assert not ahead.verifies_plainly(row("a"))
     ahead.keep(request, VerifyResult("a", [8], 0), [Branch(4, 5, [6, 7])])
     ahead.forget("a")
-    assert not ahead.verifies_plainly("a") and ahead.plain_rounds == 1
-    assert not DraftAhead(way=LOOK_AHEAD, plain_misses=False).verifies_plainly("a")
+    assert not ahead.verifies_plainly(row("a")) and ahead.plain_rounds == 1
+    assert not DraftAhead(way=LOOK_AHEAD, plain_misses=False).verifies_plainly(row("a"))
+
+
+def test_a_missed_row_that_stops_looking_ahead_is_proposed_for_again():
+    """A row gated off by its acceptance after a miss would verify one token at a time for
+    the rest of its request (no look-ahead ever hits again, so its miss mark stayed): it is
+    proposed for instead, and a step that does not look ahead for it clears its mark."""
+    ahead = DraftAhead(min_acceptance=0.3, way=LOOK_AHEAD)
+    request = VerifyRequest("a", [1, 2], [3, 4], SamplingParams())
+    ahead.keep(request, VerifyResult("a", [3, 9], 1), [Branch(4, 5, [6, 7])])  # a miss
+    ahead._step = (LOOK_AHEAD, None, None)
+    gated = SimpleNamespace(**vars(row("a", rounds=10, drafted=40, accepted=2)), token_ids=[1, 2], grammar=None,
+                            request=SimpleNamespace(sampling=SamplingParams(), proposer=None),
+                            num_prompt_tokens=2, reserve_tokens=8)
+    assert not ahead.verifies_plainly(gated), "not worth a look-ahead: proposed for"
+    assert ahead.verifies_plainly(row("a", rounds=10, drafted=40, accepted=20))
+    asks = ahead.asks([gated], [], [request], {"a": 4})
+    assert [ask.gamma for ask in asks] == [0]
+    assert not ahead.verifies_plainly(row("a", rounds=10, drafted=40, accepted=20)), "no look-ahead: no miss"
 
 
 def test_rows_with_low_acceptance_stop_drafting_ahead():
@@ -146,6 +169,18 @@ def test_a_lone_request_looks_ahead_and_keeps_the_targets_greedy_output(prompt_i
         assert ahead.rejection_hits > 0, "some rounds after a rejection had their drafts ready"
     else:
         assert ahead.rejection_hits == 0
+
+
+def test_a_row_gated_off_after_a_missed_look_ahead_keeps_drafting_and_the_targets_greedy_output(
+        prompt_ids, hf_greedy):
+    """The row is gated off after its first rounds (min_acceptance 0.6): before, a row
+    whose last look-ahead had missed then verified one token per round, without drafts, to
+    its end; now only rounds before the gate verify plainly."""
+    engine = pipelined(way=LOOK_AHEAD, branches=1, min_acceptance=0.6)
+    [result] = engine.generate([GenerationRequest(prompt_ids[0], 48, ignore_eos=True)])
+    assert result.token_ids == hf_greedy(prompt_ids[0], 48)
+    assert engine.draft_ahead.plain_rounds <= 4
+    assert engine.stats.drafted > 2 * engine.stats.rounds, "the gated rounds carry drafts"
 
 
 def test_a_look_ahead_drafts_the_branches_that_hit_and_keeps_the_targets_greedy_output(prompt_ids, hf_greedy):
