@@ -179,8 +179,8 @@ class ServingConfig(StrictModel):
         "proxy", description="How clients reach the router replicas. proxy: through Ray Serve's gRPC and HTTP "
         "proxies only (serving.port, serving.http_port). direct: also each router replica's own gRPC and HTTP "
         "ports (Ray Serve's direct ingress: no proxy process on a stream's path), bound to serving.host, with TLS "
-        "and tokens as on the proxy; the proxies keep serving beside them. `specdec serve` only (Ray must start "
-        "with it), not the Helm chart.",
+        "and tokens as on the proxy; the proxies keep serving beside them. Ray must start with it: `specdec serve` "
+        "starts it so, the Helm chart sets it on every Ray pod.",
     )
     direct_port: int = Field(
         40000, ge=1, le=65535, description="With ingress direct: the first of the router replicas' direct gRPC "
