@@ -13,7 +13,7 @@ prompts), not to the moment's load, as a round's cost does. Over a load window o
 seconds at light load it is one or two requests' α: one hard prompt can make the plan
 switch speculation off, and while it is off the window holds too few drafts to measure α
 again, so the policy would go on planning with that one request's α. A request's own α still
-moves its own γ at once (`specdec.policy.gamma.row_prefix_acceptance`).
+moves its own γ at once (`specdec.policy.prefix_acceptance.row_prefix_acceptance`).
 """
 
 from __future__ import annotations

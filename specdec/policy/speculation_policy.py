@@ -39,8 +39,8 @@ from typing import Protocol
 
 import numpy as np
 
-from specdec.policy.gamma import (crossover_rows, expected_accepted, extend_prefix_acceptance, plan_gammas,
-                                  row_prefix_acceptance, speculation_pays)
+from specdec.policy.gamma import crossover_rows, plan_gammas, speculation_pays
+from specdec.policy.prefix_acceptance import expected_accepted, extend_prefix_acceptance, row_prefix_acceptance
 from specdec.policy.load_stats import LoadSnapshot, RoundSample
 from specdec.policy.ahead_plan import taken_ahead
 from specdec.policy.load_switch import LoadSwitch

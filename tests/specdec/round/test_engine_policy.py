@@ -3,6 +3,7 @@
 import time
 
 from specdec.policy.load_stats import RoundSample
+from specdec.policy.round_cost import RoundCostModel
 from specdec.proposers.base import Drafts
 from specdec.requests.request import GenerationRequest
 from specdec.policy.row_state import RowState
@@ -115,7 +116,7 @@ def test_a_failing_policy_costs_the_round_its_plan_not_the_requests(make_engine,
 
 
 class PoorProposer:
-    """Drafts tokens the target almost never picks, slowly (like an untrained draft)."""
+    """Drafts tokens the target almost never picks (like an untrained draft)."""
 
     names, has_probs, unavailable_reason = ("draft",), False, None
 
@@ -126,10 +127,6 @@ class PoorProposer:
         return None
 
     def propose(self, requests):
-        import time
-
-        width = max(r.gamma for r in requests)
-        time.sleep(0.002 * width)
         ids = [[(r.token_ids[-1] * 7 + 13 + k) % 50 for k in range(r.gamma)] for r in requests]
         self.drafted += sum(len(i) for i in ids)
         return [Drafts(i) for i in ids]
@@ -138,18 +135,52 @@ class PoorProposer:
         pass
 
 
+# an accelerator's round: a memory-bound target forward (~20 ms whatever the batch) and a
+# draft step of a small model beside it; what the policy prices rounds by in the test below
+DEVICE = RoundCostModel(verify=(0.020, 0.0001, 0.0001, 0.00005, 0.0), draft=(0.0005, 0.003, 0.0001, 0.00002))
+
+
+class DeviceTimedRounds:
+    """The engine's LoadMonitor, told each round's seconds as `device` prices the round's
+    shape, on a clock that runs by those seconds: the monitor prices rounds (and paces its
+    ticks and explorations) by measured wall time, and on the test machine's CPU the bundled
+    pair's speculation gain is small enough that a loaded CPU tips the measured costs
+    either way. What it plans is then the policy's answer to acceptance alone."""
+
+    def __init__(self, monitor, device: RoundCostModel):
+        self.monitor, self.device, self.now = monitor, device, 0.0
+        monitor.clock = lambda: self.now
+
+    def record(self, sample: RoundSample) -> None:
+        from dataclasses import replace
+
+        shape = sample.shape
+        verify_s = self.device.verify_s(shape.rows, shape.drafted, shape.prompt_tokens)
+        draft_s = self.device.draft_s(shape.draft_rows, shape.steps, shape.catch_up)
+        round_s = verify_s + draft_s + self.device.overhead_s
+        self.now += round_s  # every row in the round waited it since its last emission
+        self.monitor.record(replace(sample, verify_seconds=verify_s, draft_seconds=draft_s, round_seconds=round_s,
+                                    waited_seconds=sample.waited_rows * round_s))
+
+    def __getattr__(self, name):  # plan, plan_ahead, set_load, on_arrival: the monitor's own
+        return getattr(self.monitor, name)
+
+
 def test_the_in_process_engine_plans_gamma_by_goodput_by_default(make_engine, prompt_ids, hf_greedy):
     """With a poor proposer the policy mostly decodes plainly (exploring now and then); with
-    the bundled draft it speculates. Either way the output is the target's."""
+    the bundled draft it speculates. Either way the output is the target's. Both run on the
+    same emulated device's round costs (`DeviceTimedRounds`): acceptance makes the difference."""
     from specdec.policy.load_monitor import LoadMonitor
 
     poor = make_engine("draft", gamma=4, load_monitor={"enabled": True})
     assert isinstance(poor.engine.policy, LoadMonitor)
     poor.engine.proposer = PoorProposer()
+    poor.engine.policy = DeviceTimedRounds(poor.engine.policy, DEVICE)
     [r] = poor.engine.generate([GenerationRequest(prompt_ids[0], 96, ignore_eos=True)])
     assert r.token_ids == hf_greedy(prompt_ids[0], 96)
     assert r.stats.drafted < 0.25 * 4 * r.stats.rounds, "mostly plain rounds"
     good = make_engine("draft", gamma=4, load_monitor={"enabled": True})
+    good.engine.policy = DeviceTimedRounds(good.engine.policy, DEVICE)
     [g] = good.engine.generate([GenerationRequest(prompt_ids[0], 96, ignore_eos=True)])
     assert g.token_ids == r.token_ids and g.stats.mean_accepted_length > 1.5
 
