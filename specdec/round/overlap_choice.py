@@ -31,10 +31,7 @@ of each way:
   of the others runs a block after each block of the kept way; once none can (settled), every
   `explore_every` blocks, and each time such a block confirms the kept way the wait doubles
   (at most `MOST_BACKOFF` times `explore_every`); it starts over when the kept way changes;
-* a block of a way other than the kept one lasts a third of `block_rounds`; the first round
-  after a change of way is not counted (it carries the other way's state: a look-ahead step
-  after sequential ones has nothing drafted ahead, a sequential step after look-aheads may
-  find its drafts made ahead), which in blocks this short would bias each pair;
+* a block of a way other than the kept one lasts a third of `block_rounds`;
 * each way's rate (reported, and what other kinds presume) is an exponentially weighted mean
   over its blocks (`weight` for the newest); older pairs count `PAIR_KEEP` less at each new
   one, so the choice follows the host and the requests as they change.
@@ -52,30 +49,27 @@ from dataclasses import dataclass, field
 
 SEQUENTIAL, LOOK_AHEAD, MICRO_BATCHES = "sequential", "look-ahead", "micro-batches"
 MOST_BACKOFF = 8  # the longest wait between two explorations, in units of explore_every
-CONFIDENCE = 2.0  # standard errors by which a way must lead the kept one to take over (or to be ruled out)
+CONFIDENCE = 1.5  # standard errors by which a way must lead the kept one to take over (or to be ruled out)
 PAIR_KEEP = 0.9  # an older pair's weight relative to the next one
-MIN_PAIRS = 4  # a spread of fewer pairs is no measure of the noise: no way is clearly faster before
-UNDECIDED_EVERY = 2  # while undecided, another way runs a block after this many blocks of the kept way
+UNDECIDED_KEPT = 2  # while undecided, a block of the kept way lasts this many exploration blocks
 
 
 @dataclass
 class Pairs:
     """A way's pairs against the kept way: the weighted mean of log(its rate / the kept way's)
-    and that mean's standard error (infinite before MIN_PAIRS pairs)."""
+    and that mean's standard error (infinite before a second pair)."""
 
     count: float = 0.0
     total: float = 0.0
     squares: float = 0.0
-    pairs: int = 0
 
     def add(self, log_ratio: float) -> None:
-        self.pairs += 1
         self.count = PAIR_KEEP * self.count + 1
         self.total = PAIR_KEEP * self.total + log_ratio
         self.squares = PAIR_KEEP * self.squares + log_ratio * log_ratio
 
     def negated(self) -> Pairs:
-        return Pairs(self.count, -self.total, self.squares, self.pairs)
+        return Pairs(self.count, -self.total, self.squares)
 
     @property
     def mean(self) -> float:
@@ -83,7 +77,7 @@ class Pairs:
 
     @property
     def error(self) -> float:
-        if self.pairs < MIN_PAIRS:
+        if self.count <= 1:
             return math.inf
         spread = max(0.0, self.squares - self.count * self.mean ** 2) / (self.count - 1)
         return math.sqrt(spread / self.count)
@@ -121,7 +115,7 @@ class OverlapChoice:
     _explore_gap: int = 0  # blocks between two explorations now (explore_every, doubling)
     _explored: int = 0  # explorations so far (which slower way is next)
     _kept: str = ""  # the way believed fastest (the first to try until measured)
-    _changed: bool = False  # this block's way differs from the last one's
+    _decided: bool = True  # False while another way could plausibly beat the kept one (shorter kept blocks)
 
     def __post_init__(self) -> None:
         if self.block_rounds < 1 or self.explore_every < 1 or not 0 < self.weight <= 1 or not self.ways \
@@ -146,8 +140,9 @@ class OverlapChoice:
     @property
     def rounds_left(self) -> int:
         """Rounds until this block ends."""
-        length = self.block_rounds if self.way == self._kept else self._explore_length
-        return length - self._rounds
+        if self.way != self._kept:
+            return self._explore_length - self._rounds
+        return (self.block_rounds if self._decided else UNDECIDED_KEPT * self._explore_length) - self._rounds
 
     def ratio(self, way: str) -> float | None:
         """The way's measured rate over sequential rounds' (None until both are measured)."""
@@ -156,7 +151,7 @@ class OverlapChoice:
 
     def record(self, tokens: int, seconds: float) -> bool:
         """One round run this block's way emitted `tokens` in `seconds`. -> whether a block ended."""
-        if seconds > 0 and not (self._rounds == 0 and self._changed):  # not a change of way's first round
+        if seconds > 0:
             self._block.append((tokens, seconds))
             if self.way == self._kept:
                 self._kept_round(tokens, seconds)
@@ -188,8 +183,7 @@ class OverlapChoice:
                 self._before.clear()
         self._block, self._rounds = [], 0
         chosen = self._next_way()
-        self._changed = chosen != self.way
-        self.changes += self._changed
+        self.changes += chosen != self.way
         self.way = chosen
 
     def _to_measure(self) -> list[str]:
@@ -220,11 +214,13 @@ class OverlapChoice:
         """`way` becomes the kept way: the old one's pairs against it are the negated ones."""
         self.pairs = {self._kept: self.pairs[way].negated()}
         self._kept, self._explore_gap, self._blocks_since_explore = way, self.explore_every, 0
+        self._decided = False
         self._before.clear()
         self._pending = None
 
     def _next_way(self) -> str:
         if self.way != self._kept:  # an exploration ended: its pair completes in the kept way's next rounds
+            self._decided = self._settled()
             return self._kept
         faster = self._faster()
         if faster is not None:
@@ -234,8 +230,8 @@ class OverlapChoice:
         if unmeasured:
             return unmeasured[0]
         self._blocks_since_explore += 1
-        settled = self._settled()
-        if self._blocks_since_explore < (self._explore_gap if settled else UNDECIDED_EVERY):
+        settled = self._decided = self._settled()
+        if self._blocks_since_explore < (self._explore_gap if settled else 1):
             return self._kept
         if settled and self._explored:
             self._explore_gap = min(2 * self._explore_gap, MOST_BACKOFF * self.explore_every)
