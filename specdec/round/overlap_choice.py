@@ -34,7 +34,7 @@ of each way:
   are noisy enough that a way 15-20 % apart takes several explorations to be clear: the first
   way is the prior (a lone row's look-ahead, several rows' sequential rounds), so a noisy
   block never flips it, and leaving it where it is wrong takes longer than a block rule did;
-* a block of a way other than the kept one lasts a third of `block_rounds`; the first round
+* a block of a way other than the kept one lasts a third of `block_rounds` (at least 2 rounds); the first round
   after a change of way is not counted (it carries the other way's state: a look-ahead step
   after sequential ones has nothing drafted ahead, a sequential step after look-aheads may
   find its drafts made ahead), which in blocks this short would bias each pair;
@@ -143,7 +143,7 @@ class OverlapChoice:
 
     @property
     def _explore_length(self) -> int:
-        return max(1, self.block_rounds // 3)
+        return max(2, self.block_rounds // 3)  # its first round is not counted
 
     @property
     def rounds_left(self) -> int:
