@@ -20,15 +20,27 @@ of each way:
   the nearest number of rows) says it is slower by more than `margin`: measuring a slower
   way costs the rounds it runs, and a short run of a new kind of step would pay mostly for
   that. A way presumed faster by more than `margin` runs first;
-* then the fastest is kept; another way takes over only when its rate beats the kept one's
-  by more than `margin` (one noisy block does not flip the choice);
-* every `explore_every` blocks one of the others (in turn) runs a block again, so the choice
-  follows the host and the requests as they change; each time such a block confirms the
-  kept way, the wait until the next one doubles (at most `MOST_BACKOFF` times
-  `explore_every`), and it starts over when the kept way changes;
-* a block of a way other than the kept one (at first: the first one) lasts a third of
-  `block_rounds`;
-* each way's rate is an exponentially weighted mean over its blocks (`weight` for the newest).
+* a way is judged against the kept one (at first: the first way) in *pairs*: its block
+  against the kept way's rounds just before and just after it (as many as the block has),
+  so that both see the same requests and the same host (a request's text moves a way's
+  rate by a third: comparing blocks far apart mostly compares requests). Each pair gives
+  log(its rate / the kept way's); another way takes over only when the mean over its pairs
+  beats the kept way by more than `margin` plus `CONFIDENCE` standard errors, after at least
+  `MIN_PAIRS` pairs (one noisy pair does not flip the choice);
+* the others run a block again every `explore_every` blocks of the kept way; once none could
+  plausibly beat it by the margin (settled: its pairs' mean plus `CONFIDENCE` standard errors
+  stays below it), each such block that confirms the kept way doubles the wait (at most
+  `MOST_BACKOFF` times `explore_every`); it starts over when the kept way changes. The pairs
+  are noisy enough that a way 15-20 % apart takes several explorations to be clear: the first
+  way is the prior (a lone row's look-ahead, several rows' sequential rounds), so a noisy
+  block never flips it, and leaving it where it is wrong takes longer than a block rule did;
+* a block of a way other than the kept one lasts a third of `block_rounds` (at least 2 rounds); the first round
+  after a change of way is not counted (it carries the other way's state: a look-ahead step
+  after sequential ones has nothing drafted ahead, a sequential step after look-aheads may
+  find its drafts made ahead), which in blocks this short would bias each pair;
+* each way's rate (reported, and what other kinds presume) is an exponentially weighted mean
+  over its blocks (`weight` for the newest); older pairs count `PAIR_KEEP` less at each new
+  one, so the choice follows the host and the requests as they change.
 
 `DraftAhead` keeps one choice per kind of step (how many rows, greedy or sampled) and shares
 the measured ratios between the kinds of several rows. Which way a round runs never changes
@@ -37,19 +49,61 @@ what is emitted (every way is exact), only how fast.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, field
 
 SEQUENTIAL, LOOK_AHEAD, MICRO_BATCHES = "sequential", "look-ahead", "micro-batches"
 MOST_BACKOFF = 8  # the longest wait between two explorations, in units of explore_every
+CONFIDENCE = 2.0  # standard errors by which a way must lead the kept one to take over (or to be ruled out)
+PAIR_KEEP = 0.9  # an older pair's weight relative to the next one
+MIN_PAIRS = 4  # a spread of fewer pairs is no measure of the noise: no way is clearly faster before
+
+
+@dataclass
+class Pairs:
+    """A way's pairs against the kept way: the weighted mean of log(its rate / the kept way's)
+    and that mean's standard error (infinite before MIN_PAIRS pairs)."""
+
+    count: float = 0.0
+    total: float = 0.0
+    squares: float = 0.0
+    pairs: int = 0
+
+    def add(self, log_ratio: float) -> None:
+        self.pairs += 1
+        self.count = PAIR_KEEP * self.count + 1
+        self.total = PAIR_KEEP * self.total + log_ratio
+        self.squares = PAIR_KEEP * self.squares + log_ratio * log_ratio
+
+    def negated(self) -> Pairs:
+        return Pairs(self.count, -self.total, self.squares, self.pairs)
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    @property
+    def error(self) -> float:
+        if self.pairs < MIN_PAIRS:
+            return math.inf
+        spread = max(0.0, self.squares - self.count * self.mean ** 2) / (self.count - 1)
+        return math.sqrt(spread / self.count)
+
+
+def _rate(rounds) -> float | None:
+    seconds = sum(s for _, s in rounds)
+    return sum(t for t, _ in rounds) / seconds if seconds > 0 else None
 
 
 @dataclass
 class OverlapChoice:
-    """ways: the ways to choose from, the one to try first first; block_rounds: rounds per
-    block; explore_every: every this many blocks a slower way runs one block again;
-    weight: share of the newest block in a way's rate; presumed: way -> its rate over
-    sequential rounds as measured for other kinds of step (None: unknown); margin: how much
-    faster a way must be (measured, or presumed) to take over or to be tried first."""
+    """ways: the ways to choose from, the one to keep until another is clearly faster first;
+    block_rounds: rounds per block of the kept way; explore_every: once settled, every this
+    many blocks a slower way runs one block again; weight: share of the newest block in a
+    way's rate; presumed: way -> its rate over sequential rounds as measured for other kinds
+    of step (None: unknown); margin: how much faster a way must be (measured, or presumed) to
+    take over or to be tried first."""
 
     ways: tuple[str, ...] = (LOOK_AHEAD, SEQUENTIAL)
     block_rounds: int = 24
@@ -59,15 +113,17 @@ class OverlapChoice:
     margin: float = 0.03
     way: str = ""  # this block's way (the first to try until measured)
     rates: dict[str, float | None] = field(default_factory=dict)  # way -> emitted tokens/s
+    pairs: dict[str, Pairs] = field(default_factory=dict)  # way -> its pairs against the kept way
     changes: int = 0  # times the chosen way changed
-    _tokens: int = 0
-    _seconds: float = 0.0
+    _block: list = field(default_factory=list)  # this block's rounds: (tokens, seconds)
     _rounds: int = 0
+    _before: deque = field(default_factory=deque)  # the kept way's latest rounds
+    _pending: tuple | None = None  # (way, its block's rate, the kept rounds before it, after it)
     _blocks_since_explore: int = 0
     _explore_gap: int = 0  # blocks between two explorations now (explore_every, doubling)
     _explored: int = 0  # explorations so far (which slower way is next)
-    _exploring: bool = False  # this block re-measures a slower way
     _kept: str = ""  # the way believed fastest (the first to try until measured)
+    _changed: bool = False  # this block's way differs from the last one's
 
     def __post_init__(self) -> None:
         if self.block_rounds < 1 or self.explore_every < 1 or not 0 < self.weight <= 1 or not self.ways \
@@ -79,15 +135,20 @@ class OverlapChoice:
         self._kept = self._kept or self.way
         self._explore_gap = self._explore_gap or self.explore_every
         self.rates = {way: self.rates.get(way) for way in self.ways}
+        self._before = deque(maxlen=self._explore_length)
 
     @property
     def looks_ahead(self) -> bool:
         return self.way == LOOK_AHEAD
 
     @property
+    def _explore_length(self) -> int:
+        return max(2, self.block_rounds // 3)  # its first round is not counted
+
+    @property
     def rounds_left(self) -> int:
         """Rounds until this block ends."""
-        length = self.block_rounds if self.way == self._kept else max(1, self.block_rounds // 3)
+        length = self.block_rounds if self.way == self._kept else self._explore_length
         return length - self._rounds
 
     def ratio(self, way: str) -> float | None:
@@ -97,57 +158,90 @@ class OverlapChoice:
 
     def record(self, tokens: int, seconds: float) -> bool:
         """One round run this block's way emitted `tokens` in `seconds`. -> whether a block ended."""
-        self._tokens += tokens
-        self._seconds += max(0.0, seconds)
+        if seconds > 0 and not (self._rounds == 0 and self._changed):  # not a change of way's first round
+            self._block.append((tokens, seconds))
+            if self.way == self._kept:
+                self._kept_round(tokens, seconds)
         self._rounds += 1
         if self.rounds_left > 0:
             return False
         self._end_block()
         return True
 
+    def _kept_round(self, tokens: int, seconds: float) -> None:
+        """A round of the kept way: the latest before the next exploration, or after the last one."""
+        self._before.append((tokens, seconds))
+        if self._pending is None:
+            return
+        way, rate, before, after = self._pending
+        after.append((tokens, seconds))
+        if len(after) >= self._explore_length:
+            kept = _rate(before + after)
+            self.pairs.setdefault(way, Pairs()).add(math.log(rate / kept))
+            self._pending = None
+
     def _end_block(self) -> None:
-        if self._seconds > 0:
-            rate = self._tokens / self._seconds
+        rate = _rate(self._block)
+        if rate is not None:
             before = self.rates[self.way]
             self.rates[self.way] = rate if before is None else self.weight * rate + (1 - self.weight) * before
-        self._tokens, self._seconds, self._rounds = 0, 0.0, 0
+            if self.way != self._kept:
+                self._pending = (self.way, rate, list(self._before), [])
+                self._before.clear()
+        self._block, self._rounds = [], 0
         chosen = self._next_way()
-        self.changes += chosen != self.way
+        self._changed = chosen != self.way
+        self.changes += self._changed
         self.way = chosen
 
     def _to_measure(self) -> list[str]:
         """Ways never measured and not presumed slower than sequential rounds (by the margin)."""
-        return [way for way in self.ways if self.rates[way] is None
+        return [way for way in self.ways if self.rates[way] is None and way != self._kept
                 and (self.presumed[way] is None or self.presumed[way] >= 1 - self.margin or way == SEQUENTIAL)]
 
-    def _best(self) -> str:
-        """The kept way, unless a measured one beats it by more than the margin."""
-        measured = [way for way in self.ways if self.rates[way] is not None]
-        fastest = max(measured, key=lambda way: self.rates[way])
-        kept = self.rates.get(self._kept)
-        if kept is not None and self.rates[fastest] <= kept * (1 + self.margin):
-            return self._kept
-        return fastest
+    def _faster(self) -> str | None:
+        """A way whose pairs say it is clearly faster than the kept one by the margin (the best such)."""
+        bar = math.log(1 + self.margin)
+        clear = [way for way, p in self.pairs.items() if p.mean - CONFIDENCE * p.error > bar]
+        return max(clear, key=lambda way: self.pairs[way].mean, default=None)
+
+    def _ruled_out(self, way: str) -> bool:
+        """Whether the way's pairs say it cannot plausibly beat the kept one by the margin."""
+        pairs = self.pairs.get(way)
+        return pairs is not None and pairs.mean + CONFIDENCE * pairs.error < math.log(1 + self.margin)
+
+    def _undecided(self) -> list[str]:
+        """The measured ways that could still plausibly beat the kept one by the margin."""
+        return [way for way in self.ways if way != self._kept and self.rates[way] is not None
+                and not self._ruled_out(way)]
+
+    def _settled(self) -> bool:
+        return not self._undecided()
+
+    def _take_over(self, way: str) -> None:
+        """`way` becomes the kept way: the old one's pairs against it are the negated ones."""
+        self.pairs = {self._kept: self.pairs[way].negated()}
+        self._kept, self._explore_gap, self._blocks_since_explore = way, self.explore_every, 0
+        self._before.clear()
+        self._pending = None
 
     def _next_way(self) -> str:
+        if self.way != self._kept:  # an exploration ended: its pair completes in the kept way's next rounds
+            return self._kept
+        faster = self._faster()
+        if faster is not None:
+            self._take_over(faster)
+            return faster
         unmeasured = self._to_measure()
         if unmeasured:
             return unmeasured[0]
-        explored, self._exploring = self._exploring, False
-        best = self._best()
-        if best != self._kept:  # another way took over: explore at the first pace again
-            self._kept, self._explore_gap, self._blocks_since_explore = best, self.explore_every, 0
-            return best
-        if self.way != best:  # a block of another way (first measured, or explored) confirmed the kept way
-            self._blocks_since_explore = 0
-            if explored:
-                self._explore_gap = min(2 * self._explore_gap, MOST_BACKOFF * self.explore_every)
-            return best
         self._blocks_since_explore += 1
-        if self._blocks_since_explore < self._explore_gap:
-            return best
+        settled = self._settled()
+        if self._blocks_since_explore < (self._explore_gap if settled else self.explore_every):
+            return self._kept
+        if settled and self._explored:
+            self._explore_gap = min(2 * self._explore_gap, MOST_BACKOFF * self.explore_every)
         self._blocks_since_explore = 0
-        slower = [way for way in self.ways if way != best]
+        slower = [way for way in self.ways if way != self._kept] if settled else self._undecided()
         self._explored += 1
-        self._exploring = bool(slower)
-        return slower[(self._explored - 1) % len(slower)] if slower else best
+        return slower[(self._explored - 1) % len(slower)] if slower else self._kept
