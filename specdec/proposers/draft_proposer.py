@@ -284,14 +284,10 @@ class DraftModelProposer(Proposer):
                 guessed[row].append(guess)
                 if cursors[row] is not None:
                     cursors[row].accept(guess)
-            fed = [k for k, row in enumerate(active) if gammas[row] > i + 1]
-            if fed:
-                active = [active[k] for k in fed]
-                slots = [states[row].slot for row in active]
-                chunks = [[guesses[k]] for k in fed]
-                logits = self._fit_vocab(self.runner.forward(slots, chunks, last_only=True))
-                for row, chunk in zip(active, chunks):
-                    states[row].cached.extend(chunk)
+            fed = self._feed(active, guesses, gammas, i, states)
+            if fed is None:
+                break
+            active, logits = fed
         return guessed, probs
 
     def _greedy_steps(self, logits: torch.Tensor, gammas: list[int], states: list[_DraftState]) -> list[list[int]]:
@@ -304,16 +300,26 @@ class DraftModelProposer(Proposer):
             guesses = logits.argmax(dim=-1).tolist()  # [a]
             for row, guess in zip(active, guesses):
                 guessed[row].append(guess)
-            fed = [k for k, row in enumerate(active) if gammas[row] > i + 1]
-            if not fed:
+            fed = self._feed(active, guesses, gammas, i, states)
+            if fed is None:
                 break
-            if len(fed) < len(active):
-                active, guesses = [active[k] for k in fed], [guesses[k] for k in fed]
-            chunks = [[guess] for guess in guesses]
-            logits = self._fit_vocab(self.runner.forward([states[row].slot for row in active], chunks, last_only=True))
-            for row, chunk in zip(active, chunks):
-                states[row].cached.extend(chunk)
+            active, logits = fed
         return guessed
+
+    def _feed(self, active: list[int], guesses: list[int], gammas: list[int], step: int,
+              states: list[_DraftState]) -> tuple[list[int], torch.Tensor] | None:
+        """Feed step `step`'s guesses of the rows that draft past it (guesses[k]: row active[k]'s)
+        through the draft: -> those rows and their next logits [a, vocab]; None when no row
+        drafts on (the steps end)."""
+        fed = [k for k, row in enumerate(active) if gammas[row] > step + 1]
+        if not fed:
+            return None
+        rows = [active[k] for k in fed]
+        chunks = [[guesses[k]] for k in fed]
+        logits = self._fit_vocab(self.runner.forward([states[row].slot for row in rows], chunks, last_only=True))
+        for row, chunk in zip(rows, chunks):
+            states[row].cached.extend(chunk)
+        return rows, logits
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch, offset: int, need_q: bool):
         """The guesses at history position positions + offset: logits [a, vocab] -> tokens
