@@ -23,7 +23,7 @@ of each way:
 * a way is judged against the kept one (at first: the first way) in *pairs*: its block
   against the kept way's rounds just before and just after it (as many as the block has),
   so that both see the same requests and the same host (a request's text moves a way's
-  rate by a third: comparing blocks far apart mostly compares requests). Each pair gives
+  rate: comparing blocks far apart mostly compares requests; docs/drafting_ahead.md). Each pair gives
   log(its rate / the kept way's); another way takes over only when the mean over its pairs
   beats the kept way by more than `margin` plus `CONFIDENCE` standard errors, after at least
   `MIN_PAIRS` pairs (one noisy pair does not flip the choice);
@@ -31,7 +31,7 @@ of each way:
   plausibly beat it by the margin (settled: its pairs' mean plus `CONFIDENCE` standard errors
   stays below it), each such block that confirms the kept way doubles the wait (at most
   `MOST_BACKOFF` times `explore_every`); it starts over when the kept way changes. The pairs
-  are noisy enough that a way 15-20 % apart takes several explorations to be clear: the first
+  are noisy enough that a way well ahead takes several explorations to be clear: the first
   way is the prior (a lone row's look-ahead, several rows' sequential rounds), so a noisy
   block never flips it, and leaving it where it is wrong takes longer than a block rule did;
 * a block of a way other than the kept one lasts a third of `block_rounds` (at least 2 rounds); the first round
