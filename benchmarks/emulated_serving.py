@@ -75,12 +75,19 @@ def prompts_for(prompts: list[str], streams: int) -> list[str]:
 
 
 def emulated_overrides(profile: str, time_scale: float, streams: int) -> dict:
-    """Config overrides that serve `profile`'s emulated pair for up to `streams` concurrent requests."""
+    """Config overrides that serve `profile`'s emulated pair for up to `streams` concurrent requests,
+    the served target sharded over as many ranks as the profile was fitted at (the in-process
+    engine runs the whole group as one device)."""
+    from specdec.models.emulated_profile import load_profile
+
+    ranks = load_profile(profile).target.tensor_parallel_size
     return {
         "models": {"target": f"emulated:{profile}:target", "draft": f"emulated:{profile}:draft",
                    "device_time_scale": time_scale},
         "cache": {"num_slots": streams + 8, "max_seq_len": 1024},  # + free draft slots for look-ahead branches
-        "serving": {"max_concurrent_requests": max(streams, 64), "ingress": "direct"},  # both paths, side by side
+        # both paths, side by side; an emulated rank waits out its device time, so the ranks share a CPU
+        "serving": {"max_concurrent_requests": max(streams, 64), "ingress": "direct",
+                    "tensor_parallel_size": ranks, "target_num_cpus": 1.0 / ranks},
     }
 
 
