@@ -17,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 
 from specdec.proposers import proposer_registry as registry
 from specdec.requests.speculation_mode import SpeculationMode
-from specdec_rpc.public.client import SpecdecClient, channel_target
+from specdec_rpc.public.client import SpecdecClient, check_target
 
 
 TOKEN_ENV = "SPECDEC_API_TOKEN"
@@ -152,16 +152,22 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def server_target(text: str) -> str:
-    """--server as given, once it can be dialled (a list: every entry resolves, one family)."""
+    """--server as given, once it can be read (a list: every entry HOST:PORT, its IP addresses
+    of one family). Its names are resolved once, when the client connects (`_connect`)."""
     try:
-        channel_target(text)
+        check_target(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
 def _connect(args: argparse.Namespace) -> SpecdecClient:
-    return SpecdecClient(args.server, timeout_s=args.timeout, token=args.token, tls_ca_file=args.tls_ca)
+    """The client of --server; a list whose name does not resolve (or has no address of the
+    list's family) is bad input naming the entry (exit 2, as argparse's refusals)."""
+    try:
+        return SpecdecClient(args.server, timeout_s=args.timeout, token=args.token, tls_ca_file=args.tls_ca)
+    except ValueError as exc:
+        raise ValueError(f"argument --server: {exc}") from None
 
 
 def _fields(args: argparse.Namespace) -> dict[str, Any]:
