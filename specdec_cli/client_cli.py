@@ -144,11 +144,23 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default="127.0.0.1:50051", type=server_target,
                         help="HOST:PORT of the server (default 127.0.0.1:50051), or several comma-separated "
                              "(the router replicas' own ports, serving.ingress: direct)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="deadline of the call in seconds")
+    parser.add_argument("--timeout", type=seconds, default=60.0, help="deadline of the call in seconds")
     parser.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
                         help=f"bearer token, when the server requires one (default: env {TOKEN_ENV})")
     parser.add_argument("--tls-ca", default=None, metavar="PEM",
                         help="connect over TLS trusting this CA certificate ('' = the system's roots)")
+
+
+def seconds(text: str, zero: bool = False) -> float:
+    """A number of seconds > 0 (>= 0 with zero): argparse's type, anything else a usage error
+    naming it (a 0 deadline would fail every call at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (value >= 0 if zero else value > 0):
+        raise argparse.ArgumentTypeError(f"must be {'>=' if zero else '>'} 0 seconds, got {text}")
+    return value
 
 
 def server_target(text: str) -> str:

@@ -154,19 +154,29 @@ def _dial(target_options: tuple[str, list[tuple[str, Any]]], creds: grpc.Channel
     return grpc_module.secure_channel(target, creds, options=options)
 
 
+def checked_timeout(timeout_s: float | None) -> float | None:
+    """A deadline in seconds: > 0, or None for none. 0 is refused rather than read as "no
+    deadline" (gRPC would fail the call at once, as DEADLINE_EXCEEDED)."""
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, or None for no deadline; got {timeout_s!r}")
+    return timeout_s
+
+
 class _Retrying:
     """Deadline, retry and credential settings shared by both clients."""
 
     def __init__(self, timeout_s: float | None, retries: int, backoff_s: float, token: str | None = None) -> None:
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
-        self.timeout_s = timeout_s
+        if not backoff_s >= 0:  # (a negative sleep would fail only at the first retry)
+            raise ValueError(f"backoff_s must be >= 0 seconds, got {backoff_s!r}")
+        self.timeout_s = checked_timeout(timeout_s)
         self.retries = retries
         self.backoff_s = backoff_s
         self.metadata = (("authorization", f"Bearer {token}"),) if token else None
 
     def _timeout(self, timeout_s: Any) -> float | None:
-        return self.timeout_s if timeout_s is _UNSET else timeout_s
+        return self.timeout_s if timeout_s is _UNSET else checked_timeout(timeout_s)
 
     def _delay(self, attempt: int) -> float:
         return self.backoff_s * (2**attempt)
