@@ -175,11 +175,14 @@ def server_target(text: str) -> str:
 
 def _connect(args: argparse.Namespace) -> SpecdecClient:
     """The client of --server; a list whose name does not resolve (or has no address of the
-    list's family) is bad input naming the entry (exit 2, as argparse's refusals)."""
+    list's family), or a --tls-ca that cannot be read, is bad input naming it (exit 2, as
+    argparse's refusals)."""
     try:
         return SpecdecClient(args.server, timeout_s=args.timeout, token=args.token, tls_ca_file=args.tls_ca)
     except ValueError as exc:
         raise ValueError(f"argument --server: {exc}") from None
+    except OSError as exc:  # (the CA file is the one file the client reads)
+        raise ValueError(f"argument --tls-ca: cannot read {args.tls_ca!r}: {exc.strerror or exc}") from None
 
 
 def _fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -30,3 +30,11 @@ def test_numbers_that_cannot_work_are_usage_errors_naming_the_option(argv, messa
 
 def test_a_zero_grace_period_is_a_drain_that_ends_in_flight_requests_at_once():
     assert build_parser().parse_args(["drain", "--grace", "0", "--replicas", "2"]).grace == 0.0
+
+
+def test_a_ca_file_that_cannot_be_read_is_bad_input_naming_the_option(tmp_path, capsys):
+    from specdec_cli.serve_cli import main
+
+    missing = tmp_path / "ca.pem"
+    assert main(["client", "health", "--server", "127.0.0.1:1", "--tls-ca", str(missing)]) == 2
+    assert f"argument --tls-ca: cannot read '{missing}': No such file or directory" in capsys.readouterr().err
