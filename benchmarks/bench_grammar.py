@@ -10,7 +10,8 @@ the acceptance rate and the speed differ. A free-text row (no schema) gives the 
 Columns: α (accepted / proposed: the drafts before the grammar cuts them after their first
 forbidden token; and accepted / verified: after the cut), mean accepted length (tokens per round, incl. the recovered or
 bonus token), tokens/s (median over passes) and the masked/unmasked tokens/s ratio per pass
-(median, min..max). Usage:
+(median, min..max), and the grammar matchers' forks in this process (the engine's; with
+--served the router's): how many per round and what they cost. Usage:
     python benchmarks/bench_grammar.py [--prompts 6] [--max-new-tokens 96] [--passes 3] [--gamma 4]
         [--temperature 0] [--profile h100-llama-8b-1b] [--served]
 With `--profile` the pair is emulated (configs/devices/NAME.yaml): its device times are real
@@ -74,6 +75,28 @@ class Arm(Proposer):
         self.inner.release(seq_id)
 
 
+class Forks:
+    """Counts and times every fork of an xgrammar matcher in this process."""
+
+    def __init__(self) -> None:
+        from specdec.sampling.grammar_xgrammar import XGrammarMatcher
+
+        self.count, self.seconds = 0, 0.0
+        fork = XGrammarMatcher.fork
+
+        def counted(matcher):
+            start = time.perf_counter()
+            try:
+                return fork(matcher)
+            finally:
+                self.count, self.seconds = self.count + 1, self.seconds + time.perf_counter() - start
+
+        XGrammarMatcher.fork = counted
+
+
+FORKS = Forks()
+
+
 def engine_config(args: argparse.Namespace) -> dict:
     # sequential rounds: a look-ahead's drafts are not counted as proposed (served: no drafting ahead)
     overrides = {"speculation": {"proposer": "draft", "gamma": args.gamma, "overlap": False},
@@ -131,7 +154,7 @@ def served_engine(overrides: dict) -> Iterator:
 def run_pass(engine, prompts: list[list[int]], grammar: GrammarSpec | None, args) -> dict:
     """Each prompt once, one at a time: tokens, seconds, proposed, drafted (verified),
     accepted, rounds, outputs."""
-    before, proposed = engine.stats.to_dict(), engine.proposer.proposed
+    before, proposed, forks = engine.stats.to_dict(), engine.proposer.proposed, (FORKS.count, FORKS.seconds)
     sampling = SamplingParams(temperature=args.temperature, seed=7 if args.temperature else None)
     start, tokens, outputs = time.perf_counter(), 0, []
     for prompt in prompts:
@@ -141,6 +164,7 @@ def run_pass(engine, prompts: list[list[int]], grammar: GrammarSpec | None, args
     seconds = time.perf_counter() - start
     after = engine.stats.to_dict()
     return {"tokens": tokens, "seconds": seconds, "outputs": outputs, "proposed": engine.proposer.proposed - proposed,
+            "forks": FORKS.count - forks[0], "fork_s": FORKS.seconds - forks[1],
             **{k: after[k] - before[k] for k in ("drafted", "accepted", "rounds")}}
 
 
@@ -149,9 +173,10 @@ def rate(run: dict) -> float:
 
 
 def summary(passes: list[dict]) -> dict:
-    proposed, drafted, accepted, rounds = (sum(p[k] for p in passes)
-                                           for k in ("proposed", "drafted", "accepted", "rounds"))
+    proposed, drafted, accepted, rounds, forks, fork_s = (sum(p[k] for p in passes) for k in (
+        "proposed", "drafted", "accepted", "rounds", "forks", "fork_s"))
     return {"alpha": accepted / max(proposed, 1), "alpha_verified": accepted / max(drafted, 1),
+            "forks_per_round": forks / max(rounds, 1), "fork_us_per_round": fork_s * 1e6 / max(rounds, 1),
             "accepted_length": (accepted + rounds) / max(rounds, 1),
             "tokens_per_s": statistics.median(rate(p) for p in passes)}
 
@@ -204,13 +229,14 @@ def main() -> None:
           f"{args.temperature}, {args.profile or 'bundled pair'}, {'served' if args.served else 'in-process'}, "
           f"{args.passes} interleaved passes; outputs masked == unmasked: {same}"
           + ("" if failures is None else f"; draft calls that failed or missed their deadline: {failures}") + "\n")
-    print("| draft | α (accepted / proposed) | α (accepted / verified) | mean accepted length | tokens/s |")
-    print("|---|---|---|---|---|")
+    print("| draft | α (accepted / proposed) | α (accepted / verified) | mean accepted length | tokens/s "
+          "| forks / round | fork µs / round |")
+    print("|---|---|---|---|---|---|---|")
     for arm, passes in arms.items():
         s = summary(passes)
         label = arm if arm == "free text" else f"{arm}, JSON schema"
         print(f"| {label} | {s['alpha']:.3f} | {s['alpha_verified']:.3f} | {s['accepted_length']:.2f} "
-              f"| {s['tokens_per_s']:.1f} |")
+              f"| {s['tokens_per_s']:.1f} | {s['forks_per_round']:.2f} | {s['fork_us_per_round']:.1f} |")
     print(f"\nmasked / unmasked tokens/s per pass: median {statistics.median(ratios):.2f} "
           f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
 

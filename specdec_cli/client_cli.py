@@ -17,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 
 from specdec.proposers import proposer_registry as registry
 from specdec.requests.speculation_mode import SpeculationMode
-from specdec_rpc.public.client import SpecdecClient, channel_target
+from specdec_rpc.public.client import SpecdecClient, check_target
 
 
 TOKEN_ENV = "SPECDEC_API_TOKEN"
@@ -144,24 +144,45 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default="127.0.0.1:50051", type=server_target,
                         help="HOST:PORT of the server (default 127.0.0.1:50051), or several comma-separated "
                              "(the router replicas' own ports, serving.ingress: direct)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="deadline of the call in seconds")
+    parser.add_argument("--timeout", type=seconds, default=60.0, help="deadline of the call in seconds")
     parser.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
                         help=f"bearer token, when the server requires one (default: env {TOKEN_ENV})")
     parser.add_argument("--tls-ca", default=None, metavar="PEM",
                         help="connect over TLS trusting this CA certificate ('' = the system's roots)")
 
 
-def server_target(text: str) -> str:
-    """--server as given, once it can be dialled (a list: every entry resolves, one family)."""
+def seconds(text: str, zero: bool = False) -> float:
+    """A number of seconds > 0 (>= 0 with zero): argparse's type, anything else a usage error
+    naming it (a 0 deadline would fail every call at once)."""
     try:
-        channel_target(text)
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (value >= 0 if zero else value > 0):
+        raise argparse.ArgumentTypeError(f"must be {'>=' if zero else '>'} 0 seconds, got {text}")
+    return value
+
+
+def server_target(text: str) -> str:
+    """--server as given, once it can be read (a list: every entry HOST:PORT, its IP addresses
+    of one family). Its names are resolved once, when the client connects (`_connect`)."""
+    try:
+        check_target(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
 def _connect(args: argparse.Namespace) -> SpecdecClient:
-    return SpecdecClient(args.server, timeout_s=args.timeout, token=args.token, tls_ca_file=args.tls_ca)
+    """The client of --server; a list whose name does not resolve (or has no address of the
+    list's family), or a --tls-ca that cannot be read, is bad input naming it (exit 2, as
+    argparse's refusals)."""
+    try:
+        return SpecdecClient(args.server, timeout_s=args.timeout, token=args.token, tls_ca_file=args.tls_ca)
+    except ValueError as exc:
+        raise ValueError(f"argument --server: {exc}") from None
+    except OSError as exc:  # (the CA file is the one file the client reads)
+        raise ValueError(f"argument --tls-ca: cannot read {args.tls_ca!r}: {exc.strerror or exc}") from None
 
 
 def _fields(args: argparse.Namespace) -> dict[str, Any]:

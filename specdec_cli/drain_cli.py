@@ -10,11 +10,13 @@ answered. `specdec serve` does the same itself on SIGTERM / SIGINT.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from typing import Any
 
 from specdec.config.config import ServingConfig
+from specdec_cli.client_cli import seconds
 
 DEFAULT_GRACE_S = ServingConfig.model_fields["shutdown_grace_s"].default
 
@@ -24,11 +26,18 @@ def add_drain_parser(subparsers: Any) -> None:
                               "in-flight ones finish within the grace period)")
     p.add_argument("--address", default="auto", help="Ray cluster to join (default: the local one)")
     p.add_argument("--app", default="specdec", help="Serve application name (default specdec)")
-    p.add_argument("--replicas", type=int, default=1, help="router replicas to reach (serving.router_replicas)")
-    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
+    p.add_argument("--replicas", type=_at_least_one, default=1,
+                   help="router replicas to reach (serving.router_replicas)")
+    p.add_argument("--grace", type=functools.partial(seconds, zero=True), default=DEFAULT_GRACE_S,
                    help="seconds in-flight requests may run on "
                         f"(serving.shutdown_grace_s, default {DEFAULT_GRACE_S:g})")
     p.set_defaults(func=run_drain)
+
+
+def _at_least_one(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1 expected, got {text!r}")
+    return int(text)
 
 
 def run_drain(args: argparse.Namespace) -> int:

@@ -8,6 +8,12 @@ and its own drafts before that position, advancing the copy as it drafts. The ro
 never moves (the copy is dropped with the call: rolling back is free), and a copy may be
 walked on any thread.
 
+The fork is made when it is needed, not with the cursor: a cursor made `shared` reads the
+row's matcher (which stays where it is for the whole proposal call: the engine moves it only
+before and after) and forks it at the first token the cursor takes. So a proposer that only
+reads the spec (a served draft's client) forks nothing, and one that drafts forks once per
+row, not once for the request and again for its walk (docs/structured_output.md).
+
 Exactness does not rest on the cursor: the draft reports the masked, renormalised q it drew
 from, and the acceptance rule is exact for any q actually sampled from. Where the cursor
 cannot follow (a history token or a drafted token the grammar forbids, the grammar ended), it
@@ -30,8 +36,12 @@ class GrammarCursor:
     elsewhere (a served draft worker compiles it again: its matcher cannot travel); None where
     no one needs it."""
 
-    def __init__(self, matcher: GrammarMatcher, length: int, vocab_size: int, spec: Grammar | None = None) -> None:
+    def __init__(self, matcher: GrammarMatcher, length: int, vocab_size: int, spec: Grammar | None = None,
+                 shared: bool = False) -> None:
+        """shared: `matcher` is its owner's (the row's), read as it is and forked at the first
+        token this cursor takes; its owner must not move it while the cursor is in use."""
         self._matcher = matcher
+        self._shared = shared
         self.length = length
         self.vocab_size = vocab_size
         self.spec = spec
@@ -40,15 +50,23 @@ class GrammarCursor:
     def at(self, history: list[int]) -> GrammarCursor | None:
         """A fresh copy advanced along history[length:] (what an ask adds to the row's history:
         a look-ahead's unverified drafts and its branch token); None (draft unmasked) when the
-        history is shorter than the row's, or its added tokens leave the grammar."""
+        history is shorter than the row's, or its added tokens leave the grammar. A shared
+        cursor's copy shares the same matcher until it takes a token; an own one's is a fork."""
         if len(history) < self.length or not self._following:
             return None
-        copy = GrammarCursor(self._matcher.fork(), self.length, self.vocab_size, self.spec)
+        matcher = self._matcher if self._shared else self._matcher.fork()
+        copy = GrammarCursor(matcher, self.length, self.vocab_size, self.spec, shared=self._shared)
         for token in history[self.length:]:
-            if copy._matcher.ended or not copy._matcher.accept(token):
+            if copy._matcher.ended or not copy._walked().accept(token):
                 return None
             copy.length += 1
         return copy
+
+    def _walked(self) -> GrammarMatcher:
+        """The matcher to advance: a shared one is forked first (once)."""
+        if self._shared:
+            self._matcher, self._shared = self._matcher.fork(), False
+        return self._matcher
 
     def allowed(self) -> np.ndarray | None:
         """The packed mask ([W] int32) of the tokens allowed next; None when there is none to
@@ -62,7 +80,7 @@ class GrammarCursor:
     def accept(self, token: int) -> None:
         """The proposer drafted `token`: move past it (a token the grammar forbids ends the masks)."""
         if self._following and not self._matcher.ended:
-            self._following = self._matcher.accept(token)
+            self._following = self._walked().accept(token)
         self.length += 1
 
     def masks_along(self, tokens: list[int]) -> list[np.ndarray | None]:

@@ -1,13 +1,14 @@
 """A served draft's grammars: per sequence a matcher that follows the history the router sends.
 
-In-process, each proposal request carries a fork of the row's own matcher (`GrammarCursor`,
+In-process, each proposal request carries a cursor on the row's own matcher (`GrammarCursor`,
 `GrammarRow.cursor`). A draft worker behind gRPC cannot be handed that matcher: the router
 sends the grammar's spec once (worker.proto's `HistoryDelta.grammar`) and the worker keeps a
 matcher of its own per sequence (`GrammarFollower`). It follows the sequence's history as
 the deltas rewrite it: it advances along the tokens after the prompt that the router has
 emitted (every one of them allowed: the target enforces the grammar), rolls back where a
 delta truncates the history, and hands the proposer what the in-process draft gets, a
-`GrammarCursor` forked at that point; the proposer drafts under it exactly as in-process.
+`GrammarCursor` at that point (forked when the proposer walks it: the matcher moves only in
+the next `follow`); the proposer drafts under it exactly as in-process.
 The matcher is the only state kept: no tokens are copied (the history is the worker's own).
 
 `GrammarFollowers` keeps them by seq_id: it compiles each sequence's grammar through the
@@ -55,11 +56,11 @@ class GrammarFollower:
                 self.length += 1
 
     def cursor(self) -> GrammarCursor | None:
-        """A fork at the followed history's end for the proposer; None (it drafts unmasked, as
+        """A cursor at the followed history's end for the proposer; None (it drafts unmasked, as
         a cursor that cannot follow does) where the history left the grammar."""
         if self._stopped:
             return None
-        return GrammarCursor(self._matcher.fork(), self.length, self.vocab_size)
+        return GrammarCursor(self._matcher, self.length, self.vocab_size, shared=True)  # forked when walked
 
 
 class GrammarFollowers:
@@ -97,7 +98,7 @@ class GrammarFollowers:
 
     def cursor(self, seq_id: str, history: list[int], kept: int, confirmed: int) -> GrammarCursor | None:
         """The sequence's matcher moved along its new history (`GrammarFollower.follow`) and
-        forked for the proposer; None when it has no grammar (or its grammar failed: `failed`,
+        a cursor on it for the proposer; None when it has no grammar (or its grammar failed: `failed`,
         which a matcher that raises while following becomes too)."""
         follower = self._followers.get(seq_id)
         if follower is None:

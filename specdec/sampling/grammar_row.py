@@ -61,9 +61,11 @@ class GrammarRow:
         return kept, torch.from_numpy(masks[: kept + 1])
 
     def cursor(self, length: int) -> GrammarCursor:
-        """A copy for the proposer (the matcher stays), at the end of the row's history of
-        `length` tokens: where the matcher is between rounds."""
-        return GrammarCursor(self.matcher.fork(), length, self.vocab_size, self.spec)
+        """The proposer's cursor (the matcher stays), at the end of the row's history of
+        `length` tokens: where the matcher is between rounds. It forks the matcher only when
+        it walks (`GrammarCursor`, shared): the engine moves the matcher only before and after
+        the proposal call."""
+        return GrammarCursor(self.matcher, length, self.vocab_size, self.spec, shared=True)
 
     def advance(self, emitted: list[int]) -> list[int]:
         """Move by the round's emitted tokens; returns them up to the grammar's end (the token

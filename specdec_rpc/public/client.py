@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.requests.speculation_mode import SpeculationMode
-from specdec_rpc.public.direct_targets import several_addresses
+from specdec_rpc.public.direct_targets import read_list, several_addresses
 from specdec_rpc.public.replica_loss import as_unavailable
 from specdec_rpc.v1 import specdec_pb2, specdec_pb2_grpc
 
@@ -117,24 +117,49 @@ def channel_target(target: str) -> tuple[str, list[tuple[str, Any]]]:
     """gRPC's target and channel options for `target`. Several addresses separated by commas (the
     router replicas' own ports, `serving.ingress: direct`, e.g. "127.0.0.1:40000,127.0.0.1:40001")
     are dialled as one channel that spreads calls round-robin over those that answer; host names
-    are resolved now, and a list gRPC cannot dial (mixed families, a name that does not resolve)
-    is refused naming its entry (`direct_targets`). TLS then checks the certificate against the
-    first entry's host."""
+    are resolved now (blocking: `AsyncSpecdecClient` calls this off its event loop), and a list gRPC
+    cannot dial (mixed families, a name that does not resolve) is refused naming its entry
+    (`direct_targets`). TLS then checks the certificate against the first entry's host."""
     if "," not in target:
         return target, CHANNEL_OPTIONS
     dialled, authority = several_addresses(target)
     return dialled, [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin"), ("grpc.default_authority", authority)]
 
 
+def check_target(target: str) -> None:
+    """Refuse, without resolving a name, a list of addresses that can never be dialled (a
+    malformed entry, IP addresses of both families): ValueError naming the entry."""
+    if "," in target:
+        read_list(target)
+
+
+def credentials(tls_ca_file: str | None) -> grpc.ChannelCredentials | None:
+    """None (plaintext) for tls_ca_file None, else TLS trusting that CA ("" = the system's roots)."""
+    if tls_ca_file is None:
+        return None
+    return grpc.ssl_channel_credentials(Path(tls_ca_file).read_bytes() if tls_ca_file else None)
+
+
 def open_channel(target: str, tls_ca_file: str | None = None, aio: bool = False) -> Any:
     """A channel to `target` (one address, or several: `channel_target`): plaintext (tls_ca_file
     None) or TLS trusting that CA ("" = the system's roots)."""
+    return _dial(channel_target(target), credentials(tls_ca_file), aio)
+
+
+def _dial(target_options: tuple[str, list[tuple[str, Any]]], creds: grpc.ChannelCredentials | None, aio: bool) -> Any:
     grpc_module = grpc.aio if aio else grpc
-    target, options = channel_target(target)
-    if tls_ca_file is None:
+    target, options = target_options
+    if creds is None:
         return grpc_module.insecure_channel(target, options=options)
-    roots = Path(tls_ca_file).read_bytes() if tls_ca_file else None
-    return grpc_module.secure_channel(target, grpc.ssl_channel_credentials(roots), options=options)
+    return grpc_module.secure_channel(target, creds, options=options)
+
+
+def checked_timeout(timeout_s: float | None) -> float | None:
+    """A deadline in seconds: > 0, or None for none. 0 is refused rather than read as "no
+    deadline" (gRPC would fail the call at once, as DEADLINE_EXCEEDED)."""
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, or None for no deadline; got {timeout_s!r}")
+    return timeout_s
 
 
 class _Retrying:
@@ -143,13 +168,15 @@ class _Retrying:
     def __init__(self, timeout_s: float | None, retries: int, backoff_s: float, token: str | None = None) -> None:
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
-        self.timeout_s = timeout_s
+        if not backoff_s >= 0:  # (a negative sleep would fail only at the first retry)
+            raise ValueError(f"backoff_s must be >= 0 seconds, got {backoff_s!r}")
+        self.timeout_s = checked_timeout(timeout_s)
         self.retries = retries
         self.backoff_s = backoff_s
         self.metadata = (("authorization", f"Bearer {token}"),) if token else None
 
     def _timeout(self, timeout_s: Any) -> float | None:
-        return self.timeout_s if timeout_s is _UNSET else timeout_s
+        return self.timeout_s if timeout_s is _UNSET else checked_timeout(timeout_s)
 
     def _delay(self, attempt: int) -> float:
         return self.backoff_s * (2**attempt)
@@ -221,17 +248,39 @@ class SpecdecClient(_Retrying):
 
 
 class AsyncSpecdecClient(_Retrying):
-    """asyncio client (grpc.aio) with the same methods as coroutines / an async iterator."""
+    """asyncio client (grpc.aio) with the same methods as coroutines / an async iterator.
+
+    The channel opens at the first call (or `connect`): a list of addresses with host names
+    is resolved then in a worker thread, never on the event loop. A list that can never be
+    dialled (a malformed entry, mixed IP families) is refused here at once, one whose name does
+    not resolve by the first call, before anything is sent (ValueError naming the entry)."""
 
     def __init__(self, target: str, timeout_s: float | None = 60.0, retries: int = 3, backoff_s: float = 0.2,
                  token: str | None = None, tls_ca_file: str | None = None) -> None:
         super().__init__(timeout_s, retries, backoff_s, token)
+        check_target(target)
         self.target = target
-        self._channel = open_channel(target, tls_ca_file, aio=True)
-        self._stub = specdec_pb2_grpc.SpeculativeDecodingStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._credentials = credentials(tls_ca_file)
+        self._channel: Any = None
+        self._opening: asyncio.Lock | None = None
 
-    async def _call(self, method: Any, request: Any, timeout_s: Any) -> Any:
+    async def connect(self) -> None:
+        """Resolve the target (off the event loop) and open the channel now, instead of at the
+        first call; ValueError naming an entry whose name does not resolve."""
+        if self._channel is not None:
+            return
+        self._opening = self._opening or asyncio.Lock()
+        async with self._opening:
+            if self._channel is None:
+                dialled = await asyncio.get_running_loop().run_in_executor(None, channel_target, self.target)
+                self._channel = _dial(dialled, self._credentials, aio=True)
+                self._stub = specdec_pb2_grpc.SpeculativeDecodingStub(self._channel)
+                self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def _call(self, method_of: Callable[[], Any], request: Any, timeout_s: Any) -> Any:
+        """method_of: the stub's method, named once the channel is open."""
+        await self.connect()
+        method = method_of()
         for attempt in range(self.retries + 1):
             try:
                 return await method(request, timeout=self._timeout(timeout_s), metadata=self.metadata)
@@ -243,12 +292,13 @@ class AsyncSpecdecClient(_Retrying):
     async def generate(
         self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any
     ) -> specdec_pb2.GenerateResponse:
-        return await self._call(self._stub.Generate, build_request(prompt, **fields), timeout_s)
+        return await self._call(lambda: self._stub.Generate, build_request(prompt, **fields), timeout_s)
 
     async def generate_stream(
         self, prompt: str | None = None, *, timeout_s: Any = _UNSET, **fields: Any
     ) -> AsyncIterator[specdec_pb2.GenerateChunk]:
         request = build_request(prompt, **fields)
+        await self.connect()
         for attempt in range(self.retries + 1):
             call = self._stub.GenerateStream(request, timeout=self._timeout(timeout_s), metadata=self.metadata)
             yielded = False
@@ -265,15 +315,17 @@ class AsyncSpecdecClient(_Retrying):
             await asyncio.sleep(self._delay(attempt))
 
     async def health(self, service: str = "", timeout_s: Any = _UNSET) -> str:
-        response = await self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout_s)
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = await self._call(lambda: self._health.Check, request, timeout_s)
         return _health_name(response.status)
 
     async def stats(self, timeout_s: Any = _UNSET) -> specdec_pb2.GetStatsResponse:
         """The live speculation picture (γ, on/off, α, c, QPS) of the replica that answers."""
-        return await self._call(self._stub.GetStats, specdec_pb2.GetStatsRequest(), timeout_s)
+        return await self._call(lambda: self._stub.GetStats, specdec_pb2.GetStatsRequest(), timeout_s)
 
     async def close(self) -> None:
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()
 
     async def __aenter__(self) -> "AsyncSpecdecClient":
         return self

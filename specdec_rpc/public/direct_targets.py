@@ -9,7 +9,9 @@ name is resolved once (the channel keeps those addresses; all of the name's addr
 list's family become entries, so a name for several replicas spreads over them all); one
 family is chosen (the family of the list's IP addresses, else IPv4 when every name has an IPv4
 address, as `serving.host: 0.0.0.0` binds IPv4 only, else IPv6); and anything that cannot fit
-is refused with a ValueError naming its entry.
+is refused with a ValueError naming its entry. `read_list` does every check that needs no
+DNS (the syntax, IP addresses of both families), so a caller on an event loop refuses a bad
+list at once and resolves the names off the loop.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ def several_addresses(target: str, resolve: Resolve | None = None) -> tuple[str,
     """gRPC's target for a comma-separated list of addresses ("ipv4:a:p,b:q" or
     "ipv6:[a]:p,[b]:q") and the authority the channel presents (the first entry as written:
     what TLS checks the certificate against). ValueError naming the entry that cannot be dialled."""
-    entries = [parse_entry(i + 1, text.strip()) for i, text in enumerate(target.split(","))]
+    entries = read_list(target)
     addresses = {e: _addresses(e, resolve or system_resolve) for e in entries}
-    family = _family(addresses)
+    family = _literal_family(entries) or _names_family(addresses)
     dialled: list[str] = []
     for entry in entries:
         ips = [_join(ip, entry.port) for ip in addresses[entry] if ip.version == family]
@@ -52,6 +54,14 @@ def several_addresses(target: str, resolve: Resolve | None = None) -> tuple[str,
                              "list is dialled in (gRPC dials one family per list)")
         dialled += [ip for ip in ips if ip not in dialled]
     return f"ipv{family}:" + ",".join(dialled), entries[0].text
+
+
+def read_list(target: str) -> list[Entry]:
+    """The list's entries, read without resolving a name (no DNS: instant, fine on an event
+    loop): ValueError naming a malformed entry, or IP addresses of both families."""
+    entries = [parse_entry(i + 1, text.strip()) for i, text in enumerate(target.split(","))]
+    _literal_family(entries)
+    return entries
 
 
 def parse_entry(number: int, text: str) -> Entry:
@@ -90,25 +100,28 @@ def _addresses(entry: Entry, resolve: Resolve) -> list[ipaddress.IPv4Address | i
     return [ipaddress.ip_address(ip) for ip in found]
 
 
-def _family(addresses: dict[Entry, list]) -> int:
-    """The list's family: its IP addresses' one (refused when they mix), else IPv4 when
-    every name has an IPv4 address, else IPv6 (each name is checked against it after)."""
-    literal = {e: ips[0].version for e, ips in addresses.items() if _is_ip(e.host)}
+def _literal_family(entries: list[Entry]) -> int | None:
+    """The family of the list's IP addresses (None: it has none); refused when they mix."""
+    literal = {e: _version(e.host) for e in entries if _version(e.host)}
     if len(set(literal.values())) > 1:
         first = {version: e for e, version in reversed(literal.items())}
         raise ValueError(f"{first[4].where()} is IPv4 and {first[6].where()} is IPv6: gRPC dials one family "
                          "per list (write every replica's address in the same family)")
-    if literal:
-        return next(iter(literal.values()))
+    return next(iter(literal.values()), None)
+
+
+def _names_family(addresses: dict[Entry, list]) -> int:
+    """A list of names only: IPv4 when every name has an IPv4 address, else IPv6 (each name
+    is checked against it after)."""
     return 4 if all(any(ip.version == 4 for ip in ips) for ips in addresses.values()) else 6
 
 
-def _is_ip(host: str) -> bool:
+def _version(host: str) -> int | None:
+    """4 or 6 for an IP address, None for a name."""
     try:
-        ipaddress.ip_address(host)
-        return True
+        return ipaddress.ip_address(host).version
     except ValueError:
-        return False
+        return None
 
 
 def _join(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:

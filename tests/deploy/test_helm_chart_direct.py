@@ -2,7 +2,8 @@
 every Ray container starts with Serve's direct ingress environment exactly as `specdec serve`
 gives it for the same config, so the app builder (actors.app:build_app, run in a Ray process)
 accepts the rendered args there; the Ray pods' NetworkPolicy admits the replicas' port ranges
-from the API's clients; a headless Service names the Ray pods. Without it, none of this renders."""
+from the API's clients; a headless Service names the head pod, where the replicas run.
+Without it, none of this renders."""
 
 from __future__ import annotations
 
@@ -65,10 +66,12 @@ def test_the_network_policy_admits_the_replicas_port_ranges_from_the_apis_client
     assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"team": "clients"}}}]
 
 
-def test_a_headless_service_names_every_ray_pod(direct):
+def test_a_headless_service_names_the_head_where_the_replicas_run(direct):
     service = strip_source(direct.one("Service", "-direct"))["spec"]
     assert service["clusterIP"] == "None"
-    assert all(view.selects(service["selector"], t["metadata"]["labels"]) for t in view.ray_pod_templates(direct))
+    head, *workers = view.ray_pod_templates(direct)
+    assert view.selects(service["selector"], head["metadata"]["labels"])
+    assert workers and not any(view.selects(service["selector"], t["metadata"]["labels"]) for t in workers)
     assert [(p["name"], p["port"]) for p in service["ports"]] == [("grpc-direct", 41000), ("http-direct", 30000)]
 
 

@@ -1,6 +1,9 @@
 """The head pod stops like `specdec serve` on SIGTERM: its preStop hook drains the routers
 (`specdec drain`) for serving.shutdown_grace_s, and terminationGracePeriodSeconds covers that
-grace period plus Ray's teardown, so Kubernetes never kills a drain half way."""
+grace period plus Ray's teardown, so Kubernetes never kills a drain half way. Every router
+replica runs on the head (Ray's head-node resource in the Serve config), so none runs on a pod
+that stops without a drain, and a head that restarts (GCS fault tolerance) never leaves a
+worker pod's replica drained behind it."""
 
 from __future__ import annotations
 
@@ -33,6 +36,26 @@ def test_the_grace_period_and_the_replicas_follow_the_specdec_config(render):
                                                 head__stopTeardownSeconds=12))
     assert command[command.index("--grace") + 1] == "8" and command[command.index("--replicas") + 1] == "3"
     assert termination == 8 + 12
+
+
+def test_the_router_replicas_run_on_the_head_whose_prestop_drains_them(render, rendered):
+    from ray._common.constants import HEAD_NODE_RESOURCE_NAME
+    from ray.serve.schema import DeploymentSchema
+
+    from actors.app import build_app
+
+    for docs, replicas in ((rendered, 1), (render(specdec__config__serving__router_replicas=8), 8)):
+        (app,) = view.serve_config(docs)["applications"]
+        (router,) = app["deployments"]
+        DeploymentSchema.model_validate(router)
+        built = build_app(app["args"])._bound_deployment
+        assert router["name"] == built.name  # Serve refuses options for a deployment the app lacks
+        options = router["ray_actor_options"]
+        share = options.pop("resources").pop(HEAD_NODE_RESOURCE_NAME)
+        assert options == built.ray_actor_options, "the code's options (num_cpus 0), which these replace"
+        assert 0 < share and share * replicas <= 1, "every replica fits on the head"
+        assert "lifecycle" in view.container(view.head(docs)["template"])
+        assert not any("lifecycle" in view.container(g["template"]) for g in view.workers(docs).values())
 
 
 def test_the_prestop_command_is_one_the_cli_accepts(rendered):

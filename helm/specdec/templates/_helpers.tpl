@@ -394,6 +394,12 @@ http: [{{ $http }}, {{ add $http $count }}]
 {{- $_ := set $args "serving" $serving }}
 {{- $_ := set $args "security" (include "specdec.securityArgs" . | fromYaml) }}
 {{- $app := dict "name" .Values.serve.appName "import_path" .Values.serve.importPath "route_prefix" "/" "args" $args }}
+{{- /* The router's replicas run on the head, whose preStop hook drains them (nothing drains a
+worker pod's): Ray's own head-node resource, a sliver per replica; the rest of the options the
+code gives (actors/router.py), which these replace. */}}
+{{- $pin := dict "node:__internal_head__" 0.001 }}
+{{- $router := dict "name" "SpecdecRouter" "ray_actor_options" (dict "num_cpus" 0 "resources" $pin) }}
+{{- $_ := set $app "deployments" (list $router) }}
 {{- with .Values.serve.runtimeEnv }}
 {{- $_ := set $app "runtime_env" . }}
 {{- end }}

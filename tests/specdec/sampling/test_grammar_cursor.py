@@ -1,6 +1,8 @@
 """A proposer's copy of a row's grammar: it follows the ask's tokens past the row's history and
 the proposer's own drafts, masks logits by the state it reached, and never moves the row's
-matcher; where it cannot follow (a forbidden token) it masks nothing more."""
+matcher; where it cannot follow (a forbidden token) it masks nothing more. It forks the row's
+matcher only once it takes a token: a proposer that reads only its spec forks nothing, one
+that drafts forks once."""
 
 from __future__ import annotations
 
@@ -60,3 +62,31 @@ def test_mask_logits_forbids_what_each_rows_mask_forbids_and_leaves_other_rows_a
     assert torch.equal(out[1], dead[1]), "a mask that would leave nothing is not applied"
     assert torch.equal(out[2], dead[2])
     assert mask_logits(logits, [None, None, None]) is logits
+
+
+class CountedForks(EvenGrammar):
+    """EvenGrammar counting the forks made of it and of its forks."""
+
+    def __init__(self, tokens=None, forks=None) -> None:
+        super().__init__(tokens)
+        self.forks = forks if forks is not None else [0]
+
+    def fork(self) -> "CountedForks":
+        self.forks[0] += 1
+        return CountedForks(list(self.tokens), self.forks)
+
+
+def test_a_cursor_forks_the_rows_matcher_only_when_it_takes_a_token():
+    matcher = CountedForks([2, 4])
+    row = GrammarRow(matcher, VOCAB)
+    cursor = draft_cursor(row, 7)
+    assert matcher.forks == [0], "a cursor whose spec is all that is read (a served draft's client) forks nothing"
+    walking = cursor.at([9] * 5 + [2, 4])  # the round's ask: nothing past the row's history
+    assert allowed_set(walking.allowed()) == set(range(0, VOCAB, 2)) and matcher.forks == [0]
+    for token in (6, 8, 10):  # the draft walks its copy: one fork, at its first token
+        walking.accept(token)
+    assert matcher.forks == [1] and row.matcher.tokens == [2, 4]
+    ahead = cursor.at([9] * 5 + [2, 4, 6, 8])  # a look-ahead's copy past the round's drafts
+    ahead.masks_along([10, 12])
+    assert matcher.forks == [2] and row.matcher.tokens == [2, 4] and ahead.length == 11
+    assert cursor.at([9] * 5 + [2, 4]).allowed_prefix([6, 7]) == [6] and row.matcher.tokens == [2, 4]

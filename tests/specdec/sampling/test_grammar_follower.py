@@ -48,8 +48,13 @@ def test_the_matcher_takes_each_emitted_token_once_and_the_cursor_starts_where_i
     history = [*history, 6, 8]  # the next round's delta: offset 5, two new tokens
     cursor = followers.cursor("s", history, kept=5, confirmed=len(history))
     assert backend.made[0].tokens == [2, 4, 6, 8], "a token is taken once, not again each round"
-    cursor.at(history).accept(10)
-    assert backend.made[0].tokens == [2, 4, 6, 8], "the proposer walks a copy"
+    forked = []
+    backend.made[0].fork = lambda: forked.append(1) or EvenGrammar(list(backend.made[0].tokens))
+    walking = cursor.at(history)
+    assert forked == [], "a cursor forks the matcher when it walks, not before"
+    walking.accept(10)
+    walking.accept(12)
+    assert backend.made[0].tokens == [2, 4, 6, 8] and forked == [1], "the proposer walks a copy, forked once"
 
 
 def test_a_look_aheads_unverified_drafts_are_left_to_the_cursor_and_a_truncating_delta_rolls_back():

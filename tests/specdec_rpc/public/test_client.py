@@ -198,3 +198,21 @@ def test_the_async_client_reads_a_dead_replica_as_unavailable(flaky):
 
     assert asyncio.run(main()) == ["x", "y"]
     assert servicer.calls == 3
+
+
+@pytest.mark.parametrize("make", [SpecdecClient, AsyncSpecdecClient])
+@pytest.mark.parametrize("settings, message", [
+    ({"timeout_s": 0}, "timeout_s must be > 0 seconds, or None for no deadline; got 0"),
+    ({"timeout_s": -1.0}, "timeout_s must be > 0 seconds"),
+    ({"backoff_s": -0.1}, "backoff_s must be >= 0 seconds, got -0.1"),  # else a ValueError at the first retry
+])
+def test_a_deadline_or_backoff_that_cannot_work_is_refused_when_the_client_is_made(make, settings, message):
+    with pytest.raises(ValueError, match=message):
+        make("127.0.0.1:1", **settings)
+
+
+def test_a_zero_deadline_for_one_call_is_refused_before_it_is_sent(flaky):
+    servicer, address = flaky
+    with SpecdecClient(address, timeout_s=None) as client, pytest.raises(ValueError, match="timeout_s must be > 0"):
+        client.generate("abc", timeout_s=0)
+    assert servicer.calls == 0

@@ -1,16 +1,20 @@
 """A comma-separated list of addresses becomes one gRPC target of one family: host names are
 resolved up front, and a list gRPC cannot dial (mixed families, a name that does not resolve,
 a malformed entry) is refused naming its entry, before any channel exists; the client and the
-command line both read it so."""
+command line both read it so. The asyncio client resolves off its event loop (at its first
+call), the command line once."""
 
+import asyncio
+import threading
 from concurrent import futures
 
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
-from specdec_cli.serve_cli import build_parser
-from specdec_rpc.public.client import SpecdecClient, channel_target
+from specdec_cli.serve_cli import build_parser, main
+from specdec_rpc.public import direct_targets
+from specdec_rpc.public.client import AsyncSpecdecClient, SpecdecClient, channel_target
 from specdec_rpc.public.direct_targets import several_addresses
 
 HOSTS = {"both": ["10.0.0.7", "fd00::7"], "v4": ["10.0.0.8", "10.0.0.9"], "v6": ["fd00::6"]}
@@ -78,3 +82,59 @@ def test_the_command_line_refuses_a_mixed_list_naming_the_entry(capsys):
     assert exit_.value.code == 2 and "entry 2 '[::1]:2' is IPv6" in capsys.readouterr().err
     args = build_parser().parse_args(["client", "health", "--server", "127.0.0.1:1,127.0.0.1:2"])
     assert args.server == "127.0.0.1:1,127.0.0.1:2"
+
+
+@pytest.fixture
+def resolutions(monkeypatch):
+    """The system resolver replaced: "localhost" is 127.0.0.1, any other name fails; each
+    resolution is recorded as (host, the thread it ran on)."""
+    seen = []
+
+    def system_resolve(host, port):
+        seen.append((host, threading.current_thread()))
+        if host != "localhost":
+            raise OSError(f"unknown host {host}")
+        return ["127.0.0.1"]
+
+    monkeypatch.setattr(direct_targets, "system_resolve", system_resolve)
+    return seen
+
+
+def test_the_async_client_resolves_a_list_off_its_event_loop(server_port, resolutions):
+    async def main_():
+        client = AsyncSpecdecClient(f"localhost:{server_port},127.0.0.1:{server_port}", timeout_s=10, retries=0)
+        assert resolutions == []  # the constructor ran on the loop: nothing resolved there
+        async with client:
+            return threading.current_thread(), await client.health(), await client.health()
+
+    loop_thread, *statuses = asyncio.run(main_())
+    assert statuses == ["SERVING", "SERVING"]
+    assert [host for host, _ in resolutions] == ["localhost"]  # once, at the first call
+    assert resolutions[0][1] is not loop_thread
+
+
+def test_the_async_client_refuses_a_bad_list_before_sending_anything(resolutions):
+    with pytest.raises(ValueError, match="entry 2 '127.0.0.1': HOST:PORT expected"):
+        AsyncSpecdecClient("127.0.0.1:1,127.0.0.1")  # a malformed entry: refused at once
+    with pytest.raises(ValueError, match=r"entry 2 '\[::1\]:2' is IPv6"):
+        AsyncSpecdecClient("127.0.0.1:1,[::1]:2")
+
+    async def first_call():
+        async with AsyncSpecdecClient("nowhere:1,127.0.0.1:1", retries=0) as client:
+            with pytest.raises(ValueError, match="entry 1 'nowhere:1': cannot resolve 'nowhere'"):
+                await client.generate("x")  # a ValueError, not an RpcError: no channel was made
+            with pytest.raises(ValueError, match="cannot resolve 'nowhere'"):
+                await client.connect()
+
+    asyncio.run(first_call())
+
+
+def test_the_command_line_resolves_a_list_once(server_port, resolutions, capsys):
+    assert main(["client", "health", "--server", f"localhost:{server_port},127.0.0.1:{server_port}"]) == 0
+    assert capsys.readouterr().out.strip() == "SERVING"
+    assert [host for host, _ in resolutions] == ["localhost"]
+
+
+def test_the_command_line_refuses_a_name_that_does_not_resolve_naming_it(resolutions, capsys):
+    assert main(["client", "health", "--server", "127.0.0.1:1,nowhere:2"]) == 2
+    assert "argument --server: entry 2 'nowhere:2': cannot resolve 'nowhere'" in capsys.readouterr().err
