@@ -265,20 +265,22 @@ class OverlapChoice:
             return None
         return sum(p for _, _, p in known) / (len(known) * self.sequential_round_s)
 
+    def _lead(self, rounds) -> float:
+        """Sequential rounds' predicted rate over the measured one of these (tokens, seconds,
+        sequential tokens) rounds (0: no prediction)."""
+        measured = _rate([(t, s) for t, s, _ in rounds])
+        if not measured or self.sequential_round_s is None:
+            return 0.0
+        return sum(p for _, _, p in rounds) / (len(rounds) * self.sequential_round_s) / measured
+
     def _losing_trial(self) -> bool:
         """Whether this exploration is clearly slower than predicted sequential rounds on its text."""
-        if len(self._trial) < EARLY_ROUNDS or self.sequential_round_s is None:
-            return False
-        predicted = sum(p for _, _, p in self._trial) / (len(self._trial) * self.sequential_round_s)
-        measured = _rate([(t, s) for t, s, _ in self._trial])
-        return measured is not None and predicted > (1 + 2 * EXIT_MARGIN) * measured
+        return len(self._trial) >= EARLY_ROUNDS and self._lead(self._trial) > 1 + 2 * EXIT_MARGIN
 
     def _predicted_behind(self) -> bool:
         """At a kept block's end: whether sequential rounds' predicted rate has beaten the kept
         way's measured one (same rounds) by EXIT_MARGIN at the end of EXIT_BLOCKS kept blocks in a row."""
-        predicted = self.predicted_sequential
-        measured = _rate([(t, s) for t, s, _ in self._predicted])
-        behind = predicted is not None and measured is not None and predicted > (1 + EXIT_MARGIN) * measured
+        behind = self.predicted_sequential is not None and self._lead(self._predicted) > 1 + EXIT_MARGIN
         self._behind = self._behind + 1 if behind else 0
         self._predicted.clear()
         return self._behind >= EXIT_BLOCKS
