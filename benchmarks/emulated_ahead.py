@@ -18,6 +18,7 @@ of that time hidden behind the target's verify.
 
     python benchmarks/emulated_ahead.py --profile h100-llama-8b-1b [--streams 1,8,32] [--runs 2] [--gamma 4]
         [--fresh-misses]   (each setup also with missed rows proposed for afresh, interleaved)
+        [--no-free-core]   (the draft's work during a verify runs after it: looking ahead loses)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -33,11 +34,13 @@ from emulated_core import emulated_engine
 from specdec.models.model_paths import bundled_prompts
 from specdec.requests.request import GenerationRequest
 from specdec.round.draft_ahead import DraftAhead
-from specdec.round.overlap_choice import LOOK_AHEAD
+from specdec.round.overlap_choice import LOOK_AHEAD, SEQUENTIAL
 from specdec.verifiers.verifier import Verifier, VerifyRequest, VerifyResult
 
-# label -> DraftAhead's arguments (way None: measured)
-SETUPS = {"drafting ahead": {"way": None}, "look-ahead only": {"way": LOOK_AHEAD}}
+# label -> DraftAhead's arguments (way None: measured); "sequential through drafting ahead": every
+# step sequential with DraftAhead in the round (what its machinery costs where the choice says sequential)
+SETUPS = {"drafting ahead": {"way": None}, "look-ahead only": {"way": LOOK_AHEAD},
+          "sequential through drafting ahead": {"way": SEQUENTIAL}}
 # with --fresh-misses: the same, but a row whose look-ahead missed is proposed for afresh (the
 # behaviour before plain misses), for an interleaved comparison in one run
 FRESH_MISSES = {f"{label}, misses proposed afresh": {**kwargs, "plain_misses": False}
@@ -79,6 +82,17 @@ class ConcurrentVerifier(Verifier):
         self.inner.release(seq_id)
 
 
+class SerialVerifier(ConcurrentVerifier):
+    """A verifier that verifies before verify_async returns, so the draft's work during the
+    verify runs after it: a host without a free core for the draft (--no-free-core), where
+    looking ahead loses and the measured choice should leave it."""
+
+    def verify_async(self, requests: list[VerifyRequest]):
+        done = Future()
+        done.set_result(self._timed(requests))
+        return done
+
+
 class MeasuredDraftAhead(DraftAhead):
     """DraftAhead that also sums how much of each look-ahead ran while the target verified
     (hidden) and how much outlasted the verify (on the round's critical path)."""
@@ -99,7 +113,8 @@ def engines(args: argparse.Namespace, slots: int) -> dict:
     found = {"sequential": emulated_engine(args.profile, args.gamma, args.time_scale, slots)}
     for label, kwargs in {**SETUPS, **(FRESH_MISSES if getattr(args, "fresh_misses", False) else {})}.items():
         built = emulated_engine(args.profile, args.gamma, args.time_scale, slots)
-        built.engine.verifier = ConcurrentVerifier(built.engine.verifier)
+        built.engine.verifier = (SerialVerifier if getattr(args, "no_free_core", False)
+                                 else ConcurrentVerifier)(built.engine.verifier)
         built.engine.draft_ahead = MeasuredDraftAhead(built.engine.verifier, **kwargs)
         found[label] = built
     return found
@@ -201,6 +216,8 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--fresh-misses", action="store_true",
                     help="also run each setup with missed rows proposed for afresh (interleaved)")
+    ap.add_argument("--no-free-core", action="store_true",
+                    help="drafting ahead verifies before it drafts (no free core for the draft: looking ahead loses)")
     args = ap.parse_args()
     print(table(measure(args)))
 

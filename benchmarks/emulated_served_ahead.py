@@ -16,7 +16,7 @@ the CPU time each process spent per step (router, draft worker, target worker), 
 whether the draft worker's look-ahead takes the cores the target's verify needs.
 
 Usage: python benchmarks/emulated_served_ahead.py [--profile h100-llama-8b-1b] [--runs 2]
-    [--max-new-tokens 96] [--streams 1]
+    [--max-new-tokens 96] [--streams 1] [--setups served]   (--streams 8, 32: several requests together)
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ from emulated_hops import Worker, overrides
 from specdec.models.model_paths import bundled_prompts
 from specdec.requests.request import GenerationRequest
 from specdec.round.draft_ahead import DraftAhead
-from specdec.round.overlap_choice import LOOK_AHEAD, OverlapChoice
+from specdec.round.overlap_choice import LOOK_AHEAD, SEQUENTIAL, OverlapChoice
 
 SETUPS = ("in-process sequential", "in-process look-ahead", "served sequential", "served look-ahead",
-          "served drafting ahead", "served drafting ahead, AsyncEngine")
+          "served drafting ahead", "served drafting ahead, AsyncEngine", "served sequential through drafting ahead")
 # the last two: the served default (each kind of step measuring its ways), stepped by the engine
-# itself or, as the router replica does, by AsyncEngine with one request streamed after another
+# itself or, as the router replica does, by AsyncEngine with one request streamed after another;
+# the last: DraftAhead in every round, every step sequential (what its machinery costs there)
 BLOCKS: list = []  # (way, tokens, seconds, rounds) of every measured choice's block, in order
 
 
@@ -47,7 +48,8 @@ def _log_blocks() -> None:
     end_block = OverlapChoice._end_block
 
     def logged(choice: OverlapChoice) -> None:
-        BLOCKS.append((choice.way, choice._tokens, round(choice._seconds, 4), choice._rounds))
+        tokens, seconds = sum(t for t, _ in choice._block), sum(s for _, s in choice._block)
+        BLOCKS.append((choice.way, tokens, round(seconds, 4), choice._rounds))
         end_block(choice)
 
     OverlapChoice._end_block = logged
@@ -182,6 +184,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--setups", default="", help="comma-separated parts of the setups' names to run (all)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     _log_blocks()
@@ -190,14 +193,15 @@ def main() -> None:
     me = psutil.Process()
     served = {"router": me, **{role: psutil.Process(w.proc.pid) for role, w in workers.items()}}
     engines, clients = {}, []
-    for setup in SETUPS:
+    for setup in [s for s in SETUPS if any(part in s for part in args.setups.split(","))]:
         ahead = setup.endswith("look-ahead")
-        built, owned = (served_engine(args.profile, workers, slots, LOOK_AHEAD if ahead else
-                                      None if setup.endswith("sequential") else "")
+        way = SEQUENTIAL if "through" in setup else LOOK_AHEAD if ahead else \
+            None if setup.endswith("sequential") else ""
+        built, owned = (served_engine(args.profile, workers, slots, way)
                         if setup.startswith("served") else local_engine(args.profile, slots, ahead))
         clients.extend(owned)
         engines[setup] = (built, timed_verifier(built.engine.verifier))
-    prompts = [engines[SETUPS[0]][0].encode(p) for p in bundled_prompts()[:4]]
+    prompts = [next(iter(engines.values()))[0].encode(p) for p in bundled_prompts()[:4]]
     rows = []
     try:
         for setup, (built, spent) in engines.items():  # warm-up

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from specdec.round.look_ahead_depth import LookAheadDepth
 from specdec.round.look_ahead_hits import LookAheadHits
 from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL, OverlapChoice
+from specdec.round.sequential_estimate import SequentialEstimate
 from specdec.proposers.base import Branch, Drafts, ProposalRequest
 from specdec.requests.sequence import Sequence
 from specdec.sampling.grammar_row import draft_cursor
@@ -127,6 +128,7 @@ class DraftAhead:
         self.stored = 0  # drafts made for the other micro-batch while one was verified
         self.steps_by_way: dict[str, int] = {}  # way -> steps run that way
         self.clock = time.perf_counter
+        self.estimate = SequentialEstimate()  # what sequential rounds would emit (a look-ahead's fast exit)
         self._last_done = -math.inf  # when the last step's round ended (clock)
 
     @property
@@ -185,6 +187,8 @@ class DraftAhead:
         are, half of the speculating rows do; otherwise every row goes now."""
         speculating = [seq for seq in batch if gammas[seq.seq_id] > 0]
         way = self._choose(batch, speculating)
+        if way != LOOK_AHEAD:  # no look-ahead this step: no row's verdict is a miss any more
+            self._missed.difference_update(seq.seq_id for seq in batch)
         if way != MICRO_BATCHES:
             return batch, []
         ready = [seq for seq in speculating if self.is_ready(seq.seq_id, seq.token_ids)]
@@ -267,20 +271,25 @@ class DraftAhead:
         """Whether the row's own acceptance makes its look-ahead worth drafting."""
         return self.wants(seq.stats.drafted, seq.stats.accepted, seq.stats.rounds)
 
-    def round_done(self, emitted: int, seconds: float) -> None:
+    def round_done(self, emitted: int, seconds: float, rows: list[tuple[int, int, int]] | None = None) -> None:
         """The step's round emitted `emitted` tokens in `seconds`: counted by its kind's choice,
         with the engine's own work since the previous step ended (a way of more, shorter steps,
-        micro-batches, pays it more often; a gap longer than the round itself is idle time)."""
+        micro-batches, pays it more often; a gap longer than the round itself is idle time).
+        rows: each verified row's (γ, drafted, accepted): in a look-ahead step, what sequential
+        rounds would have emitted on the same text (the choice's fast exit, SequentialEstimate)."""
         now = self.clock()
         gap = now - seconds - self._last_done
         if 0 < gap <= seconds:
             seconds += gap
         self._last_done = now
         way, kind, choice = self._step
+        sequential = self.estimate.tokens(rows) if rows and way == LOOK_AHEAD else None
+        if rows:
+            self.estimate.observe(rows)
         if choice is not None:
             if choice.rounds_left == 1:  # its next block's way follows what the other kinds measured by now
                 choice.presumed = {**choice.presumed, **self._presumed(kind, choice.ways)}
-            choice.record(emitted, seconds)
+            choice.record(emitted, seconds, sequential)
         self._step = (way, None, None)
 
     def after_verdict(self, later: list[Sequence], requests, results, meanwhile) -> None:

@@ -299,7 +299,8 @@ class SpeculativeEngine:
             self._record(start, proposed, verified, ahead_s, (asked, drafted, accepted), prefill, planned_s,
                          [seq.seq_id for seq in now])
             if ahead is not None:
-                ahead.round_done(sum(len(result.emitted) for result in results), time.perf_counter() - start)
+                ahead.round_done(sum(len(result.emitted) for result in results), time.perf_counter() - start,
+                                 list(zip(gamma_now, drafted, accepted)))
         except Exception:
             logger.exception("the round's bookkeeping failed; its tokens stand")
         return outputs

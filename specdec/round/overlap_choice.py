@@ -40,7 +40,19 @@ of each way:
   find its drafts made ahead), which in blocks this short would bias each pair;
 * each way's rate (reported, and what other kinds presume) is an exponentially weighted mean
   over its blocks (`weight` for the newest); older pairs count `PAIR_KEEP` less at each new
-  one, so the choice follows the host and the requests as they change.
+  one, so the choice follows the host and the requests as they change;
+* **a fast exit**: where the kept way's rounds say what sequential rounds would have emitted on
+  the same text (`record`'s `sequential_tokens`, `SequentialEstimate`), sequential rounds' rate
+  is predicted from that and their measured time per round, which hardly depends on the text,
+  so the text's noise is shared by both sides. When the prediction beats the kept way's
+  measured rate by more than `EXIT_MARGIN` at the end of `EXIT_BLOCKS` kept blocks in a row,
+  sequential rounds take over at once, without waiting for pairs: a lone row's look-ahead that
+  really loses (a host without a free core) is left within a few blocks, where the pairs would
+  keep it for hundreds of rounds. Where it wins or ties, the prediction never leads by that much,
+  and the pairs decide as before. The same prediction ends an exploration of a look-ahead
+  early (after `EARLY_ROUNDS` counted rounds) where sequential rounds lead it by twice the
+  margin: several rows' look-aheads lose clearly on a busy host, and each kind of step measures
+  them once before the pairs rule them out.
 
 `DraftAhead` keeps one choice per kind of step (how many rows, greedy or sampled) and shares
 the measured ratios between the kinds of several rows. Which way a round runs never changes
@@ -58,6 +70,9 @@ MOST_BACKOFF = 8  # the longest wait between two explorations, in units of explo
 CONFIDENCE = 2.0  # standard errors by which a way must lead the kept one to take over (or to be ruled out)
 PAIR_KEEP = 0.9  # an older pair's weight relative to the next one
 MIN_PAIRS = 4  # a spread of fewer pairs is no measure of the noise: no way is clearly faster before
+EXIT_MARGIN = 0.1  # how far sequential rounds' predicted rate must lead the kept way's to leave it at once
+EXIT_BLOCKS = 3  # ... at the end of this many kept blocks in a row
+EARLY_ROUNDS = 3  # counted rounds before an exploration may end early (twice EXIT_MARGIN behind the prediction)
 
 
 @dataclass
@@ -124,6 +139,10 @@ class OverlapChoice:
     _explored: int = 0  # explorations so far (which slower way is next)
     _kept: str = ""  # the way believed fastest (the first to try until measured)
     _changed: bool = False  # this block's way differs from the last one's
+    sequential_round_s: float | None = None  # sequential rounds' seconds per round (weighted like the rates)
+    _predicted: deque = field(default_factory=deque)  # the kept way's latest (tokens, seconds, sequential tokens)
+    _behind: int = 0  # kept blocks in a row whose prediction says sequential rounds are clearly faster
+    _trial: list = field(default_factory=list)  # this exploration's (tokens, seconds, sequential tokens)
 
     def __post_init__(self) -> None:
         if self.block_rounds < 1 or self.explore_every < 1 or not 0 < self.weight <= 1 or not self.ways \
@@ -136,6 +155,7 @@ class OverlapChoice:
         self._explore_gap = self._explore_gap or self.explore_every
         self.rates = {way: self.rates.get(way) for way in self.ways}
         self._before = deque(maxlen=self._explore_length)
+        self._predicted = deque(maxlen=self.block_rounds)
 
     @property
     def looks_ahead(self) -> bool:
@@ -156,14 +176,20 @@ class OverlapChoice:
         mine, sequential = self.rates.get(way), self.rates.get(SEQUENTIAL)
         return None if mine is None or not sequential else mine / sequential
 
-    def record(self, tokens: int, seconds: float) -> bool:
-        """One round run this block's way emitted `tokens` in `seconds`. -> whether a block ended."""
+    def record(self, tokens: int, seconds: float, sequential_tokens: float | None = None) -> bool:
+        """One round run this block's way emitted `tokens` in `seconds`; `sequential_tokens`: what
+        a sequential round would have emitted on the same text (None: unknown). -> whether a
+        block ended."""
         if seconds > 0 and not (self._rounds == 0 and self._changed):  # not a change of way's first round
             self._block.append((tokens, seconds))
             if self.way == self._kept:
                 self._kept_round(tokens, seconds)
+                if sequential_tokens is not None and self.way != SEQUENTIAL:
+                    self._predicted.append((tokens, seconds, sequential_tokens))
+            elif sequential_tokens is not None:
+                self._trial.append((tokens, seconds, sequential_tokens))
         self._rounds += 1
-        if self.rounds_left > 0:
+        if self.rounds_left > 0 and not self._losing_trial():
             return False
         self._end_block()
         return True
@@ -185,10 +211,14 @@ class OverlapChoice:
         if rate is not None:
             before = self.rates[self.way]
             self.rates[self.way] = rate if before is None else self.weight * rate + (1 - self.weight) * before
+            if self.way == SEQUENTIAL:
+                round_s = sum(s for _, s in self._block) / len(self._block)
+                last = self.sequential_round_s
+                self.sequential_round_s = round_s if last is None else self.weight * round_s + (1 - self.weight) * last
             if self.way != self._kept:
                 self._pending = (self.way, rate, list(self._before), [])
                 self._before.clear()
-        self._block, self._rounds = [], 0
+        self._block, self._rounds, self._trial = [], 0, []
         chosen = self._next_way()
         self._changed = chosen != self.way
         self.changes += self._changed
@@ -220,14 +250,47 @@ class OverlapChoice:
 
     def _take_over(self, way: str) -> None:
         """`way` becomes the kept way: the old one's pairs against it are the negated ones."""
-        self.pairs = {self._kept: self.pairs[way].negated()}
+        self.pairs = {self._kept: self.pairs.get(way, Pairs()).negated()}
         self._kept, self._explore_gap, self._blocks_since_explore = way, self.explore_every, 0
         self._before.clear()
         self._pending = None
+        self._predicted.clear()
+        self._behind = 0
+
+    @property
+    def predicted_sequential(self) -> float | None:
+        """Sequential rounds' rate on the text of the kept way's latest rounds (None: not predicted)."""
+        known = self._predicted
+        if self.sequential_round_s is None or len(known) < max(2, self.block_rounds // 2):
+            return None
+        return sum(p for _, _, p in known) / (len(known) * self.sequential_round_s)
+
+    def _lead(self, rounds) -> float:
+        """Sequential rounds' predicted rate over the measured one of these (tokens, seconds,
+        sequential tokens) rounds (0: no prediction)."""
+        measured = _rate([(t, s) for t, s, _ in rounds])
+        if not measured or self.sequential_round_s is None:
+            return 0.0
+        return sum(p for _, _, p in rounds) / (len(rounds) * self.sequential_round_s) / measured
+
+    def _losing_trial(self) -> bool:
+        """Whether this exploration is clearly slower than predicted sequential rounds on its text."""
+        return len(self._trial) >= EARLY_ROUNDS and self._lead(self._trial) > 1 + 2 * EXIT_MARGIN
+
+    def _predicted_behind(self) -> bool:
+        """At a kept block's end: whether sequential rounds' predicted rate has beaten the kept
+        way's measured one (same rounds) by EXIT_MARGIN at the end of EXIT_BLOCKS kept blocks in a row."""
+        behind = self.predicted_sequential is not None and self._lead(self._predicted) > 1 + EXIT_MARGIN
+        self._behind = self._behind + 1 if behind else 0
+        self._predicted.clear()
+        return self._behind >= EXIT_BLOCKS
 
     def _next_way(self) -> str:
         if self.way != self._kept:  # an exploration ended: its pair completes in the kept way's next rounds
             return self._kept
+        if self._kept != SEQUENTIAL and SEQUENTIAL in self.ways and self._predicted_behind():
+            self._take_over(SEQUENTIAL)  # the fast exit: clearly slower than predicted sequential rounds
+            return SEQUENTIAL
         faster = self._faster()
         if faster is not None:
             self._take_over(faster)

@@ -146,6 +146,28 @@ def test_a_missed_row_that_stops_looking_ahead_is_proposed_for_again():
     assert not ahead.verifies_plainly(row("a", rounds=10, drafted=40, accepted=20)), "no look-ahead: no miss"
 
 
+def test_a_sequential_step_clears_a_missed_rows_mark():
+    """A row's miss mark is about its last look-ahead: after a sequential (or micro-batch)
+    step verified it, the first step that looks ahead again proposes for it as usual instead
+    of verifying one token plainly (before, the mark survived the sequential steps)."""
+    ahead = DraftAhead(way=LOOK_AHEAD)
+    batch = fake_rows(1)
+    ahead.keep(VerifyRequest("0", [5, 6], [3, 4], SamplingParams()), VerifyResult("0", [3, 9], 1),
+               [Branch(4, 5, [6, 7])])  # a miss
+    for way in (SEQUENTIAL, MICRO_BATCHES):
+        ahead.split(batch, {"0": 4})
+        assert ahead.verifies_plainly(batch[0]), "looking ahead again right after the miss: plain"
+        ahead.way = way
+        ahead.split(batch, {"0": 4})
+        assert not ahead.verifies_plainly(batch[0])
+        ahead.way = LOOK_AHEAD
+        ahead.split(batch, {"0": 4})
+        assert not ahead.verifies_plainly(batch[0]), f"the {way} step cleared the mark"
+        ahead.keep(VerifyRequest("0", [5, 6], [3, 4], SamplingParams()), VerifyResult("0", [3, 9], 1),
+                   [Branch(4, 5, [6, 7])])
+    assert ahead.plain_rounds == 2
+
+
 def test_rows_with_low_acceptance_stop_drafting_ahead():
     ahead = DraftAhead(min_acceptance=0.3)
     assert ahead.wants(drafted=0, accepted=0, rounds=0)
