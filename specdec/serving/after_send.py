@@ -51,6 +51,7 @@ def park(fn: Callable[[], None]) -> Once:
     """Run `fn` once a round stream wrote its next request (or when the returned Once is called)."""
     once = Once(fn)
     with _lock:
+        _parked[:] = [o for o in _parked if not o.done]  # run meanwhile by their engine thread
         _parked.append(once)
     return once
 

@@ -50,3 +50,11 @@ def test_a_failing_hand_over_does_not_reach_the_sender_and_the_rest_still_runs()
     after_send.park(lambda: ran.append("next"))
     after_send.request_sent()  # no exception: gRPC's request iterator must not fail
     assert ran == ["next"]
+
+
+def test_work_its_engine_thread_ran_is_not_kept_until_the_next_request():
+    done = after_send.park(lambda: None)
+    done()
+    after_send.park(lambda: None)
+    assert done not in after_send._parked
+    after_send.request_sent()
