@@ -247,6 +247,31 @@ def breakdown(router: list, worker: list) -> dict:
     return {name: statistics.mean(v) if v else float("nan") for name, v in spans.items()}
 
 
+def thread_use(workers: dict):
+    """A reading of the scheduler counters of this process's and the workers' threads
+    (`served_threads.py`); its difference per round: CPU, run-queue wait and wake-ups."""
+    from served_threads import thread_counters
+
+    pids = {"router": os.getpid(), **{role: w.proc.pid for role, w in workers.items()}}
+    return {role: thread_counters(pid) for role, pid in pids.items()}
+
+
+def thread_delta(before: dict, after: dict, rounds: int) -> dict:
+    """Per process: ms of CPU and of run-queue wait and wake-ups per round, in all and of its
+    busiest thread (the round thread in the router, the event loop in a worker)."""
+    out = {}
+    for role, threads in after.items():
+        per = []
+        for tid, (name, cpu, wait, vol, _) in threads.items():
+            old = before[role].get(tid, (name, 0.0, 0.0, 0, 0))
+            per.append((1000 * (cpu - old[1]) / rounds, 1000 * (wait - old[2]) / rounds, (vol - old[3]) / rounds))
+        busiest = max(per)
+        out[role] = {"cpu_ms": sum(p[0] for p in per), "wait_ms": sum(p[1] for p in per),
+                     "wakeups": sum(p[2] for p in per), "busiest_cpu_ms": busiest[0], "busiest_wait_ms": busiest[1],
+                     "busiest_wakeups": busiest[2]}
+    return out
+
+
 def served_run(profile: str, workers: dict, prompts: list, max_new: int) -> dict:
     from specdec.config.config import load_config
     from specdec.wiring.engine_builder import build_engine
@@ -261,7 +286,7 @@ def served_run(profile: str, workers: dict, prompts: list, max_new: int) -> dict
         built = build_engine(load_config(overrides=overrides(profile, len(prompts) + 8)), verifier, draft)
         for w in workers.values():
             w.spans()  # drop warm-up calls
-        result = timed_generate(built, prompts, max_new)
+        result = timed_generate(built, prompts, max_new, lambda: thread_use(workers))
         result["calls"] = {role: breakdown(calls[role], workers[role].spans()) for role in workers}
     finally:
         verifier.close()
@@ -269,7 +294,7 @@ def served_run(profile: str, workers: dict, prompts: list, max_new: int) -> dict
     return result
 
 
-def timed_generate(built, prompts: list, max_new: int) -> dict:
+def timed_generate(built, prompts: list, max_new: int, reading=None) -> dict:
     from specdec.models.emulated_device import process_devices
     from specdec.requests.request import GenerationRequest
 
@@ -277,16 +302,19 @@ def timed_generate(built, prompts: list, max_new: int) -> dict:
     engine.generate([GenerationRequest(built.encode(p), 4) for p in prompts])  # warm-up
     before = dict(engine.profile.to_dict())
     busy = sum(d["busy_s"] for d in process_devices())
+    threads = reading() if reading else None
     start = time.perf_counter()
     results = engine.generate([GenerationRequest(built.encode(p), max_new) for p in prompts])
     wall = time.perf_counter() - start
     after = engine.profile.to_dict()
     rounds = after["rounds"] - before["rounds"]
+    threads = thread_delta(threads, reading(), max(1, rounds)) if reading else None
     per = 1000.0 / max(1, rounds)
     delta = {k: (after[k] - before[k]) * per for k in after if k != "rounds"}
     return {"tokens_per_s": sum(len(r.token_ids) for r in results) / wall, "rounds": rounds,
             "round_ms": delta["round_s"], "propose_ms": delta["propose_s"], "verify_ms": delta["verify_s"],
-            "local_device_ms": 1000 * (sum(d["busy_s"] for d in process_devices()) - busy) / max(1, rounds)}
+            "local_device_ms": 1000 * (sum(d["busy_s"] for d in process_devices()) - busy) / max(1, rounds),
+            **({"threads": threads} if threads else {})}
 
 
 def in_process_run(built, prompts: list, max_new: int) -> dict:
@@ -304,6 +332,10 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--server", choices=("aio", "sync"), nargs="+", default=["aio"],
                         help="the workers' server: grpc.aio (as served) and/or the synchronous prototype (interleaved)")
+    parser.add_argument("--beside-stack", choices=("on", "off"), nargs="+", default=["off"],
+                        help="phases of --runs runs each: 'on' with an idle served stack (Ray, Serve, the router, "
+                        "its workers: started here, sent nothing) beside them, 'off' without (what its background "
+                        "costs the round on this machine's cores)")
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.profile, args.slots, args.server[0])
@@ -311,31 +343,79 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from specdec.config.config import load_config
-    from specdec.models.model_paths import bundled_prompts
     from specdec.wiring.engine_builder import build_engine
 
     slots = max(args.streams) + 8
     servers = {kind: {role: Worker(role, args.profile, slots, kind) for role in ("draft", "target")}
                for kind in args.server}
     local = build_engine(load_config(overrides=overrides(args.profile, slots)))
-    rows = []
+    rows, stack = [], IdleStack(args.profile)
     try:
-        for run in range(args.runs):
-            for streams in args.streams:
-                prompts = [bundled_prompts()[i % 8] for i in range(streams)]
-                for setup in ("in-process", *(f"served-{kind}" for kind in servers)):
-                    row = (in_process_run(local, prompts, args.max_new_tokens) if setup == "in-process"
-                           else served_run(args.profile, servers[setup[7:]], prompts, args.max_new_tokens))
-                    row.update(run=run, streams=streams, setup=setup)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+        for phase, beside in enumerate(args.beside_stack):
+            stack.set(beside == "on")
+            rows += runs_of(args, servers, local, stack, phase)
     finally:
+        stack.set(False)
         for workers in servers.values():
             for w in workers.values():
                 w.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
+
+
+class IdleStack:
+    """`specdec serve`'s stack on the profile's emulated devices, up or down, never sent a request."""
+
+    def __init__(self, profile: str) -> None:
+        self.profile, self.app, self.processes = profile, None, []
+
+    def set(self, up: bool) -> None:
+        if up and self.app is None:
+            import psutil
+            from actors.app import free_port, start_app
+            from emulated_serving import emulated_overrides
+            from specdec.config.config import load_config
+
+            base = emulated_overrides(self.profile, 1.0, 8)
+            base["serving"].update(port=free_port(), http_port=free_port(), direct_port=free_port(),
+                                   direct_http_port=free_port())
+            self.app = start_app(load_config(overrides=base),
+                                 ray_init_kwargs={"include_dashboard": False, "log_to_driver": False})
+            workers = {p.pid for p in psutil.Process().children() if "--worker" in " ".join(p.cmdline())}
+            self.processes = [p for p in psutil.Process().children(recursive=True) if p.pid not in workers]
+        elif not up and self.app is not None:
+            self.app.shutdown()
+            self.app, self.processes = None, []
+
+    def cpu_s(self) -> float:
+        """CPU seconds the stack's processes used so far (this driver's own Ray threads not counted)."""
+        total = 0.0
+        for p in self.processes:
+            try:
+                total += sum(p.cpu_times()[:2])
+            except Exception:  # noqa: BLE001 - ended meanwhile
+                pass
+        return total
+
+
+def runs_of(args: argparse.Namespace, servers: dict, local, stack: IdleStack, phase: int) -> list[dict]:
+    """`args.runs` runs of every setup at every stream count (the stack's CPU use per second beside each row)."""
+    from specdec.models.model_paths import bundled_prompts
+
+    rows = []
+    for run in range(args.runs):
+        for streams in args.streams:
+            prompts = [bundled_prompts()[i % 8] for i in range(streams)]
+            for setup in ("in-process", *(f"served-{kind}" for kind in servers)):
+                cpu, start = stack.cpu_s(), time.perf_counter()
+                row = (in_process_run(local, prompts, args.max_new_tokens) if setup == "in-process"
+                       else served_run(args.profile, servers[setup[7:]], prompts, args.max_new_tokens))
+                row.update(run=run, streams=streams, setup=setup, phase=phase, stack=stack.app is not None,
+                           stack_cpu_per_s=(stack.cpu_s() - cpu) / (time.perf_counter() - start))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
 
 
 if __name__ == "__main__":

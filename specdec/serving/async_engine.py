@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.round.engine import SpeculativeEngine
-from specdec.serving.output_handoff import OutputHandoff
+from specdec.serving import after_send
+from specdec.serving.output_handoff import OutputHandoff, hand_over
 from specdec.round.round_output import GenerationResult, RoundOutput
 from specdec.requests.request import GenerationRequest
 
@@ -126,9 +127,13 @@ class AsyncEngine:
         max_concurrent_requests: int = 64,
         on_idle: Callable[[], None] | None = None,
         name: str = "specdec-engine-loop",
+        defer_handoff: bool = False,
     ) -> None:
         """on_idle: called on the loop thread whenever it runs out of work after doing some
-        (e.g. to send releases that remote workers buffer until their next call)."""
+        (e.g. to send releases that remote workers buffer until their next call).
+        defer_handoff: hand a round's outputs over once the next round's first request to a
+        worker is written (`after_send`), off the round's critical path; only for engines
+        whose every round sends on a round stream (else at the next round's end)."""
         if max_concurrent_requests < 1:
             raise ValueError(f"max_concurrent_requests must be >= 1, got {max_concurrent_requests}")
         self.engine = engine
@@ -138,6 +143,9 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # owned by the loop thread
         self._handoff = OutputHandoff(self._lost)  # items for the streams, until the round's end
+        self._defer_handoff = defer_handoff
+        self._parked: after_send.Once | None = None  # the last round's hand-over, while parked
+        self._lost_parked: list[RequestStream] = []  # streams found lost by a parked hand-over
         self._admitted: set[str] = set()  # guarded by _lock: submitted and not yet ended
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -206,7 +214,7 @@ class AsyncEngine:
         while True:
             block = not self.engine.has_unfinished()
             if block:
-                self._handoff.flush()  # e.g. a failed add's error
+                self._flush()  # e.g. a failed add's error
                 if self._worked:
                     self._idle()
             try:
@@ -215,7 +223,7 @@ class AsyncEngine:
                     block = False
                     if not self._apply(command):
                         self._close_all()
-                        self._handoff.flush()
+                        self._flush()
                         self._idle()
                         return
             except queue.Empty:
@@ -255,6 +263,7 @@ class AsyncEngine:
         """One engine step; hand each output to its stream, end finished ones: one wake-up
         per event loop for all of them."""
         self._worked = True
+        self._drop_lost_parked()
         try:
             outputs = self.engine.step()
         except Exception as exc:
@@ -262,7 +271,7 @@ class AsyncEngine:
             # the round's batch; when it failed before forming one (e.g. the target is
             # unreachable while admitting), every waiting request is affected
             self._fail(self.engine.running_ids() or list(self._streams), exc)
-            self._handoff.flush()
+            self._flush()
             return
         for output in outputs:
             stream = self._streams.get(output.seq_id)
@@ -277,7 +286,35 @@ class AsyncEngine:
                 self._handoff.keep(stream, output)
             if output.finish_reason is not None and self._streams.pop(output.seq_id, None) is not None:
                 self._end(stream, self.engine.result(output.seq_id))
+        if self._defer_handoff:
+            self._park()
+        else:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand over what is kept now (a parked hand-over first: each stream's items stay in order)."""
+        self._unpark()
         self._handoff.flush()
+        self._drop_lost_parked()
+
+    def _park(self) -> None:
+        """Hand this round's items over once the next round's first request is written
+        (`after_send`), or at the next `_flush` / `_park`, whichever comes first."""
+        self._unpark()
+        kept = self._handoff.take()
+        if kept:
+            self._parked = after_send.park(lambda: hand_over(kept, self._lost_parked.append))
+
+    def _unpark(self) -> None:
+        """Run the parked hand-over now unless a sending thread already did (it waits for one running)."""
+        parked, self._parked = self._parked, None
+        if parked is not None:
+            parked()
+
+    def _drop_lost_parked(self) -> None:
+        """(the loop thread) Drop the streams a parked hand-over found lost (their loop closed)."""
+        while self._lost_parked:
+            self._lost(self._lost_parked.pop(0))
 
     def _fail(self, seq_ids: list[str], exc: BaseException) -> None:
         for seq_id in seq_ids:

@@ -43,18 +43,26 @@ class OutputHandoff:
 
     def flush(self) -> None:
         """Hand every kept item over: one `call_soon_threadsafe` per event loop."""
-        if not self._kept:
-            return
+        hand_over(self.take(), self._on_lost)
+
+    def take(self) -> list[tuple[Receiver, Any]]:
+        """The kept items, to hand over later with `hand_over` (from any thread); none kept after."""
         kept, self._kept = self._kept, []
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Receiver, Any]]] = {}
-        for receiver, item in kept:
-            by_loop.setdefault(receiver.loop, []).append((receiver, item))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_receive_all, items)
-            except RuntimeError:  # the loop is closed: nobody listens any more
-                for receiver in dict.fromkeys(receiver for receiver, _ in items):
-                    self._on_lost(receiver)
+        return kept
+
+
+def hand_over(kept: list[tuple[Receiver, Any]], on_lost: Callable[[Receiver], None]) -> None:
+    """Hand `kept` over in order: one `call_soon_threadsafe` per event loop; on_lost(receiver)
+    for each receiver whose loop is closed."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Receiver, Any]]] = {}
+    for receiver, item in kept:
+        by_loop.setdefault(receiver.loop, []).append((receiver, item))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_receive_all, items)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            for receiver in dict.fromkeys(receiver for receiver, _ in items):
+                on_lost(receiver)
 
 
 def _receive_all(items: list[tuple[Receiver, Any]]) -> None:

@@ -177,7 +177,8 @@ def _served(
     γ for AUTO requests from the load (None = the static γ)."""
     default = config.speculation.proposer if config.speculation.proposer in proposers else next(iter(proposers))
     engine = _speculative_engine(config, verifier, CompositeProposer(proposers, default=default), tokenizer, policy)
-    loop = AsyncEngine(engine, config.serving.max_concurrent_requests, on_idle=lambda: _flush(verifier, proposers))
+    loop = AsyncEngine(engine, config.serving.max_concurrent_requests, on_idle=lambda: _flush(verifier, proposers),
+                       defer_handoff=getattr(verifier, "sends_on_round_stream", False))
     return ServedEngine(
         loop=loop,
         encode=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],

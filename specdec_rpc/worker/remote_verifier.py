@@ -70,6 +70,9 @@ class RemoteVerifier(WorkerClient, Verifier):
 
     stub_class = worker_pb2_grpc.TargetWorkerStub
     stream_method = "VerifyStream"
+    #: every round's Verify goes out on a RoundStream, which runs `after_send`'s parked work
+    #: once it is written: the engine loop may park a round's hand-over until then
+    sends_on_round_stream = True
     probe_timeout_s = PROBE_TIMEOUT_S  # one GetInfo while looking for the target again
 
     def __init__(

@@ -35,9 +35,20 @@ from typing import Any
 
 import grpc
 
+from specdec.serving import after_send
+
 logger = logging.getLogger(__name__)
 
 _END = object()  # ends a stream's request iterator (gRPC's sending thread then closes its side)
+
+
+def _requests(requests: queue.SimpleQueue) -> Iterator[Any]:
+    """The stream's request iterator, read by gRPC's sending thread: it asks for the next
+    request once the previous one is written, which is when work parked until the round's
+    request is on its way runs (`after_send`: the previous round's hand-over)."""
+    while (request := requests.get()) is not _END:
+        yield request
+        after_send.request_sent()
 
 
 class StreamError(grpc.RpcError):
@@ -163,7 +174,7 @@ class RoundStream:
                 self._open = None
             if self._open is None:
                 requests: queue.SimpleQueue = queue.SimpleQueue()
-                self._open = _Opened(self._open_call(iter(requests.get, _END)), requests)
+                self._open = _Opened(self._open_call(_requests(requests)), requests)
                 self.opened += 1
             call._opened = self._open
             self._open.waiting.append(call)

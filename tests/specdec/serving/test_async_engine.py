@@ -273,3 +273,47 @@ def test_on_idle_runs_on_the_loop_thread_once_the_work_is_done(built, prompt_ids
         assert calls == ["specdec-engine-loop"]
     finally:
         async_engine.shutdown()
+
+
+def deferred(built, request) -> tuple[list[list[int]], list[str], object]:
+    """Stream `request` through a loop that defers its hand-overs; the chunks, the thread that
+    handed each batch to the caller's loop, and the result."""
+    async def main():
+        loop, threads = asyncio.get_running_loop(), []
+        schedule = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *args: threads.append(threading.current_thread().name) or schedule(*args)
+        stream = async_engine.submit(request)
+        chunks = [out.new_token_ids async for out in stream]
+        return chunks, threads, await stream.result()
+
+    async_engine = AsyncEngine(built.engine, max_concurrent_requests=3, defer_handoff=True)
+    try:
+        return asyncio.run(main())
+    finally:
+        async_engine.shutdown()
+
+
+def test_a_deferred_hand_over_runs_once_the_next_rounds_request_is_sent(built, prompt_ids, hf_greedy, monkeypatch):
+    from specdec.serving import after_send
+
+    verify = built.engine.verifier.verify
+
+    def sent_then_verify(requests):  # as a round stream: gRPC's sending thread writes the request
+        sender = threading.Thread(target=after_send.request_sent, name="sender")
+        sender.start()
+        sender.join()
+        return verify(requests)
+
+    monkeypatch.setattr(built.engine.verifier, "verify", sent_then_verify)
+    chunks, threads, result = deferred(built, GenerationRequest(prompt_ids[0], 20))
+    assert [t for c in chunks for t in c] == result.token_ids == hf_greedy(prompt_ids[0], 20)
+    assert threads[:-1] == ["sender"] * (len(threads) - 1), "each round's items went with the next round's request"
+    assert threads[-1] == "specdec-engine-loop", "the last round's, when the loop ran out of work"
+
+
+def test_a_deferred_hand_over_without_a_sent_request_comes_at_the_next_round_or_when_idle(
+    built, prompt_ids, hf_greedy
+):
+    chunks, threads, result = deferred(built, GenerationRequest(prompt_ids[1], 20))
+    assert [t for c in chunks for t in c] == result.token_ids == hf_greedy(prompt_ids[1], 20)
+    assert set(threads) == {"specdec-engine-loop"} and len(chunks) > 1

@@ -131,3 +131,42 @@ def test_a_stream_that_ended_between_rounds_is_not_used_again():
     worker.ended = False
     assert call.result() == 3 and stream.opened == 2
     stream.close()
+
+
+def test_the_sending_side_runs_parked_work_once_a_request_was_written_and_the_next_asked_for():
+    """As gRPC's: a sending thread consumes the request iterator, a response per request."""
+    import queue
+
+    from specdec.serving import after_send
+
+    written, ran_after = [], []
+
+    def open_call(requests):
+        responses: queue.SimpleQueue = queue.SimpleQueue()
+
+        def send():
+            for n in requests:
+                written.append(n)
+                responses.put(n + 1)
+
+        threading.Thread(target=send, daemon=True).start()
+
+        class Call:
+            def __iter__(self):
+                while True:
+                    yield responses.get()
+
+            def cancel(self):
+                pass
+
+            def done(self):
+                return False
+
+        return Call()
+
+    stream = RoundStream(open_call, timeout_s=5.0)
+    after_send.park(lambda: ran_after.append(list(written)))
+    assert stream.send(1).result() == 2
+    stream.send(2).result()
+    assert ran_after == [[1]], "it ran once, after request 1 was written and before request 2"
+    stream.close()
