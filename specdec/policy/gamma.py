@@ -120,14 +120,9 @@ def plan_gammas(
     alike, under a target no plan meets, the same test as without one).
     curves: # [rows, gamma_max] P_i(k), k = 1 … gamma_max; lo, hi: each row's bounds."""
     rows = len(lo)
-    read = np.zeros(rows) if catch_up is None else np.asarray(catch_up, dtype=np.float64)  # [rows]
-    assert read.shape == (rows,), (read.shape, rows)
-    assert curves.ndim == 2 and curves.shape[0] == rows == len(hi), (curves.shape, len(lo), len(hi))
+    read, lo_a, hi_a = _bounds(curves, lo, hi, catch_up)
     if rows == 0:
         return Plan((), 0.0, 0.0)
-    lo_a, hi_a = np.asarray(lo), np.minimum(np.asarray(hi), curves.shape[1])
-    if (lo_a > hi_a).any() or (lo_a < 0).any():
-        raise ValueError(f"need 0 <= lo <= hi <= {curves.shape[1]}, got lo={lo}, hi={hi}")
     emitted = np.concatenate([np.ones((rows, 1)), 1.0 + np.cumsum(curves, axis=1)], axis=1)  # [rows, gamma_max + 1]
     plain = tuple(int(x) for x in lo_a)
     read_list = read.tolist()  # round_s sums it per call: plain floats, not numpy scalars
@@ -138,14 +133,37 @@ def plan_gammas(
     candidates = _candidates(emitted, lo_a, hi_a, cost, read, seconds, ratios,
                              _time_bound(cost, plain, prompt_tokens, read_list, max_round_ratio))
     plain_within = ratios(plain)
-    plain_met = _expected_within(plain_within)
-    speculating = [c for c in candidates if c.reach != plain]
-    top = max([plain_met, *(c.met for c in speculating)])
-    # the most tokens/s among the plans that keep as many rows within their targets as any, to within TIED_ROWS
-    best = _first_best([c for c in speculating if c.met >= top - TIED_ROWS], lambda c: 0)
-    if best is None or (plain_met >= top - TIED_ROWS and best.value <= plain_goodput * (1.0 + margin)):
+    best = _chosen(candidates, plain, _expected_within(plain_within), plain_goodput, margin)
+    if best is None:
         return Plan(plain, plain_goodput, plain_goodput, _worst(plain_within))
     return _taken(best, emitted, seconds, ratios, plain_goodput)
+
+
+def _bounds(curves: np.ndarray, lo: list[int], hi: list[int],
+            catch_up: list[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's catch-up, least and largest γ as arrays (the largest within the curves),
+    checked. # [rows] each"""
+    rows = len(lo)
+    read = np.zeros(rows) if catch_up is None else np.asarray(catch_up, dtype=np.float64)  # [rows]
+    assert read.shape == (rows,), (read.shape, rows)
+    assert curves.ndim == 2 and curves.shape[0] == rows == len(hi), (curves.shape, len(lo), len(hi))
+    lo_a, hi_a = np.asarray(lo), np.minimum(np.asarray(hi), curves.shape[1])
+    if (lo_a > hi_a).any() or (lo_a < 0).any():
+        raise ValueError(f"need 0 <= lo <= hi <= {curves.shape[1]}, got lo={lo}, hi={hi}")
+    return read, lo_a, hi_a
+
+
+def _chosen(candidates: list[_Candidate], plain: tuple[int, ...], plain_met: float, plain_goodput: float,
+            margin: float) -> _Candidate | None:
+    """The speculating plan taken, or None for plain decoding: the most tokens/s among the
+    plans that keep as many rows within their targets as any, to within TIED_ROWS; one tied
+    with plain decoding must beat it by `margin`."""
+    speculating = [c for c in candidates if c.reach != plain]
+    top = max([plain_met, *(c.met for c in speculating)])
+    best = _first_best([c for c in speculating if c.met >= top - TIED_ROWS], lambda c: 0)
+    if best is None or (plain_met >= top - TIED_ROWS and best.value <= plain_goodput * (1.0 + margin)):
+        return None
+    return best
 
 
 def _time_bound(cost: RoundCostModel, plain: tuple[int, ...], prompt_tokens: int, read: list[float],
