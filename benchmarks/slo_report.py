@@ -32,13 +32,14 @@ def request_tpot_s(r) -> float:
 
 
 def slo_fields(measured: list, tpot_target_ms: float | None, ttft_target_ms: float | None) -> dict:
-    """TPOT percentiles of the finished requests and, per target given, the share of all
-    measured requests that finished within it; `slo_attainment`: within every target given
-    (None without targets)."""
+    """TPOT percentiles of the finished requests and their scatter (`tpot_scatter`: standard
+    deviation over mean, what the policy's TPOT_SCATTER assumes of a request around its
+    row's predicted TPOT); per target given, the share of all measured requests that
+    finished within it; `slo_attainment`: within every target given (None without targets)."""
     tpots = [1000 * request_tpot_s(r) for r in measured if r.done]
     meets = [r.done for r in measured]
     out = {"tpot_p50_ms": percentile(tpots, 50), "tpot_p90_ms": percentile(tpots, 90),
-           "tpot_target_ms": tpot_target_ms, "ttft_target_ms": ttft_target_ms}
+           "tpot_scatter": _scatter(tpots), "tpot_target_ms": tpot_target_ms, "ttft_target_ms": ttft_target_ms}
     if tpot_target_ms is not None:
         within = [r.done and 1000 * request_tpot_s(r) <= tpot_target_ms for r in measured]
         out["tpot_attainment"] = _share(within)
@@ -50,6 +51,13 @@ def slo_fields(measured: list, tpot_target_ms: float | None, ttft_target_ms: flo
     targeted = tpot_target_ms is not None or ttft_target_ms is not None
     out["slo_attainment"] = _share(meets) if targeted else None
     return out
+
+
+def _scatter(values: list[float]) -> float:
+    """Standard deviation over mean (nan: fewer than two values or a zero mean)."""
+    if len(values) < 2 or not statistics.fmean(values):
+        return math.nan
+    return statistics.stdev(values) / statistics.fmean(values)
 
 
 def _share(flags: list[bool]) -> float:

@@ -3,6 +3,7 @@ every measured request (failures miss), and AUTO's goodput verdict against the b
 policy (the higher attainment)."""
 
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -30,6 +31,14 @@ def test_attainment_counts_every_measured_request_and_failures_miss():
     both = slo_fields(measured, tpot_target_ms=60.0, ttft_target_ms=500.0)  # the third starts too late
     assert both["ttft_attainment"] == pytest.approx(2 / 4) and both["slo_attainment"] == pytest.approx(1 / 4)
     assert slo_fields(measured, None, None)["slo_attainment"] is None
+
+
+def test_tpot_scatter_is_the_finished_requests_standard_deviation_over_their_mean():
+    measured = [done(11, 0.1, 1.1), done(11, 0.1, 0.6), done(11, 0.1, 0.6), RequestResult(0.0, True, error="x")]
+    tpots = [100.0, 50.0, 50.0]  # ms; the failed request has none
+    expected = statistics.stdev(tpots) / statistics.fmean(tpots)
+    assert slo_fields(measured, None, None)["tpot_scatter"] == pytest.approx(expected)
+    assert math.isnan(slo_fields(measured[:1], None, None)["tpot_scatter"]), "one request: no scatter"
 
 
 def point(policy, tokens_per_s, attainment, qps=8.0):
