@@ -63,7 +63,11 @@ from numpy.typing import ArrayLike
 
 from specdec.policy.round_cost import RoundCostModel
 
-TPOT_SCATTER = 0.1  # a request's TPOT around its row's predicted mean: one standard deviation, relative
+# A request's TPOT around its row's predicted mean, one standard deviation relative to it: plain
+# decoding's rows scatter only as their rounds do; a drafting row's tokens per round are its
+# drafts' luck as well, so it scatters more with every token it drafts (docs/goodput.md, measured).
+TPOT_SCATTER = 0.05  # a row that drafts nothing
+TPOT_SCATTER_PER_DRAFT = 0.055  # and this much more per token the row drafts a round
 TIED_ROWS = 0.5  # plans whose expected rows within their targets differ by less are tied: tokens/s decides
 
 
@@ -133,7 +137,7 @@ def plan_gammas(
     candidates = _candidates(emitted, lo_a, hi_a, cost, read, seconds, ratios,
                              _time_bound(cost, plain, prompt_tokens, read_list, max_round_ratio))
     plain_within = ratios(plain)
-    best = _chosen(candidates, plain, _expected_within(plain_within), plain_goodput, margin)
+    best = _chosen(candidates, plain, _expected_within(plain_within, plain), plain_goodput, margin)
     if best is None:
         return Plan(plain, plain_goodput, plain_goodput, _worst(plain_within))
     return _taken(best, emitted, seconds, ratios, plain_goodput)
@@ -194,7 +198,7 @@ def _candidates(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, cost: Round
         reach = bound(emitted, tuple(int(x) for x in choice))
         step = _within_budget(emitted, reach, lo, budget)  # trims least likely first: stays within the bound
         value = _goodput(emitted, reach, seconds)
-        out.append(_Candidate(reach, step, value, _expected_within(ratios(reach))))
+        out.append(_Candidate(reach, step, value, _expected_within(ratios(reach), reach)))
         falling = falling + 1 if value < previous else 0
         if falling >= 2:
             break
@@ -238,16 +242,24 @@ def _tpot_ratios(emitted: np.ndarray, wait_s: Callable[[tuple[int, ...]], float]
     return ratios
 
 
-def _expected_within(ratios: np.ndarray) -> float:
+def _expected_within(ratios: np.ndarray, gammas: tuple[int, ...]) -> float:
     """Rows expected within their TPOT targets, from each row's predicted TPOT over its target
-    (0: none). A prediction is a row's mean and its TPOT scatters around it, so a row at
-    0.99x its target meets it about as often as one at 1.01x: counted by a hard threshold,
-    one row crossing it chose one draft step for a whole batch over two that streamed more
-    and kept the others further within, and plans flipped between the two round by round.
-    Each row counts its chance of landing within: a normal scatter of TPOT_SCATTER
-    (relative) around the prediction, in its logistic approximation. # ratios: [rows]"""
-    z = (1.0 - np.asarray(ratios, dtype=np.float64)) / TPOT_SCATTER
-    return float((1.0 / (1.0 + np.exp(-1.702 * np.clip(z, -40.0, 40.0)))).sum())
+    (0: none) under the plan `gammas`. A prediction is a row's mean and its TPOT scatters
+    around it, so a row at 0.99x its target meets it about as often as one at 1.01x: counted
+    by a hard threshold, one row crossing it chose one draft step for a whole batch over two
+    that streamed more and kept the others further within, and plans flipped between the two
+    round by round. Each row counts its chance of landing within: a normal scatter around
+    the prediction (logistic approximation), wider the more the row drafts (TPOT_SCATTER +
+    TPOT_SCATTER_PER_DRAFT · γ_i). One scatter for every plan judged plain decoding's tight
+    TPOT as loosely as a drafting row's: under a target just above plain decoding's TPOT,
+    plain decoding meets it for nearly every request and drafting misses it for the requests
+    whose drafts were rejected, yet a drafting plan predicted further within looked safer.
+    A row without a target (ratio 0) counts whole. # ratios, gammas: [rows]"""
+    ratios = np.asarray(ratios, dtype=np.float64)
+    scatter = TPOT_SCATTER + TPOT_SCATTER_PER_DRAFT * np.asarray(gammas, dtype=np.float64)
+    z = (1.0 - ratios) / scatter
+    chance = 1.0 / (1.0 + np.exp(-1.702 * np.clip(z, -40.0, 40.0)))
+    return float(np.where(ratios > 0, chance, 1.0).sum())  # a row without a target meets any
 
 
 def _worst(ratios: np.ndarray) -> float:

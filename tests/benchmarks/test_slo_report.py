@@ -3,7 +3,6 @@ every measured request (failures miss), and AUTO's goodput verdict against the b
 policy (the higher attainment)."""
 
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from load_report import RequestResult  # noqa: E402
+from bench_serving import percentile  # noqa: E402
 from slo_report import request_tpot_s, slo_fields, slo_table  # noqa: E402
 
 
@@ -33,11 +33,13 @@ def test_attainment_counts_every_measured_request_and_failures_miss():
     assert slo_fields(measured, None, None)["slo_attainment"] is None
 
 
-def test_tpot_scatter_is_the_finished_requests_standard_deviation_over_their_mean():
-    measured = [done(11, 0.1, 1.1), done(11, 0.1, 0.6), done(11, 0.1, 0.6), RequestResult(0.0, True, error="x")]
-    tpots = [100.0, 50.0, 50.0]  # ms; the failed request has none
-    expected = statistics.stdev(tpots) / statistics.fmean(tpots)
-    assert slo_fields(measured, None, None)["tpot_scatter"] == pytest.approx(expected)
+def test_tpot_scatter_is_the_normal_scatter_of_the_finished_requests_10_to_90_percent_range():
+    measured = [done(11, 0.1, 0.1 + t / 100) for t in range(40, 61)] + [RequestResult(0.0, True, error="x")]
+    tpots = [float(t) for t in range(40, 61)]  # ms; the failed request has none
+    expected = (percentile(tpots, 90) - percentile(tpots, 10)) / 2.5632 / percentile(tpots, 50)
+    assert slo_fields(measured, None, None)["tpot_scatter"] == pytest.approx(expected, rel=1e-3)
+    stalled = measured[:-1] + [done(11, 0.1, 10.0)]  # one request stalls: the range barely moves
+    assert slo_fields(stalled, None, None)["tpot_scatter"] == pytest.approx(expected, rel=0.2)
     assert math.isnan(slo_fields(measured[:1], None, None)["tpot_scatter"]), "one request: no scatter"
 
 
