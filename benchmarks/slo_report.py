@@ -32,10 +32,12 @@ def request_tpot_s(r) -> float:
 
 
 def slo_fields(measured: list, tpot_target_ms: float | None, ttft_target_ms: float | None) -> dict:
-    """TPOT percentiles of the finished requests and their scatter (`tpot_scatter`, what the
-    policy's TPOT_SCATTER assumes of a request around its row's predicted TPOT: the relative
-    standard deviation of a normal scatter with the same 10-90 % range, (p90 − p10) / 2.563 /
-    p50; a few stalled requests move a standard deviation, not that); per target given, the
+    """TPOT percentiles of the finished requests and their scatter above the median
+    (`tpot_scatter`, what the policy's TPOT_SCATTER assumes of a request around its row's
+    predicted TPOT: the relative standard deviation of a normal scatter with the same p90,
+    (p90 − p50) / 1.2816 / p50. The upper side, as a target is an upper bound: the lower one
+    holds the run's light moments, rows whose predictions were lower too; a few stalled
+    requests would move a standard deviation, not that); per target given, the
     share of all measured requests that finished within it; `slo_attainment`: within every
     target given (None without targets)."""
     tpots = [1000 * request_tpot_s(r) for r in measured if r.done]
@@ -56,10 +58,10 @@ def slo_fields(measured: list, tpot_target_ms: float | None, ttft_target_ms: flo
 
 
 def _scatter(values: list[float]) -> float:
-    """(p90 − p10) / (2 · 1.2816) / p50 (nan: fewer than two values or a zero median)."""
+    """(p90 − p50) / 1.2816 / p50 (nan: fewer than two values or a zero median)."""
     if len(values) < 2 or not percentile(values, 50):
         return math.nan
-    return (percentile(values, 90) - percentile(values, 10)) / (2 * 1.2816) / percentile(values, 50)
+    return (percentile(values, 90) - percentile(values, 50)) / 1.2816 / percentile(values, 50)
 
 
 def _share(flags: list[bool]) -> float:

@@ -63,11 +63,12 @@ from numpy.typing import ArrayLike
 
 from specdec.policy.round_cost import RoundCostModel
 
-# A request's TPOT around its row's predicted mean, one standard deviation relative to it: plain
-# decoding's rows scatter only as their rounds do; a drafting row's tokens per round are its
-# drafts' luck as well, so it scatters more with every token it drafts (docs/goodput.md, measured).
-TPOT_SCATTER = 0.05  # a row that drafts nothing
-TPOT_SCATTER_PER_DRAFT = 0.055  # and this much more per token the row drafts a round
+# A request's TPOT around its row's predicted mean, one standard deviation relative to it
+# (docs/goodput.md, measured): a row that decodes plainly scatters by the prediction's own
+# error; a drafting row's tokens per round are its drafts' luck as well, a variance that
+# grows with every token it drafts: sqrt(TPOT_SCATTER² + TPOT_SCATTER_PER_DRAFT² · γ_i).
+TPOT_SCATTER = 0.04
+TPOT_SCATTER_PER_DRAFT = 0.11
 TIED_ROWS = 0.5  # plans whose expected rows within their targets differ by less are tied: tokens/s decides
 
 
@@ -249,14 +250,14 @@ def _expected_within(ratios: np.ndarray, gammas: tuple[int, ...]) -> float:
     by a hard threshold, one row crossing it chose one draft step for a whole batch over two
     that streamed more and kept the others further within, and plans flipped between the two
     round by round. Each row counts its chance of landing within: a normal scatter around
-    the prediction (logistic approximation), wider the more the row drafts (TPOT_SCATTER +
-    TPOT_SCATTER_PER_DRAFT · γ_i). One scatter for every plan judged plain decoding's tight
+    the prediction (logistic approximation), wider the more the row drafts (its variance
+    TPOT_SCATTER² + TPOT_SCATTER_PER_DRAFT² · γ_i). One scatter for every plan judged plain decoding's tight
     TPOT as loosely as a drafting row's: under a target just above plain decoding's TPOT,
     plain decoding meets it for nearly every request and drafting misses it for the requests
     whose drafts were rejected, yet a drafting plan predicted further within looked safer.
     A row without a target (ratio 0) counts whole. # ratios, gammas: [rows]"""
     ratios = np.asarray(ratios, dtype=np.float64)
-    scatter = TPOT_SCATTER + TPOT_SCATTER_PER_DRAFT * np.asarray(gammas, dtype=np.float64)
+    scatter = np.sqrt(TPOT_SCATTER ** 2 + TPOT_SCATTER_PER_DRAFT ** 2 * np.asarray(gammas, dtype=np.float64))
     z = (1.0 - ratios) / scatter
     chance = 1.0 / (1.0 + np.exp(-1.702 * np.clip(z, -40.0, 40.0)))
     return float(np.where(ratios > 0, chance, 1.0).sum())  # a row without a target meets any

@@ -33,13 +33,15 @@ def test_attainment_counts_every_measured_request_and_failures_miss():
     assert slo_fields(measured, None, None)["slo_attainment"] is None
 
 
-def test_tpot_scatter_is_the_normal_scatter_of_the_finished_requests_10_to_90_percent_range():
+def test_tpot_scatter_is_the_normal_scatter_of_the_finished_requests_above_their_median():
     measured = [done(11, 0.1, 0.1 + t / 100) for t in range(40, 61)] + [RequestResult(0.0, True, error="x")]
     tpots = [float(t) for t in range(40, 61)]  # ms; the failed request has none
-    expected = (percentile(tpots, 90) - percentile(tpots, 10)) / 2.5632 / percentile(tpots, 50)
+    expected = (percentile(tpots, 90) - percentile(tpots, 50)) / 1.2816 / percentile(tpots, 50)
     assert slo_fields(measured, None, None)["tpot_scatter"] == pytest.approx(expected, rel=1e-3)
-    stalled = measured[:-1] + [done(11, 0.1, 10.0)]  # one request stalls: the range barely moves
+    stalled = measured[:-1] + [done(11, 0.1, 10.0)]  # one request stalls: p90 barely moves
     assert slo_fields(stalled, None, None)["tpot_scatter"] == pytest.approx(expected, rel=0.2)
+    fast_start = [done(11, 0.1, 0.1 + t / 100) for t in (5, 10, 15)] + measured[3:]  # a light start: below the median
+    assert slo_fields(fast_start, None, None)["tpot_scatter"] == pytest.approx(expected, rel=0.1)
     assert math.isnan(slo_fields(measured[:1], None, None)["tpot_scatter"]), "one request: no scatter"
 
 
