@@ -251,8 +251,8 @@ def _expected_within(ratios: np.ndarray, gammas: tuple[int, ...]) -> float:
     that streamed more and kept the others further within, and plans flipped between the two
     round by round. Each row counts its chance of landing within: a normal scatter around
     the prediction (logistic approximation), wider the more the row drafts (its variance
-    TPOT_SCATTER² + TPOT_SCATTER_PER_DRAFT² · γ_i). One scatter for every plan judged plain decoding's tight
-    TPOT as loosely as a drafting row's: under a target just above plain decoding's TPOT,
+    TPOT_SCATTER² + TPOT_SCATTER_PER_DRAFT² · γ_i). One scatter for every plan judged plain
+    decoding's tight TPOT as loosely as a drafting row's: under a target just above plain decoding's TPOT,
     plain decoding meets it for nearly every request and drafting misses it for the requests
     whose drafts were rejected, yet a drafting plan predicted further within looked safer.
     A row without a target (ratio 0) counts whole. # ratios, gammas: [rows]"""
