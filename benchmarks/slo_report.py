@@ -32,13 +32,18 @@ def request_tpot_s(r) -> float:
 
 
 def slo_fields(measured: list, tpot_target_ms: float | None, ttft_target_ms: float | None) -> dict:
-    """TPOT percentiles of the finished requests and, per target given, the share of all
-    measured requests that finished within it; `slo_attainment`: within every target given
-    (None without targets)."""
+    """TPOT percentiles of the finished requests and their scatter above the median
+    (`tpot_scatter`, what the policy's TPOT_SCATTER assumes of a request around its row's
+    predicted TPOT: the relative standard deviation of a normal scatter with the same p90,
+    (p90 − p50) / 1.2816 / p50. The upper side, as a target is an upper bound: the lower one
+    holds the run's light moments, rows whose predictions were lower too; a few stalled
+    requests would move a standard deviation, not that); per target given, the
+    share of all measured requests that finished within it; `slo_attainment`: within every
+    target given (None without targets)."""
     tpots = [1000 * request_tpot_s(r) for r in measured if r.done]
     meets = [r.done for r in measured]
     out = {"tpot_p50_ms": percentile(tpots, 50), "tpot_p90_ms": percentile(tpots, 90),
-           "tpot_target_ms": tpot_target_ms, "ttft_target_ms": ttft_target_ms}
+           "tpot_scatter": _scatter(tpots), "tpot_target_ms": tpot_target_ms, "ttft_target_ms": ttft_target_ms}
     if tpot_target_ms is not None:
         within = [r.done and 1000 * request_tpot_s(r) <= tpot_target_ms for r in measured]
         out["tpot_attainment"] = _share(within)
@@ -50,6 +55,13 @@ def slo_fields(measured: list, tpot_target_ms: float | None, ttft_target_ms: flo
     targeted = tpot_target_ms is not None or ttft_target_ms is not None
     out["slo_attainment"] = _share(meets) if targeted else None
     return out
+
+
+def _scatter(values: list[float]) -> float:
+    """(p90 − p50) / 1.2816 / p50 (nan: fewer than two values or a zero median)."""
+    if len(values) < 2 or not percentile(values, 50):
+        return math.nan
+    return (percentile(values, 90) - percentile(values, 50)) / 1.2816 / percentile(values, 50)
 
 
 def _share(flags: list[bool]) -> float:

@@ -63,7 +63,12 @@ from numpy.typing import ArrayLike
 
 from specdec.policy.round_cost import RoundCostModel
 
-TPOT_SCATTER = 0.1  # a request's TPOT around its row's predicted mean: one standard deviation, relative
+# A request's TPOT around its row's predicted mean, one standard deviation relative to it
+# (docs/goodput.md, measured): a row that decodes plainly scatters by the prediction's own
+# error; a drafting row's tokens per round are its drafts' luck as well, a variance that
+# grows with every token it drafts: sqrt(TPOT_SCATTER² + TPOT_SCATTER_PER_DRAFT² · γ_i).
+TPOT_SCATTER = 0.04
+TPOT_SCATTER_PER_DRAFT = 0.11
 TIED_ROWS = 0.5  # plans whose expected rows within their targets differ by less are tied: tokens/s decides
 
 
@@ -120,14 +125,9 @@ def plan_gammas(
     alike, under a target no plan meets, the same test as without one).
     curves: # [rows, gamma_max] P_i(k), k = 1 … gamma_max; lo, hi: each row's bounds."""
     rows = len(lo)
-    read = np.zeros(rows) if catch_up is None else np.asarray(catch_up, dtype=np.float64)  # [rows]
-    assert read.shape == (rows,), (read.shape, rows)
-    assert curves.ndim == 2 and curves.shape[0] == rows == len(hi), (curves.shape, len(lo), len(hi))
+    read, lo_a, hi_a = _bounds(curves, lo, hi, catch_up)
     if rows == 0:
         return Plan((), 0.0, 0.0)
-    lo_a, hi_a = np.asarray(lo), np.minimum(np.asarray(hi), curves.shape[1])
-    if (lo_a > hi_a).any() or (lo_a < 0).any():
-        raise ValueError(f"need 0 <= lo <= hi <= {curves.shape[1]}, got lo={lo}, hi={hi}")
     emitted = np.concatenate([np.ones((rows, 1)), 1.0 + np.cumsum(curves, axis=1)], axis=1)  # [rows, gamma_max + 1]
     plain = tuple(int(x) for x in lo_a)
     read_list = read.tolist()  # round_s sums it per call: plain floats, not numpy scalars
@@ -138,14 +138,37 @@ def plan_gammas(
     candidates = _candidates(emitted, lo_a, hi_a, cost, read, seconds, ratios,
                              _time_bound(cost, plain, prompt_tokens, read_list, max_round_ratio))
     plain_within = ratios(plain)
-    plain_met = _expected_within(plain_within)
-    speculating = [c for c in candidates if c.reach != plain]
-    top = max([plain_met, *(c.met for c in speculating)])
-    # the most tokens/s among the plans that keep as many rows within their targets as any, to within TIED_ROWS
-    best = _first_best([c for c in speculating if c.met >= top - TIED_ROWS], lambda c: 0)
-    if best is None or (plain_met >= top - TIED_ROWS and best.value <= plain_goodput * (1.0 + margin)):
+    best = _chosen(candidates, plain, _expected_within(plain_within, plain), plain_goodput, margin)
+    if best is None:
         return Plan(plain, plain_goodput, plain_goodput, _worst(plain_within))
     return _taken(best, emitted, seconds, ratios, plain_goodput)
+
+
+def _bounds(curves: np.ndarray, lo: list[int], hi: list[int],
+            catch_up: list[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's catch-up, least and largest γ as arrays (the largest within the curves),
+    checked. # [rows] each"""
+    rows = len(lo)
+    read = np.zeros(rows) if catch_up is None else np.asarray(catch_up, dtype=np.float64)  # [rows]
+    assert read.shape == (rows,), (read.shape, rows)
+    assert curves.ndim == 2 and curves.shape[0] == rows == len(hi), (curves.shape, len(lo), len(hi))
+    lo_a, hi_a = np.asarray(lo), np.minimum(np.asarray(hi), curves.shape[1])
+    if (lo_a > hi_a).any() or (lo_a < 0).any():
+        raise ValueError(f"need 0 <= lo <= hi <= {curves.shape[1]}, got lo={lo}, hi={hi}")
+    return read, lo_a, hi_a
+
+
+def _chosen(candidates: list[_Candidate], plain: tuple[int, ...], plain_met: float, plain_goodput: float,
+            margin: float) -> _Candidate | None:
+    """The speculating plan taken, or None for plain decoding: the most tokens/s among the
+    plans that keep as many rows within their targets as any, to within TIED_ROWS; one tied
+    with plain decoding must beat it by `margin`."""
+    speculating = [c for c in candidates if c.reach != plain]
+    top = max([plain_met, *(c.met for c in speculating)])
+    best = _first_best([c for c in speculating if c.met >= top - TIED_ROWS], lambda c: 0)
+    if best is None or (plain_met >= top - TIED_ROWS and best.value <= plain_goodput * (1.0 + margin)):
+        return None
+    return best
 
 
 def _time_bound(cost: RoundCostModel, plain: tuple[int, ...], prompt_tokens: int, read: list[float],
@@ -176,7 +199,7 @@ def _candidates(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, cost: Round
         reach = bound(emitted, tuple(int(x) for x in choice))
         step = _within_budget(emitted, reach, lo, budget)  # trims least likely first: stays within the bound
         value = _goodput(emitted, reach, seconds)
-        out.append(_Candidate(reach, step, value, _expected_within(ratios(reach))))
+        out.append(_Candidate(reach, step, value, _expected_within(ratios(reach), reach)))
         falling = falling + 1 if value < previous else 0
         if falling >= 2:
             break
@@ -220,16 +243,24 @@ def _tpot_ratios(emitted: np.ndarray, wait_s: Callable[[tuple[int, ...]], float]
     return ratios
 
 
-def _expected_within(ratios: np.ndarray) -> float:
+def _expected_within(ratios: np.ndarray, gammas: tuple[int, ...]) -> float:
     """Rows expected within their TPOT targets, from each row's predicted TPOT over its target
-    (0: none). A prediction is a row's mean and its TPOT scatters around it, so a row at
-    0.99x its target meets it about as often as one at 1.01x: counted by a hard threshold,
-    one row crossing it chose one draft step for a whole batch over two that streamed more
-    and kept the others further within, and plans flipped between the two round by round.
-    Each row counts its chance of landing within: a normal scatter of TPOT_SCATTER
-    (relative) around the prediction, in its logistic approximation. # ratios: [rows]"""
-    z = (1.0 - np.asarray(ratios, dtype=np.float64)) / TPOT_SCATTER
-    return float((1.0 / (1.0 + np.exp(-1.702 * np.clip(z, -40.0, 40.0)))).sum())
+    (0: none) under the plan `gammas`. A prediction is a row's mean and its TPOT scatters
+    around it, so a row at 0.99x its target meets it about as often as one at 1.01x: counted
+    by a hard threshold, one row crossing it chose one draft step for a whole batch over two
+    that streamed more and kept the others further within, and plans flipped between the two
+    round by round. Each row counts its chance of landing within: a normal scatter around
+    the prediction (logistic approximation), wider the more the row drafts (its variance
+    TPOT_SCATTER² + TPOT_SCATTER_PER_DRAFT² · γ_i). One scatter for every plan judged plain
+    decoding's tight TPOT as loosely as a drafting row's: under a target just above plain decoding's TPOT,
+    plain decoding meets it for nearly every request and drafting misses it for the requests
+    whose drafts were rejected, yet a drafting plan predicted further within looked safer.
+    A row without a target (ratio 0) counts whole. # ratios, gammas: [rows]"""
+    ratios = np.asarray(ratios, dtype=np.float64)
+    scatter = np.sqrt(TPOT_SCATTER ** 2 + TPOT_SCATTER_PER_DRAFT ** 2 * np.asarray(gammas, dtype=np.float64))
+    z = (1.0 - ratios) / scatter
+    chance = 1.0 / (1.0 + np.exp(-1.702 * np.clip(z, -40.0, 40.0)))
+    return float(np.where(ratios > 0, chance, 1.0).sum())  # a row without a target meets any
 
 
 def _worst(ratios: np.ndarray) -> float:

@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from load_report import RequestResult  # noqa: E402
+from bench_serving import percentile  # noqa: E402
 from slo_report import request_tpot_s, slo_fields, slo_table  # noqa: E402
 
 
@@ -30,6 +31,18 @@ def test_attainment_counts_every_measured_request_and_failures_miss():
     both = slo_fields(measured, tpot_target_ms=60.0, ttft_target_ms=500.0)  # the third starts too late
     assert both["ttft_attainment"] == pytest.approx(2 / 4) and both["slo_attainment"] == pytest.approx(1 / 4)
     assert slo_fields(measured, None, None)["slo_attainment"] is None
+
+
+def test_tpot_scatter_is_the_normal_scatter_of_the_finished_requests_above_their_median():
+    measured = [done(11, 0.1, 0.1 + t / 100) for t in range(40, 61)] + [RequestResult(0.0, True, error="x")]
+    tpots = [float(t) for t in range(40, 61)]  # ms; the failed request has none
+    expected = (percentile(tpots, 90) - percentile(tpots, 50)) / 1.2816 / percentile(tpots, 50)
+    assert slo_fields(measured, None, None)["tpot_scatter"] == pytest.approx(expected, rel=1e-3)
+    stalled = measured[:-1] + [done(11, 0.1, 10.0)]  # one request stalls: p90 barely moves
+    assert slo_fields(stalled, None, None)["tpot_scatter"] == pytest.approx(expected, rel=0.2)
+    fast_start = [done(11, 0.1, 0.1 + t / 100) for t in (5, 10, 15)] + measured[3:]  # a light start: below the median
+    assert slo_fields(fast_start, None, None)["tpot_scatter"] == pytest.approx(expected, rel=0.1)
+    assert math.isnan(slo_fields(measured[:1], None, None)["tpot_scatter"]), "one request: no scatter"
 
 
 def point(policy, tokens_per_s, attainment, qps=8.0):
