@@ -13,10 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, size_pool
+from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 from specdec.models.llama import LlamaForServing
 from specdec.models.loader import load_model
 from specdec.models.padding_groups import padding_groups
+from specdec.models.pool_sizing import size_pool
 
 
 class ModelRunner:

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from specdec.models.kv_cache import CacheFullError, InvalidSlotError, blocks_in_budget
+from specdec.models.kv_cache import CacheFullError, InvalidSlotError
+from specdec.models.pool_sizing import blocks_in_budget
 from specdec.models.model_runner import check_forward_request
 
 
