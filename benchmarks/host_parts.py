@@ -6,7 +6,8 @@ The in-process engine (greedy, γ 4, `--streams` requests of `--max-new-tokens`)
 device's `run` (its wait, and the emulated model's own work, which counts within the device
 time) is subtracted, so what is left is the framework's host work: the thread's CPU time
 (`time.thread_time`, min over `--passes`), split into the draft's proposal (its catch-up
-forward apart), the verify and `ModelRunner.forward`'s glue (per forward). A last pass counts
+forward apart), the verify, the engine's applying of the verdicts (stop checks, detokenizing,
+statistics) and `ModelRunner.forward`'s glue (per forward). A last pass counts
 the aten operations dispatched outside the devices, by the innermost part that ran them
 ("engine": none of these). Usage:
     python benchmarks/host_parts.py [--profile h100-llama-8b-1b] [--streams 1,8,32] [--passes 5]
@@ -27,10 +28,12 @@ from specdec.models.model_paths import bundled_prompts
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec.requests.request import GenerationRequest
+from specdec.round.engine import SpeculativeEngine
 from specdec.verifiers.target_verifier import TargetVerifier
 
 PARTS = ((DraftModelProposer, "propose", "draft"), (DraftModelProposer, "_catch_up", "catch-up"),
-         (TargetVerifier, "verify", "verify"), (ModelRunner, "forward", "forward"))
+         (TargetVerifier, "verify", "verify"), (ModelRunner, "forward", "forward"),
+         (SpeculativeEngine, "_apply_all", "apply"))
 
 
 class _Meter:
@@ -101,7 +104,7 @@ def measure(profile: str, streams: int, passes: int, max_new: int, meter: _Meter
     us = {k: v / rounds * 1e6 for k, v in cpu.items()}
     forwards = calls["forward"] / rounds
     return (f"| {streams} | {total / rounds * 1e6:.0f} | {us['draft']:.0f} ({us['catch-up']:.0f}) | {us['verify']:.0f} "
-            f"| {forwards:.1f} x {us['forward'] / forwards:.0f} | {ops} |")
+            f"| {us['apply']:.0f} | {forwards:.1f} x {us['forward'] / forwards:.0f} | {ops} |")
 
 
 def main() -> None:
@@ -113,9 +116,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     meter = _Meter()
-    print("| streams | host µs/round | draft (its catch-up) | verify | forwards x glue µs | aten ops/round outside "
-          "the devices, by part |")
-    print("|---|---|---|---|---|---|")
+    print("| streams | host µs/round | draft (its catch-up) | verify | applying verdicts | forwards x glue µs "
+          "| aten ops/round outside the devices, by part |")
+    print("|---|---|---|---|---|---|---|")
     for streams in (int(s) for s in args.streams.split(",")):
         print(measure(args.profile, streams, args.passes, args.max_new_tokens, meter), flush=True)
 

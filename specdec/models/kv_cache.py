@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import heapq
 import operator
-import os
 
 import torch
 
 from specdec.models.block_pool import BlockPool, CacheFullError
+from specdec.models.pool_sizing import blocks_for as _blocks_for
 from specdec.models.prefix_index import ROOT, PrefixIndex, block_key
 
-__all__ = ["CacheFullError", "InvalidSlotError", "KVCache", "DEFAULT_BLOCK_SIZE", "blocks_in_budget", "size_pool"]
+__all__ = ["CacheFullError", "InvalidSlotError", "KVCache", "DEFAULT_BLOCK_SIZE"]
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per block
 
@@ -53,54 +53,10 @@ def _as_index(slot: object) -> int | None:
         return None
 
 
-def _blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"{name}={value} must be >= 1")
-
-
-def device_memory_bytes(device: torch.device | str) -> int:
-    """Total memory of ``device``: the GPU's, or the host's RAM for the CPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def blocks_in_budget(memory_budget: float, block_bytes: int, device: torch.device | str) -> int:
-    """Blocks of ``block_bytes`` (K and V, all layers) that ``memory_budget`` holds: bytes when > 1,
-    else a fraction (0, 1] of the device's total memory."""
-    if memory_budget <= 0:
-        raise ValueError(f"memory_budget={memory_budget} must be > 0 (bytes, or a fraction of device memory <= 1)")
-    budget = memory_budget if memory_budget > 1 else memory_budget * device_memory_bytes(device)
-    return int(budget // block_bytes)
-
-
-def size_pool(context: int, num_slots: int, max_seq_len: int | None, block_size: int, block_bytes: int,
-              device: torch.device | str, memory_budget: float | None = None,
-              kv_tokens: int | None = None) -> tuple[int, int | None]:
-    """(max_seq_len, num_blocks) of a model's paged cache. The blocks ``memory_budget`` (bytes, or a
-    fraction of the device's memory) or else ``kv_tokens`` hold, at most ``num_slots`` sequences of
-    max_seq_len (more could never be used); neither given: None (KVCache's own default, exactly
-    ``num_slots`` such sequences). ``max_seq_len`` None: the model's ``context``, at most what the
-    blocks hold. ValueError when they cannot hold one sequence of max_seq_len."""
-    if memory_budget is not None:
-        blocks, source = blocks_in_budget(memory_budget, block_bytes, device), f"cache.memory_budget={memory_budget:g}"
-    elif kv_tokens is not None:
-        blocks, source = _blocks_for(kv_tokens, block_size), f"the default cache.memory_budget ({kv_tokens} tokens)"
-    else:
-        return (context if max_seq_len is None else max_seq_len), None
-    if max_seq_len is None:
-        max_seq_len = min(context, blocks * block_size)
-    per_seq = _blocks_for(max(max_seq_len, 1), block_size)
-    if blocks < per_seq:
-        raise ValueError(f"{source} holds {blocks} blocks of {block_size} tokens ({block_bytes} bytes each); one "
-                         f"sequence of max_seq_len={max_seq_len} needs {per_seq}: raise cache.memory_budget")
-    return max_seq_len, min(blocks, num_slots * per_seq)
 
 
 class KVCache:
@@ -137,6 +93,9 @@ class KVCache:
         # [num_slots + 1, blocks_per_seq]: block of each (slot, position // block_size); mirrors _tables
         self.block_table = torch.full((num_slots + 1, self.blocks_per_seq), num_blocks, dtype=torch.long,
                                       device=device)
+        # entries written from the host: through a NumPy view of the table's own memory on the CPU (a
+        # tensor write per entry costs microseconds of dispatch), else the tensor itself
+        self._table_view = self.block_table.numpy() if self.block_table.device.type == "cpu" else self.block_table
         self._tables: list[list[int]] = [[] for _ in range(num_slots)]
         self._lengths = [0] * num_slots
         self._reserve = [0] * num_slots  # blocks each live slot may grow to
@@ -258,6 +217,14 @@ class KVCache:
         self._check_allocated(slot)
         return self._lengths[slot]
 
+    def lengths(self, slots: list[int]) -> list[int]:
+        """Each slot's `length`, checked once per slot (InvalidSlotError for one not allocated)."""
+        allocated, lengths, num_slots = self._allocated, self._lengths, self.num_slots
+        for slot in slots:
+            if not (type(slot) is int and 0 <= slot < num_slots and allocated[slot]):
+                self._check_allocated(slot)
+        return [lengths[slot] for slot in slots]
+
     def blocks(self, slot: int) -> list[int]:
         """The block ids of ``slot``'s table, in position order."""
         self._check_allocated(slot)
@@ -276,22 +243,38 @@ class KVCache:
         del self._keys[slot][new_length // self.block_size:]
 
     def advance(self, slot: int, num_tokens: int, token_ids: list[int] | None = None) -> None:
-        """Record that ``num_tokens`` tokens were written after the current end of ``slot``; with their
-        ``token_ids`` the blocks they fill join the prefix cache (without, the slot stops feeding it)."""
+        """Record that ``num_tokens`` tokens were written after the current end of ``slot`` (its
+        positions `prepare`d first, as a forward does: only a slot whose table falls short gets its
+        blocks here); with their ``token_ids`` the blocks they fill join the prefix cache (without,
+        the slot stops feeding it)."""
         current = self.length(slot)
         if num_tokens < 0 or current + num_tokens > self.max_seq_len:
             raise ValueError(
                 f"advance slot {slot}: length {current} + num_tokens {num_tokens} "
                 f"exceeds max_seq_len={self.max_seq_len}"
             )
-        self.prepare(slot, num_tokens)
-        self._lengths[slot] = current + num_tokens
-        if token_ids is None or self._tokens[slot] is None:
+        if len(self._tables[slot]) < _blocks_for(current + num_tokens, self.block_size):
+            self.prepare(slot, num_tokens)
+        if token_ids is not None:
+            assert len(token_ids) == num_tokens, f"{len(token_ids)} token ids for {num_tokens} tokens"
+        self._advance_row(slot, num_tokens, token_ids)
+
+    def advance_rows(self, slots: list[int], token_ids: list[list[int]]) -> None:
+        """`advance` for a forward's rows at once: ``token_ids[b]`` were written after slot
+        ``slots[b]``'s end, into positions `prepare_rows` made writable (the forward checked the
+        slots and their room, `check_forward_request`)."""
+        for slot, row in zip(slots, token_ids):
+            self._advance_row(slot, len(row), row)
+
+    def _advance_row(self, slot: int, num_tokens: int, token_ids: list[int] | None) -> None:
+        length = self._lengths[slot] = self._lengths[slot] + num_tokens
+        tokens = self._tokens[slot]
+        if token_ids is None or tokens is None:
             self._tokens[slot] = None
             return
-        assert len(token_ids) == num_tokens, f"{len(token_ids)} token ids for {num_tokens} tokens"
-        self._tokens[slot].extend(token_ids)
-        self._index_full_blocks(slot)
+        tokens.extend(token_ids)
+        if length // self.block_size > len(self._keys[slot]):  # a block was filled: index it
+            self._index_full_blocks(slot)
 
     def _index_full_blocks(self, slot: int) -> None:
         tokens, keys, size = self._tokens[slot], self._keys[slot], self.block_size
@@ -317,7 +300,7 @@ class KVCache:
                 break
             self.pool.share(block)
             table.append(block)
-            self.block_table[slot, len(table) - 1] = block
+            self._table_view[slot, len(table) - 1] = block
             keys.append(key)
             tokens.extend(chunk)
             attached += size
@@ -333,17 +316,28 @@ class KVCache:
     def prepare(self, slot: int, num_tokens: int) -> None:
         """Make positions ``[length, length + num_tokens)`` of ``slot`` writable: allocate missing blocks
         and copy any shared block among them (copy-on-write). Call before a forward writes them."""
-        start = self.length(slot)
-        table = self._tables[slot]
-        first, end = start // self.block_size, _blocks_for(start + num_tokens, self.block_size)
-        for index in range(first, min(end, len(table))):
-            if self.pool.refcount(table[index]) > 1:
+        self._check_allocated(slot)
+        self._prepare_row(slot, self._lengths[slot], num_tokens)
+
+    def prepare_rows(self, slots: list[int], counts: list[int]) -> None:
+        """`prepare` for a forward's rows at once: ``counts[b]`` positions after slot ``slots[b]``'s
+        end (the forward checked the slots, `check_forward_request`)."""
+        lengths = self._lengths
+        for slot, n in zip(slots, counts):
+            self._prepare_row(slot, lengths[slot], n)
+
+    def _prepare_row(self, slot: int, start: int, num_tokens: int) -> None:
+        table, size = self._tables[slot], self.block_size
+        first, end = start // size, -(-(start + num_tokens) // size)
+        refcount = self.pool.refcount
+        for index in range(first, min(end, len(table))):  # blocks already listed: usually the last one
+            if refcount(table[index]) > 1:
                 self._set_block(slot, index, self._copy_block(table[index]))
             elif self.prefix is not None and self.pool.is_cached(table[index]):
                 self.prefix.forget(table[index])  # rewritten in place: no longer what its key says
         while len(table) < end:
             table.append(self.pool.allocate())
-            self.block_table[slot, len(table) - 1] = table[-1]
+            self._table_view[slot, len(table) - 1] = table[-1]
 
     def fork(self, source: int, target: int, length: int) -> None:
         """Make empty slot ``target`` hold the first ``length`` tokens of ``source`` by sharing its blocks
@@ -356,7 +350,7 @@ class KVCache:
         for index, block in enumerate(shared):
             self.pool.share(block)
             self._tables[target].append(block)
-            self.block_table[target, index] = block
+            self._table_view[target, index] = block
         self._lengths[target] = length
         source_tokens = self._tokens[source]
         self._tokens[target] = None if source_tokens is None else source_tokens[:length]
@@ -372,13 +366,13 @@ class KVCache:
 
     def _set_block(self, slot: int, index: int, block: int) -> None:
         self._tables[slot][index] = block
-        self.block_table[slot, index] = block
+        self._table_view[slot, index] = block
 
     def _drop_blocks(self, slot: int, keep: int) -> None:
         table = self._tables[slot]
         while len(table) > keep:
             self.pool.release(table.pop())
-            self.block_table[slot, len(table)] = self.scratch_block
+            self._table_view[slot, len(table)] = self.scratch_block
 
     def _check_allocated(self, slot: int) -> None:
         if type(slot) is int and 0 <= slot < self.num_slots and self._allocated[slot]:  # the usual case, fast

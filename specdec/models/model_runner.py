@@ -13,10 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, size_pool
+from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 from specdec.models.llama import LlamaForServing
 from specdec.models.loader import load_model
 from specdec.models.padding_groups import padding_groups
+from specdec.models.pool_sizing import size_pool
 
 
 class ModelRunner:
@@ -147,7 +148,7 @@ class ModelRunner:
         row attends only to its own slot, so the split changes the cost, not the result. With
         ``last_only``, leading full blocks the prefix cache holds are attached, not recomputed.
         """
-        lengths = check_forward_request(slot_ids, token_ids, self.cache.length, self.vocab_size, self.max_seq_len)
+        lengths = check_forward_request(slot_ids, token_ids, self.cache.lengths, self.vocab_size, self.max_seq_len)
         if last_only and max(len(row) for row in token_ids) > self.cache.block_size:  # else no block to attach
             token_ids, lengths = self._attach_cached_prefixes(slot_ids, token_ids, lengths)
         groups = padding_groups([len(row) for row in token_ids])
@@ -194,17 +195,14 @@ class ModelRunner:
             slots = torch.tensor(slot_ids, dtype=torch.long, device=device)  # [B]
         num_tokens = torch.tensor(counts, dtype=torch.long, device=device) if min(counts) < width else None
         kv_len = [start + n for start, n in zip(lengths, counts)]  # each row's: rows read the cache by context
-        for slot, n in zip(slot_ids, counts):
-            self.cache.prepare(slot, n)  # blocks for the new positions; copies shared ones (copy-on-write)
+        self.cache.prepare_rows(slot_ids, counts)  # blocks for the new positions; copies shared ones (copy-on-write)
         hidden = self.model.forward_hidden(input_ids, positions, self.cache, slots, num_tokens, kv_len)
         if last_only and num_tokens is None:  # rows of equal length (decode steps): the last column
             hidden = hidden.reshape(len(counts), -1) if width == 1 else hidden[:, -1].contiguous()  # [B, hidden]
         elif last_only:
-            last = torch.tensor(counts, dtype=torch.long, device=device) - 1  # [B]
-            hidden = hidden[torch.arange(len(counts), device=device), last]  # [B, hidden]
+            hidden = hidden[torch.arange(len(counts), device=device), num_tokens - 1]  # [B, hidden]
         logits = self.model.compute_logits(hidden).float()
-        for slot, row in zip(slot_ids, token_ids):
-            self.cache.advance(slot, len(row), row)  # full blocks join the prefix cache
+        self.cache.advance_rows(slot_ids, token_ids)  # full blocks join the prefix cache
         return logits
 
 
@@ -216,26 +214,29 @@ def _positions(starts: list[int], width: int, device: torch.device) -> torch.Ten
     return torch.tensor(starts, dtype=torch.long, device=device)[:, None] + torch.arange(width, device=device)
 
 
-def check_forward_request(slot_ids: list[int], token_ids: list[list[int]], length_of: Callable[[int], int],
-                          vocab_size: int, max_seq_len: int) -> list[int]:
+def check_forward_request(slot_ids: list[int], token_ids: list[list[int]],
+                          lengths_of: Callable[[list[int]], list[int]], vocab_size: int, max_seq_len: int) -> list[int]:
     """Check a forward's rows (one distinct allocated slot each, >= 1 in-vocabulary token, room left in the
-    slot) and return each slot's current length; ``length_of`` raises InvalidSlotError for unallocated slots."""
+    slot) and return each slot's current length; ``lengths_of`` (the slots' lengths) raises
+    InvalidSlotError for unallocated slots. The checks run over the whole batch at once; a row is
+    looked for only to name it in the error."""
     if len(slot_ids) != len(token_ids) or not slot_ids:
         raise ValueError(
             f"slot_ids ({len(slot_ids)}) and token_ids ({len(token_ids)}) must be non-empty and equal in length"
         )
     if len(set(slot_ids)) != len(slot_ids):
         raise ValueError(f"duplicated slot ids in one forward: slot_ids={slot_ids}")
-    lengths = []
-    for slot, row in zip(slot_ids, token_ids):
-        length = length_of(slot)
-        if not row:
-            raise ValueError(f"token_ids for slot {slot} is empty; each row needs >= 1 token")
-        if min(row) < 0 or max(row) >= vocab_size:
-            raise ValueError(f"token_ids for slot {slot} has ids outside [0, vocab_size={vocab_size})")
-        if length + len(row) > max_seq_len:
-            raise ValueError(
-                f"slot {slot}: length {length} + {len(row)} new tokens exceeds max_seq_len={max_seq_len}"
-            )
-        lengths.append(length)
+    lengths = lengths_of(slot_ids)
+    if not all(token_ids):
+        slot = next(slot for slot, row in zip(slot_ids, token_ids) if not row)
+        raise ValueError(f"token_ids for slot {slot} is empty; each row needs >= 1 token")
+    if min(map(min, token_ids)) < 0 or max(map(max, token_ids)) >= vocab_size:
+        slot = next(slot for slot, row in zip(slot_ids, token_ids) if min(row) < 0 or max(row) >= vocab_size)
+        raise ValueError(f"token_ids for slot {slot} has ids outside [0, vocab_size={vocab_size})")
+    if max(map(len, token_ids)) + max(lengths) > max_seq_len:
+        for slot, row, length in zip(slot_ids, token_ids, lengths):
+            if length + len(row) > max_seq_len:
+                raise ValueError(
+                    f"slot {slot}: length {length} + {len(row)} new tokens exceeds max_seq_len={max_seq_len}"
+                )
     return lengths

@@ -14,6 +14,8 @@ forward of a few decode rows costs, compared with making each row one token long
 
 from __future__ import annotations
 
+import functools
+
 FORWARD_OVERHEAD_TOKENS = 32  # a forward's fixed cost, in padded token-rows
 
 
@@ -25,16 +27,25 @@ def padding_groups(counts: list[int], overhead_tokens: int = FORWARD_OVERHEAD_TO
     if min(counts) == max(counts):  # nothing to pad (decode steps): one forward, without the O(n²) search
         return [list(range(len(counts)))]
     order = sorted(range(len(counts)), key=lambda i: -counts[i])
-    n = len(order)
+    cuts = _cuts(tuple(counts[i] for i in order), overhead_tokens)
+    return [order[start:end] for start, end in zip(cuts, cuts[1:])]
+
+
+@functools.lru_cache(maxsize=4096)
+def _cuts(lengths: tuple[int, ...], overhead_tokens: float) -> tuple[int, ...]:
+    """Where the cheapest split of rows sorted longest first (their ``lengths``) cuts, 0 and
+    len(lengths) included. A function of the sorted lengths alone, so kept: a catch-up's rows
+    (1 or 2 tokens each) repeat the same few patterns round after round, and the search is O(n²)."""
+    n = len(lengths)
     best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of the j longest rows
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
-        for i in range(j):  # the last group is rows i … j-1, padded to counts[order[i]]
-            cost = best[i] + overhead_tokens + (j - i) * counts[order[i]]
+        for i in range(j):  # the last group is rows i … j-1, padded to lengths[i]
+            cost = best[i] + overhead_tokens + (j - i) * lengths[i]
             if cost < best[j] - 1e-9:
                 best[j], cut[j] = cost, i
-    groups, j = [], n
+    cuts, j = [n], n
     while j > 0:
-        groups.append(order[cut[j]:j])
         j = cut[j]
-    return groups[::-1]
+        cuts.append(j)
+    return tuple(cuts[::-1])

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from specdec.models.kv_cache import CacheFullError, InvalidSlotError, blocks_in_budget
+from specdec.models.kv_cache import CacheFullError, InvalidSlotError
+from specdec.models.pool_sizing import blocks_in_budget
 from specdec.models.model_runner import check_forward_request
 
 
@@ -209,6 +210,9 @@ class TransformersRunner:
     def slot_length(self, slot: int) -> int:
         return self.cache.length(slot)
 
+    def _lengths(self, slots: list[int]) -> list[int]:
+        return [self.cache.length(slot) for slot in slots]
+
     def truncate(self, slot: int, length: int) -> None:
         """Roll ``slot`` back to its first ``length`` tokens."""
         current = self.cache.length(slot)
@@ -232,7 +236,7 @@ class TransformersRunner:
     def forward(self, slot_ids: list[int], token_ids: list[list[int]], last_only: bool = False) -> torch.Tensor:
         """Same contract as ModelRunner.forward: float32 logits [B, T, V] (T = longest row; entries past a row's
         length are zero) or, with ``last_only``, [B, V] at each row's last token. Rows run one at a time."""
-        lengths = check_forward_request(slot_ids, token_ids, self.cache.length, self.vocab_size, self.max_seq_len)
+        lengths = check_forward_request(slot_ids, token_ids, self._lengths, self.vocab_size, self.max_seq_len)
         width = max(len(row) for row in token_ids)
         device = self.model.device
         shape = (len(slot_ids), self.vocab_size) if last_only else (len(slot_ids), width, self.vocab_size)

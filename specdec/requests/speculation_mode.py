@@ -20,6 +20,8 @@ class SpeculationMode(StrEnum):
     @classmethod
     def parse(cls, value: object) -> "SpeculationMode":
         """The mode named `value`; InvalidRequestError naming speculation.mode otherwise."""
+        if type(value) is cls:  # already parsed (every round reads a row's mode): no enum lookup
+            return value
         try:
             return cls(value)
         except ValueError:

@@ -21,6 +21,7 @@ from specdec.proposers import proposer_registry as registry
 from specdec.config.config import CacheConfig, ModelsConfig, SpecdecConfig, SpeculationConfig
 from specdec.round.draft_ahead import DraftAhead
 from specdec.requests.request import RequestCaps
+from specdec.requests.token_decode import tokenizer_decode
 from specdec.round.engine import SpeculativeEngine
 from specdec.serving.async_engine import AsyncEngine
 from specdec.policy.load_monitor import build_load_monitor
@@ -70,8 +71,8 @@ def eos_token_ids(name: str, tokenizer: Any) -> tuple[int, ...]:
 
 
 def decoder(tokenizer: Any):
-    """ids -> text, as every output is decoded (special tokens skipped)."""
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    """ids -> text, as every output is decoded (special tokens skipped; `tokenizer_decode`)."""
+    return tokenizer_decode(tokenizer)
 
 
 def server_gamma(config: SpecdecConfig) -> int:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specdec.config.config import load_config
-from specdec.models.kv_cache import CacheFullError, InvalidSlotError, KVCache, size_pool
+from specdec.models.kv_cache import CacheFullError, InvalidSlotError, KVCache
+from specdec.models.pool_sizing import size_pool
 
 
 def _cache(num_slots: int = 3, max_seq_len: int = 8, **kwargs) -> KVCache:
