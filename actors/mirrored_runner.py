@@ -3,11 +3,15 @@
 A tensor-parallel target is one model split over ranks; every rank must run the same
 forward over the same cache slots (the row-parallel all-reduces keep them in lockstep).
 The leader's TargetVerifier drives a MirroredRunner: it applies each allocate / free /
-grow_reserves / truncate / forward locally and submits the same call to every follower actor. Ray runs
-one caller's calls to a (threaded, max_concurrency=1) actor in submission order, so the
-followers' caches go through exactly the leader's operations; followers check that they
-hand out the same slot ids. The leader runs its own forward while the followers run
-theirs, and waits for them before returning (their errors surface there).
+grow_reserves / truncate locally at once and queues it; a forward sends the queued operations
+with the forward itself as ONE call to each follower actor (`TargetFollower.step`), which
+applies them in order and then runs the forward. A follower's cache thus goes through exactly
+the leader's operations before every forward (the only point where the ranks must agree),
+and it checks that it hands out the same slot ids and raises the same reserves. One actor
+call per follower per forward, not one per operation: each call costs a Ray submission, a
+wake-up of the follower and a reply, which on the group's critical path added up to more
+than the rest of a round (docs/emulated_devices.md). The leader runs its own forward while
+the followers run theirs, and waits for them before returning (their errors surface there).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from specdec.models.model_runner import ModelRunner
 from specdec_rpc.worker.worker_runtime import WorkerLost
 
 logger = logging.getLogger(__name__)
+MAX_QUEUED_OPS = 256  # cache operations queued without a forward before they are sent on their own
 
 
 class MirroredRunner:
@@ -35,6 +40,7 @@ class MirroredRunner:
         self.max_seq_len = runner.max_seq_len
         self.runner_kind = runner.runner_kind
         self._pending: list[ray.ObjectRef] = []  # follower calls not yet confirmed
+        self._ops: list[tuple[str, tuple]] = []  # cache operations the followers have not been sent yet
 
     @property
     def num_free_slots(self) -> int:
@@ -79,8 +85,9 @@ class MirroredRunner:
         self._mirror("truncate", slot, length)
 
     def forward(self, slot_ids: list[int], token_ids: list[list[int]], last_only: bool = False) -> torch.Tensor:
-        """The same forward on every rank at once; returns the leader's logits."""
-        self._mirror("forward", slot_ids, token_ids, last_only)
+        """The same forward on every rank at once (each follower first applies the queued
+        cache operations); returns the leader's logits."""
+        self._send((slot_ids, token_ids, last_only))
         try:
             logits = self.runner.forward(slot_ids, token_ids, last_only)
         except BaseException as exc:
@@ -90,8 +97,10 @@ class MirroredRunner:
         return logits
 
     def sync(self) -> None:
-        """Wait for every follower call so far; raises the first follower error (WorkerLost
-        when a follower died: the group must be re-formed)."""
+        """Send the queued cache operations and wait for every follower call so far; raises the
+        first follower error (WorkerLost when a follower died: the group must be re-formed)."""
+        if self._ops:
+            self._send(None)
         pending, self._pending = self._pending, []
         if pending:
             try:
@@ -109,5 +118,13 @@ class MirroredRunner:
             logger.warning("follower ranks failed too: %s", exc)
 
     def _mirror(self, method: str, *args: Any) -> None:
+        """Queue a cache operation for the followers; a long queue (no forward for a while) is sent."""
+        self._ops.append((method, args))
+        if len(self._ops) >= MAX_QUEUED_OPS:
+            self._send(None)
+
+    def _send(self, forward: tuple | None) -> None:
+        """One call per follower: the queued operations, then `forward`'s arguments (None: none)."""
+        ops, self._ops = self._ops, []
         for follower in self.followers:
-            self._pending.append(getattr(follower, method).remote(*args))
+            self._pending.append(follower.step.remote(ops, forward))

@@ -4,7 +4,8 @@ Every rank joins the torch.distributed group, loads the target, keeps its shard
 (`shard_model`) and builds a ModelRunner. Rank 0, the *leader*, is an async actor that
 serves `specdec.v1.TargetWorker` over gRPC (grpc.aio on the actor's event loop) with a
 TargetVerifier on a MirroredRunner; the other ranks, the *followers*, are plain threaded
-actors (one call at a time, in submission order) that replay its cache operations.
+actors (one call at a time, in submission order) that replay its cache operations and
+forwards, sent as one `step` call per forward.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from specdec.verifiers.target_verifier import TargetVerifier
 from specdec_metrics.worker_metrics import WorkerMetrics
 from specdec_rpc.worker.target_servicer import TargetServicer
 
+CACHE_OPERATIONS = frozenset({"allocate_slot", "grow_reserves", "free_slot", "truncate"})  # a follower replays
 DIST_TIMEOUT = timedelta(minutes=5)  # a collective (or the rendezvous) that takes longer fails
 
 
@@ -108,6 +110,15 @@ class TargetFollower(_Shard):
 
     def forward(self, slot_ids: list[int], token_ids: list[list[int]], last_only: bool) -> None:
         self.runner.forward(slot_ids, token_ids, last_only)  # logits stay here: rank 0 answers
+
+    def step(self, ops: list[tuple[str, tuple]], forward: tuple | None) -> None:
+        """Apply the leader's cache operations in order, then its forward (None: none)."""
+        for method, args in ops:
+            if method not in CACHE_OPERATIONS:
+                raise ValueError(f"unknown cache operation {method!r}")
+            getattr(self, method)(*args)
+        if forward is not None:
+            self.forward(*forward)
 
 
 @ray.remote
