@@ -14,7 +14,10 @@ PIP := $(PYTHON) -m pip install --quiet --disable-pip-version-check
 setup:
 	@command -v redis-server >/dev/null 2>&1 || $(MAKE) --no-print-directory redis-server
 	$(PIP) $(TORCH_PIP_ARGS) "torch==2.13.0"
-	$(PIP) -e ".[test,bench]"
+	# the gRPC stubs are generated at install by this environment's grpcio-tools (not an isolated
+	# build's newest), so they never ask for a newer grpcio than the one installed beside them
+	$(PIP) "setuptools>=68" wheel "grpcio-tools>=1.60"
+	$(PIP) --no-build-isolation -e ".[test,bench]"
 
 # The load monitor's shared store; the tests start their own redis-server on a free port.
 redis-server:
