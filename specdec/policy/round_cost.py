@@ -44,9 +44,9 @@ rounds, and predictions are scaled by actual / predicted of their kind (`draftin
 Only rounds that read no prompt calibrate: the plan prices decoding rounds (prompts are sunk
 for it), and a prompt's price is the linear fit's least certain part (a prompt may cost a
 forward of its own, a step a per-token price spreads over every round). Counted with the
-rest, the prompt rounds' error became their kind's: under AUTO at a full batch the plan
-decodes plainly mostly in rounds that read a long prompt (the round-time bound), so the few
-plain rounds it calibrated on were prompt rounds and plain decoding was priced dear.
+rest, the prompt rounds' error became their kind's: under AUTO at a full batch the few
+plain rounds were mostly rounds that read a long prompt, so plain decoding was calibrated
+on them and priced dear.
 
 A row's time per output token is more than the rounds its plan predicts: rounds that read
 newcomers' prompts (sunk for the plan, not for the row), rounds it sits out (a prefill
