@@ -16,6 +16,11 @@ per token, catch-up tokens and proposer ms per round, and the requests' TPOT p50
 attainment. AUTO's rows at the same γ as ON's (the mixed rounds' rows by their own γ) show
 what a mixed round or a row's catch-up costs beyond the γ the plan chose.
 
+Each priced round of a full batch is also set against the cost model that priced it
+(`round_prices.py`): verify, draft and the rest measured against their predictions from the
+round's own shape, measured / predicted of the whole round, and its tokens against the plan's
+(`--modes` may add "off": plain decoding's rounds priced alike).
+
 `--draft-ahead` runs it as served: the target verifies on a thread of its own
 (`emulated_ahead.ConcurrentVerifier`) and the engine drafts ahead (each kind of step measures
 its ways, or `--way` fixes one); each run then also prints its steps by way. Every goodput
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -36,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from round_prices import PRICED, price_rows, print_prices, record_prices
 from specdec.config.config import load_config
 from specdec.models.model_paths import bundled_prompts
 from specdec.requests.request import GenerationRequest
@@ -115,6 +122,14 @@ class Recorder:
                 elif gamma > 0 and seq.stats.rounds > 0:
                     self.drafting_catch_up.append(row.catch_up_tokens)
         planner.plan = plan
+        self.sample = None
+        monitor = engine.policy
+        original_record = monitor.record
+
+        def record(sample):
+            self.sample = sample
+            original_record(sample)
+        monitor.record = record
         proposals = engine.proposals
         for name in ("propose", "ready_drafts"):
             original = getattr(proposals, name)
@@ -129,9 +144,32 @@ class Recorder:
                 self._propose_s += time.perf_counter() - started
         return wrapper
 
+    def _priced(self, decision) -> dict | None:
+        """The round's measured parts beside its cost model's predictions of them (None: not a
+        priced plan's whole batch): verify, draft and the rest, seconds, from the round's own
+        shape; the plan's tokens/s from its reason."""
+        sample, cost = self.sample, PRICED.get(decision.planned_s)
+        if sample is None or cost is None or sample.planned_seconds <= 0:
+            return None
+        shape = sample.shape
+        verify = cost.verify_s(shape.rows, shape.drafted, shape.prompt_tokens)
+        draft = cost.draft_s(shape.draft_rows, shape.steps, shape.catch_up)
+        drafting = shape.steps > 0 or shape.drafted > 0
+        numbers = re.search(r"goodput plan: (\d+) vs (\d+)", decision.reason)
+        return {"drafting": drafting, "steps": shape.steps, "rows": shape.rows, "draft_rows": shape.draft_rows,
+                "catch_up": shape.catch_up, "prompt_tokens": shape.prompt_tokens,
+                "verify_s": sample.verify_seconds, "draft_s": sample.draft_seconds, "round_s": sample.round_seconds,
+                "verify_pred": verify, "draft_pred": draft, "overhead_pred": cost.overhead_s,
+                "planned_s": sample.planned_seconds,
+                "scale": cost.drafting_scale if drafting else cost.plain_scale,
+                "goodput": float(numbers.group(1)) if numbers else 0.0,
+                "plain_goodput": float(numbers.group(2)) if numbers else 0.0,
+                "decode_s": decision.decode_s, "coefficients": (cost.verify, cost.draft)}
+
     def step(self) -> None:
         engine = self.engine
         self._propose_s = 0.0
+        self.sample = None
         started = time.perf_counter()
         outputs = engine.step()
         now = time.perf_counter()
@@ -145,7 +183,8 @@ class Recorder:
                             "propose_s": self._propose_s, "wall_s": now - started, "fresh": len(fresh),
                             "reason": planner.decision.reason,
                             "way": engine.draft_ahead._step[0] if engine.draft_ahead else "sequential",
-                            "emitted": sum(len(o.new_token_ids) for o in outputs)})
+                            "emitted": sum(len(o.new_token_ids) for o in outputs),
+                            "priced": self._priced(planner.decision)})
         for out in outputs:
             tokens = len(out.new_token_ids)
             if not tokens:
@@ -158,10 +197,10 @@ class Recorder:
 
 
 def play(built, args: argparse.Namespace, prompts: list[list[int]], mode: str, schedule) -> Recorder:
-    """One run of the schedule under `mode` ("on" / "auto"): warm-up arrivals, then measured ones."""
+    """One run of the schedule under `mode` ("on" / "off" / "auto"): warm-up arrivals, then measured ones."""
     engine = built.engine
     recorder = Recorder(engine)
-    sm = SpeculationMode.ON if mode == "on" else SpeculationMode.AUTO
+    sm = {"on": SpeculationMode.ON, "off": SpeculationMode.OFF}.get(mode, SpeculationMode.AUTO)
     start = time.perf_counter()
     pending = list(schedule)
     measured: set[str] = set()
@@ -310,6 +349,7 @@ def main() -> None:
             break
         schedule.append((at, prompts[rng.randrange(len(prompts))], rng.randrange(1 << 30)))
     record_candidates()
+    record_prices()
     results = []
     for mode in args.modes:
         CANDIDATES.clear()
@@ -319,6 +359,11 @@ def main() -> None:
         result = summary(mode, recorder, args.tpot_target_ms / 1000.0)
         print_summary(result)
         print_ways(result)
+        result["prices"] = price_rows(recorder.rounds)
+        print_prices(result["prices"])
+        result["priced_rounds"] = [{k: v for k, v in r["priced"].items() if k != "coefficients"} | {
+            "emitted": r["emitted"]} for r in recorder.rounds if r.get("priced")]
+        result["coefficients"] = [r["priced"]["coefficients"] for r in recorder.rounds if r.get("priced")][-1:]
         result["candidates"] = CANDIDATES[-400:]
         if ahead:
             ways = {k: v - before[0].get(k, 0) for k, v in ahead.steps_by_way.items()}

@@ -41,6 +41,12 @@ verify, two workers sharing cores, a worker woken from idle), so each planned ro
 prediction (`base_round_s`) is summed with its actual seconds, apart for drafting and plain
 rounds, and predictions are scaled by actual / predicted of their kind (`drafting_scale`,
 `plain_scale`; shrunk towards 1 by CALIBRATION_PRIOR_S of rounds, within CALIBRATION_LIMITS).
+Only rounds that read no prompt calibrate: the plan prices decoding rounds (prompts are sunk
+for it), and a prompt's price is the linear fit's least certain part (a prompt may cost a
+forward of its own, a step a per-token price spreads over every round). Counted with the
+rest, the prompt rounds' error became their kind's: under AUTO at a full batch the few
+plain rounds were mostly rounds that read a long prompt, so plain decoding was calibrated
+on them and priced dear.
 
 A row's time per output token is more than the rounds its plan predicts: rounds that read
 newcomers' prompts (sunk for the plan, not for the row), rounds it sits out (a prefill
@@ -359,8 +365,9 @@ def add_round_timing(add: Callable[[str, float], None], shape: RoundShape, verif
     round's seconds as its plan predicted them (`base_round_s`; 0 = not a priced plan)."""
     if shape.rows <= 0:
         return
-    if planned_s > 0 and round_s > 0:
-        # the kind `round_s` priced it as: drafts planned (a call asked for them, or made ahead)
+    if planned_s > 0 and round_s > 0 and shape.prompt_tokens == 0:
+        # the kind `round_s` priced it as: drafts planned (a call asked for them, or made ahead);
+        # a round that read prompts calibrates the prompts' price, not its kind's (module docstring)
         kind = "drafting" if shape.steps > 0 or shape.drafted > 0 else "plain"
         add(f"{CALIBRATION}:{kind}:planned", planned_s)
         add(f"{CALIBRATION}:{kind}:measured", round_s)

@@ -333,6 +333,25 @@ def test_planned_rounds_calibrate_predictions_by_kind():
     assert fitted.round_s([0, 0]) == pytest.approx(fitted.plain_scale * fitted.base_round_s([0, 0]))
 
 
+def test_rounds_that_read_prompts_do_not_calibrate_their_kind():
+    """A full batch decoding plainly only in the rounds that read a long prompt (the round-time
+    bound trims drafts there): those rounds took 1.25x their prediction, the prompt's price
+    being off (a forward of its own), while plain decoding's own rounds took what was
+    predicted. Calibrated on them, plain decoding was priced 1.2x dear (the old code); it
+    is calibrated on the prompt-free rounds alone, as the plan prices rounds."""
+    window = timed_rounds(n=50)
+    prompt_round = RoundShape(32, 32 + 250, 0, 0, prompts=2, prompt_tokens=250)
+    for _ in range(40):
+        add_round_timing(window.add, prompt_round, 0.100, 0.0, 1.25 * 0.100, planned_s=0.100)
+        add_round_timing(window.add, RoundShape(32, 96, 32, 2, prompts=1, prompt_tokens=32), 0.08, 0.04,
+                         1.25 * 0.120, planned_s=0.120)
+    for _ in range(10):
+        add_round_timing(window.add, RoundShape(32, 32, 0, 0), 0.060, 0.0, 0.060, planned_s=0.060)
+    fitted = RoundCostModel.from_sums(window.sums)
+    assert fitted.plain_scale == pytest.approx(1.0)
+    assert fitted.drafting_scale == 1.0  # no prompt-free drafting round: the parts are the prediction
+
+
 def test_a_planned_drafting_round_whose_proposer_drafted_nothing_calibrates_drafting_rounds():
     """round_s priced it as a drafting round (its plan asked for drafts); had it counted as
     plain, its planned draft call would pull the plain rounds' scale down."""
