@@ -259,12 +259,11 @@ def thread_use(workers: dict):
 def thread_delta(before: dict, after: dict, rounds: int) -> dict:
     """Per process: ms of CPU and of run-queue wait and wake-ups per round, in all and of its
     busiest thread (the round thread in the router, the event loop in a worker)."""
+    from served_threads import thread_deltas
+
     out = {}
     for role, threads in after.items():
-        per = []
-        for tid, (name, cpu, wait, vol, _) in threads.items():
-            old = before[role].get(tid, (name, 0.0, 0.0, 0, 0))
-            per.append((1000 * (cpu - old[1]) / rounds, 1000 * (wait - old[2]) / rounds, (vol - old[3]) / rounds))
+        per = [(t["cpu_ms"], t["wait_ms"], t["wakeups"]) for t in thread_deltas(before[role], threads, rounds)]
         busiest = max(per)
         out[role] = {"cpu_ms": sum(p[0] for p in per), "wait_ms": sum(p[1] for p in per),
                      "wakeups": sum(p[2] for p in per), "busiest_cpu_ms": busiest[0], "busiest_wait_ms": busiest[1],

@@ -121,19 +121,24 @@ def snapshot(processes: dict[int, str]) -> dict[int, dict]:
     return {pid: thread_counters(pid) for pid in processes}
 
 
+def thread_deltas(before: dict, after: dict, rounds: int) -> list[dict]:
+    """Each thread's CPU ms, run-queue wait ms, wake-ups and preemptions per round between two
+    `thread_counters` readings of one process (a thread new since `before` counts from 0)."""
+    out = []
+    for tid, (name, cpu, wait, vol, invol) in after.items():
+        o = before.get(tid, (name, 0.0, 0.0, 0, 0))
+        out.append({"tid": tid, "name": name, "cpu_ms": 1000 * (cpu - o[1]) / rounds,
+                    "wait_ms": 1000 * (wait - o[2]) / rounds, "wakeups": (vol - o[3]) / rounds,
+                    "preempted": (invol - o[4]) / rounds})
+    return out
+
+
 def difference(before: dict, after: dict, processes: dict[int, str], rounds: int, top: int,
                names: dict[int, dict[int, str]]) -> list[dict]:
     """Per process (busiest first): CPU, wait, wake-ups per round, and its `top` threads'."""
     rows = []
     for pid, threads in after.items():
-        old = before.get(pid, {})
-        per_thread = []
-        for tid, (name, cpu, wait, vol, invol) in threads.items():
-            o = old.get(tid, (name, 0.0, 0.0, 0, 0))
-            d = (1000 * (cpu - o[1]) / rounds, 1000 * (wait - o[2]) / rounds, (vol - o[3]) / rounds,
-                 (invol - o[4]) / rounds)
-            per_thread.append({"tid": tid, "name": name, "cpu_ms": d[0], "wait_ms": d[1], "wakeups": d[2],
-                               "preempted": d[3]})
+        per_thread = thread_deltas(before.get(pid, {}), threads, rounds)
         total = {k: sum(t[k] for t in per_thread) for k in ("cpu_ms", "wait_ms", "wakeups", "preempted")}
         grouped: dict[str, dict] = defaultdict(lambda: {"cpu_ms": 0.0, "wait_ms": 0.0, "wakeups": 0.0,
                                                         "preempted": 0.0, "threads": 0})

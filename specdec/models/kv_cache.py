@@ -328,7 +328,7 @@ class KVCache:
 
     def _prepare_row(self, slot: int, start: int, num_tokens: int) -> None:
         table, size = self._tables[slot], self.block_size
-        first, end = start // size, -(-(start + num_tokens) // size)
+        first, end = start // size, _blocks_for(start + num_tokens, size)
         refcount = self.pool.refcount
         for index in range(first, min(end, len(table))):  # blocks already listed: usually the last one
             if refcount(table[index]) > 1:
