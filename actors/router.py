@@ -212,10 +212,14 @@ class SpecdecRouter:
 
     def check_health(self) -> None:
         """Serve's replica health check: fails while the backend failed to load, so that
-        `serve status` and KubeRay show it (Serve then replaces the replica: a new load)."""
+        `serve status` and KubeRay show it, and once this replica was drained, so that one
+        drained without a teardown after it (a replica on a pod that keeps running) does not
+        refuse requests for good: Serve then replaces the replica (a new load)."""
         failure = self.load_failure()
         if failure is not None:
             raise RuntimeError(f"the router's backend failed to load: {failure}")
+        if self._drain.finished:
+            raise RuntimeError("this router replica was drained: it serves nothing again")
 
     async def drain(self, grace_s: float) -> dict[str, Any]:
         """Stop admitting, let in-flight requests finish within grace_s, end the rest as

@@ -49,6 +49,11 @@ class Drain:
             self._task = asyncio.ensure_future(self._drain(grace_s))
         return await asyncio.shield(self._task)
 
+    @property
+    def finished(self) -> bool:
+        """Whether a drain ran to its end (the engine loop is stopped: nothing is served again)."""
+        return self._task is not None and self._task.done() and not self._task.cancelled()
+
     async def _drain(self, grace_s: float) -> DrainReport:
         self.frontend.closing = SHUTTING_DOWN  # from now on: NotReadyError, health NOT_SERVING
         served = self.frontend.served
