@@ -1,6 +1,7 @@
 """Each kind of round's measured parts against the cost model's predictions of them (`round_kinds.py`).
 
-Per kind of full round (≥ 24 rows: plain, and drafting by its draft steps): the target's
+Per kind of full round (≥ 24 rows: plain, and drafting by its draft steps; rounds that read
+a prompt apart from those that read none): the target's
 verify, the proposer's call and the rest of the round as measured, beside what the cost
 model that priced the round predicts from the round's own shape (rows, drafted tokens,
 prompt tokens, draft rows, steps, catch-up), the calibration scale of its kind, and
@@ -59,7 +60,10 @@ def price_rows(rounds: list[dict], min_rows: int = 24) -> dict[str, dict]:
 
 
 def _kind(priced: dict) -> str:
-    return f"drafting γ{priced['steps']}" if priced["drafting"] else "plain"
+    """The round's kind, and whether it read a prompt: the plan prices decoding rounds, so
+    the prompt-free rounds are where its choice between γ 0 and γ > 0 is priced."""
+    kind = f"drafting γ{priced['steps']}" if priced["drafting"] else "plain"
+    return f"{kind}, {'prompts' if priced['prompt_tokens'] > 0 else 'no prompt'}"
 
 
 def print_prices(table: dict[str, dict]) -> None:

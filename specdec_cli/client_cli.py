@@ -108,7 +108,8 @@ def _round_cost(stats: Any) -> str:
     c = stats.round_cost
     return (f"verify {c.verify_fixed_ms:.2f} + {c.verify_row_ms:.2f}/row + {c.verify_drafted_token_ms:.2f}/drafted "
             f"token + {c.verify_prompt_token_ms:.3f}/prompt token (mean prompt {c.prompt_tokens:.0f}) "
-            f"+ {c.verify_speculating_ms:.2f} when verifying drafts, "
+            f"+ {c.verify_speculating_ms:.2f} when verifying drafts + {c.verify_prompt_round_ms:.2f} when "
+            f"reading prompts, "
             f"draft {c.draft_fixed_ms:.2f} + {c.draft_step_ms:.2f}/step + {c.draft_row_step_ms:.2f}/row/step "
             f"+ {c.draft_catch_up_token_ms:.3f}/token read, "
             f"other {c.overhead_ms:.2f}; measured / predicted: drafting rounds x{c.drafting_scale:.2f}, "

@@ -327,7 +327,7 @@ def _plans_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, all_st
     g = np.arange(width)
     cap = np.minimum(hi[None, :], all_steps[:, None])  # [S, rows]
     allowed = (g >= lo[:, None])[None] & (g[None, None, :] <= cap[:, :, None])  # [S, rows, gamma_max + 1]
-    v_fixed, v_row, v_drafted, _, v_speculating = cost.verify  # the prompts' term: sunk (`plan_gammas`)
+    v_fixed, v_row, v_drafted, _, v_speculating, _ = cost.verify  # the prompts' terms: sunk (`plan_gammas`)
     d_fixed, d_step, d_row_step, d_catch_up = cost.draft
     fixed = cost.overhead_s + v_fixed + v_row * rows + v_speculating + d_fixed + d_step * all_steps  # [S]
     drafting = d_row_step * all_steps[:, None] + d_catch_up * catch_up[None, :]  # [S, rows]: a row's share

@@ -6,6 +6,7 @@ seconds:
 
     verify_s ≈ v_fixed + v_row · rows + v_drafted · drafted + v_prompt · prompt tokens
                + v_speculating (when the round verifies any draft)
+               + v_prompt_round (when the round reads any prompt)
     draft_s  ≈ d_fixed + d_step · steps + d_row_step · draft_rows · steps + d_catch_up · catch_up
     round_s  ≈ verify_s + draft_s (0 when nobody drafts) + overhead_s
 
@@ -20,6 +21,13 @@ a model without it misprices a choice the plan makes (docs/speculation_policy.md
   sampler's setup, a look-ahead sharing the verify's cores); spread over drafted tokens it
   keeps speculation off where it pays. Where every round verified drafts, a ridge gives it
   to v_fixed (`VERIFY_RIDGE`);
+* v_prompt_round: what reading any prompt costs a round once (the prompts' own forward
+  beside the decoding rows'). A prompt's price is a step, not a slope: spread over its
+  tokens by v_prompt alone, the step leaks into the decoding prices (every prompt-free
+  round predicted dear, and by how much depends on each kind's share of prompt rounds, so
+  plain rows were priced apart from drafting rows by the traffic's mix, not by their cost).
+  Where every prompt is as long as the others the two cannot be told apart, and a ridge
+  gives the step to v_prompt (`VERIFY_RIDGE`);
 * d_catch_up: the history a row's draft reads before drafting (its whole prompt, or what was
   decoded plainly since it last drafted); without it the dear first calls of rows that draft
   now and then read as a fixed cost of every call.
@@ -42,9 +50,9 @@ prediction (`base_round_s`) is summed with its actual seconds, apart for draftin
 rounds, and predictions are scaled by actual / predicted of their kind (`drafting_scale`,
 `plain_scale`; shrunk towards 1 by CALIBRATION_PRIOR_S of rounds, within CALIBRATION_LIMITS).
 Only rounds that read no prompt calibrate: the plan prices decoding rounds (prompts are sunk
-for it), and a prompt's price is the linear fit's least certain part (a prompt may cost a
-forward of its own, a step a per-token price spreads over every round). Counted with the
-rest, the prompt rounds' error became their kind's: under AUTO at a full batch the few
+for it), and a prompt's price is the linear fit's least certain part (its step and its
+per-token price, from whatever prompts the window held). Counted with the rest, the prompt
+rounds' error became their kind's: under AUTO at a full batch the few
 plain rounds were mostly rounds that read a long prompt, so plain decoding was calibrated
 on them and priced dear.
 
@@ -72,10 +80,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 # The target's sums are kept under "target" (features 1, rows, drafted, prompt tokens, whether
-# any draft was verified); routers before the row / drafted split added "verify" sums of (1,
-# tokens, prompt tokens), which this model does not read (they leave the load window within
-# window_s of an upgrade); routers before the last feature add none for it (their drafting
-# rounds read as plain ones for that term until they leave the cost window).
+# any draft was verified, whether any prompt was read); routers before the row / drafted split
+# added "verify" sums of (1, tokens, prompt tokens), which this model does not read (they leave
+# the load window within window_s of an upgrade); routers before one of the last two features
+# add none for it (their drafting / prompt rounds read as other rounds for that term until
+# they leave the cost window).
 VERIFY, DRAFT = "target", "draft"
 PREFILL = "prefill"
 CALIBRATION = "calibration"
@@ -98,8 +107,9 @@ RIDGE = 1e-8  # relative to each feature's own Σ x²: splits collinear features
 # shorter γ would look as dear as the measured one and speculation would stop altogether.
 DRAFT_RIDGE = (1e-6, RIDGE, 1e-4, 1e-4)  # the catch-up term, like the per-row one, only where measured apart
 # The target's speculating term goes to its fixed cost where the two cannot be told apart
-# (every round verified drafts), and costs nothing where they can.
-VERIFY_RIDGE = (RIDGE, RIDGE, RIDGE, RIDGE, 1e-4)
+# (every round verified drafts), and costs nothing where they can; its prompt-round term goes
+# to the per-prompt-token price where every prompt had one length.
+VERIFY_RIDGE = (RIDGE, RIDGE, RIDGE, RIDGE, 1e-4, 1e-4)
 # The target's per-row and per-drafted-token prices are pulled together by this weight
 # (relative to Σ rows²): nothing where drafted tokens vary apart from rows, one price where they do not.
 DRAFTED_TIE = 1e-3
@@ -131,8 +141,9 @@ class RoundShape:
         """Drafted tokens verified (tokens less the rows' pending tokens and the prompts)."""
         return self.tokens - self.rows - self.prompt_tokens
 
-    def verify_features(self) -> tuple[float, float, float, float, float]:
-        return (1.0, float(self.rows), float(self.drafted), float(self.prompt_tokens), float(self.drafted > 0))
+    def verify_features(self) -> tuple[float, float, float, float, float, float]:
+        return (1.0, float(self.rows), float(self.drafted), float(self.prompt_tokens), float(self.drafted > 0),
+                float(self.prompt_tokens > 0))
 
     def draft_features(self) -> tuple[float, float, float, float]:
         return (1.0, float(self.steps), float(self.draft_rows * self.steps), float(self.catch_up))
@@ -187,9 +198,9 @@ def fit_nonnegative(sums: Mapping[str, float], prefix: str, k: int,
 class RoundCostModel:
     """Predicted seconds of a round's parts (coefficients in seconds, all ≥ 0).
 
-    verify: (v_fixed, v_row, v_drafted, v_prompt, v_speculating), the last 0 when left out;
-    (v_fixed, v_token[, v_prompt]) prices a row, a drafted token (and a prompt token, when
-    left out) alike; draft: (d_fixed, d_step,
+    verify: (v_fixed, v_row, v_drafted, v_prompt, v_speculating, v_prompt_round), the last
+    two 0 when left out; (v_fixed, v_token[, v_prompt]) prices a row, a drafted token (and a
+    prompt token, when left out) alike; draft: (d_fixed, d_step,
     d_row_step, d_catch_up), the last 0 when left out; overhead_s: the rest of a round
     (router bookkeeping, streaming), per round.
     """
@@ -208,12 +219,12 @@ class RoundCostModel:
         if len(self.verify) in (2, 3):  # one price for a row and a drafted token
             fixed, token, *prompt = self.verify
             object.__setattr__(self, "verify", (fixed, token, token, prompt[0] if prompt else token))
-        if len(self.verify) == 4:
-            object.__setattr__(self, "verify", (*self.verify, 0.0))
+        if len(self.verify) in (4, 5):
+            object.__setattr__(self, "verify", (*self.verify, *(0.0,) * (6 - len(self.verify))))
         if len(self.draft) == 3:
             object.__setattr__(self, "draft", (*self.draft, 0.0))
-        if len(self.verify) != 5 or len(self.draft) != 4:
-            raise ValueError(f"need 2 to 5 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
+        if len(self.verify) != 6 or len(self.draft) != 4:
+            raise ValueError(f"need 2 to 6 verify and 3 or 4 draft coefficients, got {self.verify}, {self.draft}")
         if min(*self.verify, *self.draft, self.overhead_s) < 0:
             raise ValueError(f"round cost coefficients must be >= 0, got {self}")
         if min(self.drafting_scale, self.plain_scale, self.wait_scale) <= 0:
@@ -229,13 +240,15 @@ class RoundCostModel:
             return None
         prompts_read = sums.get(f"{VERIFY}:xx:3:3", 0.0) > 0  # else a prompt token is priced as a row
         drafts_read = sums.get(f"{VERIFY}:xx:4:4", 0.0) > 0  # else verifying drafts costs nothing apart
-        features = (0, 1, 2) + ((3,) if prompts_read else ()) + ((4,) if drafts_read else ())
-        verify = fit_nonnegative(sums, VERIFY, 5, VERIFY_RIDGE, (1, 2, DRAFTED_TIE), features)
+        prompt_rounds = sums.get(f"{VERIFY}:xx:5:5", 0.0) > 0  # else reading a prompt costs nothing apart
+        features = ((0, 1, 2) + ((3,) if prompts_read else ()) + ((4,) if drafts_read else ())
+                    + ((5,) if prompts_read and prompt_rounds else ()))
+        verify = fit_nonnegative(sums, VERIFY, 6, VERIFY_RIDGE, (1, 2, DRAFTED_TIE), features)
         draft = fit_nonnegative(sums, DRAFT, 4, DRAFT_RIDGE)
         if verify is None or draft is None or sum(verify) <= 0:
             return None
         if not prompts_read:
-            verify = (*verify[:3], verify[1], verify[4])
+            verify = (*verify[:3], verify[1], *verify[4:])
         rounds = sums.get("cost_rounds", 0.0)
         overhead = sums.get("overhead_seconds", 0.0) / rounds if rounds > 0 else 0.0
         prompts = sums.get(f"{PREFILL}:rows", 0.0)
@@ -251,7 +264,7 @@ class RoundCostModel:
         latter is folded into v_fixed where every round drafted), a plain one this model's."""
         v, m = self.verify, measured.verify
         speculating = max(0.0, m[0] + m[4] - v[0])
-        return replace(self, verify=(v[0], v[1], m[2], v[3], speculating), draft=measured.draft,
+        return replace(self, verify=(v[0], v[1], m[2], v[3], speculating, v[5]), draft=measured.draft,
                        verify_tokens_high=max(self.verify_tokens_high, measured.verify_tokens_high),
                        draft_tokens_high=max(self.draft_tokens_high, measured.draft_tokens_high),
                        drafting_scale=measured.drafting_scale)
@@ -264,7 +277,8 @@ class RoundCostModel:
         """The target's call for `rows` rows with `drafted` drafted tokens in all, also reading
         `prompt_tokens` of newcomers' prompts."""
         v = self.verify
-        return v[0] + v[1] * rows + v[2] * drafted + v[3] * prompt_tokens + (v[4] if drafted > 0 else 0.0)
+        return (v[0] + v[1] * rows + v[2] * drafted + v[3] * prompt_tokens + (v[4] if drafted > 0 else 0.0)
+                + (v[5] if prompt_tokens > 0 else 0.0))
 
     def draft_s(self, draft_rows: float, steps: float, catch_up: float = 0.0) -> float:
         if draft_rows <= 0 or steps <= 0:

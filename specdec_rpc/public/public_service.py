@@ -113,7 +113,7 @@ def _set_policy_view(response: Any, policy: PolicyStatus) -> None:
     cost, crossover = policy.round_cost, policy.crossover
     if cost is not None:
         names = ("verify_fixed_ms", "verify_row_ms", "verify_drafted_token_ms", "verify_prompt_token_ms",
-                 "verify_speculating_ms",
+                 "verify_speculating_ms", "verify_prompt_round_ms",
                  "draft_fixed_ms", "draft_step_ms", "draft_row_step_ms", "draft_catch_up_token_ms")
         for name, seconds in zip(names, (*cost.verify, *cost.draft)):
             setattr(response.round_cost, name, 1000.0 * seconds)

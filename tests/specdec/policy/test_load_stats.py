@@ -26,7 +26,7 @@ def test_the_snapshot_carries_the_round_cost_fitted_from_its_rounds():
             w.merge(window_with([g], batch=batch, draft_overhead=0.002))
     cost = LoadSnapshot.from_window(w, 10.0, 0, 0, measured_at=0.0).round_cost
     # no prompt read: priced as a row; verifying drafts costs nothing apart from the drafts
-    assert cost.verify == pytest.approx((0.008, 0.0005, 0.0005, 0.0005, 0.0), rel=1e-4, abs=1e-7)
+    assert cost.verify == pytest.approx((0.008, 0.0005, 0.0005, 0.0005, 0.0, 0.0), rel=1e-4, abs=1e-7)
     assert cost.draft_s(1, 4) == pytest.approx(0.002 + 0.003 * 4)
 
 

@@ -280,7 +280,7 @@ def test_a_three_term_draft_model_has_no_catch_up_cost():
     with pytest.raises(ValueError, match="draft"):
         RoundCostModel(verify=(0.01, 0.001), draft=(0.001, 0.002))
     expanded = RoundCostModel(verify=(0.01, 0.001, 0.0002), draft=(0.0, 0.0, 0.0)).verify
-    assert expanded == (0.01, 0.001, 0.001, 0.0002, 0.0)
+    assert expanded == (0.01, 0.001, 0.001, 0.0002, 0.0, 0.0)
 
 
 def test_the_model_keeps_a_newcomers_mean_prompt_from_the_rounds_that_read_prompts():
@@ -311,7 +311,10 @@ def test_a_prompt_token_is_priced_apart_from_a_verified_token():
         add_round_timing(window.add, shape, verify, draft, 0.0)
         add_point(one_price_window.add, "one", (1.0, float(shape.tokens)), verify)  # every token alike
     fitted = RoundCostModel.from_sums(window.sums)
-    assert fitted.verify == pytest.approx(true.verify, rel=1e-3, abs=1e-7)
+    # every prompt of one length: the prompt-round step cannot be told from the per-token
+    # price, and goes (all but a ridge's share) to the per-token price
+    assert fitted.verify[:5] == pytest.approx(true.verify[:5], rel=1e-3, abs=1e-7)
+    assert fitted.verify[5] < 1e-3 * 64 * true.verify[3]
     assert fitted.round_s([0]) == pytest.approx(true.round_s([0]), rel=1e-3)
     assert fitted.prefill_round_s([0]) == pytest.approx(true.round_s([0], prompt_tokens=64), rel=1e-3)
     one_price = RoundCostModel(verify=fit_nonnegative(one_price_window.sums, "one", 2), draft=true.draft)
@@ -398,3 +401,53 @@ def test_what_rows_wait_between_emissions_scales_the_decoding_round_they_wait_fo
     thin = timed_rounds(n=50)
     add_row_waits(thin.add, 1, 0.030, 0.024)
     assert 1.0 < RoundCostModel.from_sums(thin.sums).wait_scale < 1.01
+
+
+
+PROMPT_STEP_S = 0.050  # the emulated target's prompt forward at time scale 8: one forward, whatever its length
+DECODING = RoundCostModel(verify=(0.050, 0.0002, 0.00005, 0.00001), draft=(0.002, 0.005, 0.0001, 0.0))
+
+
+def stepped_verify_s(shape):
+    """The target's call: `DECODING`'s, and a forward more when it reads any prompt."""
+    return verify_s(DECODING, shape) + (PROMPT_STEP_S if shape.prompt_tokens > 0 else 0.0)
+
+
+def full_batch_stream(n=400, seed=5):
+    """AUTO's rounds at a full batch: 28-32 rows drafting γ 1-3 each (mostly 2), a few plain
+    rounds, most of those reading a long prompt; 40 % of rounds read 1-2 newcomers' prompts
+    of 60-250 tokens, timed by `stepped_verify_s`."""
+    rng = random.Random(seed)
+    window = StatsWindow()
+    for _ in range(n):
+        rows = rng.randint(28, 32)
+        plain = rng.random() < 0.06
+        reads = rng.random() < (0.8 if plain else 0.4)
+        prompts = rng.randint(1, 2) if reads else 0
+        prompt_tokens = sum(rng.randint(60, 250) for _ in range(prompts))
+        gammas = [0] * rows if plain else [rng.choice((1, 2, 2, 2, 3)) for _ in range(rows)]
+        drafting = [g for g in gammas if g > 0]
+        shape = RoundShape(rows, rows + sum(gammas) + prompt_tokens, len(drafting), max(drafting, default=0),
+                           prompts=prompts, prompt_tokens=prompt_tokens)
+        verify, draft = stepped_verify_s(shape), DECODING.draft_s(shape.draft_rows, shape.steps)
+        add_round_timing(window.add, shape, verify, draft, verify + draft)
+    return window
+
+
+def test_a_round_that_reads_a_prompt_pays_a_step_that_no_decoding_round_pays():
+    """The emulated target reads newcomers' prompts in a forward of their own: a round that
+    reads any prompt pays one forward more, almost whatever its length. Fitted by a per-token
+    price alone (the old code), the step leaked into the decoding prices by each kind's share
+    of prompt rounds: at a full batch where plain rounds were mostly prompt rounds, plain
+    decoding's prompt-free round was priced dear against drafting's, and the plan's choice
+    between γ 0 and γ > 0 was priced off the measured ratio. With the prompt-round term both
+    kinds of decoding round are priced as they cost, and so is their ratio."""
+    fitted = RoundCostModel.from_sums(full_batch_stream().sums)
+    plain, drafting = [0] * 32, [2] * 32
+    for gammas in (plain, drafting):
+        assert fitted.round_s(gammas) == pytest.approx(DECODING.round_s(gammas), rel=0.02)
+        with_prompt = DECODING.round_s(gammas, prompt_tokens=150) + PROMPT_STEP_S
+        assert fitted.round_s(gammas, prompt_tokens=150) == pytest.approx(with_prompt, rel=0.02)
+    ratio = fitted.round_s(drafting) / fitted.round_s(plain)
+    assert ratio == pytest.approx(DECODING.round_s(drafting) / DECODING.round_s(plain), rel=0.02)
+    assert fitted.verify[5] == pytest.approx(PROMPT_STEP_S, rel=0.02)

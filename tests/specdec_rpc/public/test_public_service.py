@@ -128,18 +128,19 @@ def test_stats_carry_each_round_cost_coefficient_under_its_own_name():
     from specdec_cli.client_cli import _round_cost
     from specdec_rpc.public.public_service import _set_policy_view
 
-    cost = RoundCostModel(verify=(0.010, 0.0015, 0.0004, 0.0002, 0.007), draft=(0.003, 0.002, 0.0005, 0.00005),
+    cost = RoundCostModel(verify=(0.010, 0.0015, 0.0004, 0.0002, 0.007, 0.045), draft=(0.003, 0.002, 0.0005, 0.00005),
                           overhead_s=0.0003, prompt_tokens=64.0, drafting_scale=0.8, plain_scale=1.25)
     response = pb.GetStatsResponse()
     _set_policy_view(response, PolicyStatus(round_cost=cost))
     c = response.round_cost
     assert (c.verify_fixed_ms, c.verify_row_ms, c.verify_drafted_token_ms, c.verify_prompt_token_ms,
-            c.verify_speculating_ms) == pytest.approx((10.0, 1.5, 0.4, 0.2, 7.0))
+            c.verify_speculating_ms, c.verify_prompt_round_ms) == pytest.approx((10.0, 1.5, 0.4, 0.2, 7.0, 45.0))
     assert (c.draft_fixed_ms, c.draft_step_ms, c.draft_row_step_ms, c.draft_catch_up_token_ms, c.overhead_ms) == \
         pytest.approx((3.0, 2.0, 0.5, 0.05, 0.3))
     assert (c.drafting_scale, c.plain_scale) == pytest.approx((0.8, 1.25))
     line = _round_cost(response)
     assert "10.00 + 1.50/row + 0.40/drafted token + 0.200/prompt token (mean prompt 64) + 7.00 when verifying" in line
+    assert "+ 45.00 when reading prompts" in line
     assert "drafting rounds x0.80, plain rounds x1.25" in line
 
 
