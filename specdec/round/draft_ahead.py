@@ -130,6 +130,7 @@ class DraftAhead:
         self.clock = time.perf_counter
         self.estimate = SequentialEstimate()  # what sequential rounds would emit (a look-ahead's fast exit)
         self._last_done = -math.inf  # when the last step's round ended (clock)
+        self._share = 1.0  # the running step's rows verified now over its batch's (micro-batches: about half)
 
     @property
     def hit_rate(self) -> float:
@@ -189,13 +190,16 @@ class DraftAhead:
         way = self._choose(batch, speculating)
         if way != LOOK_AHEAD:  # no look-ahead this step: no row's verdict is a miss any more
             self._missed.difference_update(seq.seq_id for seq in batch)
+        self._share = 1.0
         if way != MICRO_BATCHES:
             return batch, []
         ready = [seq for seq in speculating if self.is_ready(seq.seq_id, seq.token_ids)]
         if not ready:
             ready = speculating[: (len(speculating) + 1) // 2]
         later = {seq.seq_id for seq in speculating} - {seq.seq_id for seq in ready}
-        return [s for s in batch if s.seq_id not in later], [s for s in batch if s.seq_id in later]
+        now = [s for s in batch if s.seq_id not in later]
+        self._share = len(now) / len(batch) if batch else 1.0
+        return now, [s for s in batch if s.seq_id in later]
 
     def _choose(self, batch: list[Sequence], speculating: list[Sequence]) -> str:
         """This step's way: the fixed one, or its kind's measured choice. A step with a row in
@@ -275,15 +279,16 @@ class DraftAhead:
         """The step's round emitted `emitted` tokens in `seconds`: counted by its kind's choice,
         with the engine's own work since the previous step ended (a way of more, shorter steps,
         micro-batches, pays it more often; a gap longer than the round itself is idle time).
-        rows: each verified row's (γ, drafted, accepted): in a look-ahead step, what sequential
-        rounds would have emitted on the same text (the choice's fast exit, SequentialEstimate)."""
+        rows: each verified row's (γ, drafted, accepted): in a look-ahead or micro-batch step,
+        what sequential rounds would have emitted on the same text (the choice's fast exit and
+        early end of an exploration, `_sequential_tokens`)."""
         now = self.clock()
         gap = now - seconds - self._last_done
         if 0 < gap <= seconds:
             seconds += gap
         self._last_done = now
         way, kind, choice = self._step
-        sequential = self.estimate.tokens(rows) if rows and way == LOOK_AHEAD else None
+        sequential = self._sequential_tokens(way, emitted, rows)
         if rows:
             self.estimate.observe(rows)
         if choice is not None:
@@ -291,6 +296,20 @@ class DraftAhead:
                 choice.presumed = {**choice.presumed, **self._presumed(kind, choice.ways)}
             choice.record(emitted, seconds, sequential)
         self._step = (way, None, None)
+
+    def _sequential_tokens(self, way: str, emitted: int, rows: list[tuple[int, int, int]] | None) -> float | None:
+        """What one sequential round of the whole batch would have emitted on the text of this
+        step (None: unknown). A look-ahead step's rows: estimated (SequentialEstimate). A
+        micro-batch step's rows verify drafts proposed from their final histories, as a
+        sequential round's are, so they emit what it would; the rows it left to the other half
+        are taken to emit as much per row (`_share`: the rows verified now over the batch's)."""
+        if not rows:
+            return None
+        if way == LOOK_AHEAD:
+            return self.estimate.tokens(rows)
+        if way == MICRO_BATCHES and self._share > 0:
+            return emitted / self._share
+        return None
 
     def after_verdict(self, later: list[Sequence], requests, results, meanwhile) -> None:
         """Keep what was proposed during verification: the other half's drafts (one Drafts

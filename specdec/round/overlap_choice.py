@@ -49,10 +49,11 @@ of each way:
   sequential rounds take over at once, without waiting for pairs: a lone row's look-ahead that
   really loses (a host without a free core) is left within a few blocks, where the pairs would
   keep it for hundreds of rounds. Where it wins or ties, the prediction never leads by that much,
-  and the pairs decide as before. The same prediction ends an exploration of a look-ahead
-  early (after `EARLY_ROUNDS` counted rounds) where sequential rounds lead it by twice the
-  margin: several rows' look-aheads lose clearly on a busy host, and each kind of step measures
-  them once before the pairs rule them out.
+  and the pairs decide as before. The same prediction ends an exploration of a look-ahead or of
+  micro-batches early (after `EARLY_ROUNDS` counted rounds) where sequential rounds lead it by
+  twice the margin: several rows' overlapped ways lose clearly on a busy host (served, by a
+  third to a half), and the first kind of several rows measures each once before the pairs
+  rule them out.
 
 `DraftAhead` keeps one choice per kind of step (how many rows, greedy or sampled) and shares
 the measured ratios between the kinds of several rows. Which way a round runs never changes

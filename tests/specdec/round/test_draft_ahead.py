@@ -25,7 +25,7 @@ from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Branch, Drafts
 from specdec.proposers.draft_proposer import DraftModelProposer
 from specdec.requests.request import GenerationRequest
-from specdec.round.overlap_choice import LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL, OverlapChoice
+from specdec.round.overlap_choice import EARLY_ROUNDS, LOOK_AHEAD, MICRO_BATCHES, SEQUENTIAL, OverlapChoice
 from specdec.sampling.sampling_params import SamplingParams
 from specdec.policy.speculation_policy import fixed_plan
 from specdec.verifiers.target_verifier import TargetVerifier
@@ -495,3 +495,29 @@ def test_a_step_is_timed_from_where_the_last_one_ended_unless_the_engine_was_idl
         assert not ahead.overlaps, "several rows start with sequential rounds (verified in the caller's thread)"
         ahead.round_done(3, 0.01)
     assert ahead.choices[(2, "greedy")].rates[SEQUENTIAL] == pytest.approx(9 / (0.01 + 0.015 + 0.01))
+
+
+def test_a_micro_batch_exploration_clearly_slower_than_sequential_rounds_ends_early():
+    """Eight rows, sequential rounds kept (24 tokens in 20 ms); micro-batch steps verify half
+    the rows, which emit what a sequential round would for them, but take as long as a whole
+    round: the exploration ends after its first (uncounted) step and EARLY_ROUNDS more, not
+    after its whole third of a block (served, several rows' micro-batches lose by a third)."""
+    ahead = DraftAhead(way=None, block_rounds=24, explore_every=100)
+    ahead.clock = lambda: 0.0  # no time between steps
+    ahead.choices[(8, "greedy")] = OverlapChoice(BATCH_WAYS, block_rounds=24, explore_every=100,
+                                                 rates={LOOK_AHEAD: 50.0})  # the look-ahead measured, slower
+    batch = fake_rows(8)
+    gammas = {seq.seq_id: 4 for seq in batch}
+
+    def step() -> str:
+        now, later = ahead.split(batch, gammas)
+        way = ahead._step[0]
+        ahead.round_done(3 * len(now), 0.02, [(4, 4, 2)] * len(now))
+        return way
+
+    assert [step() for _ in range(24)] == [SEQUENTIAL] * 24
+    explored = 0
+    while step() == MICRO_BATCHES:
+        explored += 1
+    assert explored == 1 + EARLY_ROUNDS
+    assert ahead.choices[(8, "greedy")].rates[MICRO_BATCHES] == pytest.approx(12 / 0.02)
