@@ -18,6 +18,12 @@ value of a variable wins (it is only set where absent). Measured figures: docs/e
   handed to Ray's metrics once a second instead of ten times; Ray reports them to the metrics
   agent every 10 s (`metrics_report_interval_ms`) and Prometheus scrapes every 10-15 s, so no
   sample is lost.
+* `RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD` 0 (default 1; Serve's throughput-optimized mode
+  sets 0 too): the router's methods run on the replica's own event loop, the one that serves
+  the direct gRPC port, instead of on a second loop in a thread of its own, so a round's chunks
+  reach the client's stream without a hop between two loops (one thread fewer to wake per
+  chunk). The router never blocks its loop (tokenising runs on a worker thread, the engine on
+  its own), and a wedged loop still fails Serve's health check, which then runs on that loop.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import os
 STACK_ENVIRONMENT: dict[str, str] = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
 }
 
 
