@@ -212,10 +212,14 @@ class SpecdecRouter:
 
     def check_health(self) -> None:
         """Serve's replica health check: fails while the backend failed to load, so that
-        `serve status` and KubeRay show it (Serve then replaces the replica: a new load)."""
+        `serve status` and KubeRay show it (Serve then replaces the replica: a new load), and
+        once a drain ended (SIGTERM / preStop): a drained replica refuses every request, so on
+        a pod that keeps running Serve must replace it."""
         failure = self.load_failure()
         if failure is not None:
             raise RuntimeError(f"the router's backend failed to load: {failure}")
+        if self._drain.finished:
+            raise RuntimeError("the router was drained: it serves no request any more")
 
     async def drain(self, grace_s: float) -> dict[str, Any]:
         """Stop admitting, let in-flight requests finish within grace_s, end the rest as

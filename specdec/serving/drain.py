@@ -43,6 +43,12 @@ class Drain:
         self.frontend = frontend
         self._task: asyncio.Task | None = None
 
+    @property
+    def finished(self) -> bool:
+        """True once a drain has run to its end (the engine loop stopped): this frontend serves
+        nothing any more."""
+        return self._task is not None and self._task.done()
+
     async def run(self, grace_s: float) -> DrainReport:
         """Drain (once; a second call waits for the first) and report."""
         if self._task is None:
