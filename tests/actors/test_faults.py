@@ -18,7 +18,6 @@ to load fails Serve's replica health check.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import threading
@@ -161,26 +160,6 @@ def test_a_router_whose_backend_failed_to_load_fails_serves_health_check(app):
     router._loader.join(timeout=10)
     with pytest.raises(RuntimeError, match="failed to load: FileNotFoundError: no checkpoint at /models/missing"):
         router.check_health()
-
-
-def test_a_drained_router_fails_serves_health_check_so_that_serve_replaces_it(app):
-    from actors.router import SpecdecRouter
-
-    loading = threading.Event()
-
-    def factory():
-        loading.wait(timeout=60)  # still loading when drained: the drain ends at once
-        raise RuntimeError("released")
-
-    router = SpecdecRouter.func_or_class(factory)
-    try:
-        router.check_health()  # loading, not drained: healthy
-        report = asyncio.run(router.drain(1.0))
-        assert report["in_flight"] == 0
-        with pytest.raises(RuntimeError, match="was drained"):
-            router.check_health()
-    finally:
-        loading.set()
 
 
 def stream_all(client: SpecdecClient, prompts: list[list[int]], max_new: int, fault) -> list[list[int]]:

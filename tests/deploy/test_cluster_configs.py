@@ -216,6 +216,17 @@ def test_every_key_in_cluster_yaml_has_a_comment(path):
 
 
 @pytest.mark.parametrize("path", LAUNCHER_CONFIGS, ids=_ids(LAUNCHER_CONFIGS))
+def test_every_ray_start_gives_serve_the_stack_environment_specdec_serve_gives(path):
+    from actors.stack_environment import STACK_ENVIRONMENT
+
+    config = _load(path)
+    starts = [c for c in config["head_start_ray_commands"] + config["worker_start_ray_commands"] if "ray start" in c]
+    assert len(starts) == 2
+    for command in starts:
+        assert all(f"{name}={value} " in command for name, value in STACK_ENVIRONMENT.items()), command
+
+
+@pytest.mark.parametrize("path", LAUNCHER_CONFIGS, ids=_ids(LAUNCHER_CONFIGS))
 def test_the_head_runs_no_model(path):
     config = _load(path)
     start = " ".join(config["head_start_ray_commands"])

@@ -272,3 +272,11 @@ def test_ci_values_should_only_use_keys_that_exist_in_values_yaml():
         return out
 
     assert unknown(yaml.safe_load(CI_VALUES.read_text()), copy.deepcopy(VALUES)) == []
+
+
+def test_every_ray_container_starts_with_the_stack_environment_specdec_serve_gives(rendered):
+    from actors.stack_environment import STACK_ENVIRONMENT
+
+    for template in view.ray_pod_templates(rendered):
+        env = view.env(view.container(template))
+        assert {name: env.get(name) for name in STACK_ENVIRONMENT} == STACK_ENVIRONMENT

@@ -287,6 +287,15 @@ exec:
   value: actors.serve_proxy.setup_proxy
 - name: SPECDEC_BIND_HOST
   value: "0.0.0.0"
+# Serve's quieter background, as `specdec serve` starts Ray (actors/stack_environment.py says why):
+# the controller reconciles twice a second, Serve's metrics go to Ray's once a second, the router
+# runs on the replica's own event loop
+- name: RAY_SERVE_CONTROL_LOOP_INTERVAL_S
+  value: "0.5"
+- name: RAY_SERVE_METRICS_EXPORT_INTERVAL_MS
+  value: "1000"
+- name: RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD
+  value: "0"
 {{- with .Values.security.tls }}
 {{- if .existingSecret }}
 # read by specdec_rpc.public.public_tls inside Serve's gRPC proxy (Ray's processes inherit the container's env)
