@@ -207,9 +207,16 @@ def wait_until_http_ready(url: str, timeout_s: float, token: str | None = None) 
 
 
 def _find_direct_ports(app: SpecdecApp, endpoints: ServeEndpoints, timeout_s: float) -> None:
-    """The router replicas' own ports (serving.ingress direct), once each replica lists them."""
+    """The router replicas' own ports (serving.ingress direct), once each replica lists them and,
+    where they speak plaintext, answers SERVING: a replica lists its port while its backend still
+    loads, and the probe before reached one replica only. (With TLS the ports have no plaintext
+    twin to probe, and a replica still loading answers UNAVAILABLE, which clients retry.)"""
     serving = app.config.serving
     app.direct_addresses = wait_for_direct_addresses(APP_NAME, serving, timeout_s)
+    if not endpoints.tls:
+        for address in app.direct_addresses:
+            wait_until_serving(address, timeout_s, probe_token(app.config),
+                               failed=functools.partial(router_load_failure, APP_NAME))
     scheme = app.http_url.split("://", 1)[0]
     app.direct_http_urls = [f"{scheme}://{a}" for a in wait_for_direct_addresses(APP_NAME, serving, timeout_s, "HTTP")]
 
