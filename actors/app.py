@@ -36,7 +36,6 @@ from specdec.wiring.ports import free_port  # noqa: F401 - re-exported for calle
 from actors.router import SpecdecRouter
 from actors.router_drain import drain_routers
 from actors.signal_handlers import kept_signal_handlers
-from actors.stack_environment import export_stack_environment
 from actors.start_failure import StartFailed, explained, router_load_failure
 from actors.serve_endpoints import ServeEndpoints, direct_environment, export_environment, probe_token, serve_endpoints
 from actors.worker_hub import get_or_create_hub, start_hub, stop_hub
@@ -233,10 +232,7 @@ def start_app(
     worker and the target group; pass one (e.g. `build_served_engine` on the config) to serve in-process models.
     progress: told each stage as it begins (`specdec serve` prints them)."""
     endpoints = serve_endpoints(config)
-    ray_started_here = address is None and not ray.is_initialized()
-    export_environment(endpoints, ray_started_here=ray_started_here)
-    if ray_started_here:
-        export_stack_environment()  # Serve's quieter background (actors/stack_environment.py)
+    export_environment(endpoints, ray_started_here=address is None and not ray.is_initialized())
     app = SpecdecApp(config, address=endpoints.public_address, http_url=endpoints.http_url)
     progress(f"joining Ray at {address}" if address else "starting Ray (or using this process's)")
     app.owns_ray = _init_ray(address, ray_init_kwargs)

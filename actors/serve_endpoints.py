@@ -32,6 +32,7 @@ from ray.serve.config import HTTPOptions, gRPCOptions
 from specdec.wiring.ports import free_port
 from actors.router import GRPC_SERVICER_FUNCTIONS
 from actors.serve_proxy import CALLBACK, CALLBACK_ENV
+from actors.stack_environment import export_stack_environment
 from specdec.serving.api_auth import read_tokens
 from specdec.config.config import ServingConfig, SpecdecConfig
 from specdec.config.config_rules import direct_ports
@@ -118,9 +119,12 @@ def probe_token(config: SpecdecConfig) -> str | None:
 
 def export_environment(endpoints: ServeEndpoints, ray_started_here: bool) -> None:
     """Put the proxy's settings into this process's environment, which a Ray started
-    afterwards passes on. Joining a running Ray, they must already be in its environment
-    with TLS (else the TLS port could be bypassed); without TLS a missing hook is logged."""
+    afterwards passes on, with Serve's quieter background where the operator set none
+    (actors/stack_environment.py). Joining a running Ray, the proxy's must already be in its
+    environment with TLS (else the TLS port could be bypassed); without TLS a missing hook is
+    logged."""
     if ray_started_here:
+        export_stack_environment()
         # an earlier TLS or direct app in this process must not leave its settings to this Ray
         stale = (*(() if endpoints.tls else (PORT_ENV, CERT_ENV, KEY_ENV)), *(() if endpoints.direct else DIRECT_NAMES))
         for name in stale:
