@@ -51,9 +51,9 @@ of each way:
   keep it for hundreds of rounds. Where it wins or ties, the prediction never leads by that much,
   and the pairs decide as before. The same prediction ends an exploration of a look-ahead or of
   micro-batches early (after `EARLY_ROUNDS` counted rounds) where sequential rounds lead it by
-  twice the margin: several rows' overlapped ways lose clearly on a busy host (served, by a
-  third to a half), and the first kind of several rows measures each once before the pairs
-  rule them out.
+  twice the margin: several rows' overlapped ways lose clearly on a busy host
+  (docs/drafting_ahead.md), and the first kind of several rows measures each once before the
+  pairs rule them out.
 
 `DraftAhead` keeps one choice per kind of step (how many rows, greedy or sampled) and shares
 the measured ratios between the kinds of several rows. Which way a round runs never changes
