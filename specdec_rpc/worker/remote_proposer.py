@@ -77,6 +77,8 @@ class RemoteProposer(WorkerClient, Proposer):
     names = ("draft",)
     stub_class = worker_pb2_grpc.DraftWorkerStub
     stream_method = "ProposeStream"
+    service = "DraftWorker"
+    stream_messages = (worker_pb2.ProposeRequest, worker_pb2.ProposeResponse)
 
     def __init__(
         self,

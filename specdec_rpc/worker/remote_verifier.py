@@ -70,6 +70,8 @@ class RemoteVerifier(WorkerClient, Verifier):
 
     stub_class = worker_pb2_grpc.TargetWorkerStub
     stream_method = "VerifyStream"
+    service = "TargetWorker"
+    stream_messages = (worker_pb2.VerifyRequest, worker_pb2.VerifyResponse)
     #: every round's Verify goes out on a RoundStream, which runs `after_send`'s parked work
     #: once it is written: the engine loop may park a round's hand-over until then
     sends_on_round_stream = True

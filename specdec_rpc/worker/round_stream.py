@@ -21,6 +21,12 @@ thread, then to the caller); a watchdog thread ends a stream whose call outlives
 timeout. The first wait with a deadline (the draft's round budget), callback or poll on a
 stream starts a reader thread that reads it until it ends, so a late call still ends on its
 own and no round waits beyond its budget.
+
+Who answers the calls: with `parse` (the response message's parser), the stream hands gRPC a
+response deserializer that parses each response and answers the oldest waiting call at once,
+on gRPC's channel thread, where the response arrives; whoever reads the stream then only keeps
+it read. So a call waited for with a deadline is answered without the reader thread's
+wake-up in between (gRPC's thread to the waiting round thread directly).
 """
 
 from __future__ import annotations
@@ -139,26 +145,49 @@ class StreamCall:
 
 
 class _Opened:
-    """One open stream: its gRPC call, the request queue, the calls waiting in order, and
-    whether someone (a caller or the reader thread) is reading its responses."""
+    """One open stream: its gRPC call, the request queue, the calls waiting in order, whether
+    someone (a caller or the reader thread) is reading its responses, and whether gRPC's
+    deserializer answers the calls (`parsed`) or whoever reads them."""
 
-    def __init__(self, grpc_call: Any, requests: queue.SimpleQueue) -> None:
-        self.grpc_call, self.requests = grpc_call, requests
+    def __init__(self, grpc_call: Any, requests: queue.SimpleQueue, waiting: deque, parsed: bool) -> None:
+        self.grpc_call, self.requests, self.waiting, self.parsed = grpc_call, requests, waiting, parsed
         self.responses = iter(grpc_call)
-        self.waiting: deque[StreamCall] = deque()
         self.reading = False
+
+
+def _answering(parse: Callable[[bytes], Any], waiting: deque) -> Callable[[bytes], Any]:
+    """A response deserializer for gRPC (it runs on gRPC's channel thread) that parses a response
+    and answers the oldest call waiting on its stream with it. A response that does not parse,
+    or that no request waits for, raises: gRPC then ends the stream (INTERNAL), which fails the
+    calls still waiting on it."""
+
+    def deserialize(data: bytes) -> Any:
+        response = parse(data)
+        try:
+            call = waiting.popleft()
+        except IndexError:
+            raise StreamError(grpc.StatusCode.INTERNAL, "the worker answered more responses than requests") from None
+        call._set(response)
+        return response
+
+    return deserialize
 
 
 class RoundStream:
     """Requests of one kind to one worker over one stream, opened on the first request and
     again after the stream ended. Thread-safe (whoever reads answers the calls in order)."""
 
-    def __init__(self, open_call: Callable[[Iterator], Any], timeout_s: float) -> None:
+    def __init__(self, open_call: Callable[..., Any], timeout_s: float,
+                 parse: Callable[[bytes], Any] | None = None) -> None:
         """open_call(requests) starts the stream-stream call over the request iterator
         (e.g. `lambda it: stub.VerifyStream(it)`, read again at every opening: a client that
         switched to another worker opens its next stream there); timeout_s: the longest a
-        request may wait for its response."""
+        request may wait for its response; parse: the response message's parser (e.g.
+        `VerifyResponse.FromString`); given, it is open_call(requests, deserialize), whose
+        call must parse its responses with `deserialize` (gRPC's response_deserializer), which
+        answers the calls as their responses arrive."""
         self._open_call = open_call
+        self._parse = parse
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._open: _Opened | None = None
@@ -173,13 +202,21 @@ class RoundStream:
                 self._open.requests.put(_END)  # it ended between rounds (the worker stopped), unread
                 self._open = None
             if self._open is None:
-                requests: queue.SimpleQueue = queue.SimpleQueue()
-                self._open = _Opened(self._open_call(_requests(requests)), requests)
+                self._open = self._opening()
                 self.opened += 1
             call._opened = self._open
             self._open.waiting.append(call)
             self._open.requests.put(request)
         return call
+
+    def _opening(self) -> _Opened:
+        """(under the lock) A new stream: its call, over a new request queue."""
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+        waiting: deque[StreamCall] = deque()
+        if self._parse is None:
+            return _Opened(self._open_call(_requests(requests)), requests, waiting, parsed=False)
+        grpc_call = self._open_call(_requests(requests), _answering(self._parse, waiting))
+        return _Opened(grpc_call, requests, waiting, parsed=True)
 
     def _read_for(self, call: StreamCall) -> None:
         """(a caller without a deadline) Read responses until `call` is answered, while no one
@@ -233,6 +270,8 @@ class RoundStream:
             if exc.code() == grpc.StatusCode.CANCELLED:  # not by this side: the worker stopped its streams
                 error = StreamError(grpc.StatusCode.UNAVAILABLE, f"the worker ended the stream ({exc.details()})")
         else:
+            if opened.parsed:  # gRPC's deserializer answered its call already
+                return True
             try:
                 call = opened.waiting.popleft()
             except IndexError:  # a response no request waits for: the worker broke the protocol

@@ -9,7 +9,8 @@ One client talks to one worker (a DraftWorker or the target group's leader) for 
   prefix), so routers that number their sequences alike never share worker state;
 * the release buffer: `release()` is buffered, sent before the next call or by `flush()`;
 * the round stream: every round's call (Propose, Verify) travels on one persistent stream
-  (RoundStream), opened again on the current channel after it ended;
+  (RoundStream), opened again on the current channel after it ended; gRPC's channel thread
+  answers each call as it parses the call's response (RoundStream's `parse`);
 * the WorkerReconnector that looks for the worker again after it went down: `_probe` opens a
   channel to an address and asks GetInfo, `_switch_to` makes the client use it.
 
@@ -39,6 +40,8 @@ class WorkerClient:
 
     stub_class: type  # worker_pb2_grpc.DraftWorkerStub or TargetWorkerStub
     stream_method: str  # the stub's round stream: "ProposeStream" or "VerifyStream"
+    service: str  # the gRPC service of worker.proto: "DraftWorker" or "TargetWorker"
+    stream_messages: tuple[type, type]  # the round stream's (request, response) message classes
 
     def __init__(
         self,
@@ -64,7 +67,19 @@ class WorkerClient:
         self._sender = HistorySender(namespace=f"{self._lease_id}/")
         self._released: list[str] = []  # wire ids whose Release is not sent yet
         self.last_compute_s = 0.0  # the worker's compute in the last round's call (RoundProfile)
-        self._rounds = RoundStream(lambda requests: getattr(self._stub, self.stream_method)(requests), timeout_s)
+        self._rounds = RoundStream(self._open_round_stream, timeout_s, parse=self._parse_round_response)
+
+    def _open_round_stream(self, requests, deserialize):
+        """The round stream's call on the current channel, its responses parsed by `deserialize`
+        (which answers the waiting calls: RoundStream's `parse`)."""
+        method = self._channel.stream_stream(f"/specdec.v1.{self.service}/{self.stream_method}",
+                                             request_serializer=self.stream_messages[0].SerializeToString,
+                                             response_deserializer=deserialize)
+        return method(requests)
+
+    def _parse_round_response(self, data: bytes):
+        """(gRPC's channel thread) One response of the round stream, parsed."""
+        return self.stream_messages[1].FromString(data)
 
     def _renew_lease(self, ttl_s: float) -> None:
         """Start keeping the lease alive; ttl_s is assumed until the worker states its own."""

@@ -170,3 +170,54 @@ def test_the_sending_side_runs_parked_work_once_a_request_was_written_and_the_ne
     stream.send(2).result()
     assert ran_after == [[1]], "it ran once, after request 1 was written and before request 2"
     stream.close()
+
+
+def test_with_a_parser_each_call_is_answered_where_its_response_is_parsed():
+    """gRPC's channel thread parses each response (the call's response_deserializer) and answers
+    its call there: a call waited for with a deadline needs no reader thread's wake-up (the
+    reader, held back here, only keeps the stream read)."""
+    import queue
+
+    parsed_on, read = [], threading.Event()
+
+    def open_call(requests, deserialize):
+        responses: queue.SimpleQueue = queue.SimpleQueue()
+
+        def channel():  # as gRPC's channel thread: each response parsed as it arrives
+            for n in requests:
+                parsed_on.append(threading.current_thread().name)
+                responses.put(deserialize(str(n + 1).encode()))
+
+        threading.Thread(target=channel, name="channel", daemon=True).start()
+
+        class Call:
+            def __iter__(self):
+                while True:
+                    read.wait()
+                    yield responses.get()
+
+            def cancel(self):
+                pass
+
+            def done(self):
+                return False
+
+        return Call()
+
+    stream = RoundStream(open_call, timeout_s=5.0, parse=int)
+    assert stream.send(1).result(timeout=2.0) == 2, "answered though nobody has read the stream"
+    read.set()
+    assert stream.send(2).result() == 3
+    assert parsed_on == ["channel", "channel"]
+    stream.close()
+
+
+def test_a_parsed_response_no_request_waits_for_fails_the_stream():
+    """The deserializer raises: gRPC then ends the stream (INTERNAL), failing its waiting calls."""
+    from collections import deque
+
+    from specdec_rpc.worker.round_stream import _answering
+
+    with pytest.raises(StreamError) as raised:
+        _answering(int, deque())(b"1")
+    assert raised.value.code() == grpc.StatusCode.INTERNAL
