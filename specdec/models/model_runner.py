@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from specdec.models.decode_steps import DecodeSteps, StepInputs
 from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 from specdec.models.llama import LlamaForServing
 from specdec.models.loader import load_model
@@ -61,6 +62,7 @@ class ModelRunner:
             num_blocks=num_blocks,
             prefix_caching=prefix_caching,
         )
+        self._step_inputs = StepInputs(num_slots, model.device)  # the decode steps' persistent inputs
 
     @classmethod
     def from_pretrained(
@@ -166,6 +168,11 @@ class ModelRunner:
             else:
                 out[index, : logits.shape[1]] = logits
         return out
+
+    def decode_steps(self, slot_ids: list[int], counts: list[int]) -> DecodeSteps:
+        """One-token forwards of these slots, ``counts[b]`` at most for row b, their checks, blocks
+        and input tensors done once (`DecodeSteps`); each step returns what ``forward`` would."""
+        return DecodeSteps(self, self._step_inputs, slot_ids, counts)
 
     def _attach_cached_prefixes(self, slot_ids: list[int], token_ids: list[list[int]],
                                 lengths: list[int]) -> tuple[list[list[int]], list[int]]:

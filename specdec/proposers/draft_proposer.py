@@ -38,6 +38,7 @@ import torch
 from specdec.sampling.counter_rng import ROLE_DRAFT
 from specdec.sampling.grammar_cursor import mask_logits
 from specdec.sampling.gumbel_sampling import race
+from specdec.models.decode_steps import DecodeSteps, decode_steps
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Branch, Drafts, Proposal, ProposalRequest, Proposer, common_prefix_length
 from specdec.sampling.sampling import SamplingBatch, logits_to_probs, sample_from_probs
@@ -260,11 +261,20 @@ class DraftModelProposer(Proposer):
                                           histories=[r.token_ids for r in requests],
                                           num_prompt_tokens=[r.num_prompt_tokens for r in requests])
         logits = self._catch_up(requests, states)  # [n, vocab]
-        if batch.all_greedy and batch.processing is None and all(r.grammar is None for r in requests):
-            return self._greedy_steps(logits, gammas, states), None
+        greedy = batch.all_greedy and batch.processing is None and all(r.grammar is None for r in requests)
+        probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)  # q
+        # the steps feed all but the last guess: gammas[j] - 1 tokens for row j, inputs built once
+        steps = decode_steps(self.runner, [s.slot for s in states], [max(g - 1, 0) for g in gammas])
+        if greedy:
+            return self._greedy_steps(logits, gammas, states, steps), None
+        return self._sampled_steps(logits, gammas, states, steps, requests, batch, probs), probs
+
+    def _sampled_steps(self, logits: torch.Tensor, gammas: list[int], states: list[_DraftState], steps: DecodeSteps,
+                       requests: list[ProposalRequest], batch: SamplingBatch, probs: torch.Tensor | None):
+        """_draft's steps in general: processing and grammar masks per step, each step's q
+        written to ``probs`` (None: greedy rows, no q). Returns the guesses."""
         cursors = [None if r.grammar is None else r.grammar.at(r.token_ids) for r in requests]  # copies to walk
         guessed: list[list[int]] = [[] for _ in requests]  # each row's guesses so far
-        probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)
         active = list(range(len(requests)))
         for i in range(max(gammas)):
             # every row still drafting (the usual case), or greedy rows without processing, which
@@ -284,13 +294,14 @@ class DraftModelProposer(Proposer):
                 guessed[row].append(guess)
                 if cursors[row] is not None:
                     cursors[row].accept(guess)
-            fed = self._feed(active, guesses, gammas, i, states)
+            fed = self._feed(active, guesses, gammas, i, states, steps)
             if fed is None:
                 break
             active, logits = fed
-        return guessed, probs
+        return guessed
 
-    def _greedy_steps(self, logits: torch.Tensor, gammas: list[int], states: list[_DraftState]) -> list[list[int]]:
+    def _greedy_steps(self, logits: torch.Tensor, gammas: list[int], states: list[_DraftState],
+                      steps: DecodeSteps) -> list[list[int]]:
         """_draft's steps for greedy rows without processing or grammar (the usual batch): each
         step one argmax and one read of its tokens, fed back; no sub-batch, mask or q to build
         (the same guesses as the general loop, which reads nothing else for such rows)."""
@@ -300,25 +311,24 @@ class DraftModelProposer(Proposer):
             guesses = logits.argmax(dim=-1).tolist()  # [a]
             for row, guess in zip(active, guesses):
                 guessed[row].append(guess)
-            fed = self._feed(active, guesses, gammas, i, states)
+            fed = self._feed(active, guesses, gammas, i, states, steps)
             if fed is None:
                 break
             active, logits = fed
         return guessed
 
     def _feed(self, active: list[int], guesses: list[int], gammas: list[int], step: int,
-              states: list[_DraftState]) -> tuple[list[int], torch.Tensor] | None:
+              states: list[_DraftState], steps: DecodeSteps) -> tuple[list[int], torch.Tensor] | None:
         """Feed step `step`'s guesses of the rows that draft past it (guesses[k]: row active[k]'s)
         through the draft: -> those rows and their next logits [a, vocab]; None when no row
         drafts on (the steps end)."""
         fed = [k for k, row in enumerate(active) if gammas[row] > step + 1]
         if not fed:
             return None
-        rows = [active[k] for k in fed]
-        chunks = [[guesses[k]] for k in fed]
-        logits = self._fit_vocab(self.runner.forward([states[row].slot for row in rows], chunks, last_only=True))
-        for row, chunk in zip(rows, chunks):
-            states[row].cached.extend(chunk)
+        rows, tokens = [active[k] for k in fed], [guesses[k] for k in fed]
+        logits = self._fit_vocab(steps.forward(tokens, rows))
+        for row, token in zip(rows, tokens):
+            states[row].cached.append(token)
         return rows, logits
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch, offset: int, need_q: bool):
