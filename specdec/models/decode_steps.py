@@ -77,7 +77,8 @@ class DecodeSteps:
         if len(rows) != batch or any(p >= self._ends[b] for p, b in zip(positions, rows)):
             raise ValueError(f"decode step for rows {list(rows)} with {batch} tokens: a row past its count")
         slots = [self._slots[b] for b in rows]
-        self._inputs.host_view[:, :batch] = (tokens, positions, slots)
+        host = self._inputs.host_view  # [3, rows]
+        host[0, :batch], host[1, :batch], host[2, :batch] = tokens, positions, slots
         input_ids, position_ids, slot_ids = self._inputs.inputs(batch)
         with self._mode:
             hidden = runner.model.forward_hidden(input_ids, position_ids, runner.cache, slot_ids, None,

@@ -48,6 +48,7 @@ from specdec.sampling.sampling import SamplingBatch, logits_to_probs, sample_fro
 class _DraftState:
     slot: int
     cached: list[int] = field(default_factory=list)  # tokens held by the slot, in order
+    reserve: int = 0  # the tokens its cache may grow to, as last granted (0: max_seq_len)
 
 
 class DraftModelProposer(Proposer):
@@ -108,12 +109,15 @@ class DraftModelProposer(Proposer):
         """Held rows whose reserve grew (the engine grants cache as a sequence grows) raise it in
         the draft's cache, in order; the rows it cannot cover draft nothing and free their
         blocks for the ones before them (read again when there is room: speed, never output)."""
-        grow = getattr(self.runner, "grow_reserves", None)
+        grow, states = getattr(self.runner, "grow_reserves", None), self._states
         held = [i for i, (request, gamma) in enumerate(zip(requests, gammas))
-                if gamma and request.reserve_tokens and request.seq_id in self._states]
+                if gamma and request.seq_id in states and states[request.seq_id].reserve
+                and (request.reserve_tokens or 0) > states[request.seq_id].reserve]  # only a grown reserve
         if grow is None or not held:
             return
-        grown = grow([(self._states[requests[i].seq_id].slot, requests[i].reserve_tokens) for i in held])
+        grown = grow([(states[requests[i].seq_id].slot, requests[i].reserve_tokens) for i in held])
+        for i in held[:grown]:
+            states[requests[i].seq_id].reserve = requests[i].reserve_tokens
         for i in held[grown:]:
             gammas[i] = 0
             self.release(requests[i].seq_id)
@@ -343,7 +347,8 @@ class DraftModelProposer(Proposer):
     def _claim(self, request: ProposalRequest) -> _DraftState:
         state = self._states.get(request.seq_id)
         if state is None:
-            state = self._states[request.seq_id] = _DraftState(self.runner.allocate_slot(request.reserve_tokens))
+            slot = self.runner.allocate_slot(request.reserve_tokens)
+            state = self._states[request.seq_id] = _DraftState(slot, reserve=request.reserve_tokens or 0)
         return state
 
     def _catch_up(self, requests: list[ProposalRequest], states: list[_DraftState]) -> torch.Tensor:
