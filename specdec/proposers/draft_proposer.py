@@ -265,20 +265,13 @@ class DraftModelProposer(Proposer):
                                           histories=[r.token_ids for r in requests],
                                           num_prompt_tokens=[r.num_prompt_tokens for r in requests])
         logits = self._catch_up(requests, states)  # [n, vocab]
-        greedy = batch.all_greedy and batch.processing is None and all(r.grammar is None for r in requests)
-        probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)  # q
         # the steps feed all but the last guess: gammas[j] - 1 tokens for row j, inputs built once
         steps = decode_steps(self.runner, [s.slot for s in states], [max(g - 1, 0) for g in gammas])
-        if greedy:
+        if batch.all_greedy and batch.processing is None and all(r.grammar is None for r in requests):
             return self._greedy_steps(logits, gammas, states, steps), None
-        return self._sampled_steps(logits, gammas, states, steps, requests, batch, probs), probs
-
-    def _sampled_steps(self, logits: torch.Tensor, gammas: list[int], states: list[_DraftState], steps: DecodeSteps,
-                       requests: list[ProposalRequest], batch: SamplingBatch, probs: torch.Tensor | None):
-        """_draft's steps in general: processing and grammar masks per step, each step's q
-        written to ``probs`` (None: greedy rows, no q). Returns the guesses."""
         cursors = [None if r.grammar is None else r.grammar.at(r.token_ids) for r in requests]  # copies to walk
         guessed: list[list[int]] = [[] for _ in requests]  # each row's guesses so far
+        probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)
         active = list(range(len(requests)))
         for i in range(max(gammas)):
             # every row still drafting (the usual case), or greedy rows without processing, which
@@ -302,7 +295,7 @@ class DraftModelProposer(Proposer):
             if fed is None:
                 break
             active, logits = fed
-        return guessed
+        return guessed, probs
 
     def _greedy_steps(self, logits: torch.Tensor, gammas: list[int], states: list[_DraftState],
                       steps: DecodeSteps) -> list[list[int]]:
