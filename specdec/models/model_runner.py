@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from specdec.models.decode_steps import DecodeSteps, StepInputs
 from specdec.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 from specdec.models.llama import LlamaForServing
 from specdec.models.loader import load_model
@@ -61,6 +62,8 @@ class ModelRunner:
             num_blocks=num_blocks,
             prefix_caching=prefix_caching,
         )
+        self._step_inputs = StepInputs(num_slots, model.device)  # the decode steps' persistent inputs
+        self._inference = torch.inference_mode()  # entered by each forward (one object: no context made per call)
 
     @classmethod
     def from_pretrained(
@@ -137,7 +140,6 @@ class ModelRunner:
             raise
         return fork
 
-    @torch.inference_mode()
     def forward(self, slot_ids: list[int], token_ids: list[list[int]], last_only: bool = False) -> torch.Tensor:
         """Append ``token_ids[b]`` (lengths may differ, each >= 1) to slot ``slot_ids[b]``; return float32 logits.
 
@@ -152,8 +154,14 @@ class ModelRunner:
         if last_only and max(len(row) for row in token_ids) > self.cache.block_size:  # else no block to attach
             token_ids, lengths = self._attach_cached_prefixes(slot_ids, token_ids, lengths)
         groups = padding_groups([len(row) for row in token_ids])
-        if len(groups) == 1:
-            return self._forward_padded(slot_ids, token_ids, lengths, last_only)
+        with self._inference:
+            if len(groups) == 1:
+                return self._forward_padded(slot_ids, token_ids, lengths, last_only)
+            return self._forward_groups(slot_ids, token_ids, lengths, last_only, groups)
+
+    def _forward_groups(self, slot_ids: list[int], token_ids: list[list[int]], lengths: list[int], last_only: bool,
+                        groups: list[list[int]]) -> torch.Tensor:
+        """`forward` as one forward per group of rows (`padding_groups`), their logits in row order."""
         width = max(len(row) for row in token_ids)
         shape = (len(slot_ids), self.vocab_size) if last_only else (len(slot_ids), width, self.vocab_size)
         out = torch.zeros(shape, dtype=torch.float32, device=self.model.device)  # [B, V] or [B, T, V]
@@ -166,6 +174,11 @@ class ModelRunner:
             else:
                 out[index, : logits.shape[1]] = logits
         return out
+
+    def decode_steps(self, slot_ids: list[int], counts: list[int]) -> DecodeSteps:
+        """One-token forwards of these slots, ``counts[b]`` at most for row b, their checks, blocks
+        and input tensors done once (`DecodeSteps`); each step returns what ``forward`` would."""
+        return DecodeSteps(self, self._step_inputs, slot_ids, counts)
 
     def _attach_cached_prefixes(self, slot_ids: list[int], token_ids: list[list[int]],
                                 lengths: list[int]) -> tuple[list[list[int]], list[int]]:

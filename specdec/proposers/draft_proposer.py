@@ -38,6 +38,7 @@ import torch
 from specdec.sampling.counter_rng import ROLE_DRAFT
 from specdec.sampling.grammar_cursor import mask_logits
 from specdec.sampling.gumbel_sampling import race
+from specdec.models.decode_steps import DecodeSteps, decode_steps
 from specdec.models.model_runner import ModelRunner
 from specdec.proposers.base import Branch, Drafts, Proposal, ProposalRequest, Proposer, common_prefix_length
 from specdec.sampling.sampling import SamplingBatch, logits_to_probs, sample_from_probs
@@ -47,6 +48,7 @@ from specdec.sampling.sampling import SamplingBatch, logits_to_probs, sample_fro
 class _DraftState:
     slot: int
     cached: list[int] = field(default_factory=list)  # tokens held by the slot, in order
+    reserve: int = 0  # the tokens its cache may grow to, as last granted (0: max_seq_len)
 
 
 class DraftModelProposer(Proposer):
@@ -107,12 +109,15 @@ class DraftModelProposer(Proposer):
         """Held rows whose reserve grew (the engine grants cache as a sequence grows) raise it in
         the draft's cache, in order; the rows it cannot cover draft nothing and free their
         blocks for the ones before them (read again when there is room: speed, never output)."""
-        grow = getattr(self.runner, "grow_reserves", None)
+        grow, states = getattr(self.runner, "grow_reserves", None), self._states
         held = [i for i, (request, gamma) in enumerate(zip(requests, gammas))
-                if gamma and request.reserve_tokens and request.seq_id in self._states]
+                if gamma and request.seq_id in states and states[request.seq_id].reserve
+                and (request.reserve_tokens or 0) > states[request.seq_id].reserve]  # only a grown reserve
         if grow is None or not held:
             return
-        grown = grow([(self._states[requests[i].seq_id].slot, requests[i].reserve_tokens) for i in held])
+        grown = grow([(states[requests[i].seq_id].slot, requests[i].reserve_tokens) for i in held])
+        for i in held[:grown]:
+            states[requests[i].seq_id].reserve = requests[i].reserve_tokens
         for i in held[grown:]:
             gammas[i] = 0
             self.release(requests[i].seq_id)
@@ -260,8 +265,10 @@ class DraftModelProposer(Proposer):
                                           histories=[r.token_ids for r in requests],
                                           num_prompt_tokens=[r.num_prompt_tokens for r in requests])
         logits = self._catch_up(requests, states)  # [n, vocab]
+        # the steps feed all but the last guess: gammas[j] - 1 tokens for row j, inputs built once
+        steps = decode_steps(self.runner, [s.slot for s in states], [max(g - 1, 0) for g in gammas])
         if batch.all_greedy and batch.processing is None and all(r.grammar is None for r in requests):
-            return self._greedy_steps(logits, gammas, states), None
+            return self._greedy_steps(logits, gammas, states, steps), None
         cursors = [None if r.grammar is None else r.grammar.at(r.token_ids) for r in requests]  # copies to walk
         guessed: list[list[int]] = [[] for _ in requests]  # each row's guesses so far
         probs = None if batch.all_greedy else torch.zeros(len(requests), max(gammas), self.vocab_size)
@@ -284,13 +291,14 @@ class DraftModelProposer(Proposer):
                 guessed[row].append(guess)
                 if cursors[row] is not None:
                     cursors[row].accept(guess)
-            fed = self._feed(active, guesses, gammas, i, states)
+            fed = self._feed(active, guesses, gammas, i, states, steps)
             if fed is None:
                 break
             active, logits = fed
         return guessed, probs
 
-    def _greedy_steps(self, logits: torch.Tensor, gammas: list[int], states: list[_DraftState]) -> list[list[int]]:
+    def _greedy_steps(self, logits: torch.Tensor, gammas: list[int], states: list[_DraftState],
+                      steps: DecodeSteps) -> list[list[int]]:
         """_draft's steps for greedy rows without processing or grammar (the usual batch): each
         step one argmax and one read of its tokens, fed back; no sub-batch, mask or q to build
         (the same guesses as the general loop, which reads nothing else for such rows)."""
@@ -300,25 +308,24 @@ class DraftModelProposer(Proposer):
             guesses = logits.argmax(dim=-1).tolist()  # [a]
             for row, guess in zip(active, guesses):
                 guessed[row].append(guess)
-            fed = self._feed(active, guesses, gammas, i, states)
+            fed = self._feed(active, guesses, gammas, i, states, steps)
             if fed is None:
                 break
             active, logits = fed
         return guessed
 
     def _feed(self, active: list[int], guesses: list[int], gammas: list[int], step: int,
-              states: list[_DraftState]) -> tuple[list[int], torch.Tensor] | None:
+              states: list[_DraftState], steps: DecodeSteps) -> tuple[list[int], torch.Tensor] | None:
         """Feed step `step`'s guesses of the rows that draft past it (guesses[k]: row active[k]'s)
         through the draft: -> those rows and their next logits [a, vocab]; None when no row
         drafts on (the steps end)."""
         fed = [k for k, row in enumerate(active) if gammas[row] > step + 1]
         if not fed:
             return None
-        rows = [active[k] for k in fed]
-        chunks = [[guesses[k]] for k in fed]
-        logits = self._fit_vocab(self.runner.forward([states[row].slot for row in rows], chunks, last_only=True))
-        for row, chunk in zip(rows, chunks):
-            states[row].cached.extend(chunk)
+        rows, tokens = [active[k] for k in fed], [guesses[k] for k in fed]
+        logits = self._fit_vocab(steps.forward(tokens, rows))
+        for row, token in zip(rows, tokens):
+            states[row].cached.append(token)
         return rows, logits
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch, offset: int, need_q: bool):
@@ -333,7 +340,8 @@ class DraftModelProposer(Proposer):
     def _claim(self, request: ProposalRequest) -> _DraftState:
         state = self._states.get(request.seq_id)
         if state is None:
-            state = self._states[request.seq_id] = _DraftState(self.runner.allocate_slot(request.reserve_tokens))
+            slot = self.runner.allocate_slot(request.reserve_tokens)
+            state = self._states[request.seq_id] = _DraftState(slot, reserve=request.reserve_tokens or 0)
         return state
 
     def _catch_up(self, requests: list[ProposalRequest], states: list[_DraftState]) -> torch.Tensor:

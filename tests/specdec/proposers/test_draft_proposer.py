@@ -135,6 +135,44 @@ def test_a_failed_call_forgets_its_rows_and_the_next_call_rebuilds_them(runner, 
     proposer.release("s")
 
 
+def test_a_failed_decode_step_forgets_its_rows_too(runner, prompt_ids, monkeypatch):
+    """The steps after the catch-up run apart from `forward` (`ModelRunner.decode_steps`)."""
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    free = runner.num_free_slots
+    real, calls = runner.model.forward_hidden, []
+
+    def fails_second(*args, **kwargs):  # the catch-up runs, the first step fails
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("device lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner.model, "forward_hidden", fails_second)
+    with pytest.raises(RuntimeError, match="device lost"):
+        propose(proposer, prompt_ids[0])
+    assert "s" not in proposer._states and runner.num_free_slots == free
+    monkeypatch.undo()
+    assert propose(proposer, prompt_ids[0])[0].token_ids == fresh_proposal(runner, prompt_ids[0])
+    proposer.release("s")
+
+
+def test_a_held_rows_reserve_is_raised_when_its_grant_grows_and_only_then(runner, prompt_ids, monkeypatch):
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    history = prompt_ids[0]
+
+    def granted(tokens):
+        return [ProposalRequest("s", history, GREEDY, gamma=2, reserve_tokens=tokens)]
+
+    proposer.propose(granted(len(history) + 8))
+    slot, raised, grow = proposer._states["s"].slot, [], runner.grow_reserves
+    monkeypatch.setattr(runner, "grow_reserves", lambda *args: raised.append(args) or grow(*args))
+    proposer.propose(granted(len(history) + 8))  # the same grant: nothing to raise
+    assert raised == []
+    proposer.propose(granted(len(history) + 200))
+    assert len(raised) == 1 and runner.cache.reserve_tokens(slot) >= len(history) + 200
+    proposer.release("s")
+
+
 def test_new_rows_beyond_the_free_slots_draft_nothing(runner):
     proposer = DraftModelProposer(runner, runner.vocab_size)
     requests = [ProposalRequest(f"r{i}", [1, 2, 3], GREEDY, gamma=2) for i in range(runner.num_free_slots + 2)]
