@@ -136,7 +136,9 @@ class SpeculationPolicy:
         follows its QPS / in-flight thresholds; otherwise the state follows the plan for
         `running` fresh requests (at least one; the load monitor passes `steady_rows`, or
         the window's mean rows per round while requests queue): on while speculating pays
-        at that batch, back on only when it gains min_gain (hysteresis), never sooner than
+        at that batch (each drafting row reading what drafting rows read beyond their own
+        catch-up, `CatchUpReads`: while it is on, the draft also reads the prompts of the rows
+        it plans plainly), back on only when it gains min_gain (hysteresis), never sooner than
         min_dwell_s after the last change. While nothing queues, rounds of up to `running`
         rows then speculate within min_gain of plain decoding (`plan`)."""
         if snapshot is None:
@@ -150,7 +152,8 @@ class SpeculationPolicy:
         self.judged_rows = rows if snapshot.queued <= 0 else 0
         margin = 0.0 if self.switch.enabled else self.settings.min_gain
         pays = speculation_pays(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
-                                rows, margin, self.settings.max_round_ratio, self.settings.tpot_target_s)
+                                rows, margin, self.settings.max_round_ratio, self.settings.tpot_target_s,
+                                self.reads.extra())
         self.switch.set(pays, now)
         return self.switch.enabled
 
@@ -278,7 +281,7 @@ class SpeculationPolicy:
             return Crossover(None, None)
         rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
                               max_round_ratio=self.settings.max_round_ratio, margin=self.settings.min_gain,
-                              tpot_target_s=self.settings.tpot_target_s)
+                              tpot_target_s=self.settings.tpot_target_s, catch_up=self.reads.extra())
         if rows is None or snapshot.qps <= 0 or snapshot.token_rate <= 0:
             return Crossover(rows, None)
         demand = rows / snapshot.round_cost.round_s([0] * rows) * max(1, snapshot.replicas)  # tokens/s (Little's law)

@@ -58,3 +58,17 @@ def test_where_plain_decoding_misses_the_target_the_plan_still_drafts_after_payi
     """Under 75 ms plain decoding's TPOT is over the target: the plan drafts in both rounds."""
     first, second = plan_twice(0.075)
     assert min(first.gammas) >= 1 and min(second.gammas) >= 1 and second.extra_read > 7.0
+
+
+def test_the_on_off_state_is_judged_with_what_drafting_rows_read():
+    """Judged at the 32 rows the demand keeps in flight, speculation pays with catch-up charged
+    as spread; after plans whose rows read 8 tokens more each it is switched off (while on, the
+    draft also reads the prompts of rows planned plainly; old code: it stays on)."""
+    policy = SpeculationPolicy(PolicySettings(gamma_max=8, fallback_gamma=2, stale_after_s=5.0, min_gain=0.05,
+                                              min_dwell_s=0.0, explore_interval_s=0, tpot_target_s=0.095))
+    snapshot = LoadSnapshot(qps=10.0, in_flight=32, queued=0, alpha=0.7, alpha_per_position=(),
+                            mean_accepted_length=2.0, round_cost=SERVED, measured_at=100.0, drafted=1000.0,
+                            draft_calls=100.0, mean_batch=32.0, token_rate=400.0)
+    assert policy.update_switch(snapshot, 32, 100.0)
+    assert max(policy.plan(snapshot, rows(32, 8), 100.0, 4).gammas) == 1
+    assert not policy.update_switch(snapshot, 32, 101.0)
