@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 READS_MEMORY = 64  # drafting plans the mean is kept over (older ones fade by 1 / READS_MEMORY each plan)
+# drafting rows seen before the mean is charged: over a few rows it is one newcomer's prompt or none
+MIN_ROWS = 32
 
 
 class CatchUpReads:
@@ -51,5 +53,5 @@ class CatchUpReads:
 
     def extra(self) -> float:
         """Tokens a drafting row's draft reads per round beyond its charged catch-up, on average
-        over the recent drafting plans (0 before any)."""
-        return max(0.0, self.unread - self.charged) / self.rows if self.rows > 0 else 0.0
+        over the recent drafting plans (0 before MIN_ROWS drafting rows were seen)."""
+        return max(0.0, self.unread - self.charged) / self.rows if self.rows >= MIN_ROWS else 0.0

@@ -18,12 +18,13 @@ SERVED = RoundCostModel(verify=(0.0552, 0.000129, 0.000132, 0.000135, 0.0, 0.034
 def test_only_drafting_rows_count_and_the_extra_is_their_mean_read_beyond_the_charge():
     reads = CatchUpReads()
     assert reads.extra() == 0.0
-    reads.record([0, 0], [40, 40], [1.0, 1.0])  # a plain plan: nothing read
+    reads.record([0] * 40, [40] * 40, [1.0] * 40)  # a plain plan: nothing read
+    reads.record([1] * 8, [9] * 8, [1.0] * 8)  # a few rows: not yet a mean
     assert reads.extra() == 0.0
-    reads.record([1, 1, 0], [8, 10, 500], [0.5, 1.5, 9.0])  # the plain row's history is not read
-    assert abs(reads.extra() - 8.0) < 1e-9
-    reads.record([2, 2], [1, 1], [1.0, 1.0])  # rows drafting round after round: nothing beyond
-    assert 0.0 < reads.extra() < 8.0
+    reads.record([1] * 32 + [0], [8, 10] * 16 + [500], [0.5, 1.5] * 16 + [9.0])  # the plain row reads nothing
+    assert abs(reads.extra() - 8.0) < 0.1
+    reads.record([2] * 32, [1] * 32, [1.0] * 32)  # rows drafting round after round: nothing beyond
+    assert 0.0 < reads.extra() < 5.0
 
 
 def rows(n, catch_up):
