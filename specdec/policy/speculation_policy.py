@@ -204,13 +204,11 @@ class SpeculationPolicy:
             return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore,
                                 [0.0] * len(rows))
         if ahead is not None and ahead.enabled and len(ahead.catch_up) == len(rows) == len(ahead.gammas):
-            gammas, catch_up = taken_ahead(ahead, rows, fixed, lo, hi)
-            decision = replace(self._decision(gammas, free, rows, True, ahead.reason, explore), catch_up=catch_up,
-                               extra_read=ahead.extra_read)
+            (gammas, catch_up), reason, extra = taken_ahead(ahead, rows, fixed, lo, hi), ahead.reason, ahead.extra_read
         else:
             gammas, catch_up, reason, extra = self._goodput_plan(snapshot, rows, fixed, lo, hi)
-            decision = replace(self._decision(gammas, free, rows, True, reason, explore), catch_up=tuple(catch_up),
-                               extra_read=extra)
+        decision = replace(self._decision(gammas, free, rows, True, reason, explore), catch_up=tuple(catch_up),
+                           extra_read=extra)
         if update_state and not explore:  # a plan's rows read all their catch-up where they draft
             self.reads.record(decision.gammas, [row.catch_up_tokens for row in rows],
                               [c - decision.extra_read for c in decision.catch_up])
