@@ -5,7 +5,9 @@ a prompt apart from those that read none): the target's
 verify, the proposer's call and the rest of the round as measured, beside what the cost
 model that priced the round predicts from the round's own shape (rows, drafted tokens,
 prompt tokens, draft rows, steps, catch-up), the calibration scale of its kind, and
-measured / predicted of the whole round (calibrated, as the plan prices it). Also the
+measured / predicted of the whole round (calibrated, as the plan prices it), and against
+the decoding round the plan judged its tokens/s and TPOT on (`Decision.decode_s`: no
+prompts, each row's catch-up as the plan charged it, not as the draft read it). Also the
 tokens the round emitted against the plan's tokens/s times its decoding round.
 """
 
@@ -54,6 +56,7 @@ def price_rows(rounds: list[dict], min_rows: int = 24) -> dict[str, dict]:
                     "round": mean("round_s"), "base_pred": mean("planned_s"),
                     "scale": float(np.mean([x["scale"] for x in p])),
                     "calibrated": calibrated, "ratio": mean("round_s") / calibrated if calibrated > 0 else 0.0,
+                    "decode": mean("decode_s"),
                     "emitted": float(np.mean([r["emitted"] for r in group])),
                     "tokens_pred": float(np.mean(predicted_tokens)) if predicted_tokens else 0.0}
     return out
@@ -70,11 +73,11 @@ def print_prices(table: dict[str, dict]) -> None:
     print("| round (≥ 24 rows) | rounds | rows | catch-up | prompt tokens | verify ms meas / pred |"
           " draft ms meas / pred |"
           " rest ms meas / pred | round ms meas | base pred | scale | calibrated pred | meas / pred |"
-          " tokens emitted / plan's |")
-    print("|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---|")
+          " plan's decoding round ms | tokens emitted / plan's |")
+    print("|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|")
     for key, t in table.items():
         print(f"| {key} | {t['rounds']} | {t['rows']:.1f} | {t['catch_up']:.1f} | {t['prompt_tokens']:.0f} | "
               f"{t['verify']:.1f} / {t['verify_pred']:.1f} | {t['draft']:.1f} / {t['draft_pred']:.1f} | "
               f"{t['rest']:.1f} / {t['overhead_pred']:.1f} | {t['round']:.1f} | {t['base_pred']:.1f} | "
-              f"{t['scale']:.2f} | {t['calibrated']:.1f} | {t['ratio']:.2f} | "
+              f"{t['scale']:.2f} | {t['calibrated']:.1f} | {t['ratio']:.2f} | {t['decode']:.1f} | "
               f"{t['emitted']:.1f} / {t['tokens_pred']:.1f} |")

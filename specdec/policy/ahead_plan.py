@@ -24,14 +24,15 @@ def taken_ahead(ahead: Decision, rows: list[RowState], fixed: list[int | None], 
     it fixes one, else the plan's within its cap. A row the plan did not see (γ NEWCOMER)
     drafts what the plan gave most of the rows it chose for (the smaller γ at a tie): a
     fresh row has the cluster's acceptance, and in a batch of rows alike the plan is one
-    γ for all; its catch-up is spread over the rounds it has left at γ + 1 tokens a round."""
+    γ for all; its catch-up is spread over the rounds it has left at γ + 1 tokens a round (and
+    the plan's extra read added, as for every row it planned)."""
     chosen = [g for g, f in zip(ahead.gammas, fixed) if f is None and g != NEWCOMER]
     common = max(sorted(set(chosen)), key=chosen.count, default=0)
     gammas, catch_up = [], []
     for g, f, own, top, row, c in zip(ahead.gammas, fixed, lo, hi, rows, ahead.catch_up):
         if g == NEWCOMER:
             g = common
-            c = row.catch_up_tokens / max(1.0, row.remaining_tokens / (1 + min(g, top)))
+            c = row.catch_up_tokens / max(1.0, row.remaining_tokens / (1 + min(g, top))) + ahead.extra_read
         gammas.append(own if f is not None else min(g, top))
         catch_up.append(c)
     return gammas, tuple(catch_up)

@@ -348,15 +348,15 @@ def _plans_for_steps(emitted: np.ndarray, lo: np.ndarray, hi: np.ndarray, all_st
 
 def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_rows: int = 256,
                    max_round_ratio: float = 0.0, margin: float = 0.0,
-                   tpot_target_s: float | None = None) -> int | None:
+                   tpot_target_s: float | None = None, catch_up: float = 0.0) -> int | None:
     """The smallest batch of rows like `curve` (P(first k accepted)) at which speculating
     no longer gains `margin` (every row plans γ = 0); None when it pays up to max_rows."""
     lo_rows, hi_rows = 1, max_rows
-    if speculation_pays(curve, cost, gamma_max, hi_rows, margin, max_round_ratio, tpot_target_s):
+    if speculation_pays(curve, cost, gamma_max, hi_rows, margin, max_round_ratio, tpot_target_s, catch_up):
         return None
     while lo_rows < hi_rows:  # goodput gain shrinks as rows grow: bisect
         mid = (lo_rows + hi_rows) // 2
-        if speculation_pays(curve, cost, gamma_max, mid, margin, max_round_ratio, tpot_target_s):
+        if speculation_pays(curve, cost, gamma_max, mid, margin, max_round_ratio, tpot_target_s, catch_up):
             lo_rows = mid + 1
         else:
             hi_rows = mid
@@ -364,11 +364,12 @@ def crossover_rows(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, max_
 
 
 def speculation_pays(curve: np.ndarray, cost: RoundCostModel, gamma_max: int, rows: int, margin: float = 0.0,
-                     max_round_ratio: float = 0.0, tpot_target_s: float | None = None) -> bool:
+                     max_round_ratio: float = 0.0, tpot_target_s: float | None = None, catch_up: float = 0.0) -> bool:
     """Whether a batch of `rows` rows like `curve` (P(first k accepted)), each with TPOT target
-    `tpot_target_s` (None: none), plans any γ > 0, gaining at least `margin` over plain
-    decoding where both meet the target (within the round-time bound)."""
+    `tpot_target_s` (None: none) and `catch_up` history tokens to read where it drafts, plans
+    any γ > 0, gaining at least `margin` over plain decoding where both meet the target
+    (within the round-time bound)."""
     curves = np.broadcast_to(curve[:gamma_max], (rows, min(gamma_max, len(curve))))
     targets = None if tpot_target_s is None else [tpot_target_s] * rows
     return any(plan_gammas(curves, [0] * rows, [gamma_max] * rows, cost, margin, max_round_ratio,
-                           tpot_targets_s=targets).gammas)
+                           catch_up=[catch_up] * rows, tpot_targets_s=targets).gammas)

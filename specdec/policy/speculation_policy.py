@@ -43,6 +43,7 @@ from specdec.policy.gamma import crossover_rows, plan_gammas, speculation_pays
 from specdec.policy.prefix_acceptance import expected_accepted, extend_prefix_acceptance, row_prefix_acceptance
 from specdec.policy.load_stats import LoadSnapshot, RoundSample
 from specdec.policy.ahead_plan import taken_ahead
+from specdec.policy.catch_up_reads import CatchUpReads
 from specdec.policy.load_switch import LoadSwitch
 from specdec.policy.policy_settings import PolicySettings
 from specdec.policy.row_state import RowState
@@ -60,6 +61,7 @@ class Decision:
     planned_s: float = 0.0  # the plan's round as the cost model's parts predict it (0 = not a priced plan)
     decode_s: float = 0.0  # its decoding round (calibrated, no prompts), what rows' waits are set against (0 = none)
     catch_up: tuple[float, ...] = ()  # a goodput plan's catch-up per row as priced (amortised); () = not one
+    extra_read: float = 0.0  # of each catch-up: the tokens a drafting row reads beyond its own (`CatchUpReads`)
 
 
 @dataclass(frozen=True)
@@ -127,13 +129,16 @@ class SpeculationPolicy:
         self._explored_at: float | None = None
         self._measured: LoadSnapshot | None = None  # the last snapshot with acceptance and a cost model
         self.judged_rows = 0  # the batch the on/off state was last judged at, nothing queued (0: none)
+        self.reads = CatchUpReads()  # what drafting rows read beyond their charged catch-up
 
     def update_switch(self, snapshot: LoadSnapshot | None, running: int, now: float) -> bool:
         """Move the on/off state (in the background, not per round). The operator's override
         follows its QPS / in-flight thresholds; otherwise the state follows the plan for
         `running` fresh requests (at least one; the load monitor passes `steady_rows`, or
         the window's mean rows per round while requests queue): on while speculating pays
-        at that batch, back on only when it gains min_gain (hysteresis), never sooner than
+        at that batch (each drafting row reading what drafting rows read beyond their own
+        catch-up, `CatchUpReads`: while it is on, the draft also reads the prompts of the rows
+        it plans plainly), back on only when it gains min_gain (hysteresis), never sooner than
         min_dwell_s after the last change. While nothing queues, rounds of up to `running`
         rows then speculate within min_gain of plain decoding (`plan`)."""
         if snapshot is None:
@@ -147,7 +152,8 @@ class SpeculationPolicy:
         self.judged_rows = rows if snapshot.queued <= 0 else 0
         margin = 0.0 if self.switch.enabled else self.settings.min_gain
         pays = speculation_pays(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
-                                rows, margin, self.settings.max_round_ratio, self.settings.tpot_target_s)
+                                rows, margin, self.settings.max_round_ratio, self.settings.tpot_target_s,
+                                self.reads.extra())
         self.switch.set(pays, now)
         return self.switch.enabled
 
@@ -198,24 +204,29 @@ class SpeculationPolicy:
             return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore,
                                 [0.0] * len(rows))
         if ahead is not None and ahead.enabled and len(ahead.catch_up) == len(rows) == len(ahead.gammas):
-            gammas, catch_up = taken_ahead(ahead, rows, fixed, lo, hi)
-            return self._priced(replace(self._decision(gammas, free, rows, True, ahead.reason, explore),
-                                        catch_up=catch_up), snapshot, rows, explore, list(catch_up))
-        gammas, catch_up, reason = self._goodput_plan(snapshot, rows, fixed, lo, hi)
-        return self._priced(replace(self._decision(gammas, free, rows, True, reason, explore),
-                                    catch_up=tuple(catch_up)), snapshot, rows, explore, catch_up)
+            (gammas, catch_up), reason, extra = taken_ahead(ahead, rows, fixed, lo, hi), ahead.reason, ahead.extra_read
+        else:
+            gammas, catch_up, reason, extra = self._goodput_plan(snapshot, rows, fixed, lo, hi)
+        decision = replace(self._decision(gammas, free, rows, True, reason, explore), catch_up=tuple(catch_up),
+                           extra_read=extra)
+        if update_state and not explore:  # a plan's rows read all their catch-up where they draft
+            self.reads.record(decision.gammas, [row.catch_up_tokens for row in rows],
+                              [c - decision.extra_read for c in decision.catch_up])
+        return self._priced(decision, snapshot, rows, explore, list(decision.catch_up))
 
     def _goodput_plan(self, snapshot: LoadSnapshot, rows: list[RowState], fixed: list[int | None], lo: list[int],
-                      hi: list[int]) -> tuple[list[int], list[float], str]:
+                      hi: list[int]) -> tuple[list[int], list[float], str, float]:
         """The goodput plan (`plan_gammas`) for a round while speculation is on: each row's γ
-        (its request's own where it fixes one), its catch-up as priced, and the reason."""
+        (its request's own where it fixes one), its catch-up as priced (amortised, and what
+        drafting rows read beyond it: `CatchUpReads`), the reason, and that extra read."""
         s = self.settings
         curves = self._curves(snapshot, rows)
         targets = self._targets(rows)
         margin = self._margin(len(rows), targets)
         # a request's own γ may exceed gamma_max (up to speculation.gamma_max): the plan prices
         # that row at gamma_max and the row keeps its γ (its neighbours are still planned)
-        catch_up = amortised_catch_up(curves, rows, hi)
+        extra = self.reads.extra()
+        catch_up = [c + extra for c in amortised_catch_up(curves, rows, hi)]
         plan = plan_gammas(curves, [min(x, s.gamma_max) for x in lo], [min(x, s.gamma_max) for x in hi],
                            snapshot.round_cost, margin, max_round_ratio=s.max_round_ratio,
                            prompt_tokens=sum(r.prompt_tokens for r in rows), catch_up=catch_up,
@@ -225,9 +236,10 @@ class SpeculationPolicy:
         waits = f", rows wait {snapshot.round_cost.wait_scale:.2f}x the decoding round" if targets else ""
         trimmed = (f", {plan.reach_goodput:.0f} untrimmed: the trust region allows "
                    f"{snapshot.round_cost.drafted_limit(len(rows)):.0f} drafts") if plan.reach_goodput else ""
+        reads = f", drafting rows read {extra:.0f} tokens more" if extra >= 0.5 else ""
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
-                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows{waits}{missed}{trimmed})")
-        return gammas, catch_up, reason
+                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows{waits}{missed}{trimmed}{reads})")
+        return gammas, catch_up, reason, extra
 
     def _margin(self, rows: int, targets: list[float] | None) -> float:
         """What a speculating plan must gain over plain decoding this round (`plan_gammas`):
@@ -267,7 +279,7 @@ class SpeculationPolicy:
             return Crossover(None, None)
         rows = crossover_rows(self._cluster_curve(snapshot), snapshot.round_cost, self.settings.gamma_max,
                               max_round_ratio=self.settings.max_round_ratio, margin=self.settings.min_gain,
-                              tpot_target_s=self.settings.tpot_target_s)
+                              tpot_target_s=self.settings.tpot_target_s, catch_up=self.reads.extra())
         if rows is None or snapshot.qps <= 0 or snapshot.token_rate <= 0:
             return Crossover(rows, None)
         demand = rows / snapshot.round_cost.round_s([0] * rows) * max(1, snapshot.replicas)  # tokens/s (Little's law)
