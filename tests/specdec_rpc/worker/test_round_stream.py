@@ -51,6 +51,26 @@ class Worker:
         return Call()
 
 
+class QueuedCall:
+    """A fake stream-stream call whose responses a thread of the test puts on a queue; its
+    reader waits for `readable` (when given) before each one."""
+
+    def __init__(self, responses, readable: threading.Event | None = None) -> None:
+        self.responses, self.readable = responses, readable
+
+    def __iter__(self):
+        while True:
+            if self.readable is not None:
+                self.readable.wait()
+            yield self.responses.get()
+
+    def cancel(self):
+        pass
+
+    def done(self):
+        return False
+
+
 def test_requests_are_answered_in_order_on_one_stream():
     worker = Worker()
     stream = RoundStream(worker.open, timeout_s=5.0)
@@ -150,19 +170,7 @@ def test_the_sending_side_runs_parked_work_once_a_request_was_written_and_the_ne
                 responses.put(n + 1)
 
         threading.Thread(target=send, daemon=True).start()
-
-        class Call:
-            def __iter__(self):
-                while True:
-                    yield responses.get()
-
-            def cancel(self):
-                pass
-
-            def done(self):
-                return False
-
-        return Call()
+        return QueuedCall(responses)
 
     stream = RoundStream(open_call, timeout_s=5.0)
     after_send.park(lambda: ran_after.append(list(written)))
@@ -189,20 +197,7 @@ def test_with_a_parser_each_call_is_answered_where_its_response_is_parsed():
                 responses.put(deserialize(str(n + 1).encode()))
 
         threading.Thread(target=channel, name="channel", daemon=True).start()
-
-        class Call:
-            def __iter__(self):
-                while True:
-                    read.wait()
-                    yield responses.get()
-
-            def cancel(self):
-                pass
-
-            def done(self):
-                return False
-
-        return Call()
+        return QueuedCall(responses, read)
 
     stream = RoundStream(open_call, timeout_s=5.0, parse=int)
     assert stream.send(1).result(timeout=2.0) == 2, "answered though nobody has read the stream"
