@@ -35,9 +35,10 @@ class CatchUpReads:
     """Unread history tokens of drafting rows against their charged catch-up, decayed sums."""
 
     def __init__(self) -> None:
-        self.unread = 0.0  # tokens the drafting rows' histories held unread
-        self.charged = 0.0  # ... the tokens the plans charged them (before `extra`)
-        self.rows = 0.0  # drafting rows
+        # (tokens the drafting rows' histories held unread, the tokens the plans charged them
+        # before `extra`, drafting rows): one tuple, replaced whole, so that the load monitor's
+        # thread reading `extra` never sees one sum updated and not the others
+        self.sums = (0.0, 0.0, 0.0)
 
     def record(self, gammas: Sequence[int], unread: Sequence[float], charged: Sequence[float]) -> None:
         """One priced plan: each row's γ, the history tokens its draft has not read, and the
@@ -47,11 +48,12 @@ class CatchUpReads:
         if not drafting:
             return
         keep = 1.0 - 1.0 / READS_MEMORY
-        self.unread = keep * self.unread + sum(unread[i] for i in drafting)
-        self.charged = keep * self.charged + sum(charged[i] for i in drafting)
-        self.rows = keep * self.rows + len(drafting)
+        was_unread, was_charged, was_rows = self.sums
+        self.sums = (keep * was_unread + sum(unread[i] for i in drafting),
+                     keep * was_charged + sum(charged[i] for i in drafting), keep * was_rows + len(drafting))
 
     def extra(self) -> float:
         """Tokens a drafting row's draft reads per round beyond its charged catch-up, on average
         over the recent drafting plans (0 before MIN_ROWS drafting rows were seen)."""
-        return max(0.0, self.unread - self.charged) / self.rows if self.rows >= MIN_ROWS else 0.0
+        unread, charged, rows = self.sums
+        return max(0.0, unread - charged) / rows if rows >= MIN_ROWS else 0.0
