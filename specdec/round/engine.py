@@ -40,6 +40,7 @@ from specdec.round.scheduler import Scheduler
 from specdec.round.row_outcome import apply_verdict, fail_row
 from specdec.round.row_requests import collect_prompt_logprobs, verify_request, with_prompt_logprobs
 from specdec.requests.sequence import Sequence
+from specdec.requests.speculation_mode import SpeculationMode
 from specdec.round.round_output import GenerationResult, RoundOutput
 from specdec.round.round_planner import RoundPlanner, unread_prompt
 from specdec.policy.speculation_policy import Decision, RoundPolicy
@@ -341,11 +342,13 @@ class SpeculativeEngine:
     def _chunk_reads(self, filling: list[Sequence]) -> list[ProposalRequest]:
         """While the round speculates, the draft reads each prefill chunk too, in the round's
         proposer call (asked for one draft, which is dropped), so its cache holds the prompt
-        when the row first drafts instead of reading it whole then. A failed call costs the
-        round its drafts, as any proposer failure, and leaves the draft to catch up later."""
+        when the row first drafts instead of reading it whole then; a row that never drafts
+        (mode OFF, or its own γ 0) is not read. A failed call costs the round its drafts, as
+        any proposer failure, and leaves the draft to catch up later."""
         if not filling or not self.planner.decision.enabled:
             return []
-        return [PrefillChunks.proposal_request(seq) for seq in filling]
+        return [PrefillChunks.proposal_request(seq) for seq in filling
+                if seq.request.mode != SpeculationMode.OFF and seq.request.gamma != 0]
 
     def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts,
                 prefill: tuple[int, int], planned_s: float, emitted: list[str]) -> None:

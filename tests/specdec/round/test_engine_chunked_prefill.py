@@ -51,6 +51,23 @@ class ReadRecorder:
         return self.inner.verify_async(requests)
 
 
+@pytest.mark.parametrize("own", [{"mode": "off"}, {"gamma": 0}], ids=["mode off", "gamma 0"])
+def test_the_draft_reads_no_chunk_of_a_row_that_never_drafts(make_engine, long_prompts, own):
+    """A row in mode OFF, or with its own γ 0, never drafts: the draft is not asked to read its
+    prompt's chunks (they would take a draft slot and a share of its forwards for nothing)."""
+    built = make_engine("draft", 4, scheduling={"prefill_chunk_tokens": 32, "prefill_slowdown": 0})
+    engine = built.engine
+    short = engine.add_request(GenerationRequest(long_prompts[2], 64, ignore_eos=True))
+    engine.step()
+    plain = engine.add_request(GenerationRequest(long_prompts[0], 8, ignore_eos=True, **own))
+    asked, propose = [], engine.proposer.propose
+    engine.proposer.propose = lambda asks: asked.extend(ask.seq_id for ask in asks) or propose(asks)
+    while plain not in {o.seq_id for o in engine.step() if o.new_token_ids}:
+        pass
+    assert plain not in asked and short in asked
+    assert plain not in engine.proposer.proposers["draft"]._states
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("proposer, gamma", [("draft", 4), ("none", 0)])
 @pytest.mark.parametrize("chunk", [1, 7, 64])
