@@ -118,7 +118,7 @@ def planned_over_snapshot():
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policy"))
-    from test_speculation_policy import settings, snapshot
+    from policy_snapshots import settings, snapshot
 
     from specdec.policy.speculation_policy import SpeculationPolicy
 
