@@ -29,6 +29,11 @@ class SpeculationMode(StrEnum):
             raise InvalidRequestError("speculation.mode", f"must be one of {names}, got {value!r}") from None
 
 
+def never_drafts(mode: SpeculationMode, requested: int | None) -> bool:
+    """Whether a request fixes γ 0 for itself for good: mode OFF, or a requested γ of 0."""
+    return mode == SpeculationMode.OFF or requested == 0
+
+
 def own_gamma(mode: SpeculationMode, requested: int | None, default_gamma: int, speculating: bool) -> int | None:
     """The γ a row fixes for itself this round, or None where the policy chooses.
 
@@ -36,7 +41,7 @@ def own_gamma(mode: SpeculationMode, requested: int | None, default_gamma: int, 
     that γ while speculation is on (`speculating`: the policy's on/off state; without a
     policy, whether the server speculates at all), else none. AUTO without one: the policy's
     choice (None)."""
-    if mode == SpeculationMode.OFF or requested == 0:
+    if never_drafts(mode, requested):
         return 0
     if mode == SpeculationMode.ON:
         return requested or default_gamma

@@ -40,7 +40,7 @@ from specdec.round.scheduler import Scheduler
 from specdec.round.row_outcome import apply_verdict, fail_row
 from specdec.round.row_requests import collect_prompt_logprobs, verify_request, with_prompt_logprobs
 from specdec.requests.sequence import Sequence
-from specdec.requests.speculation_mode import SpeculationMode
+from specdec.requests.speculation_mode import never_drafts
 from specdec.round.round_output import GenerationResult, RoundOutput
 from specdec.round.round_planner import RoundPlanner, unread_prompt
 from specdec.policy.speculation_policy import Decision, RoundPolicy
@@ -348,7 +348,7 @@ class SpeculativeEngine:
         if not filling or not self.planner.decision.enabled:
             return []
         return [PrefillChunks.proposal_request(seq) for seq in filling
-                if seq.request.mode != SpeculationMode.OFF and seq.request.gamma != 0]
+                if not never_drafts(seq.request.mode, seq.request.gamma)]
 
     def _record(self, start: float, proposed: float, verified: float, ahead_s: float, counts,
                 prefill: tuple[int, int], planned_s: float, emitted: list[str]) -> None:
