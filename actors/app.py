@@ -206,18 +206,27 @@ def wait_until_http_ready(url: str, timeout_s: float, token: str | None = None) 
 
 
 def _find_direct_ports(app: SpecdecApp, endpoints: ServeEndpoints, timeout_s: float) -> None:
-    """The router replicas' own ports (serving.ingress direct), once each replica lists them and,
-    where they speak plaintext, answers SERVING: a replica lists its port while its backend still
-    loads, and the probe before reached one replica only. (With TLS the ports have no plaintext
-    twin to probe, and a replica still loading answers UNAVAILABLE, which clients retry.)"""
+    """The router replicas' own ports (serving.ingress direct), once each replica lists them and
+    answers that it serves: a replica lists its ports while its backend still loads, and the
+    probe before reached one replica only."""
     serving = app.config.serving
     app.direct_addresses = wait_for_direct_addresses(APP_NAME, serving, timeout_s)
-    if not endpoints.tls:
-        for address in app.direct_addresses:
-            wait_until_serving(address, timeout_s, probe_token(app.config),
-                               failed=functools.partial(router_load_failure, APP_NAME))
     scheme = app.http_url.split("://", 1)[0]
     app.direct_http_urls = [f"{scheme}://{a}" for a in wait_for_direct_addresses(APP_NAME, serving, timeout_s, "HTTP")]
+    wait_until_replicas_serve(app.direct_addresses, app.direct_http_urls, endpoints.tls, timeout_s,
+                              probe_token(app.config), failed=functools.partial(router_load_failure, APP_NAME))
+
+
+def wait_until_replicas_serve(addresses: list[str], http_urls: list[str], tls: bool, timeout_s: float,
+                              token: str | None = None, failed: Callable[[], str | None] = lambda: None) -> None:
+    """Each replica's own ports answer that it serves: its gRPC port's health SERVING where it
+    speaks plaintext, and its HTTP port's /health 200 (over TLS the gRPC port has no plaintext
+    twin to probe and the probe holds no CA to verify it with, so the HTTP port answers for the
+    replica: the same replica, loaded or not)."""
+    for address in () if tls else addresses:
+        wait_until_serving(address, timeout_s, token, failed=failed)
+    for url in http_urls:
+        wait_until_http_ready(url, timeout_s, token)
 
 
 def start_app(
