@@ -96,16 +96,7 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"specdec serve: failed to start: {_one_line(exc)}", file=sys.stderr, flush=True)
             return 1
         try:
-            serving = config.serving
-            proposer = config.speculation.proposer
-            draft = "draft ready" if proposer == registry.DRAFT else f"proposer {proposer}"
-            print(f"specdec serving on {serving.host}:{serving.port} "
-                  f"(target tp={serving.tensor_parallel_size}, {draft}, {store}); "
-                  f"OpenAI-compatible HTTP on {'https' if config.security.tls_cert_file else 'http'}://"
-                  f"{serving.host}:{serving.http_port}/v1", flush=True)
-            if app.direct_addresses:  # serving.ingress direct: a client takes them comma-separated
-                print(f"specdec router replicas' own ports: gRPC {','.join(app.direct_addresses)}; "
-                      f"HTTP {' '.join(app.direct_http_urls)}", flush=True)
+            _print_ready(config, app, store)
             stops.wait()
         except Interrupted as stop:
             drain_and_stop(app, str(stop))
@@ -115,6 +106,20 @@ def run_serve(args: argparse.Namespace) -> int:
         if local_redis is not None:
             local_redis.stop()
     return 0
+
+
+def _print_ready(config: SpecdecConfig, app: Any, store: str) -> None:
+    """What serves where, once every part has started (``store``: where the load statistics live)."""
+    serving = config.serving
+    proposer = config.speculation.proposer
+    draft = "draft ready" if proposer == registry.DRAFT else f"proposer {proposer}"
+    print(f"specdec serving on {serving.host}:{serving.port} "
+          f"(target tp={serving.tensor_parallel_size}, {draft}, {store}); "
+          f"OpenAI-compatible HTTP on {'https' if config.security.tls_cert_file else 'http'}://"
+          f"{serving.host}:{serving.http_port}/v1", flush=True)
+    if app.direct_addresses:  # serving.ingress direct: a client takes them comma-separated
+        print(f"specdec router replicas' own ports: gRPC {','.join(app.direct_addresses)}; "
+              f"HTTP {' '.join(app.direct_http_urls)}", flush=True)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ from specdec.policy.row_state import RowState
 
 CHEAP_VERIFY = RoundCostModel(verify=(0.010, 0.0018), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
 HEAVY_VERIFY = RoundCostModel(verify=(0.010, 0.0049), draft=(0.001, 0.003, 0.0003), overhead_s=0.0005)
-# the emulated H100 pair at time scale 8 after plain rounds of 32 rows (as in test_gamma.py)
+# the emulated H100 pair at time scale 8 after plain rounds of 32 rows (as in test_gamma_tpot_targets.py)
 AFTER_PLAIN_32 = RoundCostModel(verify=(0.060, 0.0003, 0.0001, 0.0001, 0.002), draft=(0.004, 0.011, 0.00005, 0.0),
                                 overhead_s=0.002, verify_tokens_high=47.6)
 

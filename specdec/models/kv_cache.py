@@ -1,9 +1,9 @@
-"""Paged key/value cache for serving.
+"""Paged key/value cache for serving: which blocks each sequence reads, and its length.
 
-K/V live in a per-layer pool of fixed-size blocks ``[num_blocks + 1, block_size, num_kv_heads,
-head_dim]``; each sequence (a *slot* id, as the engine knows it) has a block table mapping its
-positions to blocks, so memory is taken as a sequence grows (`prepare`) and returned when it
-ends (`free`), not reserved for ``max_seq_len`` up front.
+K/V live in per-layer pools of fixed-size blocks (`BlockStorage`); each sequence (a *slot* id, as
+the engine knows it) has a block table mapping its positions to blocks, so memory is taken as a
+sequence grows (`prepare`) and returned when it ends (`free`), not reserved for ``max_seq_len`` up
+front.
 
 * Rollback (`truncate`) is length bookkeeping plus the eager release of whole blocks past the
   new length: O(blocks dropped), one or two for a rejected draft.
@@ -13,14 +13,8 @@ ends (`free`), not reserved for ``max_seq_len`` up front.
 * Prefix caching: a full block is indexed by its tokens and all before them (`PrefixIndex`);
   `attach_prefix` lists the indexed blocks a new prompt starts with in its table, so only the
   rest is computed. Unreferenced indexed blocks stay readable until evicted (LRU, `BlockPool`).
-* Admission: each live sequence may grow to its *reserve* (``max_seq_len`` unless `allocate`
-  is told fewer tokens), and `num_free` counts the worst-case sequences the blocks not owed to
-  live ones still hold, so a sequence admitted never fails to grow within its reserve. `grow`
-  raises a live sequence's reserve when the unowed blocks cover it (the engine admits on a
-  prompt + a few tokens and grows reserves as sequences decode; it preempts when they do not fit).
-
-The extra block ``num_blocks`` is *scratch*: the padding tokens of ragged batches write there
-(slot ``scratch_slot``'s table points only to it), and unused table entries point there too.
+* Admission in blocks: each live sequence may grow to its *reserve*, and `num_free`, `admits` and
+  `grow` count only the blocks not owed to live ones (`CacheAdmission`).
 """
 
 from __future__ import annotations
@@ -31,6 +25,8 @@ import operator
 import torch
 
 from specdec.models.block_pool import BlockPool, CacheFullError
+from specdec.models.block_storage import BlockStorage
+from specdec.models.cache_admission import CacheAdmission
 from specdec.models.pool_sizing import blocks_for as _blocks_for
 from specdec.models.prefix_index import ROOT, PrefixIndex, block_key
 
@@ -53,14 +49,8 @@ def _as_index(slot: object) -> int | None:
         return None
 
 
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        if value < 1:
-            raise ValueError(f"{name}={value} must be >= 1")
-
-
-class KVCache:
-    """Block pools per layer, block tables and lengths per slot (see the module docstring)."""
+class KVCache(BlockStorage, CacheAdmission):
+    """Block tables and lengths per slot over the block tensors (see the module docstring)."""
 
     def __init__(
         self,
@@ -75,28 +65,11 @@ class KVCache:
         num_blocks: int | None = None,
         prefix_caching: bool = True,
     ) -> None:
-        _check_positive(num_layers=num_layers, num_slots=num_slots, max_seq_len=max_seq_len,
-                        num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size)
-        self.num_layers, self.num_slots, self.max_seq_len = num_layers, num_slots, max_seq_len
-        self.num_kv_heads, self.head_dim, self.block_size = num_kv_heads, head_dim, block_size
-        self.blocks_per_seq = _blocks_for(max_seq_len, block_size)
-        num_blocks = num_slots * self.blocks_per_seq if num_blocks is None else num_blocks
-        if num_blocks < self.blocks_per_seq:
-            raise ValueError(f"num_blocks={num_blocks} cannot hold one sequence of max_seq_len={max_seq_len} "
-                             f"({self.blocks_per_seq} blocks of {block_size} tokens)")
-        self.pool = BlockPool(num_blocks)
+        super().__init__(num_layers, num_slots, max_seq_len, num_kv_heads, head_dim, dtype, device, block_size,
+                         num_blocks)
+        self.pool = BlockPool(self.scratch_block)  # blocks 0 … num_blocks - 1: all but the scratch block
         self.prefix = PrefixIndex(self.pool) if prefix_caching else None
-        self.scratch_slot, self.scratch_block = num_slots, num_blocks
-        shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        # [num_slots + 1, blocks_per_seq]: block of each (slot, position // block_size); mirrors _tables
-        self.block_table = torch.full((num_slots + 1, self.blocks_per_seq), num_blocks, dtype=torch.long,
-                                      device=device)
-        # entries written from the host: through a NumPy view of the table's own memory on the CPU (a
-        # tensor write per entry costs microseconds of dispatch), else the tensor itself
-        self._table_view = self.block_table.numpy() if self.block_table.device.type == "cpu" else self.block_table
-        self._tables: list[list[int]] = [[] for _ in range(num_slots)]
+        self._tables: list[list[int]] = [[] for _ in range(num_slots)]  # mirrored in block_table
         self._lengths = [0] * num_slots
         self._reserve = [0] * num_slots  # blocks each live slot may grow to
         self._allocated = [False] * num_slots
@@ -106,81 +79,9 @@ class KVCache:
         self._cached_tokens = [0] * num_slots  # tokens taken from the prefix cache
         self._free_heap = list(range(num_slots))  # lowest free slot is handed out first
 
-    # ----------------------------------------------------------------- sequences
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
-
-    @staticmethod
-    def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """Bytes one block takes: K and V of ``block_size`` tokens in every layer."""
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
-
-    @property
-    def num_free(self) -> int:
-        """Sequences of up to ``max_seq_len`` tokens that can still be allocated, each sure to fit."""
-        return max(0, min(len(self._free_heap), self._headroom() // self.blocks_per_seq))
-
-    @property
-    def num_live(self) -> int:
-        """Sequences (and forks) allocated now."""
-        return len(self._live)
-
-    @property
-    def usage(self) -> float:
-        """Share of the blocks taken or owed to live sequences' reserves (what admission cannot give)."""
-        return 1.0 - max(0, self._headroom()) / self.num_blocks
-
-    def _headroom(self) -> int:
-        """Free blocks not owed to live slots growing to their reserves (may be negative only when a
-        slot grew past its reserve)."""
-        live = list(self._live)  # a copy: num_free may be read from another thread
-        owed = sum(max(0, self._reserve[s] - len(self._tables[s])) for s in live)
-        writers: dict[int, int] = {}  # shared, partly filled last block -> tables that will write into it
-        for slot in live:
-            table = self._tables[slot][-1:]  # a copy, for the same reason
-            if table and self._lengths[slot] % self.block_size and self.pool.refcount(table[0]) > 1:
-                writers[table[0]] = writers.get(table[0], 0) + 1
-        # each writer copies the block first, except the last one when no other table reads it then
-        copies = sum(n - (1 if n == self.pool.refcount(block) else 0) for block, n in writers.items())
-        return self.pool.num_free - owed - copies
-
-    def _reserve_blocks(self, reserve_tokens: int | None) -> int:
-        """Blocks a sequence reserving ``reserve_tokens`` (None or 0: ``max_seq_len``) may grow to."""
-        if not reserve_tokens:
-            return self.blocks_per_seq
-        return _blocks_for(min(max(reserve_tokens, 1), self.max_seq_len), self.block_size)
-
-    def admits(self, reserve_tokens: list[int | None]) -> int:
-        """How many of these new sequences, taken in order, `allocate` would accept now (each sure to
-        grow to its reserve): admission by blocks, not by ``max_seq_len`` slots."""
-        headroom, slots = self._headroom(), len(self._free_heap)
-        for count, reserve in enumerate(reserve_tokens):
-            blocks = self._reserve_blocks(reserve)
-            if count >= slots or blocks > headroom:
-                return count
-            headroom -= blocks
-        return len(reserve_tokens)
-
-    def grow(self, reserves: list[tuple[int, int]], taken: list[int | None] = ()) -> int:
-        """Raise live slots' reserves, in order ((slot, tokens) each), while the blocks not owed cover
-        the increase, after the reserves of ``taken`` sequences not allocated yet; return how many were
-        raised (it stops at the first that does not fit). A reserve never shrinks here."""
-        headroom = self._headroom() - sum(self._reserve_blocks(tokens) for tokens in taken)
-        for count, (slot, tokens) in enumerate(reserves):
-            self._check_allocated(slot)
-            blocks = self._reserve_blocks(tokens)
-            extra = max(0, blocks - max(self._reserve[slot], len(self._tables[slot])))
-            if extra > headroom:
-                return count
-            headroom -= extra
-            self._reserve[slot] = max(self._reserve[slot], blocks)
-        return len(reserves)
-
-    def reserve_tokens(self, slot: int) -> int:
-        """The tokens ``slot`` may grow to (its reserve, in whole blocks)."""
-        self._check_allocated(slot)
-        return self._reserve[slot] * self.block_size
 
     def allocate(self, reserve_tokens: int | None = None) -> int:
         """Reserve an empty slot that may grow to ``reserve_tokens`` (None or 0: ``max_seq_len``) and
@@ -358,9 +259,7 @@ class KVCache:
 
     def _copy_block(self, block: int) -> int:
         fresh = self.pool.allocate()
-        for keys, values in zip(self.keys, self.values):
-            keys[fresh] = keys[block]
-            values[fresh] = values[block]
+        self.copy_block(block, fresh)
         self.pool.release(block)
         return fresh
 
@@ -382,33 +281,3 @@ class KVCache:
             in_range = index is not None and 0 <= index < self.num_slots
             state = "not allocated" if in_range else "out of range"
             raise InvalidSlotError(f"slot {slot!r} is {state} (num_slots={self.num_slots})")
-
-    # ----------------------------------------------------------------- tensor access
-    def flat_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Row of each (slot, position) in a layer's pool viewed as [(num_blocks + 1) * block_size, ...];
-        ``slots`` and ``positions`` broadcast (int64, positions < max_seq_len)."""
-        blocks = self.block_table[slots, positions // self.block_size]
-        return blocks * self.block_size + positions % self.block_size
-
-    def read_index(self, slot_ids: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """[batch, kv_len] pool rows of each slot's first ``kv_len`` positions (slot_ids: [batch])."""
-        assert slot_ids.dim() == 1, f"slot_ids must be [batch], got {tuple(slot_ids.shape)}"
-        assert 1 <= kv_len <= self.max_seq_len, f"kv_len={kv_len} out of [1, {self.max_seq_len}]"
-        return self.flat_index(slot_ids[:, None], torch.arange(kv_len, device=slot_ids.device)[None])
-
-    def write(self, layer: int, index: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store K/V of new tokens at pool rows ``index`` (from `flat_index`, e.g. [batch, seq]);
-        keys, values: [*index.shape, num_kv_heads, head_dim]. Rows must have been `prepare`d."""
-        assert keys.shape == values.shape == (*index.shape, self.num_kv_heads, self.head_dim), (
-            f"index {tuple(index.shape)}, keys {tuple(keys.shape)}, values {tuple(values.shape)}")
-        rows, width = index.reshape(-1), (-1, self.num_kv_heads, self.head_dim)
-        self.keys[layer].view(width).index_copy_(0, rows, keys.reshape(width))
-        self.values[layer].view(width).index_copy_(0, rows, values.reshape(width))
-
-    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V at pool rows ``index`` (e.g. `read_index`'s [batch, kv_len]), each
-        [*index.shape, kv_heads, head_dim]."""
-        rows, width, shape = index.reshape(-1), (-1, self.num_kv_heads, self.head_dim), index.shape
-        keys = self.keys[layer].view(width).index_select(0, rows)  # [rows, kv_heads, head_dim]
-        values = self.values[layer].view(width).index_select(0, rows)
-        return keys.view(*shape, *width[1:]), values.view(*shape, *width[1:])

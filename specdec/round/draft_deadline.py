@@ -19,6 +19,7 @@ Pure: no clock of its own, no I/O; the caller times its calls.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 
@@ -39,8 +40,8 @@ class DraftDeadline:
                              f"window >= 1 ({window}), misses_to_open >= 1 ({misses_to_open})")
         self.floor_s, self.multiple, self.cap_s = floor_s, multiple, cap_s
         self.misses_to_open = misses_to_open
-        self._seconds: deque[float] = deque(maxlen=window)
-        self._p99: float | None = None  # cached; None = recompute
+        self._seconds: deque[float] = deque(maxlen=window)  # the window, oldest first
+        self._sorted: list[float] = []  # the same samples, in order: the p99 is an index
         self.misses = 0  # misses since the last call that answered in time
         self.missed_calls = 0  # every miss so far
 
@@ -52,10 +53,10 @@ class DraftDeadline:
 
     def p99_s(self) -> float | None:
         """The p99 of the recent calls' seconds (None before the first)."""
-        if self._p99 is None and self._seconds:
-            ordered = sorted(self._seconds)
-            self._p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-        return self._p99
+        ordered = self._sorted
+        if not ordered:
+            return None
+        return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
     def budget_s(self) -> float:
         """How long the next call may take before its round goes on without it."""
@@ -92,5 +93,8 @@ class DraftDeadline:
                f"cap {1000 * self.cap_s:.0f} ms)"
 
     def _add(self, seconds: float) -> None:
-        self._seconds.append(max(0.0, seconds))
-        self._p99 = None
+        seconds = max(0.0, seconds)
+        if len(self._seconds) == self._seconds.maxlen:  # the window is full: its oldest sample goes
+            del self._sorted[bisect.bisect_left(self._sorted, self._seconds[0])]
+        self._seconds.append(seconds)
+        bisect.insort(self._sorted, seconds)

@@ -169,11 +169,8 @@ class TargetVerifier(Verifier):
             if state is None:
                 state = self._states[request.seq_id] = _TargetState(self.runner.allocate_slot(request.reserve_tokens),
                                                                     request.reserve_tokens)
-            have, wanted = self.runner.slot_length(state.slot), request.prompt_logprobs
-            start = min(have, want if wanted is None else max(request.prompt_logprobs_from - 1, 0))
-            if have > start:
-                self.runner.truncate(state.slot, start)
-            if wanted is not None:
+            start = self._rolled_back(request, state)
+            if request.prompt_logprobs is not None:
                 scored[state.slot] = (start, request)
             elif start < want and want - start + 1 + len(request.draft_token_ids) <= width:
                 riding[i] = request.token_ids[start:want]  # filled by the verify forward: no fork source
@@ -185,11 +182,26 @@ class TargetVerifier(Verifier):
         if plain:
             self.runner.forward(list(plain), list(plain.values()), last_only=True)
         found = self._prompt_logprobs(scored)
+        self._fork(requests, states, forks)
+        return states, [found.get(state.slot) for state in states], riding
+
+    def _rolled_back(self, request: VerifyRequest, state: _TargetState) -> int:
+        """Roll ``state``'s slot back to where this call starts filling it, and return that position:
+        the end of what it holds of history[:-1], or the first position the row's prompt logprobs read."""
+        want, have = len(request.token_ids) - 1, self.runner.slot_length(state.slot)
+        start = min(have, want if request.prompt_logprobs is None else max(request.prompt_logprobs_from - 1, 0))
+        if have > start:
+            self.runner.truncate(state.slot, start)
+        return start
+
+    def _fork(self, requests: list[VerifyRequest], states: list[_TargetState | None],
+              forks: list[tuple[int, int, int]]) -> None:
+        """Give each (row, source slot, length) of ``forks`` a fork of its source's slot, in ``states``; a fork
+        may grow to what its source may."""
         reserves = {state.slot: state.reserve for state in self._states.values()}
-        for i, source, length in forks:  # a fork may grow to what its source may
+        for i, source, length in forks:
             states[i] = self._states[requests[i].seq_id] = _TargetState(self.runner.fork_slot(source, length),
                                                                         reserves[source])
-        return states, [found.get(state.slot) for state in states], riding
 
     def _prompt_logprobs(self, scored: dict[int, tuple[int, VerifyRequest]]) -> dict[int, list]:
         """Prefill the rows that want prompt logprobs from their first position read, with

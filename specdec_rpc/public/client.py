@@ -67,23 +67,12 @@ def build_request(
     score_only: with prompt_logprobs, score the prompt and generate nothing.
     The server validates the values; only unknown mode / proposer names fail here.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {sorted(m.value for m in MODES)}, got {mode!r}")
-    if proposer not in PROPOSERS:
-        raise ValueError(f"proposer must be 'draft', 'ngram' or None, got {proposer!r}")
-    sampling = specdec_pb2.SamplingParams(temperature=temperature, top_k=top_k)
-    if top_p is not None:
-        sampling.top_p = top_p
-    if seed is not None:
-        sampling.seed = seed
-    speculation = specdec_pb2.SpeculationParams(mode=MODES[mode], gamma=gamma, proposer=PROPOSERS[proposer])
-    if tpot_target_ms is not None:
-        speculation.tpot_target_ms = tpot_target_ms
+    speculation = _speculation_params(mode, gamma, proposer, tpot_target_ms)  # checks the names first
     return specdec_pb2.GenerateRequest(
         prompt=prompt or "",
         prompt_token_ids=list(prompt_token_ids or ()),
         max_new_tokens=max_new_tokens,
-        sampling=sampling,
+        sampling=_sampling_params(temperature, top_k, top_p, seed),
         speculation=speculation,
         stop=list(stop),
         stop_token_ids=list(stop_token_ids),
@@ -91,6 +80,30 @@ def build_request(
         prompt_logprobs=prompt_logprobs,
         score_only=score_only,
     )
+
+
+def _sampling_params(temperature: float, top_k: int, top_p: float | None,
+                     seed: int | None) -> specdec_pb2.SamplingParams:
+    """top_p, seed None: left unset (the server's default)."""
+    sampling = specdec_pb2.SamplingParams(temperature=temperature, top_k=top_k)
+    if top_p is not None:
+        sampling.top_p = top_p
+    if seed is not None:
+        sampling.seed = seed
+    return sampling
+
+
+def _speculation_params(mode: str, gamma: int, proposer: str | None,
+                        tpot_target_ms: float | None) -> specdec_pb2.SpeculationParams:
+    """ValueError for an unknown mode or proposer name; tpot_target_ms None: left unset."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {sorted(m.value for m in MODES)}, got {mode!r}")
+    if proposer not in PROPOSERS:
+        raise ValueError(f"proposer must be 'draft', 'ngram' or None, got {proposer!r}")
+    speculation = specdec_pb2.SpeculationParams(mode=MODES[mode], gamma=gamma, proposer=PROPOSERS[proposer])
+    if tpot_target_ms is not None:
+        speculation.tpot_target_ms = tpot_target_ms
+    return speculation
 
 
 def is_retryable(exc: BaseException) -> bool:

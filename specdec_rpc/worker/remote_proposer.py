@@ -42,7 +42,7 @@ from specdec.proposers.base import Branch, Drafts, Proposal, ProposalRequest, Pr
 from specdec_rpc.worker.lease_reaper import DEFAULT_LEASE_TTL_S
 from specdec_rpc.worker.prob_codec import WireQ
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
-from specdec_rpc.worker.worker_client import WorkerClient
+from specdec_rpc.worker.worker_client import StreamMethod, WorkerClient
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +76,7 @@ class RemoteProposer(WorkerClient, Proposer):
     has_probs = True
     names = ("draft",)
     stub_class = worker_pb2_grpc.DraftWorkerStub
-    stream_method = "ProposeStream"
-    service = "DraftWorker"
-    stream_messages = (worker_pb2.ProposeRequest, worker_pb2.ProposeResponse)
+    round_stream = StreamMethod.of("DraftWorker", "ProposeStream")
 
     def __init__(
         self,

@@ -44,7 +44,7 @@ from specdec_rpc.worker.lease_reaper import DEFAULT_LEASE_TTL_S
 from specdec_rpc.worker.prob_codec import wire_q
 from specdec_rpc.worker.logprob_messages import from_logprobs
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
-from specdec_rpc.worker.worker_client import WorkerClient
+from specdec_rpc.worker.worker_client import StreamMethod, WorkerClient
 
 
 logger = logging.getLogger(__name__)
@@ -69,9 +69,7 @@ class RemoteVerifier(WorkerClient, Verifier):
     """
 
     stub_class = worker_pb2_grpc.TargetWorkerStub
-    stream_method = "VerifyStream"
-    service = "TargetWorker"
-    stream_messages = (worker_pb2.VerifyRequest, worker_pb2.VerifyResponse)
+    round_stream = StreamMethod.of("TargetWorker", "VerifyStream")
     #: every round's Verify goes out on a RoundStream, which runs `after_send`'s parked work
     #: once it is written: the engine loop may park a round's hand-over until then
     sends_on_round_stream = True

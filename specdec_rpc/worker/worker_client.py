@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
 
 from specdec_rpc.worker.history_sync import HistorySender
 from specdec_rpc.worker.internal_auth import secret_channel
@@ -35,13 +38,27 @@ from specdec_rpc.worker.worker_reconnector import WorkerReconnector
 from specdec_rpc.worker.worker_server import CHANNEL_OPTIONS
 
 
+@dataclass(frozen=True)
+class StreamMethod:
+    """A round stream's method as worker.proto declares it: its gRPC path and message classes."""
+
+    path: str  # "/<package>.<service>/<method>"
+    request: type[Message]
+    response: type[Message]
+
+    @classmethod
+    def of(cls, service: str, method: str) -> StreamMethod:
+        """``service``'s ``method`` in worker.proto (KeyError for a name it does not declare)."""
+        found = worker_pb2.DESCRIPTOR.services_by_name[service].methods_by_name[method]
+        return cls(f"/{found.containing_service.full_name}/{found.name}",
+                   GetMessageClass(found.input_type), GetMessageClass(found.output_type))
+
+
 class WorkerClient:
     """The channel, lease, history sender, release buffer and reconnector of one worker client."""
 
     stub_class: type  # worker_pb2_grpc.DraftWorkerStub or TargetWorkerStub
-    stream_method: str  # the stub's round stream: "ProposeStream" or "VerifyStream"
-    service: str  # the gRPC service of worker.proto: "DraftWorker" or "TargetWorker"
-    stream_messages: tuple[type, type]  # the round stream's (request, response) message classes
+    round_stream: StreamMethod  # DraftWorker's ProposeStream or TargetWorker's VerifyStream
 
     def __init__(
         self,
@@ -72,14 +89,14 @@ class WorkerClient:
     def _open_round_stream(self, requests, deserialize):
         """The round stream's call on the current channel, its responses parsed by `deserialize`
         (which answers the waiting calls: RoundStream's `parse`)."""
-        method = self._channel.stream_stream(f"/specdec.v1.{self.service}/{self.stream_method}",
-                                             request_serializer=self.stream_messages[0].SerializeToString,
+        method = self._channel.stream_stream(self.round_stream.path,
+                                             request_serializer=self.round_stream.request.SerializeToString,
                                              response_deserializer=deserialize)
         return method(requests)
 
     def _parse_round_response(self, data: bytes):
         """(gRPC's channel thread) One response of the round stream, parsed."""
-        return self.stream_messages[1].FromString(data)
+        return self.round_stream.response.FromString(data)
 
     def _renew_lease(self, ttl_s: float) -> None:
         """Start keeping the lease alive; ttl_s is assumed until the worker states its own."""

@@ -3,6 +3,9 @@ never less than the floor nor more than the cap; a proposer that keeps missing i
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 from specdec.round.draft_deadline import DraftDeadline
@@ -23,6 +26,17 @@ def test_the_budget_is_a_multiple_of_the_p99_of_recent_calls():
     for _ in range(100):  # the slow calls leave the window
         deadline.answered(0.020)
     assert deadline.budget_s() == pytest.approx(0.060)
+
+
+def test_the_p99_is_always_that_of_the_last_window_calls():
+    rng = random.Random(5)
+    deadline, answered = DraftDeadline(floor_s=0.01, cap_s=5.0, window=10), []
+    for _ in range(200):
+        seconds = rng.choice([-0.001, 0.01, 0.02, 0.02, rng.uniform(0, 0.5)])  # repeats, and one clamped to 0
+        deadline.answered(seconds)
+        answered.append(max(0.0, seconds))
+        window = sorted(answered[-10:])
+        assert deadline.p99_s() == window[math.ceil(0.99 * len(window)) - 1]
 
 
 def test_the_floor_and_the_cap_bound_the_budget():

@@ -1,7 +1,8 @@
 """WorkerClient, the base of both worker clients (no model; a fake worker on 127.0.0.1):
 releases wait in a buffer, in the lease's namespace, until taken once (or while the
 subclass holds them; a failed Release puts them back); a probe keeps a channel only where
-a worker answers, and a switch makes the client use it."""
+a worker answers, and a switch makes the client use it; each client's round stream, read from
+worker.proto, is the call the generated stub makes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from specdec.wiring.ports import free_port
 from specdec_metrics.worker_metrics import WorkerMetrics, WorkerState
 from specdec_rpc.v1 import worker_pb2, worker_pb2_grpc
-from specdec_rpc.worker.worker_client import WorkerClient
+from specdec_rpc.worker.remote_proposer import RemoteProposer
+from specdec_rpc.worker.remote_verifier import RemoteVerifier
+from specdec_rpc.worker.worker_client import StreamMethod, WorkerClient
 from specdec_rpc.worker.worker_server import ServerThread
 from specdec_rpc.worker.worker_servicer import WorkerServicer
 
@@ -78,3 +81,29 @@ def test_a_probe_keeps_a_channel_only_where_a_worker_answers_and_a_switch_uses_i
         client._switch_to(server.address)
         assert (client.address, client.switched) == (server.address, [server.address])
         assert client._stub.GetInfo(worker_pb2.InfoRequest(), timeout=5).model == "found"
+
+
+class RecordingChannel:
+    """What a generated stub registers on its channel: path -> (kind, serializer, deserializer)."""
+
+    def __init__(self) -> None:
+        self.methods: dict[str, tuple] = {}
+
+    def __getattr__(self, kind: str):
+        def register(path, request_serializer=None, response_deserializer=None, **_):
+            self.methods[path] = (kind, request_serializer, response_deserializer)
+        return register
+
+
+@pytest.mark.parametrize("client_class", [RemoteProposer, RemoteVerifier])
+def test_the_round_stream_read_from_the_proto_is_the_stream_the_generated_stub_calls(client_class):
+    channel = RecordingChannel()
+    client_class.stub_class(channel)
+    stream = client_class.round_stream
+    assert channel.methods[stream.path] == ("stream_stream", stream.request.SerializeToString,
+                                            stream.response.FromString)
+
+
+def test_a_stream_method_worker_proto_does_not_declare_is_refused():
+    with pytest.raises(KeyError):
+        StreamMethod.of("DraftWorker", "VerifyStream")

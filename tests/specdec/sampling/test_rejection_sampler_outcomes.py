@@ -1,70 +1,39 @@
-"""Specification of specdec.sampling.rejection_sampler: one round of batched verification.
+"""Specification of specdec.sampling.rejection_sampler: what one round of batched verification
+emits, greedy and sampled, and which inputs it refuses.
 
 Deterministic scenarios use targets whose processed distribution is one-hot at a chosen
 token (all other logits -inf), so that greedy and sampled verification must agree on the
-outcome. Distributional correctness is in test_rejection_sampler_statistics.py.
+outcome. Which random numbers a round draws is in test_rejection_sampler_randomness.py,
+distributional correctness in test_rejection_sampler_statistics.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import pytest
 import torch
 
-from specdec.sampling.counter_rng import ROLE_ACCEPT, ROLE_FINAL, uniforms
+from specdec.sampling.counter_rng import ROLE_FINAL
 from specdec.sampling.rejection_sampler import PAD_TOKEN_ID, RejectionOutput, rejection_sample
 from specdec.sampling.sampling import SamplingBatch, inverse_cdf_sample, logits_to_probs
 from specdec.sampling.sampling_params import SamplingParams
+from rejection_rounds import GREEDY, SAMPLED, VOCAB, addressed, one_hot_logits, padded_drafts, random_round
 from sampling_rules import standard_rule
-
-VOCAB = 8
-GREEDY = SamplingParams(temperature=0.0)
-SAMPLED = SamplingParams(temperature=0.8)
 
 # How the drafted tokens are verified: greedy, sampled against draft probabilities q, or
 # sampled against an n-gram proposal without probabilities (one-hot q).
 KINDS = ["greedy", "sampled", "ngram"]
 
 
-def _one_hot_logits(tokens: list[list[int]], vocab: int = VOCAB) -> torch.Tensor:
-    """[B, T, V] logits whose processed distribution at each position is one-hot at the token."""
-    ids = torch.tensor(tokens).unsqueeze(-1)  # [B, T, 1]
-    return torch.full((*ids.shape[:2], vocab), float("-inf")).scatter_(-1, ids, 0.0)
-
-
-def _pad(drafts: list[list[int]], gamma: int, pad: int = PAD_TOKEN_ID) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged drafted tokens -> (draft_token_ids [B, gamma], num_drafted [B])."""
-    ids = torch.full((len(drafts), gamma), pad, dtype=torch.long)
-    for r, d in enumerate(drafts):
-        ids[r, : len(d)] = torch.tensor(d, dtype=torch.long)
-    return ids, torch.tensor([len(d) for d in drafts])
-
-
 def _verify(kind: str, targets: list[list[int]], drafts: list[list[int]], pad: int = PAD_TOKEN_ID) -> RejectionOutput:
     """Verify drafts against one-hot targets (targets[b] has gamma + 1 positions)."""
-    target_logits = _one_hot_logits(targets)  # [B, gamma + 1, V]
+    target_logits = one_hot_logits(targets)  # [B, gamma + 1, V]
     batch, gamma = target_logits.shape[0], target_logits.shape[1] - 1
-    ids, num_drafted = _pad(drafts, gamma, pad)
+    ids, num_drafted = padded_drafts(drafts, gamma, pad)
     draft_probs = None if kind == "ngram" else torch.full((batch, gamma, VOCAB), 1.0 / VOCAB)
     params = GREEDY if kind == "greedy" else SAMPLED
     return rejection_sample(target_logits, ids, num_drafted, draft_probs, SamplingBatch.from_params([params] * batch))
-
-
-def _random_round(batch: int, gamma: int, vocab: int, seed: int, params: list[SamplingParams]):
-    """Random target logits, q and drafted tokens sampled from q (num_drafted = gamma)."""
-    g = torch.Generator().manual_seed(seed)
-    target_logits = torch.randn(batch, gamma + 1, vocab, generator=g)  # [B, gamma + 1, V]
-    q = logits_to_probs(torch.randn(batch, gamma, vocab, generator=g), SamplingBatch.from_params(params))
-    ids = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, gamma)  # [B, gamma]
-    return target_logits, ids, torch.full((batch,), gamma), q
-
-
-def _addressed(batch: SamplingBatch, offsets: torch.Tensor, role: int) -> torch.Tensor:
-    """Row b's uniforms at positions_b + offsets_b ([B] or [B, n]), straight from counter_rng."""
-    positions = batch.positions.reshape((-1,) + (1,) * (offsets.dim() - 1)) + offsets
-    return torch.from_numpy(uniforms(batch.seeds, positions.numpy(), role))
 
 
 # --- scenarios ---------------------------------------------------------------------------
@@ -119,7 +88,7 @@ def test_padding_past_num_drafted_is_never_accepted(kind, pad):
 @pytest.mark.parametrize("kind", KINDS)
 def test_accepted_tokens_then_one_final_token_then_padding(kind):
     params = [GREEDY if kind == "greedy" else SAMPLED] * 2000
-    target_logits, ids, _, q = _random_round(2000, 4, VOCAB, seed=0, params=params)
+    target_logits, ids, _, q = random_round(2000, 4, VOCAB, seed=0, params=params)
     num_drafted = torch.randint(0, 5, (2000,), generator=torch.Generator().manual_seed(1))
     draft_probs = None if kind == "ngram" else q
     out = rejection_sample(target_logits, ids, num_drafted, draft_probs, SamplingBatch.from_params(params))
@@ -158,17 +127,17 @@ def test_greedy_accepts_exactly_while_the_drafted_token_is_the_target_argmax():
 
 def test_greedy_ignores_draft_probabilities():
     targets, drafts = [[1, 2, 3]], [[1, 2]]
-    ids, num_drafted = _pad(drafts, 2)
+    ids, num_drafted = padded_drafts(drafts, 2)
     q = torch.zeros(1, 2, VOCAB)
     q[..., 7] = 1.0  # claims the draft could only have proposed token 7
-    out = rejection_sample(_one_hot_logits(targets), ids, num_drafted, q, SamplingBatch.from_params([GREEDY]))
+    out = rejection_sample(one_hot_logits(targets), ids, num_drafted, q, SamplingBatch.from_params([GREEDY]))
     assert out.emitted() == [[1, 2, 3]]
 
 
 def test_greedy_rows_use_no_randomness():
     """A greedy row's outcome is the same whatever its seed and position, and verifying it
     touches no random generator."""
-    target_logits, ids, num_drafted, q = _random_round(4, 3, VOCAB, seed=5, params=[GREEDY] * 4)
+    target_logits, ids, num_drafted, q = random_round(4, 3, VOCAB, seed=5, params=[GREEDY] * 4)
     batches = [
         SamplingBatch.from_params([SamplingParams(seed=seed + r) for r in range(4)], [seed * 7] * 4)
         for seed in range(10)
@@ -200,7 +169,7 @@ def test_ngram_draft_that_is_certain_under_the_target_is_always_accepted():
 @pytest.mark.parametrize("kind", ["sampled", "ngram"])
 def test_a_rejected_drafted_token_is_never_the_recovered_token(kind):
     params = [SamplingParams(temperature=1.0)] * 5000
-    target_logits, ids, num_drafted, q = _random_round(5000, 3, VOCAB, seed=7, params=params)
+    target_logits, ids, num_drafted, q = random_round(5000, 3, VOCAB, seed=7, params=params)
     draft_probs = None if kind == "ngram" else q
     out = rejection_sample(target_logits, ids, num_drafted, draft_probs, SamplingBatch.from_params(params))
     rejected = (out.num_accepted < num_drafted).nonzero().squeeze(-1)
@@ -212,7 +181,7 @@ def test_a_rejected_drafted_token_is_never_the_recovered_token(kind):
 def test_emitted_tokens_always_lie_in_the_processed_target_support():
     params = [SamplingParams(temperature=1.0, top_k=3), SamplingParams(temperature=0.7, top_p=0.5)] * 2000
     batch = SamplingBatch.from_params(params)
-    target_logits, ids, num_drafted, q = _random_round(4000, 3, VOCAB, seed=8, params=params)
+    target_logits, ids, num_drafted, q = random_round(4000, 3, VOCAB, seed=8, params=params)
     p = logits_to_probs(target_logits, batch)  # [B, 4, V]
     out = rejection_sample(target_logits, ids, num_drafted, q, batch)
     tokens = out.output_token_ids
@@ -235,14 +204,14 @@ def test_residual_without_mass_falls_back_to_the_target_distribution():
     ids = torch.full((rows, 1), 3)
     out = rejection_sample(target_logits, ids, torch.ones(rows, dtype=torch.long), q, batch)
     assert (out.num_accepted == 0).all()
-    u_final = _addressed(batch, torch.zeros(rows, dtype=torch.long), ROLE_FINAL)
+    u_final = addressed(batch, torch.zeros(rows, dtype=torch.long), ROLE_FINAL)
     assert torch.equal(out.output_token_ids[:, 0], inverse_cdf_sample(p[:, 0], u_final))
 
 
 def test_draft_probs_are_weights_normalised_inside():
     """q times a power of two, in any float dtype that holds it exactly, verifies bit for bit the same."""
     params = [SamplingParams(temperature=1.0, seed=r) for r in range(500)]
-    target_logits, ids, num_drafted, q = _random_round(500, 3, VOCAB, seed=19, params=params)
+    target_logits, ids, num_drafted, q = random_round(500, 3, VOCAB, seed=19, params=params)
     q = q.half()  # the wire dtype: values every float dtype below holds exactly
     outs = [
         rejection_sample(target_logits, ids, num_drafted, weights, SamplingBatch.from_params(params)).output_token_ids
@@ -253,108 +222,10 @@ def test_draft_probs_are_weights_normalised_inside():
 
 def test_half_precision_target_logits_are_verified():
     params = [SamplingParams(temperature=1.0)] * 10
-    target_logits, ids, num_drafted, q = _random_round(10, 2, VOCAB, seed=10, params=params)
+    target_logits, ids, num_drafted, q = random_round(10, 2, VOCAB, seed=10, params=params)
     batch = SamplingBatch.from_params(params)
     out = rejection_sample(target_logits.to(torch.bfloat16), ids, num_drafted, q.half(), batch)
     assert out.output_token_ids.shape == (10, 3)
-
-
-# --- mixed batches and addressed randomness ----------------------------------------------
-#
-# Row b's acceptance test of drafted token i uses the uniform (seed_b, positions_b + i,
-# ROLE_ACCEPT); its recovered-or-bonus token uses (seed_b, positions_b + num_accepted_b,
-# ROLE_FINAL). So a seeded row's output depends on its own inputs, seed and position only.
-
-
-def _seeded(params: SamplingParams, seed: int) -> SamplingParams:
-    return dataclasses.replace(params, seed=seed)
-
-
-def _solo(target_logits, ids, num_drafted, q, params, position=0):
-    """Verify one row alone."""
-    return rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params([params], [position]))
-
-
-def test_the_acceptance_and_final_draws_use_the_addressed_uniforms():
-    """Replays the algorithm with the documented uniforms and checks every row's outcome."""
-    rows, gamma = 400, 3
-    params = [SamplingParams(temperature=1.0, seed=1000 + r) for r in range(rows)]
-    target_logits, ids, num_drafted, q = _random_round(rows, gamma, VOCAB, seed=20, params=params)
-    batch = standard_rule(SamplingBatch.from_params(params, [r % 17 for r in range(rows)]))
-    out = rejection_sample(target_logits, ids, num_drafted, q, batch)
-    p = logits_to_probs(target_logits, batch)  # [B, gamma + 1, V]
-    u_accept = _addressed(batch, torch.arange(gamma).expand(rows, gamma), ROLE_ACCEPT)  # [B, gamma]
-    p_x, q_x = p[:, :gamma].gather(-1, ids[..., None])[..., 0], q.gather(-1, ids[..., None])[..., 0]
-    expected_accepted = (u_accept * q_x < p_x).long().cumprod(-1).sum(-1)
-    assert torch.equal(out.num_accepted, expected_accepted)
-    u_final = _addressed(batch, expected_accepted, ROLE_FINAL)  # [B]
-    for r, emitted in enumerate(out.emitted()):
-        n = int(expected_accepted[r])
-        final_probs = p[r, n] if n == gamma else (p[r, n] - q[r, n]).clamp(min=0)  # bonus or residual
-        final = inverse_cdf_sample(final_probs[None], u_final[r : r + 1])
-        assert emitted == ids[r, :n].tolist() + final.tolist()
-
-
-def test_mixed_batch_gives_each_row_what_it_gets_alone():
-    params = [GREEDY, SamplingParams(temperature=0.8, seed=1), GREEDY, SamplingParams(temperature=1.2, top_k=4, seed=2)]
-    target_logits, ids, _, q = _random_round(4, 3, VOCAB, seed=11, params=params)
-    num_drafted = torch.tensor([3, 2, 1, 3])
-    positions = [5, 6, 7, 8]
-    together = rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params(params, positions))
-    for r, p in enumerate(params):
-        one = slice(r, r + 1)
-        alone = _solo(target_logits[one], ids[one], num_drafted[one], q[one], p, positions[r])
-        assert together.emitted()[r] == alone.emitted()[0]
-
-
-def test_mixed_batch_with_one_hot_targets_gives_the_same_tokens_on_both_paths():
-    target_logits = _one_hot_logits([[1, 2, 3]] * 4)
-    ids, num_drafted = _pad([[1, 2], [1, 6], [1, 2], [1, 6]], 2)
-    batch = SamplingBatch.from_params([GREEDY, GREEDY, SAMPLED, SAMPLED])
-    out = rejection_sample(target_logits, ids, num_drafted, torch.full((4, 2, VOCAB), 1 / VOCAB), batch)
-    assert out.emitted() == [[1, 2, 3], [1, 2], [1, 2, 3], [1, 2]]
-
-
-def test_same_seed_and_positions_give_the_same_output():
-    params = [SamplingParams(temperature=1.0, seed=s) for s in range(300)]
-    target_logits, ids, num_drafted, q = _random_round(300, 4, VOCAB, seed=12, params=params)
-    positions = list(range(300))
-    first = rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params(params, positions))
-    second = rejection_sample(target_logits, ids, num_drafted, q, SamplingBatch.from_params(params, positions))
-    assert torch.equal(first.output_token_ids, second.output_token_ids)
-
-
-def test_different_seeds_give_different_outputs():
-    target_logits, ids, num_drafted, q = _random_round(1, 4, VOCAB, seed=13, params=[SAMPLED])
-    outputs = [_solo(target_logits, ids, num_drafted, q, _seeded(SAMPLED, seed)).emitted()[0] for seed in range(50)]
-    assert len({tuple(o) for o in outputs}) > 1
-
-
-def test_the_same_round_at_other_positions_draws_new_numbers():
-    """Positions address the uniforms: replaying a round at the same position repeats it,
-    at later positions (the next rounds of a sequence) it does not."""
-    target_logits, ids, num_drafted, q = _random_round(1, 3, VOCAB, seed=17, params=[SAMPLED])
-    params = _seeded(SAMPLED, 5)
-    by_position = [_solo(target_logits, ids, num_drafted, q, params, t).emitted()[0] for t in range(30)]
-    again = [_solo(target_logits, ids, num_drafted, q, params, t).emitted()[0] for t in range(30)]
-    assert by_position == again
-    assert len({tuple(r) for r in by_position}) > 1
-
-
-def test_a_seeded_rows_output_does_not_depend_on_its_batch_gamma_or_row_order():
-    params = SamplingParams(temperature=0.9, top_p=0.95)
-    target_logits, ids, num_drafted, q = _random_round(1, 2, VOCAB, seed=14, params=[params])
-    # Three other rows join, everything is padded to a gamma of 5, and the row moves to the end.
-    others = [SAMPLED, GREEDY, SamplingParams(temperature=1.0, seed=99)]
-    big_logits, big_ids, _, big_q = _random_round(4, 5, VOCAB, seed=15, params=[params, *others])
-    big_logits[3, :3], big_ids[3, :2], big_q[3, :2] = target_logits[0], ids[0], q[0]
-    big_num_drafted = torch.tensor([5, 4, 3, 2])
-    for seed in range(20):
-        mine = _seeded(params, seed)
-        alone = _solo(target_logits, ids, num_drafted, q, mine, 40)
-        joined_batch = SamplingBatch.from_params([*others, mine], [40, 40, 0, 40])
-        joined = rejection_sample(big_logits, big_ids, big_num_drafted, big_q, joined_batch)
-        assert joined.emitted()[3] == alone.emitted()[0]
 
 
 # --- input validation --------------------------------------------------------------------
