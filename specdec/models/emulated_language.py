@@ -21,13 +21,16 @@ top-p, while acceptance varies from stretch to stretch as in real text.
 
 Token 0 (the tokenizer's end-of-text) is never likely: sequences end at their budget or a
 stop string; the emulated models make only readable tokens likely (`readable_ids`). Everything
-is table lookups and integer hashing over [batch, tokens] tensors.
+a forward asks of it is table lookups and integer hashing over [batch, tokens] numpy arrays: on a
+GPU this work is the device's, so here it must cost the host little, and a numpy operation on
+arrays this small costs a fraction of a torch one's dispatch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from specdec.models.emulated_profile import LanguageSpec
@@ -39,7 +42,7 @@ KNOWN, FAR = 0, 1  # draft kinds: knows the context; misses it without ranking t
 # kind 2 + i: misses it, the target's top token its (i + 2)-th choice
 
 
-def _mix(keys: torch.Tensor, salt: int) -> torch.Tensor:
+def _mix(keys: np.ndarray, salt: int) -> np.ndarray:
     """Another well-spread int64 in [0, _PRIME) from each of `keys` (a Lehmer step with a salt)."""
     return ((keys * 48_271 + salt) % _PRIME * 16_807) % _PRIME
 
@@ -68,7 +71,7 @@ class SyntheticLanguage:
         misses = [far.clone().scatter_(1, top, self._just_above(ranked, rank)) for rank in
                   range(2, len(spec.miss_ranks) + 2)]  # each [K, V]: the target's argmax the rank-th choice
         self.tables = torch.cat([target, far, *misses])  # [(2 + R)·K, V]: kind j's row k at j·K + k
-        self._miss_shares = torch.tensor(spec.miss_ranks, dtype=torch.float64).cumsum(0)  # [R]
+        self._miss_shares = np.cumsum(np.asarray(spec.miss_ranks, dtype=np.float64))  # [R]
         self.miss_overlap = self._miss_overlap(target, misses)
         spread = spec.acceptance_spread * min(spec.acceptance, 1.0 - spec.acceptance)
         self._known_easy, self._known_hard = (self.known_share(spec.acceptance + spread),
@@ -95,35 +98,35 @@ class SyntheticLanguage:
         half = self.miss_overlap / 2
         return min(1.0, max(0.0, (acceptance - half) / (1.0 - half)))
 
-    def context_keys(self, history: torch.Tensor) -> torch.Tensor:
+    def context_keys(self, history: np.ndarray) -> np.ndarray:
         """history [..., context_tokens] int64 (oldest first; vocab_size = before the text) -> keys [...]."""
-        keys = torch.full(history.shape[:-1], self.spec.seed % _PRIME + 1, dtype=torch.long)
+        keys = np.full(history.shape[:-1], self.spec.seed % _PRIME + 1, dtype=np.int64)
         for j in range(history.shape[-1]):
             keys = (keys * 1_000_003 + history[..., j] + 1) % _PRIME
         return keys
 
-    def buckets_of(self, keys: torch.Tensor) -> torch.Tensor:
+    def buckets_of(self, keys: np.ndarray) -> np.ndarray:
         """Context keys [...] -> table rows [...]."""
         return _mix(keys, 1) % self.buckets
 
-    def draft_kinds(self, keys: torch.Tensor, anchors: torch.Tensor, stretches: torch.Tensor) -> torch.Tensor:
+    def draft_kinds(self, keys: np.ndarray, anchors: np.ndarray, stretches: np.ndarray) -> np.ndarray:
         """What the draft makes of context `keys` [...] lying in stretch number `stretches` [...]
         that begins with token `anchors` [...]: KNOWN, FAR or 2 + i (the target's argmax its
         (i + 2)-th choice), int64 [...]."""
         stretch_keys = _mix(anchors * 1_000_003 + stretches + self.spec.seed % _PRIME, 2)
         easy = (stretch_keys % 1024) < 512  # [...]: half the stretches are easy
-        chance = torch.where(easy, self._known_easy, self._known_hard)  # [...]
+        chance = np.where(easy, self._known_easy, self._known_hard)  # [...]
         known_hash = _mix(keys, 3)  # [...]
-        known = (known_hash.double() / _PRIME) < chance
-        rank_draw = _mix(known_hash, 4).double() / _PRIME  # [...]: a second draw, not the first one shifted
-        rank = torch.searchsorted(self._miss_shares, rank_draw, right=True)  # [...]: i, or R when unranked
-        kinds = torch.where(rank < len(self._miss_shares), rank + 2, FAR)
-        return torch.where(known, KNOWN, kinds)
+        known = known_hash / _PRIME < chance
+        rank_draw = _mix(known_hash, 4) / _PRIME  # [...]: a second draw, not the first one shifted
+        rank = np.searchsorted(self._miss_shares, rank_draw, side="right")  # [...]: i, or R when unranked
+        kinds = np.where(rank < len(self._miss_shares), rank + 2, FAR)
+        return np.where(known, KNOWN, kinds)
 
-    def draft_rows(self, buckets: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
+    def draft_rows(self, buckets: np.ndarray, kinds: np.ndarray) -> np.ndarray:
         """The table rows [...] of the draft's logits for context rows `buckets` and kinds `kinds`."""
         return buckets + kinds * self.buckets
 
-    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def rows(self, rows: np.ndarray) -> torch.Tensor:
         """Rows [...] of the tables -> [..., V] (index_select: far cheaper than advanced indexing here)."""
-        return self.tables.index_select(0, rows.flatten()).view(*rows.shape, self.vocab_size)
+        return self.tables.index_select(0, torch.from_numpy(rows.reshape(-1))).view(*rows.shape, self.vocab_size)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specdec.models.emulated_device import EmulatedDevice
@@ -75,34 +76,42 @@ class EmulatedModel:
     def _seconds(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor,
                  num_tokens: torch.Tensor | None) -> float:
         """The forward's device time from the profile: rows, tokens and attended context."""
-        tokens = input_ids.numel() if num_tokens is None else int(num_tokens.sum())  # None: no padding
-        context = int(positions[:, 0].sum()) + tokens
+        tokens = input_ids.numel() if num_tokens is None else int(num_tokens.numpy().sum())  # None: no padding
+        context = int(positions.numpy()[:, 0].sum()) + tokens
         return self.latency.forward_ms(len(slot_ids), tokens, context) / 1000.0
 
     def _contexts(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                  slot_ids: torch.Tensor, num_tokens: torch.Tensor | None) -> torch.Tensor:
+                  slot_ids: torch.Tensor, num_tokens: torch.Tensor | None) -> np.ndarray:
         """[batch, seq] table rows of the positions' logits (the language's context buckets;
-        the draft's rows also say what it makes of each context)."""
-        b, t = input_ids.shape
-        write_slots = slot_ids[:, None].expand(b, t)  # [batch, seq]
+        the draft's rows also say what it makes of each context). The cache is read and written
+        through its block table, as a paged-attention kernel addresses it, on numpy views of the
+        runner's tensors (the same memory)."""
+        ids, positions, slots = input_ids.numpy(), positions.numpy(), slot_ids.numpy()
+        b, t = ids.shape
+        write_slots = np.broadcast_to(slots[:, None], (b, t))  # [batch, seq]
         if num_tokens is not None:  # padding goes to the scratch slot, as in LlamaForServing
-            valid = torch.arange(t) < num_tokens[:, None]  # [batch, seq]
-            positions = torch.where(valid, positions, positions.gather(1, (num_tokens - 1)[:, None]))
-            write_slots = torch.where(valid, write_slots, cache.scratch_slot)
-        as_kv = input_ids[..., None, None].to(cache.keys[0].dtype)  # the "K/V" of a position is its token id
-        cache.write(0, cache.flat_index(write_slots, positions), as_kv, as_kv)
-        tokens = cache.keys[0].view(-1)  # [pool rows]: the slots' tokens, addressed through block tables
+            counts = num_tokens.numpy()
+            valid = np.arange(t) < counts[:, None]  # [batch, seq]
+            positions = np.where(valid, positions, positions[np.arange(b), counts - 1][:, None])
+            write_slots = np.where(valid, write_slots, cache.scratch_slot)
+        table, size = cache.block_table.numpy(), cache.block_size  # [slots + 1, blocks per slot]
+
+        def pool_rows(slot: np.ndarray, position: np.ndarray) -> np.ndarray:  # KVCache.flat_index's rows
+            return table[slot, position // size] * size + position % size
+
+        tokens = cache.keys[0].view(-1).numpy()  # [pool rows]: the slots' tokens (the "K/V" of a position)
+        tokens[pool_rows(write_slots, positions)] = ids  # its "V" is never read: left as it is
         n = self.language.spec.context_tokens
-        back = positions[..., None] - torch.arange(n - 1, -1, -1)  # [batch, seq, n], oldest first
-        history = tokens[cache.flat_index(slot_ids[:, None, None], back.clamp(min=0))].long()  # [batch, seq, n]
-        history = torch.where(back >= 0, history, self.vocab_size)  # before the text
+        back = positions[..., None] - np.arange(n - 1, -1, -1)  # [batch, seq, n], oldest first
+        history = tokens[pool_rows(slots[:, None, None], np.maximum(back, 0))].astype(np.int64)  # [batch, seq, n]
+        history = np.where(back >= 0, history, self.vocab_size)  # before the text
         keys = self.language.context_keys(history)  # [batch, seq]
         buckets = self.language.buckets_of(keys)  # [batch, seq]
         if self.role == "target":
             return buckets
         length = self.language.spec.stretch_tokens
         starts = positions // length * length  # [batch, seq]: where each position's stretch begins
-        anchors = tokens[cache.flat_index(slot_ids[:, None], starts)].long()  # [batch, seq]
+        anchors = tokens[pool_rows(slots[:, None], starts)].astype(np.int64)  # [batch, seq]
         kinds = self.language.draft_kinds(keys, anchors, positions // length)  # [batch, seq]
         return self.language.draft_rows(buckets, kinds)  # [batch, seq]
 

@@ -4,6 +4,7 @@ its device the profile's time for its rows, tokens and attended context."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,6 +33,25 @@ def test_logits_depend_on_the_history_not_on_how_it_was_fed(name):
     one_by_one = [runner.forward([stepped], [[token]], last_only=True)[0] for token in HISTORY[5:]]
     assert torch.equal(at_once[5:], torch.stack(one_by_one))
     assert runner.slot_length(whole) == runner.slot_length(stepped) == len(HISTORY)
+
+
+def test_a_targets_logits_are_its_languages_row_for_the_last_tokens_whichever_blocks_hold_them():
+    """The cache is addressed through its block table: two slots fed in turns of 5 tokens hold
+    interleaved blocks of 4, and every position's logits are still the row of its own text's
+    last context_tokens tokens (worked out here from the text, not the cache)."""
+    runner = ModelRunner(load_model(TARGET, time_scale=0.0), num_slots=2, max_seq_len=64, block_size=4)
+    language, texts = runner.model.language, [HISTORY * 3, HISTORY[::-1] * 3]  # 36 tokens each
+    slots = [runner.allocate_slot(), runner.allocate_slot()]
+    logits: list[list[torch.Tensor]] = [[], []]
+    for start in range(0, len(texts[0]), 5):
+        for row in (0, 1):
+            logits[row].append(runner.forward([slots[row]], [texts[row][start:start + 5]])[0])  # [≤5, V]
+    n = language.spec.context_tokens
+    for row, text in enumerate(texts):
+        windows = np.array([[text[j] if j >= 0 else language.vocab_size for j in range(i - n + 1, i + 1)]
+                            for i in range(len(text))])  # [T, n], oldest first
+        expected = language.rows(language.buckets_of(language.context_keys(windows)))  # [T, V]
+        assert torch.equal(torch.cat(logits[row]), expected)
 
 
 def test_rolled_back_and_forked_slots_continue_like_the_original():
