@@ -200,7 +200,7 @@ class SpeculationPolicy:
             if s.thresholds is not None:
                 reason = f"load high (qps {snapshot.qps:.1f}, in flight {snapshot.in_flight:.0f}): switched off"
             else:
-                reason = f"off: speculating does not pay at {len(rows)} rows"
+                reason = f"off: speculating does not pay at {_counted(len(rows), 'row')}"
             return self._priced(self._decision(lo, free, rows, False, reason, explore), snapshot, rows, explore,
                                 [0.0] * len(rows))
         if ahead is not None and ahead.enabled and len(ahead.catch_up) == len(rows) == len(ahead.gammas):
@@ -236,9 +236,9 @@ class SpeculationPolicy:
         waits = f", rows wait {snapshot.round_cost.wait_scale:.2f}x the decoding round" if targets else ""
         trimmed = (f", {plan.reach_goodput:.0f} untrimmed: the trust region allows "
                    f"{snapshot.round_cost.drafted_limit(len(rows)):.0f} drafts") if plan.reach_goodput else ""
-        reads = f", drafting rows read {extra:.0f} tokens more" if extra >= 0.5 else ""
+        reads = f", drafting rows read {_counted(round(extra), 'token')} more" if extra >= 0.5 else ""
         reason = (f"goodput plan: {plan.goodput:.0f} vs {plan.plain_goodput:.0f} tokens/s plain "
-                  f"(α {snapshot.alpha:.2f}, {len(rows)} rows{waits}{missed}{trimmed}{reads})")
+                  f"(α {snapshot.alpha:.2f}, {_counted(len(rows), 'row')}{waits}{missed}{trimmed}{reads})")
         return gammas, catch_up, reason, extra
 
     def _margin(self, rows: int, targets: list[float] | None) -> float:
@@ -391,3 +391,8 @@ class SpeculationPolicy:
             for i in idle[: s.explore_rows]:
                 gammas[i] = min(gamma, rows[i].cap, s.gamma_max)
         return Decision(planned, enabled, reason, tuple(gammas))
+
+
+def _counted(count: int, noun: str) -> str:
+    """'1 row', '3 rows': a count in a reason an operator reads."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
