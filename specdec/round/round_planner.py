@@ -84,16 +84,9 @@ class RoundPlanner:
         load: (requests running, requests waiting), which the policy is told first."""
         started = time.perf_counter()
         rows = [self.row_state(seq, max_seq_len) for seq in batch]
-        decision = fixed_plan(rows, self.gamma)
-        if policy is not None:
-            try:  # a failing policy costs the round its plan (the static γ), never a request
-                policy.set_load(*load)
-                planned = self._planned_by(policy, rows)
-                if len(planned.gammas) != len(batch):
-                    raise ValueError(f"the policy planned {len(planned.gammas)} rows for a batch of {len(batch)}")
-                decision = planned
-            except Exception:
-                logger.exception("the round policy failed; this round uses the static γ")
+        decision = None if policy is None else self._policy_plan(policy, rows, load)
+        if decision is None:  # no policy, or it failed
+            decision = fixed_plan(rows, self.gamma)
         self.decision = decision
         self._planned = {seq.seq_id: max(0, min(g, row.cap)) for seq, row, g in zip(batch, rows, decision.gammas)}
         self._caps = {seq.seq_id: row.cap for seq, row in zip(batch, rows)}
@@ -101,6 +94,19 @@ class RoundPlanner:
             self._ahead = self._start_pool().submit(self._plan_ahead, policy, rows)
         self.planning.critical_s += time.perf_counter() - started
         self.planning.rounds += 1
+
+    def _policy_plan(self, policy: RoundPolicy, rows: list[RowState], load: tuple[int, int]) -> Decision | None:
+        """The policy's plan for the rows, told the load first; None where it failed (a failing
+        policy costs the round its plan, the static γ, never a request)."""
+        try:
+            policy.set_load(*load)
+            planned = self._planned_by(policy, rows)
+            if len(planned.gammas) != len(rows):
+                raise ValueError(f"the policy planned {len(planned.gammas)} rows for a batch of {len(rows)}")
+            return planned
+        except Exception:
+            logger.exception("the round policy failed; this round uses the static γ")
+            return None
 
     def _planned_by(self, policy: RoundPolicy, rows: list[RowState]) -> Decision:
         """The policy's plan for these rows: the one made ahead where it covers them all
