@@ -47,7 +47,7 @@ from specdec.policy.catch_up_reads import CatchUpReads
 from specdec.policy.load_switch import LoadSwitch
 from specdec.policy.policy_settings import PolicySettings
 from specdec.policy.row_state import RowState
-from specdec.requests.speculation_mode import own_gamma
+from specdec.requests.speculation_mode import SpeculationMode, own_gamma
 
 ENOUGH_DRAFT_CALLS, ENOUGH_DRAFTED = 8, 64  # a window with fewer needs exploration
 
@@ -87,12 +87,12 @@ def amortised_catch_up(curves: np.ndarray, rows: list[RowState], hi: list[int]) 
     return (catch_up / np.maximum(1.0, remaining / per_round)).tolist()
 
 
-def fixed_plan(rows: list[RowState], default_gamma: int) -> Decision:
+def fixed_plan(asks: list[tuple[SpeculationMode, int | None]], default_gamma: int) -> Decision:
     """The plan without a policy: every row its own γ (`own_gamma`, speculating whenever the
-    server's γ is not 0), else the server's."""
+    server's γ is not 0), else the server's. asks: each row's (mode, requested γ)."""
     gammas = []
-    for row in rows:
-        own = own_gamma(row.mode, row.requested_gamma, default_gamma, default_gamma > 0)
+    for mode, requested in asks:
+        own = own_gamma(mode, requested, default_gamma, default_gamma > 0)
         gammas.append(default_gamma if own is None else own)
     return Decision(default_gamma, default_gamma > 0, "static γ", tuple(gammas))
 

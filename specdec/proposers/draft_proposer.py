@@ -100,7 +100,7 @@ class DraftModelProposer(Proposer):
         self._grow(requests, gammas)
         new = [i for i, (request, gamma) in enumerate(zip(requests, gammas))
                if gamma and request.seq_id not in self._states]
-        admitted = self.runner.admits([requests[i].reserve_tokens for i in new])
+        admitted = self.runner.admits([requests[i].reserve_tokens for i in new]) if new else 0  # a pass over the cache
         for i in new[admitted:]:
             gammas[i] = 0
         return gammas
@@ -264,9 +264,8 @@ class DraftModelProposer(Proposer):
         batch = SamplingBatch.from_params([r.sampling for r in requests], [len(r.token_ids) for r in requests],
                                           histories=[r.token_ids for r in requests],
                                           num_prompt_tokens=[r.num_prompt_tokens for r in requests])
-        logits = self._catch_up(requests, states)  # [n, vocab]
         # the steps feed all but the last guess: gammas[j] - 1 tokens for row j, inputs built once
-        steps = decode_steps(self.runner, [s.slot for s in states], [max(g - 1, 0) for g in gammas])
+        logits, steps = self._catch_up(requests, states, [max(g - 1, 0) for g in gammas])  # [n, vocab]
         if batch.all_greedy and batch.processing is None and all(r.grammar is None for r in requests):
             return self._greedy_steps(logits, gammas, states, steps), None
         cursors = [None if r.grammar is None else r.grammar.at(r.token_ids) for r in requests]  # copies to walk
@@ -344,9 +343,14 @@ class DraftModelProposer(Proposer):
             state = self._states[request.seq_id] = _DraftState(slot, reserve=request.reserve_tokens or 0)
         return state
 
-    def _catch_up(self, requests: list[ProposalRequest], states: list[_DraftState]) -> torch.Tensor:
+    def _catch_up(self, requests: list[ProposalRequest], states: list[_DraftState],
+                  steps_after: list[int]) -> tuple[torch.Tensor, DecodeSteps]:
         """Roll each cache back to what the history confirms and feed the rest of the history.
-        Returns next-token logits [batch, vocab]. The caller checked that every history fits."""
+        Returns next-token logits [batch, vocab] and the decode steps after it (row j's
+        steps_after[j] one-token forwards). Where every row catches up on one token (the
+        pending one, after a rejection: most rounds) that token is the steps' first, not a
+        forward of its own: the same logits, without a forward's checks and input tensors.
+        The caller checked that every history fits."""
         chunks = []
         for request, state in zip(requests, states):
             history = request.token_ids  # any history: it may roll back (drafting ahead)
@@ -356,8 +360,14 @@ class DraftModelProposer(Proposer):
             del state.cached[keep:]
             chunks.append(history[keep:])
             state.cached.extend(history[keep:])
-        logits = self.runner.forward([s.slot for s in states], chunks, last_only=True)
-        return self._fit_vocab(logits)
+        slots = [s.slot for s in states]
+        if all(len(chunk) == 1 for chunk in chunks):
+            steps = decode_steps(self.runner, slots, [1 + n for n in steps_after])
+            logits = steps.forward([chunk[0] for chunk in chunks])
+        else:
+            logits = self.runner.forward(slots, chunks, last_only=True)
+            steps = decode_steps(self.runner, slots, steps_after)
+        return self._fit_vocab(logits), steps
 
     def release(self, seq_id: str) -> None:
         state = self._states.pop(seq_id, None)

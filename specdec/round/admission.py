@@ -29,6 +29,10 @@ class Admission:
         """Reserve tokens admitted past this waiting request (0 once admitted or never passed)."""
         return self._passed.get(seq_id, 0)
 
+    def forget(self, seq_id: str) -> None:
+        """The request left the queue other than by admission (aborted): nothing passed it any more."""
+        self._passed.pop(seq_id, None)
+
     def choose(self, admits: Callable[[list[int]], int], taken: Sequence[int],
                waiting: Sequence[tuple[str, int]]) -> list[int]:
         """Indices into ``waiting`` ((seq_id, reserve tokens), in arrival order) to admit now.

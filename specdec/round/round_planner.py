@@ -83,24 +83,33 @@ class RoundPlanner:
         """Each row's γ this round: the policy's plan (or the static γ), within the row's cap.
         load: (requests running, requests waiting), which the policy is told first."""
         started = time.perf_counter()
-        rows = [self.row_state(seq, max_seq_len) for seq in batch]
-        decision = fixed_plan(rows, self.gamma)
+        caps = [self.cap(seq, max_seq_len) for seq in batch]
+        decision = rows = None  # without a policy, nothing reads the rows' states (`RowState`)
         if policy is not None:
-            try:  # a failing policy costs the round its plan (the static γ), never a request
-                policy.set_load(*load)
-                planned = self._planned_by(policy, rows)
-                if len(planned.gammas) != len(batch):
-                    raise ValueError(f"the policy planned {len(planned.gammas)} rows for a batch of {len(batch)}")
-                decision = planned
-            except Exception:
-                logger.exception("the round policy failed; this round uses the static γ")
+            rows = [self.row_state(seq, max_seq_len) for seq in batch]
+            decision = self._policy_plan(policy, rows, load)
+        if decision is None:  # no policy, or it failed
+            decision = fixed_plan([(seq.request.mode, seq.request.gamma) for seq in batch], self.gamma)
         self.decision = decision
-        self._planned = {seq.seq_id: max(0, min(g, row.cap)) for seq, row, g in zip(batch, rows, decision.gammas)}
-        self._caps = {seq.seq_id: row.cap for seq, row in zip(batch, rows)}
-        if policy is not None and decision.catch_up and hasattr(policy, "plan_ahead"):
+        self._planned = {seq.seq_id: max(0, min(g, cap)) for seq, cap, g in zip(batch, caps, decision.gammas)}
+        self._caps = {seq.seq_id: cap for seq, cap in zip(batch, caps)}
+        if rows is not None and decision.catch_up and hasattr(policy, "plan_ahead"):
             self._ahead = self._start_pool().submit(self._plan_ahead, policy, rows)
         self.planning.critical_s += time.perf_counter() - started
         self.planning.rounds += 1
+
+    def _policy_plan(self, policy: RoundPolicy, rows: list[RowState], load: tuple[int, int]) -> Decision | None:
+        """The policy's plan for the rows, told the load first; None where it failed (a failing
+        policy costs the round its plan, the static γ, never a request)."""
+        try:
+            policy.set_load(*load)
+            planned = self._planned_by(policy, rows)
+            if len(planned.gammas) != len(rows):
+                raise ValueError(f"the policy planned {len(planned.gammas)} rows for a batch of {len(rows)}")
+            return planned
+        except Exception:
+            logger.exception("the round policy failed; this round uses the static γ")
+            return None
 
     def _planned_by(self, policy: RoundPolicy, rows: list[RowState]) -> Decision:
         """The policy's plan for these rows: the one made ahead where it covers them all
@@ -149,15 +158,18 @@ class RoundPlanner:
         seeded sampled request is planned like any other: its tokens do not depend on the
         speculation schedule (specdec.sampling.gumbel_sampling)."""
         request, stats = seq.request, seq.stats
-        room = max_seq_len - len(seq.token_ids)
-        cap = max(0, min(self.gamma_limit, seq.remaining - 1, room))
-        if seq.chunk_end is not None:  # a prefill chunk drafts nothing
-            cap = 0
         target = request.tpot_target_ms
-        return RowState(request.mode, request.gamma, cap, stats.drafted, stats.accepted, seq.seq_id,
-                        unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)),
+        return RowState(request.mode, request.gamma, self.cap(seq, max_seq_len), stats.drafted, stats.accepted,
+                        seq.seq_id, unread_prompt(seq), self._proposer_view.catch_up(seq.seq_id, len(seq.token_ids)),
                         seq.remaining, tuple(stats.drafted_per_position),
                         None if target is None else target / 1000.0)
+
+    def cap(self, seq: Sequence, max_seq_len: int) -> int:
+        """The most γ a row may draft this round: not past its max_new_tokens, the target's
+        context or the γ limit (0 for a prefill chunk)."""
+        if seq.chunk_end is not None:  # a prefill chunk drafts nothing
+            return 0
+        return max(0, min(self.gamma_limit, seq.remaining - 1, max_seq_len - len(seq.token_ids)))
 
     def gamma_for(self, seq: Sequence) -> int:
         """This round's planned γ for a row of the batch (0 for a row not in it)."""

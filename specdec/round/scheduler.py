@@ -60,6 +60,8 @@ class Scheduler:
 
     def _join(self, verifier: Verifier, growing: bool) -> None:
         """Let waiting requests join while the verifier's cache can reserve them."""
+        if not self.waiting:  # most steps: nothing to choose from (and nothing passed over to count)
+            return
         unseen = [seq.reserve_tokens for seq in self.running if seq.seq_id not in self.placed]
         waiting = list(self.waiting)
         reserve = self.grants.admission if growing else (lambda seq: seq.reserve_tokens)
@@ -104,6 +106,7 @@ class Scheduler:
         """Take a finished or aborted request out; True when it was running (it holds cache)."""
         if seq in self.waiting:
             self.waiting.remove(seq)
+            self.admission.forget(seq.seq_id)
         running = seq in self.running
         if running:
             self.running.remove(seq)

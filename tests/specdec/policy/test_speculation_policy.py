@@ -199,9 +199,9 @@ def test_an_unknown_mode_is_rejected():
 
 
 def test_without_a_policy_rows_get_their_own_or_the_servers_gamma():
-    rows = [RowState("auto", None, 8), RowState("on", 5, 8), RowState("off", None, 8), RowState("auto", 0, 8)]
-    assert fixed_plan(rows, 4).gammas == (4, 5, 0, 0)
-    assert fixed_plan(rows, 0).gammas == (0, 5, 0, 0)  # a server without speculation: AUTO stays plain
+    asks = [("auto", None), ("on", 5), ("off", None), ("auto", 0)]  # (mode, requested γ)
+    assert fixed_plan(asks, 4).gammas == (4, 5, 0, 0)
+    assert fixed_plan(asks, 0).gammas == (0, 5, 0, 0)  # a server without speculation: AUTO stays plain
 
 
 def test_a_plan_made_ahead_equals_the_plan_made_in_place_for_the_same_inputs():

@@ -127,7 +127,7 @@ def test_a_failed_look_ahead_forgets_its_rows_and_frees_every_fork(runner, promp
     proposer = proposer_for(runner)
     ahead = drafted_round(proposer, prompt_ids[0])
     free = runner.num_free_slots
-    forward = runner.forward
+    forward = runner.model.forward_hidden  # every forward's, a decode step's too
     calls = []
 
     def fails_on_the_branches(*args, **kwargs):
@@ -136,7 +136,7 @@ def test_a_failed_look_ahead_forgets_its_rows_and_frees_every_fork(runner, promp
             raise RuntimeError("device lost")
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "forward", fails_on_the_branches)
+    monkeypatch.setattr(runner.model, "forward_hidden", fails_on_the_branches)
     with pytest.raises(RuntimeError, match="device lost"):
         look(proposer, ahead)
     monkeypatch.undo()

@@ -125,7 +125,7 @@ def test_a_failed_call_forgets_its_rows_and_the_next_call_rebuilds_them(runner, 
     def broken(*args, **kwargs):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(runner, "forward", broken)
+    monkeypatch.setattr(runner.model, "forward_hidden", broken)  # the catch-up's forward (here a decode step)
     with pytest.raises(RuntimeError, match="device lost"):
         propose(proposer, prompt_ids[0] + [3])
     assert "s" not in proposer._states and runner.num_free_slots == free + 1
@@ -153,6 +153,37 @@ def test_a_failed_decode_step_forgets_its_rows_too(runner, prompt_ids, monkeypat
     assert "s" not in proposer._states and runner.num_free_slots == free
     monkeypatch.undo()
     assert propose(proposer, prompt_ids[0])[0].token_ids == fresh_proposal(runner, prompt_ids[0])
+    proposer.release("s")
+
+
+@pytest.mark.parametrize("accepted", [2, 4])
+def test_a_one_token_catch_up_is_the_first_decode_step_and_drafts_what_a_fresh_proposal_does(
+        runner, prompt_ids, monkeypatch, accepted):
+    """After a rejection the draft catches up on the pending token alone: that token goes
+    through the proposal's decode steps, not a forward of its own. After every draft was
+    accepted it catches up on two tokens in one forward. Either way a proposal of γ 4 is 4
+    device forwards, and its drafts are a fresh proposal's."""
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    drafts = propose(proposer, prompt_ids[0])[0].token_ids
+    history = prompt_ids[0] + drafts[:accepted] + [5]  # a rejection at accepted + 1, or the bonus token
+    forwards, device = [], []
+    forward, forward_hidden = runner.forward, runner.model.forward_hidden
+    monkeypatch.setattr(runner, "forward", lambda *a, **k: forwards.append(1) or forward(*a, **k))
+    monkeypatch.setattr(runner.model, "forward_hidden", lambda *a, **k: device.append(1) or forward_hidden(*a, **k))
+    got = propose(proposer, history)[0].token_ids
+    monkeypatch.undo()
+    assert (len(forwards), len(device)) == ((0, 4) if accepted < 4 else (1, 4))
+    assert got == fresh_proposal(runner, history)
+    proposer.release("s")
+
+
+def test_a_draft_with_no_new_row_does_not_ask_the_cache_to_admit_one(runner, prompt_ids, monkeypatch):
+    proposer = DraftModelProposer(runner, runner.vocab_size)
+    asked, admits = [], runner.admits
+    monkeypatch.setattr(runner, "admits", lambda reserves: asked.append(reserves) or admits(reserves))
+    propose(proposer, prompt_ids[0])
+    propose(proposer, prompt_ids[0] + [5])
+    assert asked == [[None]], "only the new row's call asks (a pass over the cache)"
     proposer.release("s")
 
 

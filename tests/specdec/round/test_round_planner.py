@@ -6,6 +6,7 @@ import pytest
 from specdec.policy.speculation_policy import Decision
 from specdec.proposers.proposer_view import ProposerView
 from specdec.requests.request import GenerationRequest
+from specdec.round import round_planner
 from specdec.round.round_planner import RoundPlanner, unread_prompt
 from specdec.sampling.sampling_params import SamplingParams
 from specdec.requests.sequence import Sequence
@@ -47,6 +48,19 @@ def test_the_plan_never_drafts_past_max_new_tokens_or_the_context():
     assert [planner.gamma_for(s) for s in (short, near_the_end, roomy)] == [2, 4, 8]
     assert policy.loads == [(3, 1)]
     assert planner.gamma_for(seq("not in the batch")) == 0
+
+
+def test_without_a_policy_the_caps_hold_and_no_row_state_is_built(monkeypatch):
+    """The rows' states are what a policy reads; without one they are not made every round."""
+    def no_row_state(*args, **kwargs):
+        raise AssertionError("a RowState built without a policy")
+
+    monkeypatch.setattr(round_planner, "RowState", no_row_state)
+    planner = RoundPlanner(8, 8, ProposerView())
+    short, near_the_end, roomy = seq("a", max_new=3), seq("b", prompt=tuple(range(60))), seq("c")
+    planner.plan([short, near_the_end, roomy], None, max_seq_len=64, load=(3, 0))
+    assert [planner.gamma_for(s) for s in (short, near_the_end, roomy)] == [2, 4, 8]
+    assert [planner.recorded_gamma(s) for s in (short, near_the_end, roomy)] == [0, 0, 8]  # cut: the last uncut γ
 
 
 def test_a_policy_that_fails_or_plans_other_rows_costs_the_round_its_plan_only():

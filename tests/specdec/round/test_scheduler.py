@@ -67,3 +67,16 @@ def test_when_grants_cannot_grow_the_newest_request_is_preempted_and_nothing_joi
     assert released == ["new"] and queue.preemptions == 1 and [s.seq_id for s in queue.running] == ["old"]
     assert [s.seq_id for s in queue.waiting] == ["new", "next"], "queued first; the step admitted nothing"
     assert new.preempted and new.granted_tokens is None and new.started_at == 1.0 and "new" not in queue.placed
+
+
+def test_a_request_passed_over_and_then_aborted_leaves_no_count_behind():
+    """Admission counts what was admitted past a waiting request; one that leaves the queue
+    unadmitted (aborted) is forgotten at once, so steps with nothing waiting need not ask
+    admission anything, and a later request of the same id starts from nothing."""
+    queue = scheduler([])
+    long, short = sequence("long", 90), sequence("short", 10)
+    queue.waiting.extend([long, short])
+    queue.admit(Blocks(capacity=50))  # long (100) does not fit; short (20) passes it
+    assert [s.seq_id for s in queue.running] == ["short"] and queue.admission.passed("long") == 20
+    queue.remove(long)
+    assert queue.admission.passed("long") == 0 and not queue.waiting
