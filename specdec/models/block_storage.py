@@ -12,6 +12,7 @@ The extra block ``num_blocks`` is *scratch*: the padding tokens of ragged batche
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specdec.models.pool_sizing import blocks_for as _blocks_for
@@ -21,6 +22,11 @@ def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"{name}={value} must be >= 1")
+
+
+def _pool_rows(table, block_size: int, slots, positions):
+    """Pool rows of (slot, position) pairs through ``table`` (a tensor, or its NumPy view)."""
+    return table[slots, positions // block_size] * block_size + positions % block_size
 
 
 class BlockStorage:
@@ -73,8 +79,12 @@ class BlockStorage:
     def flat_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Row of each (slot, position) in a layer's pool viewed as [(num_blocks + 1) * block_size, ...];
         ``slots`` and ``positions`` broadcast (int64, positions < max_seq_len)."""
-        blocks = self.block_table[slots, positions // self.block_size]
-        return blocks * self.block_size + positions % self.block_size
+        return _pool_rows(self.block_table, self.block_size, slots, positions)
+
+    def host_flat_index(self, slots: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """`flat_index` over NumPy arrays, through the table's NumPy view (a cache on the CPU):
+        for host code that reads or writes the pools through NumPy views of them."""
+        return _pool_rows(self._table_view, self.block_size, slots, positions)
 
     def read_index(self, slot_ids: torch.Tensor, kv_len: int) -> torch.Tensor:
         """[batch, kv_len] pool rows of each slot's first ``kv_len`` positions (slot_ids: [batch])."""

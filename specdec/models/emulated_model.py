@@ -94,11 +94,7 @@ class EmulatedModel:
             valid = np.arange(t) < counts[:, None]  # [batch, seq]
             positions = np.where(valid, positions, positions[np.arange(b), counts - 1][:, None])
             write_slots = np.where(valid, write_slots, cache.scratch_slot)
-        table, size = cache.block_table.numpy(), cache.block_size  # [slots + 1, blocks per slot]
-
-        def pool_rows(slot: np.ndarray, position: np.ndarray) -> np.ndarray:  # KVCache.flat_index's rows
-            return table[slot, position // size] * size + position % size
-
+        pool_rows = cache.host_flat_index
         tokens = cache.keys[0].view(-1).numpy()  # [pool rows]: the slots' tokens (the "K/V" of a position)
         tokens[pool_rows(write_slots, positions)] = ids  # its "V" is never read: left as it is
         n = self.language.spec.context_tokens
